@@ -1,0 +1,1 @@
+"""edgespec.client."""

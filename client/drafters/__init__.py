@@ -1,0 +1,1 @@
+"""Drafters the client runs."""

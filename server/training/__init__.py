@@ -1,0 +1,1 @@
+"""Drafter training: runs where the target runs."""

@@ -1,0 +1,65 @@
+"""The `edgespec` command. Each subcommand lives in its own module, which
+defines ``register(subparsers)``; a subcommand whose module does not exist yet
+is simply absent. Those modules import heavy things (torch, transformers) inside
+their handlers, so `edgespec --help` stays fast."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import logging
+import sys
+
+from . import __version__
+
+SUBCOMMANDS: dict[str, str] = {
+    "models": "edgespec.shared.models.cli",
+    "server": "edgespec.server.cli",
+    "client": "edgespec.client.cli",
+    "demo": "edgespec.client.demo",
+    "netem": "edgespec.netem.cli",
+    "bench": "edgespec.netem.bench_cli",
+    "train": "edgespec.server.training.cli",
+}
+
+
+def _available(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edgespec", description="Client-server speculative decoding for edge devices.")
+    parser.add_argument("--version", action="version", version=f"edgespec {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in SUBCOMMANDS.items():
+        if _available(module):
+            importlib.import_module(module).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    from .errors import EdgespecError
+
+    try:
+        return int(args.func(args) or 0)
+    except EdgespecError as exc:
+        print(f"edgespec: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

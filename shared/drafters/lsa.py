@@ -1,0 +1,62 @@
+"""Layer Self-Attention: MoA's server part.
+
+Per token, the target's K|V of every layer form a short sequence along the layer
+axis ([L, 2*E_kv]). Attention across that axis (full mask: every layer sees every
+layer) followed by a mean over layers compresses them to 2*E_kv values, which
+is what crosses the link (DESIGN section 3). It runs on the server, once per
+verification, because its input (all layers' KV) is too big to send.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class LSAConfig:
+    num_layers: int  # L: decoder layers of the target
+    kv_size: int  # E_kv: num_kv_heads * head_dim of the target; rows are 2*E_kv wide (K then V)
+    num_heads: int = 4  # attention heads across the layer axis; must divide 2*E_kv
+
+
+class LayerSelfAttention(nn.Module):
+    def __init__(self, config: LSAConfig):
+        super().__init__()
+        self.config = config
+        width = 2 * config.kv_size
+        # Which layer a row came from: attention across layers is otherwise order-blind.
+        self.layer_embedding = nn.Parameter(torch.zeros(config.num_layers, width))
+        self.norm = nn.RMSNorm(width, eps=1e-6)
+        self.attn = nn.MultiheadAttention(width, config.num_heads, batch_first=True, bias=False)
+
+    def forward(self, kv: torch.Tensor) -> torch.Tensor:
+        # kv: [T, L, 2*E_kv] -> [T, 2*E_kv]
+        x = self.norm(kv + self.layer_embedding)
+        mixed, _ = self.attn(x, x, x, need_weights=False)
+        return (kv + mixed).mean(dim=1)
+
+
+def save_server_part(module: LayerSelfAttention, path: str | Path) -> None:
+    """safetensors with the config in its metadata."""
+    from safetensors.torch import save_file
+
+    meta = {k: str(v) for k, v in asdict(module.config).items()}
+    save_file({k: v.detach().contiguous() for k, v in module.state_dict().items()}, str(path), metadata=meta)
+
+
+def load_server_part(path: str | Path, device: str | torch.device = "cpu") -> LayerSelfAttention:
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    try:
+        config = LSAConfig(int(meta["num_layers"]), int(meta["kv_size"]), int(meta["num_heads"]))
+    except KeyError as exc:
+        raise ValueError(f"{path} is not a MoA server part: its metadata lacks {exc}") from None
+    module = LayerSelfAttention(config)
+    module.load_state_dict(load_file(str(path)))
+    return module.to(device).eval()

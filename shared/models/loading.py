@@ -1,0 +1,49 @@
+"""Load a model and its tokenizer by registry name, local directory or hub id."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..device import parse_dtype, pick_device
+from ..errors import ModelPrepareError
+from ..fingerprint import tokenizer_fingerprint
+from .registry import HubId, LocalDir, PypiGguf, resolve, prepared_dir
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: "torch.nn.Module"  # a transformers *ForCausalLM, in eval mode
+    tokenizer: object  # a transformers tokenizer
+    device: torch.device
+    dtype: torch.dtype
+    fingerprint: str  # tokenizer_fingerprint(tokenizer)
+
+
+def model_location(name_or_path: str) -> str:
+    """What from_pretrained should read for this name."""
+    spec = resolve(name_or_path)
+    if isinstance(spec.source, PypiGguf):
+        from .prepare import is_prepared
+
+        if not is_prepared(spec.name):
+            raise ModelPrepareError(f"model {spec.name} is not prepared yet: run `edgespec models prepare {spec.name}`")
+        return str(prepared_dir(spec.name))
+    if isinstance(spec.source, LocalDir):
+        return str(spec.source.path)
+    assert isinstance(spec.source, HubId)
+    return spec.source.repo_id
+
+
+def load_model(name_or_path: str, device: str | None = None, dtype: str | torch.dtype | None = None) -> LoadedModel:
+    """Model + tokenizer on `device` (default: CUDA if present, else CPU) in `dtype` (default bf16)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    where = model_location(name_or_path)
+    dev, dt = pick_device(device), parse_dtype(dtype)
+    tokenizer = AutoTokenizer.from_pretrained(where)
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=dt).to(dev).eval()
+    name = resolve(name_or_path).name if not Path(name_or_path).is_dir() else Path(where).name
+    return LoadedModel(name, model, tokenizer, dev, dt, tokenizer_fingerprint(tokenizer))
