@@ -17,8 +17,8 @@ Frame layout (little endian):
     | shape u32 * ndim | outliers u16 | payload length u32 | payload
 Payload before zstd:
     FP16:         values f16[T*C]
-    INT8:         scales f16[T] | values i8[T*C]
-    INT8_OUTLIER: channel ids u16[K] | outlier values f16[T*K] | scales f16[T] | values i8[T*(C-K)]
+    INT8:         scales f32[T] | values i8[T*C]
+    INT8_OUTLIER: channel ids u16[K] | outlier values f16[T*K] | scales f32[T] | values i8[T*(C-K)]
 """
 from __future__ import annotations
 
@@ -87,9 +87,9 @@ def _rows(x: np.ndarray) -> np.ndarray:
 
 def _quantize_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     absmax = np.abs(rows).max(axis=1) if rows.shape[1] else np.zeros(rows.shape[0], np.float32)
-    # The scale travels as f16, so quantize with the rounded scale the decoder will use.
-    scales = (absmax / 127.0).astype(np.float16)
-    safe = np.where(scales == 0, 1.0, scales.astype(np.float32))
+    # f32, not f16: rows with a small absmax would get a subnormal f16 scale and lose precision.
+    scales = (absmax / 127.0).astype(np.float32)
+    safe = np.where(scales == 0, 1.0, scales)
     q = np.clip(np.rint(rows / safe[:, None]), -127, 127).astype(np.int8)
     return scales, q
 
@@ -174,9 +174,9 @@ def _decode_payload(payload: bytes, codec: Codec, n_rows: int, channels: int, k:
         values, end = take(np.float16, n_rows * channels, 0)
         out = values.astype(np.float32).reshape(n_rows, channels)
     elif codec is Codec.INT8:
-        scales, off = take(np.float16, n_rows, 0)
+        scales, off = take(np.float32, n_rows, 0)
         q, end = take(np.int8, n_rows * channels, off)
-        out = q.reshape(n_rows, channels).astype(np.float32) * scales.astype(np.float32)[:, None]
+        out = q.reshape(n_rows, channels).astype(np.float32) * scales[:, None]
     else:
         if k > channels:
             raise FrameError(f"frame has {k} outlier channels but only {channels} channels")
@@ -184,12 +184,12 @@ def _decode_payload(payload: bytes, codec: Codec, n_rows: int, channels: int, k:
         if k and int(ids.max()) >= channels:
             raise FrameError(f"outlier channel id {int(ids.max())} is outside {channels} channels")
         outliers, off = take(np.float16, n_rows * k, off)
-        scales, off = take(np.float16, n_rows, off)
+        scales, off = take(np.float32, n_rows, off)
         q, end = take(np.int8, n_rows * (channels - k), off)
         out = np.empty((n_rows, channels), dtype=np.float32)
         keep = np.ones(channels, dtype=bool)
         keep[ids] = False
-        out[:, keep] = q.reshape(n_rows, channels - k).astype(np.float32) * scales.astype(np.float32)[:, None]
+        out[:, keep] = q.reshape(n_rows, channels - k).astype(np.float32) * scales[:, None]
         out[:, ids] = outliers.reshape(n_rows, k).astype(np.float32)
     if end != len(payload):
         raise FrameError(f"frame payload has {len(payload) - end} bytes more than its shape needs")
