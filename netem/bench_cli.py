@@ -1,0 +1,55 @@
+"""`edgespec bench EXPERIMENT` and `edgespec bench report DIR`."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _cuts(text: str) -> tuple[int | None, ...]:
+    return tuple(None if x == "never" else int(x) for x in _csv(text))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="run experiments: speed, link, disconnect, codec; write JSON lines and a report",
+                       description="Each experiment starts its own server process (and relays), runs the prompt "
+                                   "sets, appends one JSON line per generation to OUT/EXPERIMENT.jsonl and writes "
+                                   "OUT/report.md with plots.")
+    p.add_argument("experiment", choices=["speed", "link", "disconnect", "codec", "report"])
+    p.add_argument("out", nargs="?", default="runs/bench", help="output folder (default runs/bench)")
+    p.add_argument("--model", default=None, help="target (default qwen2.5-coder-1.5b-instruct)")
+    p.add_argument("--drafter-model", default=None, help="small model (default qwen2.5-coder-0.5b-instruct)")
+    p.add_argument("--drafters", type=_csv, default=("ngram", "independent"), help="comma-separated")
+    p.add_argument("--profiles", type=_csv, default=("5g", "4g"), help="comma-separated network profiles")
+    p.add_argument("--sets", type=_csv, default=("humaneval", "mtbench"), help="prompt sets, comma-separated")
+    p.add_argument("--limit", type=int, default=20, help="prompts per set")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--cut-after", type=_cuts, default=(1, 10, 25, 50, None), help="e.g. 1,10,25,50,never")
+    p.add_argument("--cut-mode", choices=["blackhole", "reset"], default="blackhole")
+    p.add_argument("--server-threads", type=int, default=None)
+    p.add_argument("--fresh", action="store_true", help="delete this experiment's earlier results first")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .harness_report import write_report
+
+    out = Path(args.out)
+    if args.experiment != "report":
+        from ..shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
+        from .experiments import BenchConfig, run
+
+        if args.fresh:
+            (out / f"{args.experiment}.jsonl").unlink(missing_ok=True)
+        config = BenchConfig(args.experiment, out, model=args.model or DEFAULT_TARGET,
+                             drafter_model=args.drafter_model or DEFAULT_DRAFTER, drafters=args.drafters,
+                             profiles=args.profiles, prompt_sets=args.sets, limit=args.limit,
+                             max_new_tokens=args.max_new_tokens, cut_after=args.cut_after, cut_mode=args.cut_mode,
+                             server_threads=args.server_threads, progress=not args.no_progress)
+        print(f"results: {run(config)}")
+    print(f"report: {write_report(out)}")
+    return 0

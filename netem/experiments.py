@@ -1,0 +1,269 @@
+"""The experiments of `edgespec bench`: speed, link, disconnect, codec.
+
+Each one starts its own server process (and relays), runs a prompt set, and
+appends one JSON line per generation to OUT/<experiment>.jsonl. Baselines are
+measured in the same run on the same prompts:
+- plain API: the server generates alone (its OpenAI-compatible streaming
+  endpoint, KV cache, no drafting) over the same link;
+- local only: the small model alone on the client, no server.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from tqdm import tqdm
+
+from ..shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
+from .harness import JsonLines, ServerProcess, environment, relayed
+
+EXPERIMENTS = ("speed", "link", "disconnect", "codec")
+
+
+@dataclass
+class BenchConfig:
+    experiment: str  # one of EXPERIMENTS
+    out: Path  # folder for <experiment>.jsonl, report.md and plots
+    model: str = DEFAULT_TARGET  # the server's target
+    drafter_model: str = DEFAULT_DRAFTER  # the small model: `independent` drafter and the local-only baseline
+    drafters: tuple[str, ...] = ("ngram", "independent")  # drafters compared
+    profiles: tuple[str, ...] = ("5g", "4g")  # network profiles of `link`
+    prompt_sets: tuple[str, ...] = ("humaneval", "mtbench")  # `disconnect` always uses humaneval
+    limit: int = 20  # prompts per set
+    max_new_tokens: int = 256  # per generation
+    cut_after: tuple[int | None, ...] = (1, 10, 25, 50, None)  # `disconnect`: B new tokens, None = never
+    cut_mode: str = "blackhole"  # `disconnect`: "blackhole" (packets vanish) or "reset" (connections close)
+    server_threads: int | None = None  # torch threads of the server process
+    server_args: tuple[str, ...] = ()  # extra `edgespec server` flags
+    seed: int = 0  # relay randomness
+    progress: bool = True  # a progress bar
+
+
+@dataclass
+class Prompt:
+    set: str  # "humaneval" or "mtbench"
+    id: str  # task id or question id
+    messages: list[dict]  # chat messages for the target's chat template
+    problem: dict | None = None  # HumanEval problem (prompt, test, entry_point) for scoring
+
+
+def load_prompts(sets: Iterable[str], limit: int) -> list[Prompt]:
+    from ..shared import prompts
+
+    out: list[Prompt] = []
+    for name in sets:
+        for item in prompts.load_prompt_set(name, limit):
+            out.append(Prompt(name, str(item.id), list(item.messages), getattr(item, "problem", None)))
+    return out
+
+
+def run(config: BenchConfig) -> Path:
+    """Run one experiment; returns the JSON-lines file it wrote."""
+    if config.experiment not in EXPERIMENTS:
+        raise ValueError(f"unknown experiment {config.experiment!r}; choose one of {', '.join(EXPERIMENTS)}")
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
+    sink = JsonLines(config.out / f"{config.experiment}.jsonl", environment(settings))
+    if config.experiment == "codec":
+        _codec(config, sink)
+        return sink.path
+    sets = ("humaneval",) if config.experiment == "disconnect" else config.prompt_sets
+    prompts = load_prompts(sets, config.limit)
+    log = config.out / f"{config.experiment}-server.log"
+    with ServerProcess(config.model, list(config.server_args), config.server_threads, log_path=log) as server:
+        {"speed": _speed, "link": _link, "disconnect": _disconnect}[config.experiment](config, server, prompts, sink)
+    return sink.path
+
+
+# ---------------------------------------------------------------- runners
+
+
+class _Bar:
+    def __init__(self, total: int, enabled: bool, desc: str):
+        self.bar = tqdm(total=total, disable=not enabled, desc=desc, unit="gen")
+
+    def step(self, label: str) -> None:
+        self.bar.set_postfix_str(label)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _client(address: str, drafter: str, config: BenchConfig, tokenizer=None):
+    from ..client.drafters.factory import DrafterOptions
+    from ..client.edge_client import ClientConfig, EdgespecClient
+    from ..client.link import LinkConfig
+
+    options = DrafterOptions(name=drafter, model=config.drafter_model)
+    return EdgespecClient(ClientConfig(LinkConfig(address), options, tokenizer=config.drafter_model),
+                          tokenizer=tokenizer)
+
+
+def _generate(client, prompt: Prompt, config: BenchConfig, on_token: Callable[[int], None] | None = None):
+    """One generation through the client; on_token(n) after the n-th output token."""
+    from ..client.generation import GenerationConfig, RetractEvent, TokenEvent
+
+    ids = client.encode_chat(prompt.messages)
+    gen = client.generation(ids, GenerationConfig(max_new_tokens=config.max_new_tokens))
+    count = 0
+    for event in gen:
+        if isinstance(event, TokenEvent):
+            count += 1
+            if on_token:
+                on_token(count)
+        elif isinstance(event, RetractEvent):
+            count -= event.count
+    return gen.result
+
+
+def _record(prompt: Prompt, **fields) -> dict:
+    return {"set": prompt.set, "prompt_id": prompt.id, **fields}
+
+
+def _plain_api(http_address: str, prompt_ids: list[int], config: BenchConfig) -> dict:
+    """The server's own streaming completion endpoint: tokens, wall time, text."""
+    import json
+
+    import httpx
+
+    body = {"prompt": prompt_ids, "max_tokens": config.max_new_tokens, "temperature": 0, "stream": True}
+    text, usage = [], {}
+    start = time.perf_counter()
+    first = None
+    with httpx.stream("POST", f"http://{http_address}/v1/completions", json=body, timeout=600) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if first is None:
+                first = time.perf_counter() - start
+            text.append(chunk["choices"][0]["text"])
+            usage = chunk.get("usage") or usage
+    wall = time.perf_counter() - start
+    tokens = usage.get("completion_tokens", 0)
+    return {"new_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0,
+            "first_token_s": first, "calls": 1, "text": "".join(text)}
+
+
+def _local_only(model, tokenizer, prompt_ids: list[int], config: BenchConfig) -> dict:
+    """The small model alone (greedy, KV cache), as the client would run it offline."""
+    import torch
+
+    eos = [i for i in {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")} if i is not None]
+    ids = torch.tensor([prompt_ids])
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=config.max_new_tokens,
+                             do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
+    wall = time.perf_counter() - start
+    new = out[0, len(prompt_ids):].tolist()
+    return {"new_tokens": len(new), "wall_s": wall, "tokens_per_s": len(new) / wall if wall else 0.0,
+            "calls": 0, "text": tokenizer.decode(new, skip_special_tokens=True)}
+
+
+def _speed(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sink: JsonLines) -> None:
+    bar = _Bar(len(prompts) * (len(config.drafters) + 1), config.progress, "speed")
+    clients = {d: _client(server.grpc_address, d, config) for d in config.drafters}
+    tok = next(iter(clients.values())).tokenizer if clients else None
+    for prompt in prompts:
+        ids = clients[config.drafters[0]].encode_chat(prompt.messages) if clients else []
+        plain = _plain_api(server.http_address, ids, config)
+        sink.write(_record(prompt, experiment="speed", profile="ideal", system="plain-api", **plain))
+        bar.step("plain-api")
+        for name, client in clients.items():
+            result = _generate(client, prompt, config)
+            sink.write(_record(prompt, experiment="speed", profile="ideal", system=name,
+                               finish_reason=result.finish_reason, text=client.decode(result.token_ids),
+                               **result.metrics.to_dict()))
+            bar.step(name)
+    for client in clients.values():
+        client.close()
+    del tok
+    bar.close()
+
+
+def _link(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sink: JsonLines) -> None:
+    from ..shared.models.loading import load_model
+
+    small = load_model(config.drafter_model, device="cpu")
+    per_profile = len(config.drafters) + 1
+    bar = _Bar(len(prompts) * (len(config.profiles) * per_profile + 1), config.progress, "link")
+    for prompt in prompts:  # local-only needs no link: once per prompt
+        ids = _chat_ids(small.tokenizer, prompt)
+        sink.write(_record(prompt, experiment="link", profile="none", system="local-only",
+                           **_local_only(small.model, small.tokenizer, ids, config)))
+        bar.step("local-only")
+    for profile in config.profiles:
+        with relayed(server.grpc_address, profile, config.seed) as (grpc_addr, grpc_relay), \
+                relayed(server.http_address, profile, config.seed + 1) as (http_addr, http_relay):
+            clients = {d: _client(grpc_addr, d, config, tokenizer=small.tokenizer) for d in config.drafters}
+            for prompt in prompts:
+                ids = _chat_ids(small.tokenizer, prompt)
+                before = http_relay.stats()
+                plain = _plain_api(http_addr, ids, config)
+                after = http_relay.stats()
+                plain.update(bytes_up=after.bytes_up - before.bytes_up, bytes_down=after.bytes_down - before.bytes_down)
+                sink.write(_record(prompt, experiment="link", profile=profile, system="plain-api", **plain))
+                bar.step(f"{profile} plain-api")
+                for name, client in clients.items():
+                    result = _generate(client, prompt, config)
+                    m = result.metrics
+                    sink.write(_record(prompt, experiment="link", profile=profile, system=name,
+                                       finish_reason=result.finish_reason, round_trips_s=m.round_trips_s,
+                                       text=client.decode(result.token_ids), **m.to_dict()))
+                    bar.step(f"{profile} {name}")
+            for client in clients.values():
+                client.close()
+    bar.close()
+
+
+def _chat_ids(tokenizer, prompt: Prompt) -> list[int]:
+    text = tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _disconnect(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sink: JsonLines) -> None:
+    from .harness_sandbox import score_response
+
+    runs = [(d, b) for d in config.drafters for b in config.cut_after]
+    bar = _Bar(len(prompts) * len(runs), config.progress, "disconnect")
+    for drafter, cut in runs:
+        for prompt in prompts:
+            # A relay of its own per generation: the cut is final for that generation only.
+            with relayed(server.grpc_address, "ideal", config.seed) as (address, relay):
+                client = _client(address, drafter, config)
+                try:
+                    def on_token(n: int) -> None:
+                        if cut is not None and n == cut and relay.state == "up":
+                            relay.cut(config.cut_mode)
+
+                    result = _generate(client, prompt, config, on_token)
+                finally:
+                    client.close()
+            text = client.decode(result.token_ids)
+            passed = score_response(prompt.problem, text).passed
+            # The lower bound: what the user would have had if generation stopped at the cut.
+            at_cut = client.decode(result.token_ids[:cut]) if cut is not None else text
+            passed_at_cut = score_response(prompt.problem, at_cut).passed
+            sink.write(_record(prompt, experiment="disconnect", profile="ideal", system=drafter,
+                               cut_after=cut, cut_mode=config.cut_mode, passed=passed,
+                               passed_stop_at_cut=passed_at_cut, finish_reason=result.finish_reason,
+                               text=text, **result.metrics.to_dict()))
+            bar.step(f"{drafter} B={cut}")
+    bar.close()
+
+
+def _codec(config: BenchConfig, sink: JsonLines) -> None:
+    from ..shared import codec_benchmark as cb
+    from ..shared.models.loading import load_model
+
+    loaded = load_model(config.model)
+    prompts = cb.real_prompts(loaded.tokenizer, 400)
+    acts = cb.activations(loaded.model, prompts)
+    for name, tensors in acts.items():
+        for frame in (None, 4):
+            for row in cb.measure(name, tensors, frame):
+                sink.write({"experiment": "codec", **asdict(row)})

@@ -1,0 +1,175 @@
+"""Turn experiment JSON lines into a Markdown report with PNG plots.
+
+Aggregates are over generations: tokens/s is total new tokens over total wall
+time (a long answer weighs more than a short one, as for a user reading them);
+acceptance length is total committed tokens over total verifications.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from .harness import read_jsonl
+
+
+def _agg(rows: list[dict]) -> dict:
+    tokens = sum(r.get("new_tokens", 0) for r in rows)
+    wall = sum(r.get("wall_s", 0.0) for r in rows)
+    drafts = sum(r.get("num_drafts", 0) for r in rows)
+    accepted = sum(r.get("num_accepted_tokens", 0) for r in rows)
+    calls = sum(r.get("calls", 0) for r in rows)
+    up = sum(r.get("bytes_up", 0) for r in rows)
+    down = sum(r.get("bytes_down", 0) for r in rows)
+    rtts = sorted(x for r in rows for x in r.get("round_trips_s", []) or [])
+    return {"n": len(rows), "tokens": tokens, "tok_s": tokens / wall if wall else 0.0,
+            "tau": (accepted + drafts) / drafts if drafts else None,
+            "calls_100": 100 * calls / tokens if tokens else 0.0,
+            "up_tok": up / tokens if tokens else 0.0, "down_tok": down / tokens if tokens else 0.0,
+            "rtt": {p: rtts[min(len(rtts) - 1, int(p / 100 * len(rtts)))] for p in (50, 90, 99)} if rtts else None}
+
+
+def _group(rows: list[dict], *keys: str) -> dict[tuple, list[dict]]:
+    out: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        out[tuple(r.get(k) for k in keys)].append(r)
+    return dict(out)
+
+
+def _fmt(x, spec: str = ".2f") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def speed_section(rows: list[dict]) -> str:
+    groups = _group(rows, "system")
+    base = _agg(groups.get(("plain-api",), []))["tok_s"]
+    lines = ["| system | generations | new tokens | tokens/s | acceptance length | speedup vs plain decoding |",
+             "|---|---|---|---|---|---|"]
+    for (system,), rs in sorted(groups.items()):
+        a = _agg(rs)
+        lines.append(f"| {system} | {a['n']} | {a['tokens']} | {a['tok_s']:.2f} | {_fmt(a['tau'])} | "
+                     f"{a['tok_s'] / base:.2f}x |" if base else "| – |")
+    return "\n".join(lines)
+
+
+def link_section(rows: list[dict]) -> str:
+    lines = ["| profile | system | tokens/s | vs plain API | acceptance length | calls / 100 tokens | "
+             "bytes up / token | bytes down / token | RTT p50 / p90 / p99 ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for (profile,), prow in sorted(_group(rows, "profile").items()):
+        groups = _group(prow, "system")
+        base = _agg(groups.get(("plain-api",), []))["tok_s"]
+        for (system,), rs in sorted(groups.items()):
+            a = _agg(rs)
+            rtt = " / ".join(f"{1000 * a['rtt'][p]:.0f}" for p in (50, 90, 99)) if a["rtt"] else "–"
+            ratio = f"{a['tok_s'] / base:.2f}x" if base else "–"
+            lines.append(f"| {profile} | {system} | {a['tok_s']:.2f} | {ratio} | {_fmt(a['tau'])} | "
+                         f"{a['calls_100']:.1f} | {a['up_tok']:.0f} | {a['down_tok']:.0f} | {rtt} |")
+    return "\n".join(lines)
+
+
+def disconnect_section(rows: list[dict]) -> str:
+    lines = ["| drafter | cut after B tokens | problems | pass@1 (offline completion) | pass@1 (stop at the cut) |",
+             "|---|---|---|---|---|"]
+    key = lambda kv: (kv[0][0], float("inf") if kv[0][1] is None else kv[0][1])  # noqa: E731
+    for (drafter, cut), rs in sorted(_group(rows, "system", "cut_after").items(), key=key):
+        n = len(rs)
+        ok = sum(r["passed"] for r in rs)
+        low = sum(r["passed_stop_at_cut"] for r in rs)
+        lines.append(f"| {drafter} | {'never' if cut is None else cut} | {n} | {ok / n:.3f} | {low / n:.3f} |")
+    return "\n".join(lines)
+
+
+def codec_section(rows: list[dict]) -> str:
+    from ..shared.codec_benchmark import Row, markdown
+
+    fields = Row.__dataclass_fields__
+    return markdown([Row(**{k: r[k] for k in fields}) for r in rows])
+
+
+def _plots(out: Path, data: dict[str, list[dict]]) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+
+    def bar(name: str, title: str, ylabel: str, rows: list[dict], value) -> None:
+        groups = _group(rows, "profile", "system")
+        labels = [f"{p}\n{s}" for (p, s) in sorted(groups)]
+        values = [value(_agg(groups[k])) for k in sorted(groups)]
+        fig, ax = plt.subplots(figsize=(max(6, len(labels) * 0.9), 3.5))
+        ax.bar(range(len(values)), values, color="#4a7ab7")
+        ax.set_xticks(range(len(values)), labels, fontsize=7)
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        made.append(name)
+
+    gen = data.get("link", []) + data.get("speed", [])
+    if gen:
+        bar("tokens_per_s.png", "tokens/s by profile and system", "tokens/s", gen, lambda a: a["tok_s"])
+        bar("calls_per_100_tokens.png", "calls to the server per 100 tokens", "calls", gen, lambda a: a["calls_100"])
+        bar("bytes_per_token.png", "bytes per token (up + down)", "bytes", gen, lambda a: a["up_tok"] + a["down_tok"])
+        taus = defaultdict(list)
+        for r in gen:
+            if r.get("num_drafts"):
+                taus[r["system"]].append(r["acceptance_length"])
+        if taus:
+            fig, ax = plt.subplots(figsize=(6, 3.5))
+            for system, values in sorted(taus.items()):
+                ax.hist(values, bins=20, alpha=0.6, label=system)
+            ax.set_xlabel("acceptance length per generation")
+            ax.set_ylabel("generations")
+            ax.legend()
+            fig.tight_layout()
+            fig.savefig(out / "acceptance_length.png", dpi=110)
+            plt.close(fig)
+            made.append("acceptance_length.png")
+    if data.get("disconnect"):
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for (drafter,), rs in sorted(_group(data["disconnect"], "system").items()):
+            by_cut = _group(rs, "cut_after")
+            cuts = sorted((c for (c,) in by_cut if c is not None))
+            xs = [str(c) for c in cuts] + (["never"] if (None,) in by_cut else [])
+            keys = [(c,) for c in cuts] + ([(None,)] if (None,) in by_cut else [])
+            ax.plot(xs, [sum(r["passed"] for r in by_cut[k]) / len(by_cut[k]) for k in keys], marker="o", label=drafter)
+            ax.plot(xs, [sum(r["passed_stop_at_cut"] for r in by_cut[k]) / len(by_cut[k]) for k in keys],
+                    ls="--", marker="x", label=f"{drafter}: stop at the cut")
+        ax.set_xlabel("link cut after B new tokens")
+        ax.set_ylabel("HumanEval pass@1")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "disconnect_success.png", dpi=110)
+        plt.close(fig)
+        made.append("disconnect_success.png")
+    return made
+
+
+SECTIONS = {"speed": ("Speed on an ideal link", speed_section), "link": ("Under emulated networks", link_section),
+            "disconnect": ("Disconnection success", disconnect_section), "codec": ("Activation codec", codec_section)}
+
+
+def write_report(out: Path) -> Path:
+    """Read every <experiment>.jsonl in `out`, write out/report.md and the plots."""
+    data = {name: read_jsonl(out / f"{name}.jsonl") for name in SECTIONS if (out / f"{name}.jsonl").exists()}
+    if not data:
+        raise FileNotFoundError(f"no experiment results (*.jsonl) in {out}")
+    parts = ["# edgespec bench report", ""]
+    for name, rows in data.items():
+        title, section = SECTIONS[name]
+        env = rows[0]["env"]
+        s = env["settings"]
+        parts += [f"## {title}", "",
+                  f"Commit `{env['commit']}`, {env['machine']['cpu']} ({env['machine']['cores']} cores"
+                  f"{', GPU ' + env['machine']['gpu'] if env['machine']['gpu'] else ', no GPU'}), {env['time']}; "
+                  f"target `{s['model']}`, small model `{s['drafter_model']}`, {s['limit']} prompts per set "
+                  f"({', '.join(s['prompt_sets']) if name != 'disconnect' else 'humaneval'}), "
+                  f"max {s['max_new_tokens']} new tokens.", "", section(rows), ""]
+    plots = _plots(out, data)
+    if plots:
+        parts += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
+    path = out / "report.md"
+    path.write_text("\n".join(parts))
+    return path
