@@ -1,0 +1,215 @@
+"""Start a verification server: the target, the gRPC service, the HTTP side, in one process.
+
+    with start_server(ServerConfig(model="qwen2.5-coder-1.5b-instruct")) as server:
+        channel = grpc.insecure_channel(server.address)
+
+``start_server`` returns once both ports listen and the model is loaded.
+``ServerHandle.stop`` drains: no new sessions, in-flight verifications finish,
+then both servers stop.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from edgespec.proto.edgespec.v1 import pb_grpc
+
+from .core import CoreLimits, VerifierCore
+from .sessions import StoreLimits
+
+log = logging.getLogger("edgespec.server")
+
+
+@dataclass
+class ServerConfig:
+    model: str  # registry name or local Hugging Face directory of the target
+    host: str = "127.0.0.1"  # interface both ports bind to
+    port: int = 0  # gRPC port; 0 = pick a free one
+    http_port: int | None = 0  # HTTP port (health, metrics, plain API); 0 = pick a free one, None = no HTTP
+    device: str | None = None  # "cpu", "cuda:0"; None = CUDA when present
+    dtype: str | None = None  # "bfloat16" (default), "float16", "float32"
+    max_sessions: int = 64  # sessions held at once; Open past it gets RESOURCE_EXHAUSTED
+    session_ttl_s: float = 600.0  # idle seconds before a session is dropped
+    max_kv_bytes: int = 8 << 30  # KV memory of all sessions; least recently used go first past it
+    max_tree_nodes: int = 255  # most nodes per draft tree
+    max_context_tokens: int = 0  # per session; 0 = the model's max positions (at most 32768)
+    max_message_bytes: int = 64 << 20  # gRPC message size limit, both directions
+    tls_cert: str | None = None  # PEM certificate chain; with tls_key, gRPC and HTTP serve TLS
+    tls_key: str | None = None  # PEM private key
+    api_key: str | None = None  # when set, every gRPC call and /v1 request must carry it
+    moa_server_parts: dict[str, str] = field(default_factory=dict)  # name -> safetensors path of an LSA module
+    random_moa_parts: tuple[str, ...] = ()  # names of randomly initialised LSA modules (tests, demos)
+    grpc_workers: int = 0  # threads serving calls (each open stream holds one); 0 = max_sessions + 8
+    keepalive_min_ping_s: float = 1.0  # clients may ping this often without data (they ping every 2 s)
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert and self.tls_key)
+
+
+class ServerHandle:
+    """A running server. ``address`` is "host:port" of the gRPC side."""
+
+    def __init__(self, config: ServerConfig, core: VerifierCore, grpc_server: grpc.Server, port: int,
+                 http: "_HttpThread | None"):
+        self.config = config
+        self.core = core
+        self.port = port
+        self.http_port: int | None = http.port if http else None
+        self.address = f"{config.host}:{port}"
+        self._grpc = grpc_server
+        self._http = http
+        self._stopped = threading.Event()
+
+    @property
+    def http_url(self) -> str | None:
+        scheme = "https" if self.config.tls else "http"
+        return None if self.http_port is None else f"{scheme}://{self.config.host}:{self.http_port}"
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Refuse new sessions, let in-flight calls finish for up to `grace` seconds, then stop."""
+        if self._stopped.is_set():
+            return
+        log.info("draining: no new sessions; waiting up to %.1f s for in-flight calls", grace)
+        self.core.draining.set()
+        self._grpc.stop(grace).wait()
+        if self._http:
+            self._http.stop()
+        self.core.close_all()
+        self._stopped.set()
+        log.info("stopped")
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until stopped."""
+        return self._stopped.wait(timeout)
+
+    def __enter__(self) -> "ServerHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_server(config: ServerConfig) -> ServerHandle:
+    """Start HTTP (health answers 503 while loading), load the target, start gRPC; returns once both listen."""
+    from edgespec.shared.models.loading import load_model
+
+    from .http_api import HttpState, build_http_app
+    from .target import TargetModel
+
+    state = HttpState(api_key=config.api_key)
+    http = _HttpThread(build_http_app(state), config) if config.http_port is not None else None
+    try:
+        t0 = time.monotonic()
+        loaded = load_model(config.model, device=config.device, dtype=config.dtype)
+        target = TargetModel(loaded)
+        log.info("loaded target %s (%d layers, hidden %d, vocab %d) on %s in %s in %.1f s", target.name,
+                 target.num_layers, target.hidden_size, target.vocab_size, target.device,
+                 str(target.dtype).removeprefix("torch."), time.monotonic() - t0)
+        core = VerifierCore(target, _limits(config, target), _load_lsa_parts(config, target))
+        grpc_server, port = _start_grpc(config, core)
+    except BaseException:
+        if http:
+            http.stop()
+        raise
+    state.core = core
+    handle = ServerHandle(config, core, grpc_server, port, http)
+    log.info("listening grpc=%s%s%s", handle.address,
+             f" http={config.host}:{handle.http_port}" if http else "", " (TLS)" if config.tls else "")
+    return handle
+
+
+def _limits(config: ServerConfig, target) -> CoreLimits:
+    context = config.max_context_tokens or min(target.max_positions, 32768)
+    return CoreLimits(max_tree_nodes=min(config.max_tree_nodes, 255), max_context_tokens=context,
+                      max_message_bytes=config.max_message_bytes,
+                      store=StoreLimits(config.max_sessions, config.session_ttl_s, config.max_kv_bytes))
+
+
+def _load_lsa_parts(config: ServerConfig, target) -> dict:
+    import torch
+
+    from edgespec.shared.drafters.lsa import LayerSelfAttention, LSAConfig, load_server_part
+
+    parts = {}
+    for name, path in config.moa_server_parts.items():
+        module = load_server_part(path, device=target.device)
+        if (module.config.num_layers, module.config.kv_size) != (target.num_layers, target.kv_size):
+            raise ValueError(f"MoA server part {name} ({path}) was made for {module.config.num_layers} layers of "
+                             f"kv_size {module.config.kv_size}; the target has {target.num_layers} and {target.kv_size}")
+        parts[name] = module
+        log.info("loaded MoA server part %s from %s", name, path)
+    for i, name in enumerate(config.random_moa_parts):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(i)
+            module = LayerSelfAttention(LSAConfig(target.num_layers, target.kv_size))
+        parts[name] = module.to(target.device).eval()
+        log.info("MoA server part %s is randomly initialised (for tests)", name)
+    return parts
+
+
+def _start_grpc(config: ServerConfig, core: VerifierCore) -> tuple[grpc.Server, int]:
+    from .service import VerifierServicer
+
+    ping_ms = int(config.keepalive_min_ping_s * 1000)
+    options = [
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        # Clients ping every few seconds to notice a dead link; allow it, even with no call open.
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", ping_ms),
+        ("grpc.http2.min_ping_interval_without_data_ms", ping_ms),
+        ("grpc.http2.max_pings_without_data", 0),
+        # The server pings too, so a client that vanished (blackhole) frees its stream.
+        ("grpc.keepalive_time_ms", 20_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+    ]
+    workers = config.grpc_workers or config.max_sessions + 8
+    server = grpc.server(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="edgespec-grpc"),
+                         options=options)
+    pb_grpc.add_VerifierServicer_to_server(VerifierServicer(core, config.api_key), server)
+    where = f"{config.host}:{config.port}"
+    if config.tls:
+        creds = grpc.ssl_server_credentials([(Path(config.tls_key).read_bytes(), Path(config.tls_cert).read_bytes())])
+        port = server.add_secure_port(where, creds)
+    else:
+        port = server.add_insecure_port(where)
+    if port == 0:
+        raise OSError(f"could not listen for gRPC on {where} (port in use?)")
+    server.start()
+    return server, port
+
+
+class _HttpThread:
+    """uvicorn on its own thread, on a socket bound here so port 0 resolves before it starts."""
+
+    def __init__(self, app, config: ServerConfig):
+        import uvicorn
+
+        self.sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((config.host, config.http_port or 0))
+        self.port = self.sock.getsockname()[1]
+        ssl = dict(ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key) if config.tls else {}
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, log_config=None,
+                                                    timeout_graceful_shutdown=5, **ssl))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       name="edgespec-http", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started and self.thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not self.server.started:
+            raise OSError(f"the HTTP server did not start on {config.host}:{self.port}")
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()

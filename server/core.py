@@ -1,0 +1,167 @@
+"""VerifierCore: what the gRPC service does, without protobuf.
+
+It owns the target, the model scheduler, the session store, the loaded MoA
+server parts and the metrics; the servicer only converts messages.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from edgespec.shared.drafters.lsa import LayerSelfAttention
+from edgespec.shared.fingerprint import committed_hash
+from edgespec.shared.tree import decode_tree
+
+from .errors import (DrainingError, InvalidRequestError, SessionBusyError, SessionNotFoundError,
+                     StaleStateError)
+from .metrics import ServerMetrics
+from .scheduler import ModelScheduler
+from .session import ResumePolicy, SessionSettings, StepResult, VerifierSession
+from .sessions import SessionStore, StoreLimits
+from .target import TargetModel
+
+log = logging.getLogger("edgespec.server")
+
+
+@dataclass(frozen=True)
+class CoreLimits:
+    max_tree_nodes: int = 255  # most nodes in one draft tree (the wire allows 255)
+    max_context_tokens: int = 32768  # prompt + generation of one session
+    max_message_bytes: int = 64 << 20  # largest gRPC message either way
+    store: StoreLimits = field(default_factory=StoreLimits)  # session cap, TTL, KV memory cap
+
+
+class VerifierCore:
+    def __init__(self, target: TargetModel, limits: CoreLimits,
+                 lsa_parts: dict[str, LayerSelfAttention] | None = None):
+        self.target = target
+        self.limits = limits
+        self.lsa_parts = dict(lsa_parts or {})
+        self.scheduler = ModelScheduler()
+        self.metrics = ServerMetrics()
+        self.store = SessionStore(limits.store, on_drop=self._dropped)
+        self.metrics.sessions.set_function(lambda: len(self.store))
+        self.draining = threading.Event()
+        self._closed = threading.Event()
+        # Idle sessions hold KV memory: drop them on time even when no call comes to trigger it.
+        self._reaper = threading.Thread(target=self._reap, name="edgespec-session-reaper", daemon=True)
+        self._reaper.start()
+
+    # ------------------------------------------------------------ sessions
+    def open(self, settings: SessionSettings, prompt_ids: Sequence[int]) -> StepResult:
+        self._refuse_when_draining()
+        session = VerifierSession(settings, self.target, self.scheduler, self.limits.max_context_tokens)
+        with session.lock:
+            self.store.add(session)
+            try:
+                result = session.open(prompt_ids)
+            except BaseException:
+                self.store.remove(session.id)
+                raise
+            self.store.touch(session)
+        self.metrics.sessions_opened.inc()
+        log.info("session %s opened: %d prompt tokens, drafter=%s, features=%s, sampling=%s",
+                 settings.session_id, len(prompt_ids), settings.drafter or "?",
+                 settings.features.kind.name, settings.sampling)
+        return result
+
+    def verify(self, session_id: str, step: int, committed_len: int, tree_bytes: bytes) -> StepResult:
+        tree = decode_tree(tree_bytes, self.target.vocab_size, self.limits.max_tree_nodes)
+        session = self._checkout(session_id)
+        try:
+            result = session.verify(step, committed_len, tree)
+            self.store.touch(session)
+        finally:
+            session.lock.release()
+        m = self.metrics
+        m.verifications.inc()
+        m.draft_tokens.inc(len(tree))
+        m.accepted_tokens.inc(len(result.accepted))
+        m.acceptance_length.observe(len(result.accepted) + 1)
+        m.verify_latency.observe(result.timings.total_ns / 1e9)
+        return result
+
+    def resume(self, session_id: str, confirmed_len: int, confirmed_hash: bytes, committed_ids: Sequence[int],
+               provisional: Sequence[int], policy: ResumePolicy,
+               reopen: SessionSettings | None) -> StepResult:
+        """Restore the session (or rebuild it from committed_ids + reopen), then verify the provisional chain."""
+        self._refuse_when_draining()
+        if committed_ids and len(committed_ids) != confirmed_len:
+            raise InvalidRequestError(f"Resume.committed_len={confirmed_len} but committed_ids holds "
+                                      f"{len(committed_ids)} ids")
+        session = self.store.find(session_id)
+        restored = session is not None and session.matches(confirmed_len, confirmed_hash)
+        if not restored:
+            session = self._rebuild(session_id, confirmed_len, confirmed_hash, committed_ids, reopen, session)
+        else:
+            session = self._checkout(session_id)
+        try:
+            result = session.resume(confirmed_len, confirmed_hash, provisional, policy)
+            self.store.touch(session)
+        finally:
+            session.lock.release()
+        result.restored = restored
+        self.metrics.resumes.labels(restored=str(restored).lower()).inc()
+        log.info("session %s resumed (%s): %d provisional tokens, %d agreed, policy %s", session_id,
+                 "restored" if restored else "re-prefilled", len(provisional), result.agreed, policy.name)
+        return result
+
+    def close(self, session_id: str) -> None:
+        self.store.remove(session_id)
+        log.info("session %s closed", session_id)
+
+    def _rebuild(self, session_id: str, confirmed_len: int, confirmed_hash: bytes,
+                 committed_ids: Sequence[int], reopen: SessionSettings | None,
+                 old: VerifierSession | None) -> VerifierSession:
+        if not committed_ids:
+            if old is None:
+                raise SessionNotFoundError(
+                    f"unknown session {session_id!r} and Resume carries no committed_ids to rebuild it from; "
+                    f"send committed_ids and reopen")
+            raise StaleStateError(
+                f"Resume for session {session_id!r}: the server's committed tokens differ from the client's "
+                f"{confirmed_len} confirmed ones; send committed_ids and reopen so it can rebuild the session")
+        if committed_hash(list(committed_ids)) != confirmed_hash:
+            raise InvalidRequestError("Resume.committed_hash is not the sha256 of Resume.committed_ids "
+                                      "(uint32 little endian); the client's state is inconsistent")
+        settings = reopen or (old.settings if old is not None else None)
+        if settings is None:
+            raise InvalidRequestError(f"session {session_id!r} is not held here, so Resume must carry reopen "
+                                      f"(the Open settings) to rebuild it")
+        session = VerifierSession(settings, self.target, self.scheduler, self.limits.max_context_tokens)
+        session.lock.acquire()
+        try:
+            self.store.add(session)
+            session.rebuild(committed_ids)
+        except BaseException:
+            session.lock.release()
+            raise
+        return session
+
+    # -------------------------------------------------------------- helpers
+    def _checkout(self, session_id: str) -> VerifierSession:
+        session = self.store.get(session_id)
+        if not session.lock.acquire(timeout=30):
+            raise SessionBusyError(f"session {session_id!r} is busy with another stream; close the other stream "
+                                   f"or wait for its answer")
+        return session
+
+    def _refuse_when_draining(self) -> None:
+        if self.draining.is_set():
+            raise DrainingError("the server is shutting down and takes no new sessions; connect to another replica "
+                                "or retry after it restarts (Resume rebuilds the session)")
+
+    def _dropped(self, session_id: str, why: str) -> None:
+        self.metrics.sessions_dropped.labels(reason=why).inc()
+        log.info("session %s dropped (%s)", session_id, why)
+
+    def _reap(self) -> None:
+        period = min(30.0, max(0.5, self.limits.store.ttl_s / 4))
+        while not self._closed.wait(period):
+            self.store.expire()
+
+    def close_all(self) -> None:
+        self._closed.set()
+        self.scheduler.close()

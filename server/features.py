@@ -1,0 +1,83 @@
+"""Feature export: what the drafter gets back per verified token, through the activation codec.
+
+Kinds (the wire's FeatureKind):
+- NONE: nothing.
+- LAST_HIDDEN: ``"hidden"`` [n, E], the target's final-norm output (EAGLE).
+- MOA: ``"lsa"`` [n, 2*E_kv], Layer Self-Attention over the per-token K|V of
+  every layer; for TLI = N > 0 also ``"tli_k"`` and ``"tli_v"`` [N, n, E_kv],
+  the K and V of the last N layers.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from edgespec.shared.codec import ActivationCodec
+from edgespec.shared.drafters.lsa import LayerSelfAttention
+
+from .errors import InvalidRequestError
+
+
+class FeatureKind(enum.IntEnum):
+    """Same numbers as the wire's ``edgespec.v1.FeatureKind``."""
+
+    NONE = 0
+    LAST_HIDDEN = 1
+    MOA = 2
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """What one session exports."""
+
+    kind: FeatureKind = FeatureKind.NONE
+    codec: ActivationCodec = ActivationCodec()  # how every payload is encoded
+    lsa: LayerSelfAttention | None = None  # MoA server part (required for MOA)
+    tli_layers: int = 0  # MOA only: K and V of the last N layers are sent too
+
+    @property
+    def needs_kv(self) -> bool:
+        return self.kind is FeatureKind.MOA
+
+
+def check_feature_request(kind: int, tli_layers: int, num_layers: int, lsa_name: str,
+                          lsa_parts: dict[str, LayerSelfAttention]) -> LayerSelfAttention | None:
+    """Validate a feature request against what this server has; return the LSA module for MOA."""
+    try:
+        kind = FeatureKind(kind)
+    except ValueError:
+        raise InvalidRequestError(f"unknown feature kind {kind}; known: {[k.value for k in FeatureKind]}") from None
+    if kind is not FeatureKind.MOA:
+        if tli_layers:
+            raise InvalidRequestError("tli_layers is only meaningful with FEATURE_KIND_MOA")
+        return None
+    if not 0 <= tli_layers <= num_layers:
+        raise InvalidRequestError(f"tli_layers={tli_layers} but the target has {num_layers} layers")
+    if not lsa_parts:
+        raise InvalidRequestError("FEATURE_KIND_MOA needs a MoA server part, and this server has none loaded: "
+                                  "start it with --moa-server-part NAME=PATH")
+    name = lsa_name or (next(iter(lsa_parts)) if len(lsa_parts) == 1 else "")
+    if name not in lsa_parts:
+        raise InvalidRequestError(f"unknown MoA server part {lsa_name!r}; this server has {sorted(lsa_parts)}")
+    return lsa_parts[name]
+
+
+@torch.inference_mode()
+def export_features(spec: FeatureSpec, hidden: torch.Tensor, kv: torch.Tensor | None) -> list[tuple[str, bytes]]:
+    """Encoded features of n tokens. hidden: [n, E]; kv: [n, L, 2*E_kv] (MOA only)."""
+    if spec.kind is FeatureKind.NONE:
+        return []
+    if spec.kind is FeatureKind.LAST_HIDDEN:
+        return [("hidden", spec.codec.encode(hidden.float()))]
+    assert kv is not None and spec.lsa is not None, "MOA features need the K|V rows and a server part"
+    lsa_param = next(spec.lsa.parameters())
+    lsa = spec.lsa(kv.to(lsa_param.device, lsa_param.dtype)).float()  # [n, 2*E_kv]
+    out = [("lsa", spec.codec.encode(lsa))]
+    if spec.tli_layers:
+        e_kv = kv.shape[-1] // 2
+        last = kv[:, -spec.tli_layers:].transpose(0, 1).float()  # [N, n, 2*E_kv]
+        out.append(("tli_k", spec.codec.encode(last[..., :e_kv].contiguous())))
+        out.append(("tli_v", spec.codec.encode(last[..., e_kv:].contiguous())))
+    return out

@@ -1,0 +1,231 @@
+"""VerifierSession: one generation session's state and its three operations.
+
+- ``open``: prefill the prompt, pick the first token.
+- ``verify``: append a draft tree, accept a path, keep only its KV.
+- ``resume``: roll back to what the client confirmed (or re-prefill it), verify
+  the client's provisional tokens as one chain, and commit under a policy.
+
+Model work runs on the scheduler's thread (``ModelScheduler.run``); feature
+encoding runs on the caller's thread so the model is free for other sessions.
+"""
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from edgespec.shared.fingerprint import committed_hash
+from edgespec.shared.tree import DraftTree
+from edgespec.shared.verification import SamplingConfig, VerifyOutcome, next_token, verify_tree
+
+from .errors import InvalidRequestError, StaleStateError
+from .features import FeatureSpec, export_features
+from .scheduler import ModelScheduler
+from .target import TargetModel
+
+
+class ResumePolicy(enum.IntEnum):
+    """Same numbers as the wire's ``edgespec.v1.ResumePolicy``."""
+
+    KEEP = 0  # every provisional token stands
+    ROLLBACK = 1  # drop from the first disagreement; the target's token goes there
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """What Open fixes for the whole session."""
+
+    session_id: str
+    sampling: SamplingConfig = SamplingConfig()  # greedy unless temperature > 0
+    seed: int = 0  # seeds the session's sampling generator: same seed, same output
+    features: FeatureSpec = FeatureSpec()  # what each answer carries back
+    max_new_tokens: int = 0  # the client's budget (informational; the context limit is enforced)
+    drafter: str = ""  # the client's drafter name, for logs and metrics
+
+
+@dataclass
+class Timings:
+    queue_ns: int = 0  # waiting for the model thread
+    forward_ns: int = 0  # the target's forward pass
+    verify_ns: int = 0  # acceptance decision and KV bookkeeping
+    encode_ns: int = 0  # feature extraction and encoding
+    total_ns: int = 0  # everything this message cost the server
+
+
+@dataclass
+class StepResult:
+    """The answer to Open, Draft or Resume, before it becomes a protobuf message."""
+
+    next_token: int  # Opened.first_token / Verified.bonus_token / Resumed.bonus_token
+    committed_len: int  # after this step, next_token included
+    accepted: tuple[int, ...] = ()  # Draft: accepted node indices, root to leaf
+    agreed: int = 0  # Resume: leading provisional tokens equal to the target's choice
+    restored: bool = True  # Resume: False when the session was rebuilt by prefill
+    features: list[tuple[str, bytes]] = field(default_factory=list)  # (name, codec frame)
+    timings: Timings = field(default_factory=Timings)
+
+
+@dataclass
+class _ModelStep:
+    """What a model job hands back to the caller's thread."""
+
+    next_token: int
+    accepted: tuple[int, ...]
+    agreed: int
+    hidden: torch.Tensor  # [n, E] of the tokens whose features are due
+    kv: torch.Tensor | None  # [n, L, 2*E_kv] for MOA
+    forward_ns: int
+    verify_ns: int
+
+
+class VerifierSession:
+    def __init__(self, settings: SessionSettings, target: TargetModel, scheduler: ModelScheduler,
+                 max_context_tokens: int):
+        self.settings = settings
+        self.id = settings.session_id
+        self.target = target
+        self.scheduler = scheduler
+        self.max_context_tokens = max_context_tokens
+        self.committed: list[int] = []  # c_0..c_{n-1}; the cache holds KV for all but the last
+        self.cache = target.new_cache()
+        self.generator = torch.Generator().manual_seed(settings.seed)
+        self.lock = threading.Lock()  # held while a stream works on the session
+        self.last_used = time.monotonic()
+        self.kv_bytes = 0
+        self.steps = 0  # verifications done
+        self._last_draft: tuple[int, int, StepResult] | None = None  # (step, committed_len, answer)
+
+    # ---------------------------------------------------------------- open
+    def open(self, prompt_ids: Sequence[int]) -> StepResult:
+        """Prefill the prompt; the answer carries the first token and the prompt's features."""
+        if not prompt_ids:
+            raise InvalidRequestError("Open.prompt_ids is empty: send at least one token")
+        self._check_ids(prompt_ids, "Open.prompt_ids")
+        self._check_room(len(prompt_ids) + 1)
+        return self._run(self._open_job, list(prompt_ids))
+
+    def _open_job(self, prompt: list[int]) -> _ModelStep:
+        t0 = time.perf_counter_ns()
+        out = self.target.prefill(self.cache, prompt)
+        t1 = time.perf_counter_ns()
+        first = next_token(out.logits[-1], self.settings.sampling, self.generator)
+        self.committed = prompt + [first]
+        kv = self._kv_rows(0, len(prompt))
+        return _ModelStep(first, (), 0, out.hidden, kv, t1 - t0, time.perf_counter_ns() - t1)
+
+    # -------------------------------------------------------------- verify
+    def verify(self, step: int, committed_len: int, tree: DraftTree) -> StepResult:
+        """Verify a tree hung from the last committed token."""
+        if self._last_draft and self._last_draft[:2] == (step, committed_len):
+            return self._last_draft[2]  # a retry of the step just answered
+        if committed_len != len(self.committed):
+            raise StaleStateError(
+                f"Draft step {step} says committed_len={committed_len} but session {self.id} has "
+                f"{len(self.committed)} committed tokens; send Resume to resynchronise")
+        self._check_room(committed_len + max(tree.depths(), default=0) + 1)
+        result = self._run(self._verify_job, tree)
+        self.steps += 1
+        self._last_draft = (step, committed_len, result)
+        return result
+
+    def _verify_job(self, tree: DraftTree) -> _ModelStep:
+        t0 = time.perf_counter_ns()
+        past = len(self.committed) - 1
+        out = self.target.forward_tree(self.cache, self.committed[-1], tree)
+        t1 = time.perf_counter_ns()
+        outcome = verify_tree(tree, out.logits, self.settings.sampling, self.generator)
+        rows = [0] + [i + 1 for i in outcome.accepted]
+        self.target.keep_rows(self.cache, past, rows)
+        self.committed += [tree.tokens[i] for i in outcome.accepted] + [outcome.next_token]
+        hidden = out.hidden[rows]
+        kv = self._kv_rows(past, past + len(rows))
+        return _ModelStep(outcome.next_token, outcome.accepted, 0, hidden, kv, t1 - t0, time.perf_counter_ns() - t1)
+
+    # -------------------------------------------------------------- resume
+    def matches(self, confirmed_len: int, confirmed_hash: bytes) -> bool:
+        """True when this session's committed ids start with the client's confirmed ones."""
+        return (1 <= confirmed_len <= len(self.committed)
+                and committed_hash(self.committed[:confirmed_len]) == confirmed_hash)
+
+    def rebuild(self, committed_ids: Sequence[int]) -> None:
+        """Re-prefill a session from the client's confirmed ids (it expired or lived elsewhere)."""
+        if not committed_ids:
+            raise InvalidRequestError("Resume.committed_ids is empty, so the session cannot be rebuilt")
+        self._check_ids(committed_ids, "Resume.committed_ids")
+        self._check_room(len(committed_ids))
+
+        def job() -> None:
+            self.cache = self.target.new_cache()
+            if len(committed_ids) > 1:
+                self.target.prefill(self.cache, list(committed_ids[:-1]))
+            self.committed = list(committed_ids)
+
+        self.scheduler.run(job)
+
+    def resume(self, confirmed_len: int, confirmed_hash: bytes, provisional: Sequence[int],
+               policy: ResumePolicy) -> StepResult:
+        """Roll back to the confirmed ids, verify the provisional ones as a chain, commit under the policy."""
+        if not self.matches(confirmed_len, confirmed_hash):
+            raise StaleStateError(
+                f"Resume for session {self.id}: the client's {confirmed_len} confirmed tokens do not match the "
+                f"server's (it has {len(self.committed)}); send committed_ids so the server can rebuild it")
+        self._check_ids(provisional, "Resume.provisional_ids")
+        self._check_room(confirmed_len + len(provisional) + 1)
+        self._last_draft = None
+        return self._run(self._resume_job, confirmed_len, list(provisional), ResumePolicy(policy))
+
+    def _resume_job(self, confirmed_len: int, provisional: list[int], policy: ResumePolicy) -> _ModelStep:
+        t0 = time.perf_counter_ns()
+        self.committed = self.committed[:confirmed_len]
+        past = confirmed_len - 1
+        self.target.crop(self.cache, past)
+        chain = DraftTree.chain(provisional)
+        out = self.target.forward_tree(self.cache, self.committed[-1], chain)
+        t1 = time.perf_counter_ns()
+        outcome: VerifyOutcome = verify_tree(chain, out.logits, self.settings.sampling, self.generator)
+        agreed = len(outcome.accepted)
+        if policy is ResumePolicy.KEEP:
+            kept = provisional
+            after = outcome.next_token if agreed == len(provisional) else next_token(
+                out.logits[len(provisional)], self.settings.sampling, self.generator)
+        else:
+            kept = provisional[:agreed]
+            after = outcome.next_token
+        rows = list(range(len(kept) + 1))
+        self.target.keep_rows(self.cache, past, rows)
+        self.committed += kept + [after]
+        kv = self._kv_rows(past, past + len(rows))
+        return _ModelStep(after, (), agreed, out.hidden[rows], kv, t1 - t0, time.perf_counter_ns() - t1)
+
+    # ------------------------------------------------------------- helpers
+    def _run(self, job, *args) -> StepResult:
+        start = time.perf_counter_ns()
+        step, queue_ns = self.scheduler.run(job, *args)
+        t0 = time.perf_counter_ns()
+        features = export_features(self.settings.features, step.hidden, step.kv)
+        encode_ns = time.perf_counter_ns() - t0
+        self.kv_bytes = self.target.cache_bytes(self.cache)
+        self.last_used = time.monotonic()
+        timings = Timings(queue_ns, step.forward_ns, step.verify_ns, encode_ns, time.perf_counter_ns() - start)
+        return StepResult(step.next_token, len(self.committed), step.accepted, step.agreed,
+                          True, features, timings)
+
+    def _kv_rows(self, start: int, end: int) -> torch.Tensor | None:
+        if not self.settings.features.needs_kv:
+            return None
+        return self.target.layer_kv(self.cache, start, end).clone()
+
+    def _check_ids(self, ids: Sequence[int], what: str) -> None:
+        bad = next((t for t in ids if not 0 <= t < self.target.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(f"{what} holds token id {bad}, outside the vocabulary [0, {self.target.vocab_size})")
+
+    def _check_room(self, needed: int) -> None:
+        if needed > self.max_context_tokens:
+            raise InvalidRequestError(
+                f"session {self.id} would need {needed} tokens of context; this server allows "
+                f"{self.max_context_tokens} (ServerLimits.max_context_tokens)")

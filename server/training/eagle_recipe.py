@@ -1,0 +1,109 @@
+"""EAGLE training: teacher-forced rows plus optional unrolled steps (training-time test).
+
+Row r reads (f_r, c_{r+1}) and predicts h_{r+1}. Step 1 is teacher-forced (f = the target's
+feature, with noise). Step s >= 2 feeds, for every start r, the previous step's predicted
+feature and drafted token (masks.unrolled_mask): exactly what drafting does, so the same
+code measures per-position acceptance on validation and, with ``unroll`` > 1, trains on it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ...shared.drafters.eagle import EagleHead, save_eagle
+from ...shared.drafters.masks import causal_mask, unrolled_mask
+from ...shared.drafters.target_parts import TargetParts
+from .features import StoredSequence
+from .losses import Acceptance, Term, chain_accepted, smooth_l1, soft_cross_entropy
+from .recipe import LossTerm, Outputs
+
+
+@dataclass(frozen=True)
+class EagleRecipeConfig:
+    noise: float = 0.05  # uniform feature noise, as a fraction of the features' RMS (EAGLE's robustness trick)
+    feature_weight: float = 1.0  # SmoothL1 on predicted features
+    ce_weight: float = 0.1  # soft cross-entropy against the target's distribution
+    unroll: int = 1  # training steps per start (> 1: training-time test)
+    unroll_weight: float = 1.0  # weight of each unrolled step's terms relative to step 1
+
+
+def unrolled_steps(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, feats: torch.Tensor,
+                   positions: torch.Tensor, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per step s (1..steps): (predicted features [n, E], drafted draft-vocab ids [n]) for the
+    n = len(tokens) - 1 starts. feats: [n, E] features f_r fed at step 1."""
+    n = tokens.shape[0] - 1
+    pred, kv = head(parts.embed(tokens[1:]), feats, positions[:n], causal_mask(n, tokens.device))
+    out = [(pred, parts.logits(pred).argmax(-1))]
+    past = kv
+    for s in range(2, steps + 1):
+        prev_pred, prev_ids = out[-1]
+        pred, kv = head(parts.embed(parts.to_target_ids(prev_ids)), prev_pred, positions[:n] + s - 1,
+                        unrolled_mask(n, s, tokens.device), past)
+        past = past.cat(kv)
+        out.append((pred, parts.logits(pred).argmax(-1)))
+    return out
+
+
+class EagleRecipe:
+    kind = "eagle"
+    feature_names = ("hidden",)
+
+    def __init__(self, head: EagleHead, parts: TargetParts, config: EagleRecipeConfig = EagleRecipeConfig()):
+        self.head, self.parts, self.config = head, parts, config
+        self.terms = [LossTerm("feature", config.feature_weight, self._feature_term),
+                      LossTerm("ce", config.ce_weight, self._ce_term)]
+
+    def trainable(self):
+        return {"head": self.head}
+
+    def forward(self, seq: StoredSequence, start: int, end: int, gen: torch.Generator) -> Outputs:
+        tokens, h = seq.tokens[start:end], seq.hidden[start:end]
+        pos = torch.arange(start, end, device=tokens.device)
+        n = tokens.shape[0] - 1
+        rms = h.pow(2).mean().sqrt()
+        noise = (torch.rand(h[:n].shape, generator=gen).to(h.device) * 2 - 1) * self.config.noise * rms
+        steps = unrolled_steps(self.head, self.parts, tokens, h[:n] + noise, pos, self.config.unroll)
+        w = seq.loss_mask[start + 1:end].float()
+        with torch.no_grad():
+            target_logits = self.parts.logits(h[1:])
+        return {"steps": steps, "target": h, "target_logits": target_logits, "w": w, "n": n}
+
+    def _feature_term(self, out: Outputs) -> Term:
+        return self._per_step(out, lambda pred, tgt, tl, w: smooth_l1(pred, tgt, w))
+
+    def _ce_term(self, out: Outputs) -> Term:
+        return self._per_step(out, lambda pred, tgt, tl, w: soft_cross_entropy(self.parts.logits(pred), tl, w))
+
+    def _per_step(self, out: Outputs, fn) -> Term:
+        n, h, tl, w = out["n"], out["target"], out["target_logits"], out["w"]
+        term = None
+        for s, (pred, _) in enumerate(out["steps"], start=1):
+            m = n - (s - 1)  # starts whose step-s target h_{r+s} lies in the window
+            if m <= 0:
+                break
+            t = fn(pred[:m], h[s:s + m], tl[s - 1:s - 1 + m], w[:m])
+            scale = 1.0 if s == 1 else self.config.unroll_weight
+            t = Term(t.total * scale, t.weight * scale)
+            term = t if term is None else term + t
+        return term
+
+    @torch.no_grad()
+    def acceptance(self, seq: StoredSequence, depth: int) -> Acceptance:
+        tokens, h = seq.tokens, seq.hidden
+        n = tokens.shape[0] - 1
+        if n <= depth:
+            return Acceptance(0, [0] * depth)
+        positions = torch.arange(tokens.shape[0], device=tokens.device)
+        steps = unrolled_steps(self.head, self.parts, tokens, h[:n], positions, depth)
+        greedy = self.parts.logits(h).argmax(-1)  # target's greedy pick at each position (draft vocab)
+        target_ok = self.parts.to_target_ids(greedy[:-1]) == tokens[1:]  # the data follows the target here
+        starts = n - depth
+        matches = torch.stack([(steps[s][1][:starts] == greedy[s + 1:s + 1 + starts])
+                               & target_ok[s + 1:s + 1 + starts] for s in range(depth)], 1)
+        keep = seq.loss_mask[1:1 + starts]
+        return Acceptance.of(chain_accepted(matches[keep]), depth)
+
+    def save_drafter(self, out_dir: Path) -> list[Path]:
+        return [save_eagle(self.head, Path(out_dir) / "eagle.safetensors", self.parts.vocab_ids)]

@@ -1,0 +1,173 @@
+"""Feature extraction: run the target once over the data set and store what drafters learn from.
+
+Per sequence (one ``.npz`` per sample, written atomically, so an interrupted run resumes by
+skipping finished files), every tensor as an activation-codec frame (int8 + fp16 outlier
+channels + zstd, ``shared/codec.py``):
+
+- ``tokens`` [n] int32, ``loss_mask`` [n] uint8 (1 = a token the drafter should learn to
+  predict: the response of a chat sample, all of a code sample)
+- ``hidden`` [n, E]: the LM-head input (output of the final norm): EAGLE's feature
+- ``kv`` [n, L, 2*E_kv]: every layer's K (after RoPE) | V per token: MoA's LSA input; the
+  last N layers' slices are also what TLI = N receives
+- ``act{N}`` [n, E] for each TLI depth N: the activation entering layer L-N (N = 0: the
+  residual stream before the final norm): MoA's regression target
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ...shared.codec import ActivationCodec, Codec, decode_frame
+from ...shared.drafters.target_parts import TargetShape, target_shape
+from .data import chat_text, read_samples
+
+log = logging.getLogger(__name__)
+CODEC = ActivationCodec(Codec.INT8_OUTLIER, zstd_level=1, outlier_channels=8)
+
+
+@dataclass
+class StoredSequence:
+    """One stored sequence, decoded to float32 tensors."""
+
+    id: str
+    split: str
+    tokens: torch.Tensor  # [n] long
+    loss_mask: torch.Tensor  # [n] bool
+    hidden: torch.Tensor  # [n, E]
+    kv: torch.Tensor  # [n, L, 2*E_kv]
+    acts: dict[int, torch.Tensor]  # TLI depth N -> [n, E]
+
+    def to(self, device) -> "StoredSequence":
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return StoredSequence(self.id, self.split, move(self.tokens), move(self.loss_mask), move(self.hidden),
+                              move(self.kv), {k: move(v) for k, v in self.acts.items()})
+
+
+def tokenize_sample(tokenizer, row: dict, max_len: int) -> tuple[list[int], list[int]]:
+    """(ids, loss mask) of one data row, cut to max_len tokens."""
+    if row["kind"] == "code":
+        ids = tokenizer.encode(row["prompt"], add_special_tokens=False)
+        mask = [1] * len(ids)
+    else:
+        prefix = tokenizer.encode(chat_text(tokenizer, row["prompt"], None), add_special_tokens=False)
+        ids = tokenizer.encode(chat_text(tokenizer, row["prompt"], row["response"]), add_special_tokens=False)
+        mask = [0] * len(prefix) + [1] * (len(ids) - len(prefix))
+    return ids[:max_len], mask[:max_len]
+
+
+@torch.inference_mode()
+def target_features(model, ids: list[int], tli_depths: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    """hidden [n, E], kv [n, L, 2*E_kv], act{N} [n, E] of one sequence (float32, on CPU)."""
+    shape = target_shape(model)
+    base = model.model
+    layer_inputs: dict[int, torch.Tensor] = {}
+    norm_io: dict[str, torch.Tensor] = {}
+    wanted = {shape.num_layers - n for n in tli_depths if n > 0}
+    hooks = []
+    for idx in wanted:
+        def pre(mod, args, kwargs, idx=idx):
+            layer_inputs[idx] = (args[0] if args else kwargs["hidden_states"])[0].float().cpu()
+        hooks.append(base.layers[idx].register_forward_pre_hook(pre, with_kwargs=True))
+
+    def on_norm(mod, args, out):
+        norm_io["in"], norm_io["out"] = args[0][0].float().cpu(), out[0].float().cpu()
+    hooks.append(base.norm.register_forward_hook(on_norm))
+    try:
+        out = model.model(input_ids=torch.tensor([ids], device=model.device), use_cache=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    cache = out.past_key_values
+    kv = torch.stack([torch.cat([_flat(cache.layers[i].keys), _flat(cache.layers[i].values)], -1)
+                      for i in range(shape.num_layers)], dim=1)
+    feats = {"hidden": norm_io["out"], "kv": kv}
+    for n in tli_depths:
+        feats[f"act{n}"] = norm_io["in"] if n == 0 else layer_inputs[shape.num_layers - n]
+    return feats
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    # [1, kv_heads, n, D] -> [n, kv_heads*D]
+    return x[0].transpose(0, 1).reshape(x.shape[2], -1).float().cpu()
+
+
+def seq_file(store: Path, sample_id: str) -> Path:
+    return store / "seq" / (hashlib.sha1(sample_id.encode()).hexdigest()[:16] + ".npz")
+
+
+def extract_features(target: str, data_dir: str | Path, out_dir: str | Path, max_len: int = 1024,
+                     tli_depths: tuple[int, ...] = (0, 1, 3), device: str | None = None,
+                     dtype: str | None = None, limit: int | None = None) -> Path:
+    from tqdm import tqdm
+
+    from ...shared.models import load_model
+
+    store = Path(out_dir)
+    (store / "seq").mkdir(parents=True, exist_ok=True)
+    rows = read_samples(Path(data_dir) / "samples.jsonl")[:limit]
+    if not rows:
+        raise FileNotFoundError(f"no samples in {data_dir}/samples.jsonl: run `edgespec train data` first")
+    loaded = load_model(target, device=device, dtype=dtype)
+    shape = target_shape(loaded.model)
+    meta = {"target": target, "fingerprint": loaded.fingerprint, "shape": shape.__dict__,
+            "tli_depths": list(tli_depths), "max_len": max_len}
+    (store / "store.json").write_text(json.dumps(meta, indent=1))
+    todo = [r for r in rows if not seq_file(store, r["id"]).exists()]
+    log.info("%d sequences, %d already stored, %d to go -> %s", len(rows), len(rows) - len(todo), len(todo), store)
+    for row in tqdm(todo, desc="target features", mininterval=10):
+        ids, mask = tokenize_sample(loaded.tokenizer, row, max_len)
+        if len(ids) < 4:
+            continue
+        feats = target_features(loaded.model, ids, tuple(tli_depths))
+        _write(seq_file(store, row["id"]), row, ids, mask, feats)
+    return store
+
+
+def _write(path: Path, row: dict, ids: list[int], mask: list[int], feats: dict[str, torch.Tensor]) -> None:
+    arrays = {"tokens": np.asarray(ids, np.int32), "loss_mask": np.asarray(mask, np.uint8),
+              "meta": np.frombuffer(json.dumps({"id": row["id"], "split": row["split"]}).encode(), np.uint8)}
+    for name, t in feats.items():
+        arrays[name] = np.frombuffer(CODEC.encode(t.contiguous()), np.uint8)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+
+
+class FeatureStore:
+    """Read side: the stored sequences of a split."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        meta_path = self.path / "store.json"
+        if not meta_path.exists():
+            raise FileNotFoundError(f"{self.path} is not a feature store (no store.json): "
+                                    "run `edgespec train features`")
+        self.meta = json.loads(meta_path.read_text())
+        self.shape = TargetShape(**self.meta["shape"])
+        self.files = sorted((self.path / "seq").glob("*.npz"))
+        self.files = [f for f in self.files if not f.name.endswith(".tmp.npz")]
+        self._splits = {f: self._meta_of(f)["split"] for f in self.files}
+
+    @staticmethod
+    def _meta_of(path: Path) -> dict:
+        with np.load(path) as z:
+            return json.loads(z["meta"].tobytes().decode())
+
+    def split(self, name: str) -> list[Path]:
+        return [f for f in self.files if self._splits[f] == name]
+
+    @staticmethod
+    def load(path: Path, names: tuple[str, ...] = ("hidden", "kv")) -> StoredSequence:
+        with np.load(path) as z:
+            meta = json.loads(z["meta"].tobytes().decode())
+            dec = {k: decode_frame(z[k].tobytes()).float() for k in z.files if k in names}
+            return StoredSequence(meta["id"], meta["split"], torch.from_numpy(z["tokens"].astype(np.int64)),
+                            torch.from_numpy(z["loss_mask"].astype(bool)), dec.get("hidden"), dec.get("kv"),
+                            {int(k[3:]): v for k, v in dec.items() if k.startswith("act")})

@@ -1,0 +1,99 @@
+"""`edgespec train fit`: build a recipe for a target and a feature store, train, ship the drafter.
+
+The run folder gets ``checkpoint.pt`` (resume), ``metrics.jsonl``, ``log.txt``, and at the end
+the drafter's files (``eagle.safetensors`` or ``moa-tli{N}/server|client.safetensors``) with
+``card.json``: data, tokens, steps, wall time, hardware, and the last validation figures.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from ...shared.drafters.eagle import EagleConfig, EagleHead
+from ...shared.drafters.moa import MoAConfig, new_moa
+from ...shared.drafters.target_parts import TargetParts
+from ...shared.drafters.vocab import most_frequent_ids
+from .eagle_recipe import EagleRecipe, EagleRecipeConfig
+from .features import FeatureStore
+from .moa_recipe import MoARecipe
+from .trainer import TrainConfig, Trainer
+
+log = logging.getLogger(__name__)
+
+
+def reduced_vocab(store: FeatureStore, size: int, always: tuple[int, ...] = ()) -> torch.Tensor:
+    """The ``size`` most frequent tokens of the training split (the same list on resume)."""
+    streams = (FeatureStore.load(f, ()).tokens for f in store.split("train"))
+    return most_frequent_ids(streams, size, store.shape.vocab_size, always)
+
+
+def build_recipe(kind: str, target_model, store: FeatureStore, tli: int = 0, width: int = 0, heads: int = 0,
+                 vocab: int = 0, special_ids: tuple[int, ...] = (), seed: int = 0, unroll: int = 1):
+    shape = store.shape
+    vocab_ids = reduced_vocab(store, vocab, special_ids) if vocab else None
+    torch.manual_seed(seed)
+    parts = TargetParts(target_model, tli=tli if kind == "moa" else 0, vocab_ids=vocab_ids, dtype=torch.float32)
+    sizes = {k: v for k, v in {"width": width, "heads": heads, "mlp_hidden": 2 * width}.items() if v}
+    if kind == "eagle":
+        return EagleRecipe(EagleHead(EagleConfig(shape.hidden_size, **sizes)), parts, EagleRecipeConfig(unroll=unroll))
+    model = new_moa(MoAConfig(shape.hidden_size, shape.kv_size, shape.num_layers, tli=tli, **sizes))
+    recipe = MoARecipe(model, parts)
+    sample = store.split("train")[:64]
+    recipe.calibrate([FeatureStore.load(f, (f"act{tli}",)) for f in sample])
+    return recipe
+
+
+def write_card(run_dir: Path, recipe, store: FeatureStore, trainer: Trainer, files: list[Path], wall_s: float) -> Path:
+    n_tokens = sum(FeatureStore.load(f, ()).tokens.numel() for f in trainer.train_files)
+    last_val = next((r for r in reversed(trainer.history) if "val/chains" in r), {})
+    card = {
+        "kind": recipe.kind,
+        "target": store.meta["target"],
+        "tokenizer_fingerprint": store.meta.get("fingerprint"),
+        "files": {p.name if p.parent == run_dir else str(p.relative_to(run_dir)): p.stat().st_size for p in files},
+        "data": {"feature_store": str(store.path), "train_sequences": len(trainer.train_files),
+                 "val_sequences": len(store.split("val")), "train_tokens": n_tokens},
+        "training": {"steps": trainer.step, "config": trainer.config.__dict__, "wall_s_this_run": round(wall_s, 1)},
+        "hardware": {"machine": platform.machine(), "processor": platform.processor() or platform.machine(),
+                     "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                     "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
+        "validation": last_val,
+    }
+    path = run_dir / "card.json"
+    path.write_text(json.dumps(card, indent=1))
+    return path
+
+
+def fit_from_args(args) -> int:
+    from ...shared.models import load_model
+
+    store = FeatureStore(args.features)
+    # The target is only a source of frozen parts here; they move to the training device with the recipe.
+    loaded = load_model(args.target, device="cpu", dtype="float32")
+    if loaded.fingerprint != store.meta.get("fingerprint"):
+        raise ValueError(f"the feature store was made with another tokenizer than {args.target}'s")
+    tok = loaded.tokenizer
+    specials = tuple(i for i in (tok.eos_token_id, tok.pad_token_id) if i is not None)
+    recipe = build_recipe(args.kind, loaded.model, store, tli=args.tli, width=args.width, heads=args.heads,
+                          vocab=args.vocab, special_ids=specials, seed=args.seed, unroll=args.unroll)
+    del loaded
+    cfg = TrainConfig(steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens, window=args.window,
+                      eval_every=args.eval_every, eval_sequences=args.eval_sequences, eval_depth=args.eval_depth,
+                      save_every=args.save_every, seed=args.seed)
+    run_dir = Path(args.out)
+    from ...shared.device import pick_device
+
+    trainer = Trainer(recipe, store, run_dir, cfg, device=pick_device(args.device))
+    t0 = time.perf_counter()
+    trainer.fit()
+    files = recipe.save_drafter(run_dir)
+    card = write_card(run_dir, recipe, store, trainer, files, time.perf_counter() - t0)
+    log.info("drafter written: %s; card %s", ", ".join(map(str, files)), card)
+    print(card)
+    return 0

@@ -1,0 +1,117 @@
+"""MoA training (paper eq. 2): 0.1 x KL(target || drafter) + SmoothL1 on the activation entering
+target layer L-N, with the Cross-Attention mask T-step bounded (T ~ U{min_T..max_T}).
+
+Within one segment of the bounded mask every query sees the same verified prefix, and its
+Self-Attention sees the tokens before it: exactly a draft chain grown from the segment's
+first token. So one teacher-forced pass with a fixed T is also the validation measure of
+per-position acceptance (on data the target generated greedily, accepted drafts equal the
+data tokens).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ...shared.drafters.blocks import KV
+from ...shared.drafters.masks import bounded_mask, causal_mask, mixed_kv_mask, step_bounds
+from ...shared.drafters.moa import MoADrafterModel, save_moa
+from ...shared.drafters.target_parts import TargetParts
+from .features import StoredSequence
+from .losses import Acceptance, Term, chain_accepted, forward_kl, smooth_l1
+from .recipe import LossTerm, Outputs
+
+
+@dataclass(frozen=True)
+class MoARecipeConfig:
+    min_T: int = 5  # smallest step bound drawn per sequence
+    max_T: int = 15  # largest step bound drawn per sequence
+    activation_weight: float = 1.0  # SmoothL1 on the predicted activation
+    kl_weight: float = 0.1  # forward KL against the target's distribution
+
+
+def moa_window(model: MoADrafterModel, parts: TargetParts, tokens: torch.Tensor, kv: torch.Tensor,
+               positions: torch.Tensor, bounds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(predicted activation [n, E], drafter logits [n, V']) of a window under per-query bounds.
+
+    kv: [n, L, 2*E_kv] the target's K|V per token and layer; bounds: [n] (masks.step_bounds).
+    """
+    client, n = model.client, tokens.shape[0]
+    memory = client.with_null(client.memory(model.lsa(kv), positions))
+    mem_mask = torch.cat([torch.ones(n, 1, dtype=torch.bool, device=tokens.device), bounded_mask(bounds, n)], 1)
+    x = client.sa_input(parts.embed(tokens))
+    act = client.predict(x, positions, client.sa_kv(x, positions), causal_mask(n, tokens.device), memory, mem_mask)
+    past = None
+    if parts.tli:
+        e_kv, heads = parts.shape.kv_size, parts.shape.kv_heads
+        layers = range(parts.shape.num_layers - parts.tli, parts.shape.num_layers)
+        dt = parts.head_weight.dtype
+
+        def rows(t):  # [n, E_kv] -> [kv_heads, n, D]
+            return t.to(dt).view(n, heads, -1).transpose(0, 1)
+        past = [KV(rows(kv[:, l, :e_kv]), rows(kv[:, l, e_kv:])) for l in layers]
+    out, _ = parts.run_layers(act, positions, mixed_kv_mask(bounds), past)
+    return act, parts.logits(parts.norm(out))
+
+
+class MoARecipe:
+    kind = "moa"
+
+    def __init__(self, model: MoADrafterModel, parts: TargetParts, config: MoARecipeConfig = MoARecipeConfig()):
+        self.model, self.parts, self.config = model, parts, config
+        self.tli = model.client.config.tli
+        self.feature_names = ("hidden", "kv", f"act{self.tli}")
+        self.terms = [LossTerm("activation", config.activation_weight, self._activation_term),
+                      LossTerm("kl", config.kl_weight, self._kl_term)]
+
+    def trainable(self):
+        return {"lsa": self.model.lsa, "client": self.model.client}
+
+    def forward(self, seq: StoredSequence, start: int, end: int, gen: torch.Generator) -> Outputs:
+        tokens, kv = seq.tokens[start:end], seq.kv[start:end].float()
+        n = tokens.shape[0]
+        T = int(torch.randint(self.config.min_T, self.config.max_T + 1, (1,), generator=gen))
+        offset = int(torch.randint(0, T, (1,), generator=gen))
+        bounds = step_bounds(n, T, offset, tokens.device)
+        positions = torch.arange(start, end, device=tokens.device)
+        act, logits = moa_window(self.model, self.parts, tokens, kv, positions, bounds)
+        with torch.no_grad():
+            target_logits = self.parts.logits(seq.hidden[start:end])
+        # Row i predicts c_{i+1}: it counts when that token is one to learn.
+        w = torch.cat([seq.loss_mask[start + 1:end].float(), torch.zeros(1, device=tokens.device)])
+        return {"act": act, "logits": logits, "target_act": seq.acts[self.tli][start:end],
+                "target_logits": target_logits, "w": w}
+
+    def _activation_term(self, out: Outputs) -> Term:
+        # Standardised per channel: in raw units a handful of outlier channels would be the whole loss.
+        z = self.model.client.standardise
+        return smooth_l1(z(out["act"]), z(out["target_act"]), out["w"])
+
+    def calibrate(self, seqs: list[StoredSequence]) -> None:
+        """Per-channel activation stats of the training data, before the first step."""
+        self.model.client.calibrate(torch.cat([s.acts[self.tli] for s in seqs]))
+
+    def _kl_term(self, out: Outputs) -> Term:
+        return forward_kl(out["logits"], out["target_logits"], out["w"])
+
+    @torch.no_grad()
+    def acceptance(self, seq: StoredSequence, depth: int) -> Acceptance:
+        tokens, n = seq.tokens, seq.tokens.shape[0]
+        if n <= depth + 1:
+            return Acceptance(0, [0] * depth)
+        # Segments start at 1, 1+depth, ...: each first query is a root seeing the features before it.
+        bounds = step_bounds(n, depth, 1, tokens.device)
+        positions = torch.arange(n, device=tokens.device)
+        _, logits = moa_window(self.model, self.parts, tokens, seq.kv.float(), positions, bounds)
+        greedy = self.parts.logits(seq.hidden).argmax(-1)
+        ok = (logits.argmax(-1) == greedy)[:-1] & (self.parts.to_target_ids(greedy[:-1]) == tokens[1:])
+        starts = torch.arange(1, n - depth, depth, device=tokens.device)
+        matches = torch.stack([ok[starts + k] for k in range(depth)], 1)
+        keep = seq.loss_mask[starts + 1]
+        return Acceptance.of(chain_accepted(matches[keep]), depth)
+
+    def save_drafter(self, out_dir: Path) -> list[Path]:
+        self.model.vocab_ids = self.parts.vocab_ids
+        d = save_moa(self.model, Path(out_dir) / f"moa-tli{self.tli}")
+        return [d / "server.safetensors", d / "client.safetensors"]

@@ -1,0 +1,178 @@
+"""VerifierSession on the tiny target, without gRPC: greedy exactness over random trees and KV bookkeeping."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from edgespec.server.features import FeatureKind, FeatureSpec
+from edgespec.server.scheduler import ModelScheduler
+from edgespec.server.session import ResumePolicy, SessionSettings, VerifierSession
+from edgespec.shared.codec import decode_frame
+from edgespec.shared.drafters.lsa import LayerSelfAttention, LSAConfig
+from edgespec.shared.fingerprint import committed_hash
+from edgespec.shared.tree import ROOT, DraftTree
+from edgespec.shared.verification import SamplingConfig
+
+
+@pytest.fixture(scope="module")
+def scheduler():
+    s = ModelScheduler()
+    yield s
+    s.close()
+
+
+def make_session(target, scheduler, sampling=SamplingConfig(), features=FeatureSpec(), seed=0):
+    settings = SessionSettings("test", sampling, seed, features)
+    return VerifierSession(settings, target, scheduler, max_context_tokens=1024)
+
+
+def random_tree(rng: random.Random, truth: list[int], vocab: int = 300) -> DraftTree:
+    """A random tree that follows `truth` for a random number of steps, with random siblings and branches."""
+    tokens: list[int] = []
+    parents: list[int] = []
+
+    def add(token: int, parent: int) -> int:
+        tokens.append(token)
+        parents.append(parent)
+        return len(tokens) - 1
+
+    parent = ROOT
+    for depth in range(rng.randint(0, min(len(truth), 6))):
+        for _ in range(rng.randint(0, 2)):
+            add(rng.randrange(vocab), parent)
+        node = add(truth[depth], parent)
+        for _ in range(rng.randint(0, 2)):
+            add(rng.randrange(vocab), parent)
+        parent = node
+    for _ in range(rng.randint(0, 4)):
+        add(rng.randrange(vocab), rng.choice([ROOT] + list(range(len(tokens)))))
+    return DraftTree(tuple(tokens), tuple(parents)).validate()
+
+
+@torch.inference_mode()
+def fresh_next_logits(target, ids: list[int]) -> torch.Tensor:
+    return target.model(input_ids=torch.tensor([ids])).logits[0, -1]
+
+
+@torch.inference_mode()
+def session_next_logits(session) -> torch.Tensor:
+    """The next-token logits the session's cache gives for its committed text (cache left untouched)."""
+    target, past = session.target, len(session.committed) - 1
+    out = target.forward_tree(session.cache, session.committed[-1], DraftTree((), ()))
+    target.crop(session.cache, past)
+    return out.logits[0]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_random_trees_commit_the_target_greedy_continuation(tiny_target, scheduler, greedy_reference, seed):
+    rng = random.Random(seed)
+    prompt = [rng.randrange(256) for _ in range(rng.randint(3, 12))]
+    truth = greedy_reference(prompt, 60)
+    session = make_session(tiny_target, scheduler)
+    opened = session.open(prompt)
+    assert opened.next_token == truth[0] and opened.committed_len == len(prompt) + 1
+    step = 0
+    while len(session.committed) - len(prompt) < 50:
+        done = len(session.committed) - len(prompt)
+        tree = random_tree(rng, truth[done:])
+        step += 1
+        result = session.verify(step, len(session.committed), tree)
+        assert result.committed_len == len(session.committed)
+        assert session.committed[len(prompt):] == truth[:len(session.committed) - len(prompt)]
+    # After many cycles the cache gives what a fresh prefill of the committed text gives.
+    assert torch.allclose(session_next_logits(session), fresh_next_logits(tiny_target, session.committed), atol=1e-4)
+    assert tiny_target.cache_len(session.cache) == len(session.committed) - 1
+
+
+def test_sampling_sessions_keep_the_kv_of_the_accepted_path(tiny_target, scheduler):
+    rng = random.Random(5)
+    session = make_session(tiny_target, scheduler, SamplingConfig(temperature=1.0, top_p=0.95), seed=3)
+    prompt = [rng.randrange(256) for _ in range(6)]
+    session.open(prompt)
+    accepted_total = 0
+    for step in range(1, 30):
+        # drafts from the target's own top tokens, so some get accepted under sampling
+        logits = session_next_logits(session)
+        top = torch.topk(logits, 3).indices.tolist()
+        tree = DraftTree((top[1], top[0], top[2]), (ROOT, ROOT, 1))
+        result = session.verify(step, len(session.committed), tree)
+        accepted_total += len(result.accepted)
+    assert accepted_total > 0
+    assert torch.allclose(session_next_logits(session), fresh_next_logits(tiny_target, session.committed), atol=1e-4)
+
+
+def test_repeated_step_is_answered_from_the_record(tiny_target, scheduler):
+    session = make_session(tiny_target, scheduler)
+    session.open([1, 2, 3])
+    tree = DraftTree((5, 6), (ROOT, 0))
+    first = session.verify(1, 4, tree)
+    again = session.verify(1, 4, tree)
+    assert again is first and len(session.committed) == first.committed_len
+
+
+def test_features_of_prompt_and_of_root_plus_accepted(tiny_target, scheduler, greedy_reference):
+    lsa = LayerSelfAttention(LSAConfig(tiny_target.num_layers, tiny_target.kv_size)).eval()
+    spec = FeatureSpec(FeatureKind.MOA, lsa=lsa, tli_layers=1)
+    session = make_session(tiny_target, scheduler, features=spec)
+    prompt = [10, 20, 30, 40]
+    opened = session.open(prompt)
+    frames = {name: decode_frame(frame) for name, frame in opened.features}
+    e_kv = tiny_target.kv_size
+    assert frames["lsa"].shape == (4, 2 * e_kv)
+    assert frames["tli_k"].shape == (1, 4, e_kv) and frames["tli_v"].shape == (1, 4, e_kv)
+    truth = greedy_reference(prompt, 3)
+    result = session.verify(1, 5, DraftTree((truth[1], truth[2]), (ROOT, 0)))
+    assert result.accepted == (0, 1)
+    frames = {name: decode_frame(frame) for name, frame in result.features}
+    assert frames["lsa"].shape == (3, 2 * e_kv)  # root + 2 accepted
+    # tli_v of the last layer is the cached V of those tokens (codec error aside)
+    cached_v = session.cache.layers[-1].values[0, :, 4:7].transpose(0, 1).reshape(3, -1)
+    assert torch.allclose(frames["tli_v"][0], cached_v.float(), atol=0.05 * cached_v.abs().max().item())
+
+
+def test_hidden_features_equal_the_final_norm_output(tiny_target, scheduler):
+    session = make_session(tiny_target, scheduler, features=FeatureSpec(FeatureKind.LAST_HIDDEN))
+    prompt = [5, 6, 7, 8, 9]
+    opened = session.open(prompt)
+    (name, frame), = opened.features
+    with torch.inference_mode():
+        ref = tiny_target.model(input_ids=torch.tensor([prompt]))
+        head_in = tiny_target.model.get_decoder()(input_ids=torch.tensor([prompt])).last_hidden_state[0]
+        head_out = tiny_target.model.lm_head(head_in)
+    assert name == "hidden"
+    got = decode_frame(frame)
+    assert got.shape == (5, tiny_target.hidden_size)
+    assert torch.allclose(got, head_in, atol=0.05 * head_in.abs().max().item())
+    # and the LM head on it gives the model's logits
+    assert torch.allclose(head_out, ref.logits[0], atol=1e-4)
+
+
+@pytest.mark.parametrize("policy", [ResumePolicy.KEEP, ResumePolicy.ROLLBACK])
+def test_resume_verifies_provisional_tokens_as_a_chain(tiny_target, scheduler, greedy_reference, policy):
+    prompt = [3, 1, 4, 1, 5]
+    truth = greedy_reference(prompt, 12)
+    session = make_session(tiny_target, scheduler)
+    session.open(prompt)
+    session.verify(1, 6, DraftTree.chain(truth[1:4]))  # committed: prompt + truth[:5]
+    confirmed = prompt + truth[:2]  # the client only saw an older state
+    provisional = truth[2:5] + [(truth[5] + 1) % 256, 7]
+    result = session.resume(len(confirmed), committed_hash(confirmed), provisional, policy)
+    assert result.agreed == 3
+    if policy is ResumePolicy.ROLLBACK:
+        assert session.committed == prompt + truth[:6]  # exactly the target's text
+    else:
+        assert session.committed[:len(confirmed) + 5] == confirmed + provisional
+    assert result.committed_len == len(session.committed)
+    assert torch.allclose(session_next_logits(session), fresh_next_logits(tiny_target, session.committed), atol=1e-4)
+
+
+def test_rebuild_then_resume_equals_a_restored_session(tiny_target, scheduler, greedy_reference):
+    prompt = [9, 8, 7]
+    truth = greedy_reference(prompt, 6)
+    confirmed = prompt + truth[:3]
+    session = make_session(tiny_target, scheduler)
+    session.rebuild(confirmed)
+    result = session.resume(len(confirmed), committed_hash(confirmed), truth[3:5], ResumePolicy.ROLLBACK)
+    assert result.agreed == 2 and result.next_token == truth[5]

@@ -1,0 +1,47 @@
+"""Graceful stop: new sessions are refused while draining, and a verification in flight still gets its answer."""
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import httpx
+import pytest
+
+from edgespec.proto.edgespec.v1 import pb, pb_grpc
+from edgespec.shared.tree import ROOT, DraftTree, encode_tree
+
+
+def test_stop_finishes_the_verification_in_flight_and_refuses_new_sessions(tiny_model_dir, fingerprint,
+                                                                           open_stream):
+    from edgespec.server.app import ServerConfig, start_server
+
+    handle = start_server(ServerConfig(model=str(tiny_model_dir), dtype="float32", device="cpu"))
+    channel = grpc.insecure_channel(handle.address)
+    stub = pb_grpc.VerifierStub(channel)
+    stream = open_stream(on=stub)
+    stream.send(open=pb.Open(session_id="inflight", prompt_ids=[1, 2, 3], tokenizer_fingerprint=fingerprint))
+
+    # Occupy the model thread so the Draft below is still queued when stop() begins.
+    busy = threading.Thread(target=handle.core.scheduler.run, args=(time.sleep, 1.5))
+    busy.start()
+    time.sleep(0.1)
+    answers: list = []
+    drafter = threading.Thread(target=lambda: answers.append(stream.send(draft=pb.Draft(
+        session_id="inflight", step=1, committed_len=4, tree=encode_tree(DraftTree((5,), (ROOT,)))))))
+    drafter.start()
+    time.sleep(0.2)
+    stopper = threading.Thread(target=handle.stop, kwargs={"grace": 2})
+    stopper.start()
+    time.sleep(0.2)
+    assert handle.core.draining.is_set()
+    assert httpx.get(f"{handle.http_url}/health").status_code == 503
+    late = open_stream(on=stub)
+    with pytest.raises(grpc.RpcError) as info:
+        late.send(open=pb.Open(session_id="late", prompt_ids=[1], tokenizer_fingerprint=fingerprint))
+    assert info.value.code() in (grpc.StatusCode.UNAVAILABLE,)
+    drafter.join(10)
+    stopper.join(10)
+    busy.join()
+    assert answers and answers[0].verified.committed_len >= 5
+    channel.close()
