@@ -27,16 +27,28 @@ from .trainer import TrainConfig, Trainer
 log = logging.getLogger(__name__)
 
 
-def reduced_vocab(store: FeatureStore, size: int, always: tuple[int, ...] = ()) -> torch.Tensor:
-    """The ``size`` most frequent tokens of the training split (the same list on resume)."""
+def reduced_vocab(store: FeatureStore, size: int, always: tuple[int, ...] = (),
+                  run_dir: Path | None = None) -> torch.Tensor:
+    """The ``size`` most frequent tokens of the training split. Kept in the run folder
+    (``vocab_ids.pt``) so a resumed run drafts over the same list even if the store grew."""
+    saved = None if run_dir is None else Path(run_dir) / "vocab_ids.pt"
+    if saved is not None and saved.exists():
+        ids = torch.load(saved)
+        if len(ids) == size:
+            return ids
     streams = (FeatureStore.load(f, ()).tokens for f in store.split("train"))
-    return most_frequent_ids(streams, size, store.shape.vocab_size, always)
+    ids = most_frequent_ids(streams, size, store.shape.vocab_size, always)
+    if saved is not None:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(ids, saved)
+    return ids
 
 
 def build_recipe(kind: str, target_model, store: FeatureStore, tli: int = 0, width: int = 0, heads: int = 0,
-                 vocab: int = 0, special_ids: tuple[int, ...] = (), seed: int = 0, unroll: int = 1):
+                 vocab: int = 0, special_ids: tuple[int, ...] = (), seed: int = 0, unroll: int = 1,
+                 run_dir: Path | None = None):
     shape = store.shape
-    vocab_ids = reduced_vocab(store, vocab, special_ids) if vocab else None
+    vocab_ids = reduced_vocab(store, vocab, special_ids, run_dir) if vocab else None
     torch.manual_seed(seed)
     parts = TargetParts(target_model, tli=tli if kind == "moa" else 0, vocab_ids=vocab_ids, dtype=torch.float32)
     sizes = {k: v for k, v in {"width": width, "heads": heads, "mlp_hidden": 2 * width}.items() if v}
@@ -60,7 +72,7 @@ def write_card(run_dir: Path, recipe, store: FeatureStore, trainer: Trainer, fil
         "data": {"feature_store": str(store.path), "train_sequences": len(trainer.train_files),
                  "val_sequences": len(store.split("val")), "train_tokens": n_tokens},
         "training": {"steps": trainer.step, "config": trainer.config.__dict__, "wall_s_this_run": round(wall_s, 1)},
-        "hardware": {"machine": platform.machine(), "processor": platform.processor() or platform.machine(),
+        "hardware": {"machine": platform.machine(), "processor": _cpu_name(),
                      "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                      "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
         "validation": last_val,
@@ -68,6 +80,16 @@ def write_card(run_dir: Path, recipe, store: FeatureStore, trainer: Trainer, fil
     path = run_dir / "card.json"
     path.write_text(json.dumps(card, indent=1))
     return path
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def fit_from_args(args) -> int:
@@ -81,7 +103,8 @@ def fit_from_args(args) -> int:
     tok = loaded.tokenizer
     specials = tuple(i for i in (tok.eos_token_id, tok.pad_token_id) if i is not None)
     recipe = build_recipe(args.kind, loaded.model, store, tli=args.tli, width=args.width, heads=args.heads,
-                          vocab=args.vocab, special_ids=specials, seed=args.seed, unroll=args.unroll)
+                          vocab=args.vocab, special_ids=specials, seed=args.seed, unroll=args.unroll,
+                          run_dir=Path(args.out))
     del loaded
     cfg = TrainConfig(steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens, window=args.window,
                       eval_every=args.eval_every, eval_sequences=args.eval_sequences, eval_depth=args.eval_depth,

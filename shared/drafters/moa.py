@@ -1,0 +1,149 @@
+"""Mixture of Attentions, client part: Self-Attention over token embeddings, Cross-Attention
+into the Layer Self-Attention outputs of verified tokens, then (TLI = N) the target's last
+N layers, its norm and LM head.
+
+The client part predicts the target's activation entering layer L-N (N = 0: the residual
+stream before the final norm). Its Cross-Attention memory is the LSA output (2*E_kv per
+token, computed on the server by ``lsa.LayerSelfAttention``) of verified tokens only; a
+learned null slot lets a query attend somewhere when nothing is verified yet.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .blocks import KV, MLP, Attention
+from .checkpoint import DrafterCheckpointError, load_weights, save_weights
+from .lsa import LayerSelfAttention, LSAConfig, load_server_part, save_server_part
+
+KIND = "moa"
+SUPPORTED_TLI = (0, 1, 3)
+
+
+@dataclass(frozen=True)
+class MoAConfig:
+    hidden_size: int  # E: the target's hidden size (embedding and predicted activation width)
+    kv_size: int  # E_kv: the target's kv_heads * head_dim; memory rows are 2*E_kv wide
+    num_layers: int  # L: the target's decoder layers (the LSA's layer axis)
+    tli: int = 0  # N: the target's last N layers run on the client (0, 1 or 3)
+    width: int = 512  # the client part's internal width
+    heads: int = 8  # heads of its Self- and Cross-Attention
+    mlp_hidden: int = 1024  # SwiGLU hidden size
+    lsa_heads: int = 4  # heads of the server's Layer Self-Attention (must divide 2*E_kv)
+    rope_theta: float = 10000.0  # RoPE base of the client part's attention
+
+    def __post_init__(self) -> None:
+        if self.tli not in SUPPORTED_TLI:
+            raise ValueError(f"MoA supports TLI in {SUPPORTED_TLI}, got {self.tli}")
+
+    def lsa_config(self) -> LSAConfig:
+        return LSAConfig(self.num_layers, self.kv_size, self.lsa_heads)
+
+
+class MoAClient(nn.Module):
+    def __init__(self, config: MoAConfig):
+        super().__init__()
+        self.config = config
+        w = config.width
+        self.inp = nn.Linear(config.hidden_size, w, bias=False)
+        self.sa_norm = nn.RMSNorm(w, eps=1e-6)
+        self.sa = Attention(w, config.heads, rope_theta=config.rope_theta)
+        self.ca_norm = nn.RMSNorm(w, eps=1e-6)
+        self.ca = Attention(w, config.heads, source_width=2 * config.kv_size, rope_theta=config.rope_theta)
+        self.null_k = nn.Parameter(torch.zeros(config.heads, 1, w // config.heads))
+        self.null_v = nn.Parameter(torch.zeros(config.heads, 1, w // config.heads))
+        self.mlp_norm = nn.RMSNorm(w, eps=1e-6)
+        self.mlp = MLP(w, config.mlp_hidden)
+        self.out_norm = nn.RMSNorm(w, eps=1e-6)
+        self.out = nn.Linear(w, config.hidden_size, bias=True)
+        # The residual stream has a few channels far larger than the rest: the head predicts it
+        # per channel standardised (x - mean) / scale; the stats come from the training data.
+        self.register_buffer("act_mean", torch.zeros(config.hidden_size))
+        self.register_buffer("act_scale", torch.ones(config.hidden_size))
+
+    # -- pieces, so the drafting runtime can cache each one -------------------------------------
+    def sa_input(self, embeds: torch.Tensor) -> torch.Tensor:
+        """Token embeddings [T, E] -> the residual stream [T, W] that enters Self-Attention."""
+        return self.inp(embeds.to(self.inp.weight.dtype))
+
+    def sa_kv(self, x: torch.Tensor, positions: torch.Tensor) -> KV:
+        return self.sa.project_kv(self.sa_norm(x), positions)
+
+    def memory(self, lsa_out: torch.Tensor, positions: torch.Tensor) -> KV:
+        """Cross-Attention keys/values of verified tokens: LSA output [M, 2*E_kv] at their positions."""
+        return self.ca.project_kv(lsa_out.to(self.inp.weight.dtype), positions)
+
+    def with_null(self, memory: KV) -> KV:
+        return KV(self.null_k, self.null_v).cat(memory)
+
+    def predict(self, x: torch.Tensor, positions: torch.Tensor, sa_keys: KV, sa_mask: torch.Tensor,
+                memory: KV, memory_mask: torch.Tensor) -> torch.Tensor:
+        """x: [T, W] (from ``sa_input``); sa_keys: K/V the queries may see under sa_mask [T, S];
+        memory: K/V incl. the null slot first, under memory_mask [T, 1 + M].
+        Returns the predicted activation [T, E]."""
+        x = x + self.sa.attend(self.sa_norm(x), positions, sa_keys, sa_mask)
+        x = x + self.ca.attend(self.ca_norm(x), positions, memory, memory_mask)
+        x = x + self.mlp(self.mlp_norm(x))
+        return self.out(self.out_norm(x)) * self.act_scale + self.act_mean
+
+    def standardise(self, act: torch.Tensor) -> torch.Tensor:
+        """Activation [T, E] in the per-channel standardised space the regression loss uses."""
+        return (act - self.act_mean) / self.act_scale
+
+    @torch.no_grad()
+    def calibrate(self, activations: torch.Tensor) -> None:
+        """Set the per-channel stats from target activations [N, E] (before training starts)."""
+        self.act_mean.copy_(activations.mean(0))
+        self.act_scale.copy_(activations.std(0).clamp_min(1e-3))
+
+    def empty_kv(self, like: torch.Tensor) -> KV:
+        c = self.config
+        return KV.empty(c.heads, c.width // c.heads, like)
+
+
+@dataclass
+class MoADrafterModel:
+    """Both halves of a MoA drafter: ``lsa`` runs on the server, ``client`` on the client."""
+
+    lsa: LayerSelfAttention
+    client: MoAClient
+    vocab_ids: torch.Tensor | None = None  # reduced draft vocabulary (draft id -> target id), or None
+
+
+def new_moa(config: MoAConfig) -> MoADrafterModel:
+    return MoADrafterModel(LayerSelfAttention(config.lsa_config()), MoAClient(config))
+
+
+def save_moa(model: MoADrafterModel, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Writes ``server.safetensors`` (the LSA) and ``client.safetensors`` (the rest) into out_dir."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lsa = LayerSelfAttention(model.lsa.config)
+    lsa.load_state_dict({k: v.to(dtype) for k, v in model.lsa.state_dict().items()})
+    save_server_part(lsa, out / "server.safetensors")
+    save_weights(out / "client.safetensors", KIND, asdict(model.client.config), model.client.state_dict(),
+                 model.vocab_ids, dtype)
+    return out
+
+
+def load_moa_client(path: str | Path) -> tuple[MoAClient, torch.Tensor | None]:
+    """The client part (``client.safetensors`` or its folder): (module in float32 eval mode, vocab ids)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "client.safetensors"
+    config, state, vocab_ids = load_weights(path, KIND)
+    client = MoAClient(MoAConfig(**config))
+    try:
+        client.load_state_dict(state)
+    except RuntimeError as exc:
+        raise DrafterCheckpointError(f"{path} does not match its own config: {exc}") from None
+    return client.eval(), vocab_ids
+
+
+def load_moa(out_dir: str | Path) -> MoADrafterModel:
+    client, vocab_ids = load_moa_client(out_dir)
+    lsa = load_server_part(Path(out_dir) / "server.safetensors").float()
+    return MoADrafterModel(lsa, client, vocab_ids)

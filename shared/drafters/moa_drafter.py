@@ -1,0 +1,206 @@
+"""MoA drafting state (client part): caches over committed tokens, draft trees, offline mode.
+
+    d = MoADrafter(client, parts)               # parts: embedding / norm / LM head (+ last N layers)
+    d.commit(prompt_ids + [first], features)    # features: {"lsa": [k, 2*E_kv], and for TLI = N
+                                                #  "tli_k", "tli_v": [N, k, E_kv]}, lagging one token
+    lp = d.root_logprobs(); lps = d.expand(tokens, parents); d.rollback(n)
+    d.commit([tok], None)                       # offline: no new memory; TLI layers use their own K/V
+    d.commit(tokens, features, features_from=p) # features of positions p.. (e.g. after a resume)
+
+Per committed token c_i at position i the drafter keeps: its Self-Attention K/V (token-only,
+never recomputed); when the server sent its features ("covered"), a Cross-Attention memory
+row and, for TLI, the server's K/V of the last N layers; when not (the root, tokens made
+offline), the TLI layers' own K/V computed from the predicted activation. Rows carry explicit
+RoPE positions, so covered and own rows may interleave (a resume can cover a later span).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .blocks import KV
+from .draft_area import DraftArea
+from .eagle_drafter import DrafterStateError
+from .moa import MoAClient
+from .target_parts import TargetParts
+
+
+def _kv_rows(x: torch.Tensor, heads: int) -> torch.Tensor:
+    # [T, heads*D] -> [heads, T, D]
+    return x.view(x.shape[0], heads, -1).transpose(0, 1)
+
+
+def _cat(a: KV | None, b: KV) -> KV:
+    return b if a is None else a.cat(b)
+
+
+class MoADrafter:
+    def __init__(self, client: MoAClient, parts: TargetParts):
+        if parts.tli != client.config.tli:
+            raise DrafterStateError(f"the client part was trained for TLI {client.config.tli} but the target "
+                                    f"parts hold {parts.tli} layers")
+        self.client, self.parts = client.eval(), parts
+        self.reset()
+
+    def reset(self) -> None:
+        self.tokens: list[int] = []
+        self.x: torch.Tensor | None = None  # [n, W] Self-Attention inputs of committed tokens
+        self.sa: KV | None = None  # [H, n, D]
+        self.mem: KV | None = None  # Cross-Attention memory, one row per covered position
+        self.mem_pos: list[int] = []  # positions of the memory rows, in row order
+        self.tli_server: list[KV] | None = None  # per TLI layer, rows aligned with mem_pos
+        self.own_pos: list[int] = []  # uncovered committed positions (ascending; the root is last)
+        self.tli_own: list[KV] | None = None  # per TLI layer, rows aligned with own_pos
+        self.own_logits: torch.Tensor | None = None  # [len(own_pos), V']
+        self.area = DraftArea()
+        self.draft_sa: KV | None = None
+        self.draft_tli: list[KV] | None = None
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def covered(self) -> int:
+        """Committed positions whose target features the drafter holds."""
+        return len(self.mem_pos)
+
+    # -- committing -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def commit(self, tokens: Sequence[int], features: dict[str, torch.Tensor] | None = None,
+               features_from: int | None = None) -> None:
+        """Append committed tokens, with the features of positions ``features_from``.. (default: the
+        previous last token, as after a verification), or None (offline)."""
+        self.clear_draft()
+        n0 = self.length
+        self.tokens += self.parts.check_tokens(tokens).tolist()
+        pos = torch.arange(n0, self.length)
+        x = self.client.sa_input(self.parts.embed(torch.tensor(self.tokens[n0:], dtype=torch.long)))
+        self.x = x if self.x is None else torch.cat([self.x, x])
+        self.sa = _cat(self.sa, self.client.sa_kv(x, pos))
+        self.own_pos += list(range(n0, self.length))
+        if features is not None:
+            # By default the features start at the previous root: what a verification sends.
+            start = max(0, n0 - 1) if features_from is None else features_from
+            self._cover(features, start)
+        self._refresh_own()
+
+    def _cover(self, features: dict[str, torch.Tensor], start: int) -> None:
+        lsa = features.get("lsa")
+        if lsa is None:
+            raise DrafterStateError(f"MoA needs the 'lsa' feature; got {sorted(features)}")
+        k = lsa.shape[0]
+        span = list(range(start, start + k))
+        if k and (span[-1] >= self.length - 1 or not set(span) <= set(self.own_pos)):
+            raise DrafterStateError(f"features of positions {start}..{start + k - 1} do not fit: features lag one "
+                                    f"token (the last of {self.length} committed has none) and positions already "
+                                    f"covered cannot be covered again")
+        self.mem = _cat(self.mem, self.client.memory(lsa, torch.tensor(span)))
+        self.mem_pos += span
+        if self.parts.tli:
+            tk, tv = features.get("tli_k"), features.get("tli_v")
+            n_tli = self.parts.tli
+            if tk is None or tv is None or tk.shape[:2] != (n_tli, k) or tv.shape[:2] != (n_tli, k):
+                raise DrafterStateError(f"TLI {n_tli} needs 'tli_k' and 'tli_v' of shape [{n_tli}, {k}, E_kv]")
+            heads, dt = self.parts.shape.kv_heads, self.parts.head_weight.dtype
+            new = [KV(_kv_rows(tk[i].to(dt), heads), _kv_rows(tv[i].to(dt), heads)) for i in range(n_tli)]
+            self.tli_server = new if self.tli_server is None else [o.cat(w) for o, w in zip(self.tli_server, new)]
+        self.own_pos = [p for p in self.own_pos if p not in set(span)]
+        self.own_logits = self.tli_own = None  # the memory changed: every own row is stale
+
+    def _refresh_own(self) -> None:
+        """Predict the uncovered committed positions not predicted yet (always the root)."""
+        done = 0 if self.own_logits is None else self.own_logits.shape[0]
+        todo = self.own_pos[done:]
+        if not todo:
+            return
+        pos = torch.tensor(todo)
+        mem_pos = torch.tensor(self.mem_pos, dtype=torch.long)
+        own_done = torch.tensor(self.own_pos[:done], dtype=torch.long)
+        # Each query sees what existed when its token was the newest: tokens, memory and TLI rows up to it.
+        sa_mask = torch.arange(self.length)[None, :] <= pos[:, None]
+        mem_mask = mem_pos[None, :] < pos[:, None]
+        tli_mask = torch.cat([mem_pos[None, :] < pos[:, None], own_done[None, :] < pos[:, None],
+                              pos[None, :] <= pos[:, None]], 1)
+        past = self._tli_committed(done)
+        logits, tli_new = self._predict(self.x[pos], pos, self.sa, sa_mask, mem_mask, past, tli_mask)
+        if tli_new:
+            self.tli_own = tli_new if self.tli_own is None else [o.cat(t) for o, t in zip(self.tli_own, tli_new)]
+        self.own_logits = logits if self.own_logits is None else torch.cat([self.own_logits, logits])
+
+    def _tli_committed(self, own_rows: int | None = None) -> list[KV] | None:
+        """Per TLI layer: server rows then the first ``own_rows`` own rows (all when None)."""
+        if not self.parts.tli:
+            return None
+        layers = []
+        for i in range(self.parts.tli):
+            kv = self.tli_server[i] if self.tli_server is not None else None
+            if self.tli_own is not None:
+                own = self.tli_own[i] if own_rows is None else self.tli_own[i].take(slice(0, own_rows))
+                kv = own if kv is None else kv.cat(own)
+            layers.append(kv)
+        if any(kv is None for kv in layers):
+            return None
+        return layers
+
+    def _predict(self, x, pos, sa_keys: KV, sa_mask, mem_mask, tli_past: list[KV] | None, tli_mask):
+        memory = self.client.with_null(self.mem if self.mem is not None else self.client.empty_kv(x))
+        mem_mask = torch.cat([torch.ones(x.shape[0], 1, dtype=torch.bool), mem_mask], 1)
+        act = self.client.predict(x, pos, sa_keys, sa_mask, memory, mem_mask)
+        if tli_past is None:  # nothing committed in the TLI cache yet: only this call's rows
+            tli_mask = tli_mask[:, tli_mask.shape[1] - x.shape[0]:]
+        out, tli_new = self.parts.run_layers(act, pos, tli_mask, tli_past)
+        return self.parts.logits(self.parts.norm(out.to(self.parts.head_weight.dtype))), tli_new
+
+    # -- drafting -------------------------------------------------------------------------------
+    def root_logprobs(self) -> torch.Tensor:
+        """[V'] log-probabilities of the token after the last committed one."""
+        if self.own_logits is None or not self.length:
+            raise DrafterStateError("no prediction yet: commit at least one token")
+        return torch.log_softmax(self.own_logits[-1].float(), -1)
+
+    @torch.no_grad()
+    def expand(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Add draft nodes (target ids; parent -1 = the root, else an earlier node); returns [k, V']."""
+        if len(tokens) != len(parents):
+            raise DrafterStateError(f"{len(tokens)} draft tokens but {len(parents)} parents")
+        self.root_logprobs()
+        n = self.length
+        vis, depths = self.area.add(parents, n)
+        pos = torch.tensor([n - 1 + d for d in depths])
+        x = self.client.sa_input(self.parts.embed(self.parts.check_tokens(tokens)))
+        self.draft_sa = _cat(self.draft_sa, self.client.sa_kv(x, pos))
+        tli_past = self._tli_committed()
+        if tli_past is not None and self.draft_tli is not None:
+            tli_past = [c.cat(d) for c, d in zip(tli_past, self.draft_tli)]
+        mem_mask = torch.ones(len(tokens), self.covered, dtype=torch.bool)
+        logits, tli_new = self._predict(x, pos, self.sa.cat(self.draft_sa), vis, mem_mask, tli_past, vis)
+        if tli_new:
+            self.draft_tli = tli_new if self.draft_tli is None else [d.cat(t) for d, t in zip(self.draft_tli, tli_new)]
+        return torch.log_softmax(logits.float(), -1)
+
+    def clear_draft(self) -> None:
+        self.area.clear()
+        self.draft_sa = None
+        self.draft_tli = None
+
+    @torch.no_grad()
+    def rollback(self, length: int) -> None:
+        """Keep the first ``length`` committed tokens (and what the drafter derived from them)."""
+        if not 1 <= length <= self.length:
+            raise DrafterStateError(f"cannot roll back to {length} tokens: {self.length} are committed")
+        self.clear_draft()
+        self.tokens = self.tokens[:length]
+        self.x, self.sa = self.x[:length], self.sa.take(slice(0, length))
+        keep = [i for i, p in enumerate(self.mem_pos) if p < length - 1]
+        if len(keep) < len(self.mem_pos):
+            idx = torch.tensor(keep, dtype=torch.long)
+            self.mem = self.mem.take(idx) if keep else None
+            if self.tli_server is not None:
+                self.tli_server = [kv.take(idx) for kv in self.tli_server] if keep else None
+            self.mem_pos = [self.mem_pos[i] for i in keep]
+        covered = set(self.mem_pos)
+        self.own_pos = [p for p in range(length) if p not in covered]
+        self.own_logits = self.tli_own = None
+        self._refresh_own()

@@ -1,0 +1,156 @@
+"""The target's frozen pieces a drafter runs on the client.
+
+The client always has the target's token embedding, final norm and LM head, and
+for MoA with TLI = N its last N decoder layers: they come from the target's own
+files, never from a drafter checkpoint. ``TargetParts`` holds them, frozen, and
+runs the TLI layers as the target's own Hugging Face modules (no copied model
+code): the K/V those layers attend to are handed in through a minimal cache
+object, so verified tokens use the server's K/V and drafted tokens their own.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .blocks import KV
+from .masks import additive
+
+
+class _GivenKV:
+    """What a HF attention layer calls ``past_key_values``: past K/V handed in, new K/V kept.
+
+    HF attention calls ``update(k, v, layer_idx)`` and attends to what it returns, so
+    this is the one hook needed to make a target layer attend to K/V we choose.
+    """
+
+    def __init__(self, past: KV | None):
+        self.past = past
+        self.new: KV | None = None
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *args, **kwargs):
+        # k, v: [1, kv_heads, T, D]
+        self.new = KV(k[0], v[0])
+        if self.past is None:
+            return k, v
+        return torch.cat([self.past.k[None], k], 2), torch.cat([self.past.v[None], v], 2)
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    hidden_size: int  # E
+    num_layers: int  # L
+    kv_heads: int
+    head_dim: int
+    vocab_size: int
+
+    @property
+    def kv_size(self) -> int:  # E_kv
+        return self.kv_heads * self.head_dim
+
+
+def target_shape(model) -> TargetShape:
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return TargetShape(cfg.hidden_size, cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, cfg.vocab_size)
+
+
+class TargetParts(nn.Module):
+    """Frozen embedding, final norm, LM head (optionally cut to a reduced vocabulary) and the last
+    ``tli`` decoder layers of a target ``*ForCausalLM``."""
+
+    def __init__(self, model, tli: int = 0, vocab_ids: torch.Tensor | None = None, dtype: torch.dtype | None = None):
+        super().__init__()
+        self.shape = target_shape(model)
+        if not 0 <= tli <= self.shape.num_layers:
+            raise ValueError(f"TLI {tli} is out of range for a target of {self.shape.num_layers} layers")
+        dtype = dtype or next(model.parameters()).dtype
+        base = model.model
+        self.embed = nn.Embedding.from_pretrained(base.embed_tokens.weight.detach().to(dtype), freeze=True)
+        self.norm = copy.deepcopy(base.norm).to(dtype)
+        head = model.lm_head.weight.detach()
+        if vocab_ids is not None:
+            head = head[vocab_ids]
+        self.register_buffer("head_weight", head.to(dtype).contiguous(), persistent=False)
+        self.register_buffer("vocab_ids", None if vocab_ids is None else vocab_ids.clone(), persistent=False)
+        self.tli = tli
+        self.layers = nn.ModuleList([copy.deepcopy(layer).to(dtype) for layer in base.layers[len(base.layers) - tli:]])
+        self.rotary = copy.deepcopy(base.rotary_emb)
+        for p in self.parameters():
+            p.requires_grad_(False)
+        self.eval()
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.head_weight.shape[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LM-head input (after the final norm) [T, E] -> logits over the draft vocabulary [T, V']."""
+        return hidden.to(self.head_weight.dtype) @ self.head_weight.T
+
+    def check_tokens(self, tokens) -> torch.Tensor:
+        """Target ids as a tensor, refused with a clear error when outside the vocabulary."""
+        ids = torch.as_tensor(list(tokens), dtype=torch.long)
+        vocab = self.embed.num_embeddings
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+            from ..errors import InvalidTreeError
+
+            raise InvalidTreeError(f"token ids must be in 0..{vocab - 1} for this target, got {ids.tolist()}")
+        return ids
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.vocab_ids is None else self.vocab_ids[draft_ids]
+
+    def run_layers(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                   past: list[KV] | None = None) -> tuple[torch.Tensor, list[KV]]:
+        """The last ``tli`` target layers over predicted activations.
+
+        x: [T, E] input of layer L-tli; positions: [T]; mask: bool [T, past + T];
+        past[i]: K/V [kv_heads, P, D] layer i attends to before this call's rows.
+        Returns the output [T, E] (before the final norm) and this call's K/V per layer.
+        """
+        if not self.tli:
+            return x, []
+        h = x[None].to(self.head_weight.dtype)
+        pos = positions[None]
+        cos_sin = self.rotary(h, pos)
+        attn_mask = additive(mask, h.dtype)[None, None]
+        new = []
+        for i, layer in enumerate(self.layers):
+            cache = _GivenKV(None if past is None else past[i])
+            out = layer(h, attention_mask=attn_mask, position_embeddings=cos_sin, position_ids=pos,
+                        past_key_values=cache, use_cache=True)
+            h = out[0] if isinstance(out, tuple) else out
+            new.append(cache.new)
+        return h[0], new
+
+
+def load_target_parts(name_or_path: str, tli: int = 0, vocab_ids: torch.Tensor | None = None,
+                      dtype: torch.dtype = torch.float32) -> TargetParts:
+    """TargetParts read straight from the target's files: only the embedding, final norm, LM head
+    and last ``tli`` layers are loaded, so a laptop never holds the whole target."""
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ..models.loading import model_location
+
+    where = Path(model_location(name_or_path))
+    cfg = AutoConfig.from_pretrained(where)
+    with torch.device("meta"):  # the skeleton costs no memory; only what is loaded below becomes real
+        model = AutoModelForCausalLM.from_config(cfg)
+    n_layers = cfg.num_hidden_layers
+    wanted = ("model.embed_tokens.", "model.norm.", "lm_head.") + tuple(
+        f"model.layers.{i}." for i in range(n_layers - tli, n_layers))
+    state = {}
+    for file in sorted(where.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            state.update({k: f.get_tensor(k).to(dtype) for k in f.keys() if k.startswith(wanted)})
+    if "model.embed_tokens.weight" not in state:
+        raise FileNotFoundError(f"no safetensors weights with the token embedding under {where}")
+    state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])  # tied embeddings
+    model.load_state_dict(state, strict=False, assign=True)
+    model.model.rotary_emb = type(model.model.rotary_emb)(cfg)  # its buffers were made on meta
+    return TargetParts(model, tli, vocab_ids, dtype)

@@ -1,0 +1,145 @@
+"""The trainer on tiny models: a few steps lower the loss, resume continues exactly, validation logs."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from edgespec.server.training.fit import build_recipe, write_card
+from edgespec.server.training.trainer import TrainConfig, Trainer
+
+
+def cfg(**kw) -> TrainConfig:
+    base = dict(steps=30, lr=3e-3, warmup=2, batch_tokens=200, window=96, eval_every=1000, eval_depth=4,
+                save_every=1000, seed=0)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def recipe(kind, target, store, tli=0, vocab=0, unroll=1):
+    return build_recipe(kind, target.model, store, tli=tli, width=32, heads=4, vocab=vocab, special_ids=(258,),
+                        unroll=unroll)
+
+
+def val_loss(trainer: Trainer) -> float:
+    return trainer.validate()["val/loss"]
+
+
+@pytest.mark.parametrize("kind,tli,unroll", [("eagle", 0, 1), ("eagle", 0, 3), ("moa", 0, 1), ("moa", 1, 1)])
+def test_a_few_steps_lower_the_loss(kind, tli, unroll, target, store, tmp_path):
+    trainer = Trainer(recipe(kind, target, store, tli, unroll=unroll), store, tmp_path, cfg())
+    before = val_loss(trainer)
+    trainer.fit()
+    after = val_loss(trainer)
+    assert after < 0.9 * before, (before, after)
+    train = [r["loss"] for r in trainer.history]
+    assert sum(train[-5:]) / 5 < sum(train[:5]) / 5
+
+
+def test_resume_continues_exactly(target, store, tmp_path):
+    straight = Trainer(recipe("eagle", target, store), store, tmp_path / "a", cfg(steps=6))
+    straight.fit()
+    first = Trainer(recipe("eagle", target, store), store, tmp_path / "b", cfg(steps=3, save_every=3))
+    first.fit()
+    again = Trainer(recipe("eagle", target, store), store, tmp_path / "b", cfg(steps=6, save_every=3))
+    again.fit()  # resumes at step 3 from checkpoint.pt
+    assert again.history[0]["step"] == 4
+    a = straight.recipe.trainable()["head"].state_dict()
+    b = again.recipe.trainable()["head"].state_dict()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k])
+
+
+def test_validation_logs_per_position_acceptance_and_card(target, store, tmp_path):
+    rec = recipe("moa", target, store, tli=1, vocab=64)
+    trainer = Trainer(rec, store, tmp_path, cfg(steps=2, eval_every=2, save_every=2))
+    trainer.fit()
+    row = trainer.history[-1]
+    rates = [row[f"val/accept@{k}"] for k in range(1, 5)]
+    assert row["val/chains"] > 0
+    assert all(0.0 <= r <= 1.0 for r in rates) and rates == sorted(rates, reverse=True)
+    files = rec.save_drafter(tmp_path)
+    card = json.loads(write_card(tmp_path, rec, store, trainer, files, 1.0).read_text())
+    assert card["training"]["steps"] == 2 and card["data"]["train_tokens"] > 0
+    assert set(card["files"]) == {"moa-tli1/server.safetensors", "moa-tli1/client.safetensors"}
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert logged[-1]["step"] == 2
+
+
+def test_chain_acceptance_stops_at_the_first_miss():
+    from edgespec.server.training.losses import Acceptance, chain_accepted
+
+    m = torch.tensor([[1, 1, 0, 1], [0, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
+    accepted = chain_accepted(m)
+    assert accepted.tolist() == [2, 0, 4]
+    acc = Acceptance.of(accepted, 4)
+    assert acc.rates() == [2 / 3, 2 / 3, 1 / 3, 1 / 3] and acc.mean_length() == 2.0
+
+
+def test_cli_end_to_end(target_dir, store, tmp_path):
+    env_cmd = [sys.executable, "-m", "edgespec.shared.cli", "train", "fit", "--kind", "eagle", "--target",
+               str(target_dir), "--features", str(store.path), "--out", str(tmp_path / "run"), "--width", "32",
+               "--heads", "4", "--steps", "3", "--batch-tokens", "128", "--eval-every", "3", "--threads", "1"]
+    done = subprocess.run(env_cmd, capture_output=True, text=True, timeout=240,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "run" / "eagle.safetensors").is_file()
+    assert "val/accept@1" in (tmp_path / "run" / "log.txt").read_text()
+
+
+def test_a_trained_drafter_opens_for_drafting(target, store, seqs, tmp_path):
+    from edgespec.shared.drafters.eagle_drafter import EagleDrafter
+    from edgespec.shared.drafters.loading import open_drafter, open_moa_server_part
+    from edgespec.shared.drafters.moa_drafter import MoADrafter
+
+    rec = recipe("moa", target, store, tli=1, vocab=64)
+    rec.save_drafter(tmp_path)
+    d = open_drafter(tmp_path, target.model)
+    lsa = open_moa_server_part(tmp_path).float()
+    assert isinstance(d, MoADrafter) and d.parts.draft_vocab_size == 64
+    seq, n = seqs[0], 10
+    e_kv = 32
+    with torch.no_grad():
+        feats = {"lsa": lsa(seq.kv[:n - 1]), "tli_k": seq.kv[None, :n - 1, 3, :e_kv],
+                 "tli_v": seq.kv[None, :n - 1, 3, e_kv:]}
+    d.commit(seq.tokens[:n].tolist(), feats)
+    top = d.parts.to_target_ids(d.root_logprobs().topk(3).indices)
+    assert top.shape == (3,) and bool((top < 320).all())
+    eagle = recipe("eagle", target, store)
+    eagle.save_drafter(tmp_path / "e")
+    assert isinstance(open_drafter(tmp_path / "e", target.model), EagleDrafter)
+
+
+def test_reduced_vocabulary_is_kept_for_resumed_runs(store, tmp_path):
+    from edgespec.server.training.fit import reduced_vocab
+
+    ids = reduced_vocab(store, 40, (258,), tmp_path)
+    assert len(ids) == 40 and 258 in ids.tolist() and ids.tolist() == sorted(ids.tolist())
+    torch.save(torch.arange(40), tmp_path / "vocab_ids.pt")  # what an earlier run chose
+    assert reduced_vocab(store, 40, (258,), tmp_path).tolist() == list(range(40))
+
+
+def test_open_by_target_name_reads_only_the_parts(target, target_dir, store, seqs, tmp_path):
+    from edgespec.shared.drafters.loading import open_drafter
+
+    recipe("eagle", target, store, vocab=64).save_drafter(tmp_path)
+    by_model = open_drafter(tmp_path, target.model)
+    by_files = open_drafter(tmp_path, str(target_dir))
+    seq = seqs[0]
+    for d in (by_model, by_files):
+        d.commit(seq.tokens[:12].tolist(), {"hidden": seq.hidden[:11]})
+    torch.testing.assert_close(by_model.root_logprobs(), by_files.root_logprobs())
+
+
+def test_a_drafter_for_another_target_is_refused(target, store, tmp_path):
+    from edgespec.shared.drafters.checkpoint import DrafterCheckpointError
+    from edgespec.shared.drafters.loading import open_drafter
+    from edgespec.shared.models.tiny import TinyConfig, tiny_model
+
+    recipe("moa", target, store, tli=1).save_drafter(tmp_path)
+    other = tiny_model(TinyConfig(num_layers=2))
+    with pytest.raises(DrafterCheckpointError, match="num_layers"):
+        open_drafter(tmp_path, other)
