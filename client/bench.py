@@ -1,0 +1,228 @@
+"""Benchmark: edgespec's drafters against plain decoding and transformers' own assisted generation.
+
+    python -m edgespec.client.bench --humaneval 20 --mtbench 20 --max-tokens 128
+
+All methods run in one process, one prompt at a time and every method on each
+prompt back to back (so a busy machine slows them alike), greedy, same prompts,
+same end-of-text tokens:
+
+- target: the target's own greedy decoding (``generate``): the baseline and the reference output
+- hf-assisted: transformers' assisted generation with the small model (``assistant_model=``)
+- hf-lookup: transformers' prompt lookup decoding (``prompt_lookup_num_tokens=``)
+- ngram, independent: the edgespec client against an edgespec server on loopback (an ideal link)
+
+Reported per method: tokens/s (new tokens over wall time, prefill included),
+speed-up over the target, and tau = tokens committed per target forward pass
+(prefill counted, the same definition for every method), and whether the output
+equals the target's own (losslessness check).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+METHODS = ("target", "hf-assisted", "hf-lookup", "ngram", "independent")
+
+
+@dataclass
+class Run:
+    method: str
+    prompt_id: str
+    new_tokens: int
+    seconds: float
+    target_forwards: int  # target forward passes (prefill included)
+    exact: bool  # output equals the target's own greedy output
+    extra: dict = field(default_factory=dict)
+
+
+class ForwardCounter:
+    """Counts forward passes of a module (the target) with a hook."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.count = 0
+        self._handle = module.register_forward_hook(self._hook)
+
+    def _hook(self, *_):
+        self.count += 1
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+def hf_generate(model, ids: list[int], max_new: int, eos: list[int], pad: int, counter: ForwardCounter,
+                **kwargs) -> tuple[list[int], float, int]:
+    """Greedy generate() with the given extras; (new ids, seconds, target forwards)."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(do_sample=False, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=pad,
+                              repetition_penalty=1.0, temperature=None, top_p=None, top_k=None)
+    counter.count = 0
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                             generation_config=config, **kwargs)
+    return out[0, len(ids):].tolist(), time.perf_counter() - t0, counter.count
+
+
+def summarize(runs: list[Run]) -> dict:
+    """Per method: tokens/s, speed-up over target, tau, exact matches."""
+    out = {}
+    base = None
+    for method in METHODS:
+        rs = [r for r in runs if r.method == method]
+        if not rs:
+            continue
+        tokens, seconds, forwards = (sum(r.new_tokens for r in rs), sum(r.seconds for r in rs),
+                                     sum(r.target_forwards for r in rs))
+        tps = tokens / seconds if seconds else 0.0
+        if method == "target":
+            base = tps
+        row = {"prompts": len(rs), "new_tokens": tokens, "seconds": round(seconds, 2), "tokens_per_s": round(tps, 2),
+               "tau": round(tokens / forwards, 3) if forwards else 0.0,
+               "exact": f"{sum(r.exact for r in rs)}/{len(rs)}"}
+        if base:
+            row["speedup"] = round(tps / base, 3)
+        if method in ("ngram", "independent"):
+            drafts = sum(r.extra.get("num_drafts", 0) for r in rs)
+            accepted = sum(r.extra.get("num_accepted_tokens", 0) for r in rs)
+            row["tau_vllm"] = round((accepted + drafts) / drafts, 3) if drafts else 0.0
+            row["draft_s"] = round(sum(r.extra.get("draft_s", 0) for r in rs), 2)
+            row["verify_s"] = round(sum(r.extra.get("verify_s", 0) for r in rs), 2)
+        out[method] = row
+    return out
+
+
+def table(summary: dict) -> str:
+    lines = ["| method | tokens/s | speed-up | tau (tokens per target forward) | output = target's |",
+             "|---|---|---|---|---|"]
+    for method, row in summary.items():
+        lines.append(f"| {method} | {row['tokens_per_s']:.2f} | {row.get('speedup', 1.0):.2f}x | {row['tau']:.2f} | "
+                     f"{row['exact']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from edgespec.shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
+
+    from .drafters.tree_builder import TreeShape
+
+    t = TreeShape()
+    p = argparse.ArgumentParser(prog="python -m edgespec.client.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default=DEFAULT_TARGET)
+    p.add_argument("--drafter-model", default=DEFAULT_DRAFTER)
+    p.add_argument("--humaneval", type=int, default=20, help="first N HumanEval prompts (default 20)")
+    p.add_argument("--mtbench", type=int, default=20, help="first turns of the first N MT-Bench questions (default 20)")
+    p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
+    p.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for hf-lookup")
+    p.add_argument("--tree-branch", type=int, default=t.branch)
+    p.add_argument("--tree-depth", type=int, default=t.depth)
+    p.add_argument("--tree-nodes", type=int, default=t.max_nodes)
+    p.add_argument("--tree-min-prob", type=float, default=t.min_prob)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
+    p.add_argument("--out", default=None, help="write every run and the summary as JSON here")
+    args = p.parse_args(argv)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        p.error(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tree = TreeShape(args.tree_branch, args.tree_depth, args.tree_nodes, args.tree_min_prob)
+    runs = run_benchmark(args.target, args.drafter_model, args.humaneval, args.mtbench, args.max_tokens, methods,
+                         tree, args.lookup_tokens)
+    summary = summarize(runs)
+    print(f"\n{args.humaneval} HumanEval + {args.mtbench} MT-Bench prompts, {args.max_tokens} new tokens at most, "
+          f"greedy, {torch.get_num_threads()} threads, tree B={tree.branch} D={tree.depth} M={tree.max_nodes} "
+          f"min_prob={tree.min_prob}")
+    print(table(summary))
+    print(json.dumps(summary, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"args": vars(args), "summary": summary, "runs": [asdict(r) for r in runs]}, f, indent=1)
+    return 0
+
+
+def run_benchmark(target_name: str, drafter_name: str, n_humaneval: int, n_mtbench: int, max_new: int,
+                  methods: list[str], tree, lookup_tokens: int) -> list[Run]:
+    from edgespec.server.app import ServerConfig, start_server
+    from edgespec.shared.models import load_model
+    from edgespec.shared.prompts import humaneval_prompts, mtbench_first_turns
+
+    from .drafters.factory import DrafterOptions
+    from .drafters.independent import IndependentConfig, IndependentDrafter
+    from .drafters.ngram import NgramDrafter
+    from .edge_client import ClientConfig, EdgespecClient, chat_prompt_ids, eos_ids
+    from .generation import GenerationConfig
+    from .link import LinkConfig
+
+    prompts = (humaneval_prompts(n_humaneval) if n_humaneval else []) + \
+              (mtbench_first_turns(n_mtbench) if n_mtbench else [])
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    log(f"loading {target_name} and {drafter_name} ...")
+    target = load_model(target_name, device="cpu")
+    small = load_model(drafter_name, device="cpu")
+    tok = target.tokenizer
+    eos = sorted(eos_ids(tok))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
+    counter = ForwardCounter(target.model)
+    server = client_ngram = client_ind = None
+    if {"ngram", "independent"} & set(methods):
+        server = start_server(ServerConfig(model=target_name, http_port=None, device="cpu"))
+        link = LinkConfig(server.address, max_deadline_s=600, min_deadline_s=60)  # a busy CPU must not look like a dead link
+        client_ngram = EdgespecClient(ClientConfig(link, DrafterOptions("ngram")), tokenizer=tok,
+                                      drafter=NgramDrafter())
+        client_ind = EdgespecClient(ClientConfig(link, DrafterOptions("independent")), tokenizer=tok,
+                                    drafter=IndependentDrafter(small.model, IndependentConfig(tree)))
+    runs: list[Run] = []
+    try:
+        # warm up every path once (first calls allocate and pick kernels) on a throwaway prompt
+        warm = chat_prompt_ids(tok, [{"role": "user", "content": "Say hello."}])
+        hf_generate(target.model, warm, 4, eos, pad, counter)
+        if "hf-assisted" in methods:
+            hf_generate(target.model, warm, 4, eos, pad, counter, assistant_model=small.model)
+        for client in (client_ngram, client_ind):
+            if client is not None:
+                client.generate(warm, GenerationConfig(max_new_tokens=4))
+        for n, prompt in enumerate(prompts):
+            ids = chat_prompt_ids(tok, prompt.messages())
+            ref, secs, fw = hf_generate(target.model, ids, max_new, eos, pad, counter)
+            if "target" in methods:
+                runs.append(Run("target", prompt.id, len(ref), secs, fw, True))
+            if "hf-assisted" in methods:
+                out, secs, fw = hf_generate(target.model, ids, max_new, eos, pad, counter, assistant_model=small.model)
+                runs.append(Run("hf-assisted", prompt.id, len(out), secs, fw, out == ref))
+            if "hf-lookup" in methods:
+                out, secs, fw = hf_generate(target.model, ids, max_new, eos, pad, counter,
+                                            prompt_lookup_num_tokens=lookup_tokens)
+                runs.append(Run("hf-lookup", prompt.id, len(out), secs, fw, out == ref))
+            for method, client in (("ngram", client_ngram), ("independent", client_ind)):
+                if method not in methods:
+                    continue
+                result = client.generate(ids, GenerationConfig(max_new_tokens=max_new))
+                m = result.metrics
+                runs.append(Run(method, prompt.id, m.new_tokens, m.wall_s, m.calls, result.token_ids == ref,
+                                {k: getattr(m, k) for k in ("num_drafts", "num_accepted_tokens", "draft_s",
+                                                            "verify_s", "bytes_up", "bytes_down")}))
+            done = [r for r in runs if r.prompt_id == prompt.id]
+            log(f"[{n + 1}/{len(prompts)}] {prompt.id}: " + ", ".join(
+                f"{r.method} {r.new_tokens / r.seconds:.1f} tok/s tau {r.new_tokens / max(1, r.target_forwards):.2f}"
+                + ("" if r.exact else " (differs)") for r in done))
+    finally:
+        counter.close()
+        for c in (client_ngram, client_ind):
+            if c is not None:
+                c.link.close()
+        if server is not None:
+            server.stop(grace=1.0)
+    return runs
+
+
+if __name__ == "__main__":
+    sys.exit(main())

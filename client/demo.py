@@ -1,0 +1,81 @@
+"""`edgespec demo`: a server and a client on this machine, one prompt end to end.
+
+The server runs the target in this process; the client reaches it through the
+network relay (``edgespec.netem``) shaped by a profile, when the relay is
+installed, else over plain loopback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import sys
+
+DEFAULT_PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring."
+
+
+def register(subparsers) -> None:
+    from .cli import add_client_options
+
+    p = subparsers.add_parser("demo", help="run a server and a client here, one prompt end to end",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default=None, help="target model (default: the registry's default target)")
+    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="the prompt")
+    p.add_argument("--max-tokens", type=int, default=128, help="most new tokens (default 128)")
+    p.add_argument("--profile", default="4g", help="network profile for the relay (default 4g; 'none' = direct)")
+    p.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    add_client_options(p)
+    p.set_defaults(func=main, drafter="independent")
+
+
+def relay_available() -> bool:
+    try:
+        return importlib.util.find_spec("edgespec.netem.relay_thread") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def main(args) -> int:
+    from edgespec.server.app import ServerConfig, start_server
+    from edgespec.shared.models.registry import DEFAULT_TARGET
+
+    from .cli import client_from_args
+    from .commit import ResumePolicy
+    from .generation import GenerationConfig
+    from .render import TerminalPrinter, use_color
+
+    if not getattr(args, "verbose", False):  # the server's and relay's logs would interleave with the text
+        for name in ("edgespec.server", "edgespec.netem"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    args.target = args.target or DEFAULT_TARGET
+    print(f"edgespec demo: loading target {args.target} ...", file=sys.stderr, flush=True)
+    server = start_server(ServerConfig(model=args.target, http_port=None))
+    relay = None
+    address = server.address
+    try:
+        if args.profile != "none" and relay_available():
+            from edgespec.netem.profile import load_profile
+            from edgespec.netem.relay_thread import RelayThread
+
+            relay = RelayThread(load_profile(args.profile), upstream=("127.0.0.1", server.port), seed=0).start()
+            address = relay.target
+            print(f"edgespec demo: client -> relay ({args.profile}) -> server at {server.address}", file=sys.stderr)
+        else:
+            why = "no relay installed" if args.profile != "none" else "--profile none"
+            print(f"edgespec demo: client -> server at {server.address} directly ({why})", file=sys.stderr)
+        client = client_from_args(args, address)
+        try:
+            ids = client.encode_chat([{"role": "user", "content": args.prompt}])
+            config = GenerationConfig(max_new_tokens=args.max_tokens, resume_policy=ResumePolicy[args.policy.upper()],
+                                      offline_wait_s=args.offline_wait)
+            print(f"edgespec demo: drafter {client.drafter.name}; prompt: {args.prompt}\n", file=sys.stderr)
+            printer = TerminalPrinter(client.decode, sys.stdout, sys.stderr, use_color(args.color, sys.stdout))
+            result = printer.run(client.stream(ids, config))
+            print(result.metrics.summary(), file=sys.stderr)
+        finally:
+            client.close()
+    finally:
+        if relay is not None:
+            relay.stop()
+        server.stop(grace=1.0)
+    return 0

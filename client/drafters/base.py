@@ -1,0 +1,106 @@
+"""The boundary between drafting and the generation loop.
+
+A drafter proposes a tree from the current state and observes what the target
+made of it; the loop never needs to know which drafter it drives. Words:
+
+- committed: prompt + generated token ids the client holds as settled; the last
+  one is the root the next tree hangs from.
+- features: decoded target activations by name ("hidden", "lsa", "tli_k",
+  "tli_v"). They lag one token: they cover every committed token except the last.
+  Opened brings the prompt's, Verified those of the tree root and the accepted
+  nodes, Resumed those from (confirmed length - 1) up to the new last token.
+
+Learned drafters (EAGLE, MoA) declare the features they need with
+``feature_request()`` and read them in ``start`` / ``observe`` / ``resync``.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import torch
+
+from edgespec.shared.errors import EdgespecError
+from edgespec.shared.tree import DraftTree
+
+# Same numbers as the wire's edgespec.v1.FeatureKind (kept here so drafters need no protobuf import).
+FEATURE_NONE = 0
+FEATURE_LAST_HIDDEN = 1
+FEATURE_MOA = 2
+
+
+class OfflineUnsupportedError(EdgespecError):
+    """The drafter cannot generate without the server (it only proposes, e.g. ngram lookup)."""
+
+    grpc_code = "UNAVAILABLE"
+
+
+@dataclass(frozen=True)
+class FeatureNeeds:
+    """What the drafter asks the server to send back per verified token (the wire's FeatureRequest)."""
+
+    kind: int = FEATURE_NONE  # FEATURE_NONE, FEATURE_LAST_HIDDEN or FEATURE_MOA
+    moa_server_part: str = ""  # MoA: name of the Layer Self-Attention weights on the server
+    tli_layers: int = 0  # MoA: Target Layer Inference depth N
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """What the loop tells the drafter before each proposal."""
+
+    committed: Sequence[int]  # all committed ids; the last is the tree root
+    max_nodes: int  # the server's limit on nodes per tree
+    max_depth: int  # no point in drafting deeper than the tokens still wanted
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The target's answer to one tree, as the drafter sees it."""
+
+    tree: DraftTree  # the tree that was verified
+    accepted: Sequence[int]  # accepted node indices, root to leaf
+    bonus_token: int  # the target's token after the last accepted node
+    committed: Sequence[int]  # committed ids after this verification (accepted and bonus included)
+    features: Mapping[str, torch.Tensor] = field(default_factory=dict)  # root + accepted nodes, by name
+
+    @property
+    def accepted_tokens(self) -> list[int]:
+        return [self.tree.tokens[i] for i in self.accepted]
+
+
+class Drafter(abc.ABC):
+    """One drafting strategy. Subclasses set ``name`` and implement ``propose``."""
+
+    name: str = "drafter"
+    can_generate_offline: bool = False  # True when generate_offline works without the server
+
+    def feature_request(self) -> FeatureNeeds:
+        """The features this drafter needs from the target (none by default)."""
+        return FeatureNeeds()
+
+    def start(self, prompt_ids: Sequence[int], first_token: int, features: Mapping[str, torch.Tensor]) -> None:
+        """A session opened: committed is prompt + first_token; features cover the prompt."""
+
+    @abc.abstractmethod
+    def propose(self, request: DraftRequest) -> DraftTree:
+        """A tree hanging from request.committed[-1]; an empty tree asks for one plain target step."""
+
+    def observe(self, verification: Verification) -> None:
+        """The target verified the last proposal."""
+
+    def resync(self, committed: Sequence[int], kept: int, features: Mapping[str, torch.Tensor]) -> None:
+        """The committed text changed other than by a verification (resume, rollback).
+
+        ``committed[:kept]`` is unchanged from what the drafter saw before; anything
+        it derived from later tokens is stale. ``features`` are Resumed's.
+        """
+
+    def generate_offline(self, committed: Sequence[int]) -> int:
+        """The next token without the server (greedy). Raises OfflineUnsupportedError if it cannot."""
+        raise OfflineUnsupportedError(
+            f"the {self.name!r} drafter cannot generate without the server: it only proposes tokens for the target "
+            f"to check. Use a drafter with a model (e.g. --drafter independent) to keep going offline.")
+
+    def close(self) -> None:
+        """Free what the drafter holds (models stay loaded; caches go)."""

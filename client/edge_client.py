@@ -1,0 +1,123 @@
+"""EdgespecClient: the link, the target's tokenizer and a drafter, ready to run generations.
+
+The CLI, the local OpenAI-style API, the demo and the benchmark all go through
+it. One generation runs at a time (the drafter keeps one KV cache), so
+``generate`` holds a lock for as long as its Generation is being iterated.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from edgespec.shared.errors import TokenizerMismatchError
+from edgespec.shared.fingerprint import tokenizer_fingerprint
+
+from .drafters.base import Drafter
+from .drafters.factory import DrafterOptions, make_drafter
+from .generation import Event, Generation, GenerationConfig, GenerationResult, TokenizerInfo
+from .link import Link, LinkConfig
+
+# Token strings that end a Qwen-style chat turn or text, besides tokenizer.eos_token
+# (Qwen's generation_config lists both <|im_end|> and <|endoftext|>).
+END_TOKENS = ("<|im_end|>", "<|endoftext|>")
+
+
+def eos_ids(tokenizer) -> set[int]:
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[t] for t in END_TOKENS if t in vocab)
+    return ids
+
+
+def load_tokenizer(name_or_path: str):
+    from transformers import AutoTokenizer
+
+    from edgespec.shared.models.loading import model_location
+
+    return AutoTokenizer.from_pretrained(model_location(name_or_path))
+
+
+def chat_prompt_ids(tokenizer, messages: Sequence[dict]) -> list[int]:
+    """Ids of the chat template applied to messages, ready for the assistant's turn."""
+    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Everything the client needs to start."""
+
+    link: LinkConfig  # how to reach the server
+    drafter: DrafterOptions = field(default_factory=DrafterOptions)  # which drafter to run
+    tokenizer: str | None = None  # the target's tokenizer (name or dir); None: the drafter's model, whose
+    # tokenizer is the target's for the default pair (the fingerprint check catches a wrong one)
+
+
+class EdgespecClient:
+    def __init__(self, config: ClientConfig, tokenizer=None, drafter: Drafter | None = None):
+        self.config = config
+        self.link = Link(config.link)
+        self.info = self.link.info()
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(self._tokenizer_source())
+        fingerprint = tokenizer_fingerprint(self.tokenizer)
+        if fingerprint != self.info.tokenizer_fingerprint:
+            raise TokenizerMismatchError(
+                f"the client's tokenizer ({self._tokenizer_source()}) is not the server's target tokenizer "
+                f"(model {self.info.model_name}); pass --tokenizer with the target's model name or directory")
+        self.drafter = drafter if drafter is not None else make_drafter(config.drafter, self.info)
+        self.tokens = TokenizerInfo(fingerprint, eos_ids(self.tokenizer),
+                                    lambda ids: self.tokenizer.decode(list(ids), skip_special_tokens=True))
+        self._lock = threading.Lock()
+
+    def _tokenizer_source(self) -> str:
+        if self.config.tokenizer:
+            return self.config.tokenizer
+        if self.config.drafter.name == "independent":
+            return self.config.drafter.model
+        name = self.info.model_name
+        from edgespec.shared.models.registry import REGISTRY
+
+        return name if name in REGISTRY or Path(name).is_dir() else self.config.drafter.model
+
+    @property
+    def model_name(self) -> str:
+        return self.info.model_name
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def encode_chat(self, messages: Sequence[dict]) -> list[int]:
+        return chat_prompt_ids(self.tokenizer, messages)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokens.decode(ids)
+
+    def generation(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig()) -> Generation:
+        """A Generation to iterate. Use ``stream`` or ``generate`` to hold the client's lock while it runs."""
+        limits = self.info.limits
+        return Generation(self.link, self.drafter, prompt_ids, config, self.tokens,
+                          max_tree_nodes=limits.max_tree_nodes or 255)
+
+    def stream(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig()
+               ) -> Iterator[Event | GenerationResult]:
+        """Events as they come, then the GenerationResult as the last item."""
+        with self._lock:
+            gen = self.generation(prompt_ids, config)
+            yield from gen
+            yield gen.result
+
+    def generate(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig()) -> GenerationResult:
+        with self._lock:
+            return self.generation(prompt_ids, config).run()
+
+    def close(self) -> None:
+        self.drafter.close()
+        self.link.close()
+
+    def __enter__(self) -> "EdgespecClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

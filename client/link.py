@@ -1,0 +1,319 @@
+"""The client's link to the verification server: channel, session stream, deadlines, reconnects.
+
+A dead link comes in two kinds and both must be found quickly:
+- reset: the connection errors at once; the stream's reader sees an RpcError.
+- blackhole: packets vanish and the socket stays open; nothing errors. A deadline
+  on every Draft (a few times the slowest recent round trip) and keepalive pings
+  of a few seconds catch it.
+Reconnects use fresh channels (with their own subchannel pool, so a new channel
+never reuses the dead connection), with exponential backoff and jitter between
+attempts, on a background thread so offline generation goes on meanwhile.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import grpc
+
+from edgespec.proto.edgespec.v1 import pb, pb_grpc
+from edgespec.shared.errors import EdgespecError
+
+log = logging.getLogger(__name__)
+
+SESSION_METADATA_KEY = "x-edgespec-session"
+API_KEY_METADATA_KEY = "authorization"  # value "Bearer <key>"
+
+
+class LinkDownError(EdgespecError):
+    """The server could not be reached, the stream broke, or an answer did not come in time."""
+
+    grpc_code = "UNAVAILABLE"
+
+
+class SessionLostError(LinkDownError):
+    """The server no longer knows the session (expired, evicted, other replica): Resume rebuilds it."""
+
+    grpc_code = "NOT_FOUND"
+
+
+class ServerRefusedError(EdgespecError):
+    """The server answered with an error that retrying will not fix (bad request, wrong tokenizer, no auth)."""
+
+    grpc_code = "FAILED_PRECONDITION"
+
+    def __init__(self, message: str, code: str = "FAILED_PRECONDITION"):
+        super().__init__(message)
+        self.grpc_code = code
+
+
+# Status codes that mean "the link or the server's process is in trouble": go offline, reconnect, resume.
+_LINK_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+               grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
+# Status codes that mean "this session is gone on the server": resume rebuilds it.
+_SESSION_CODES = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ABORTED}
+
+
+def classify_rpc_error(err: grpc.RpcError) -> EdgespecError:
+    """Map a gRPC failure to what the loop does about it."""
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    detail = err.details() if hasattr(err, "details") else str(err)
+    if code in _SESSION_CODES:
+        return SessionLostError(f"server lost the session ({code.name}): {detail}")
+    if code in _LINK_CODES:
+        return LinkDownError(f"link to the server failed ({code.name}): {detail}")
+    return ServerRefusedError(f"server refused the request ({code.name}): {detail}", code.name)
+
+
+@dataclass(frozen=True)
+class LinkConfig:
+    """How the client reaches the server and decides it is gone."""
+
+    address: str  # server's gRPC HOST:PORT
+    tls: bool = False  # use TLS (server certificate checked against root_certificates or the system roots)
+    root_certificates: str | None = None  # PEM file of the CA to trust for TLS (None: system roots)
+    api_key: str | None = None  # sent as "authorization: Bearer <key>" on every call
+    keepalive_s: float = 2.0  # HTTP/2 ping interval while the channel is up: finds a blackhole when idle
+    keepalive_timeout_s: float = 2.0  # a ping unanswered this long closes the connection
+    connect_timeout_s: float = 2.0  # one connection attempt's wait for the channel to become ready
+    open_timeout_s: float = 300.0  # deadline of Open and Resume (prefill of a long prompt on a CPU is slow)
+    deadline_factor: float = 4.0  # a Draft's deadline is this times the slowest recent round trip ...
+    min_deadline_s: float = 1.0  # ... but at least this (scheduling noise on a busy laptop) ...
+    max_deadline_s: float = 30.0  # ... and at most this
+    rtt_window: int = 8  # recent Draft round trips the deadline looks at
+    backoff_initial_s: float = 0.1  # first wait between reconnect attempts
+    backoff_max_s: float = 5.0  # longest wait between reconnect attempts
+    backoff_multiplier: float = 2.0  # growth of the wait per failed attempt
+    backoff_jitter: float = 0.2  # +- this fraction of randomness, so clients do not retry in lockstep
+    max_message_bytes: int = 64 << 20  # largest message sent or received
+
+    def __post_init__(self) -> None:
+        if not self.address or ":" not in self.address:
+            raise ValueError(f"server address must be HOST:PORT, got {self.address!r}")
+        if self.min_deadline_s <= 0 or self.max_deadline_s < self.min_deadline_s:
+            raise ValueError("need 0 < min_deadline_s <= max_deadline_s")
+
+
+def draft_deadline(round_trips: Sequence[float], config: LinkConfig, fallback_s: float | None = None) -> float:
+    """Seconds to wait for a Verified: factor x the slowest of the recent round trips, clamped."""
+    recent = list(round_trips)[-config.rtt_window:]
+    base = max(recent) if recent else (fallback_s if fallback_s is not None else config.max_deadline_s / config.deadline_factor)
+    return min(config.max_deadline_s, max(config.min_deadline_s, config.deadline_factor * base))
+
+
+def backoff_delay(attempt: int, config: LinkConfig, rng: random.Random) -> float:
+    """Wait before reconnect attempt `attempt` + 1 (attempt 0 is the first retry): exponential with jitter."""
+    base = min(config.backoff_max_s, config.backoff_initial_s * config.backoff_multiplier ** attempt)
+    return max(0.0, base * (1.0 + rng.uniform(-config.backoff_jitter, config.backoff_jitter)))
+
+
+def make_channel(config: LinkConfig) -> grpc.Channel:
+    """A new channel with keepalive and its own connection (never shared with an older channel)."""
+    options = [
+        ("grpc.keepalive_time_ms", int(config.keepalive_s * 1000)),
+        ("grpc.keepalive_timeout_ms", int(config.keepalive_timeout_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.use_local_subchannel_pool", 1),
+        ("grpc.enable_retries", 0),  # the loop decides what a failure means; gRPC must not replay Drafts
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.initial_reconnect_backoff_ms", int(config.backoff_initial_s * 1000)),
+        ("grpc.max_reconnect_backoff_ms", int(config.backoff_max_s * 1000)),
+    ]
+    if config.tls:
+        roots = Path(config.root_certificates).read_bytes() if config.root_certificates else None
+        return grpc.secure_channel(config.address, grpc.ssl_channel_credentials(root_certificates=roots), options)
+    return grpc.insecure_channel(config.address, options)
+
+
+def wait_ready(channel: grpc.Channel, timeout_s: float) -> bool:
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout_s)
+        return True
+    except grpc.FutureTimeoutError:
+        return False
+
+
+def call_metadata(config: LinkConfig, session_id: str | None = None) -> list[tuple[str, str]]:
+    md = []
+    if session_id:
+        md.append((SESSION_METADATA_KEY, session_id))
+    if config.api_key:
+        md.append((API_KEY_METADATA_KEY, f"Bearer {config.api_key}"))
+    return md
+
+
+def connect(config: LinkConfig, timeout_s: float | None = None) -> grpc.Channel:
+    """A ready channel, or LinkDownError naming the address."""
+    channel = make_channel(config)
+    if not wait_ready(channel, config.connect_timeout_s if timeout_s is None else timeout_s):
+        channel.close()
+        raise LinkDownError(f"cannot reach the edgespec server at {config.address} "
+                            f"(no connection within {config.connect_timeout_s if timeout_s is None else timeout_s:.1f}s); "
+                            f"is `edgespec server` running there?")
+    return channel
+
+
+def server_info(channel: grpc.Channel, config: LinkConfig, timeout_s: float = 10.0) -> pb.InfoResponse:
+    try:
+        return pb_grpc.VerifierStub(channel).Info(pb.InfoRequest(), timeout=timeout_s,
+                                                  metadata=call_metadata(config))
+    except grpc.RpcError as err:
+        raise classify_rpc_error(err) from None
+
+
+_END = object()  # the server ended the stream without an error
+
+
+class SessionStream:
+    """One Session stream: send a message, wait (with a deadline) for its one answer."""
+
+    def __init__(self, channel: grpc.Channel, config: LinkConfig, session_id: str):
+        self._requests: queue.Queue = queue.Queue()
+        self._answers: queue.Queue = queue.Queue()
+        self._call = pb_grpc.VerifierStub(channel).Session(
+            self._outgoing(), metadata=call_metadata(config, session_id))
+        self._reader = threading.Thread(target=self._read, name="edgespec-stream-reader", daemon=True)
+        self._reader.start()
+        self.closed = False
+
+    def _outgoing(self):
+        while True:
+            msg = self._requests.get()
+            if msg is None:
+                return
+            yield msg
+
+    def _read(self) -> None:
+        try:
+            for answer in self._call:
+                self._answers.put(answer)
+            self._answers.put(_END)
+        except grpc.RpcError as err:
+            self._answers.put(err)
+        except Exception as err:  # a broken channel can surface as other errors; the loop treats it as link loss
+            self._answers.put(err)
+
+    def request(self, message: pb.ClientMessage, timeout_s: float) -> pb.ServerMessage:
+        """Send and wait for the answer; LinkDownError on timeout or a broken stream."""
+        if self.closed:
+            raise LinkDownError("the session stream is closed")
+        self._requests.put(message)
+        try:
+            answer = self._answers.get(timeout=timeout_s)
+        except queue.Empty:
+            raise LinkDownError(f"no answer from the server within {timeout_s:.2f}s (link blackholed or server stuck)") from None
+        if isinstance(answer, grpc.RpcError):
+            raise classify_rpc_error(answer)
+        if isinstance(answer, Exception):
+            raise LinkDownError(f"session stream failed: {answer}")
+        if answer is _END:
+            raise LinkDownError("the server ended the session stream")
+        return answer
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._requests.put(None)
+            self._call.cancel()
+
+
+class Reconnector:
+    """Tries fresh channels in the background, with backoff, until one is ready (or it is cancelled)."""
+
+    def __init__(self, config: LinkConfig, rng: random.Random | None = None):
+        self.config = config
+        self._rng = rng or random.Random()
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._channel: grpc.Channel | None = None
+        self.attempts = 0
+        self._thread = threading.Thread(target=self._run, name="edgespec-reconnect", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            channel = make_channel(self.config)
+            if wait_ready(channel, self.config.connect_timeout_s):
+                if self._stop.is_set():
+                    channel.close()
+                    return
+                self._channel = channel
+                self._ready.set()
+                return
+            channel.close()
+            delay = backoff_delay(self.attempts, self.config, self._rng)
+            self.attempts += 1
+            log.debug("reconnect attempt %d to %s failed; next in %.2fs", self.attempts, self.config.address, delay)
+            self._stop.wait(delay)
+
+    def take(self, timeout_s: float = 0.0) -> grpc.Channel | None:
+        """The ready channel (once), waiting up to timeout_s; None if there is none yet."""
+        if self._ready.wait(timeout_s) and self._channel is not None:
+            channel, self._channel = self._channel, None
+            self._ready.clear()
+            return channel
+        return None
+
+    def cancel(self) -> None:
+        self._stop.set()
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+
+class Link:
+    """The current channel and the round-trip record that sets deadlines."""
+
+    def __init__(self, config: LinkConfig, rng: random.Random | None = None):
+        self.config = config
+        self.rng = rng or random.Random()
+        self.channel: grpc.Channel | None = None
+        self.round_trips: list[float] = []  # Draft round trips, seconds
+        self.first_round_trip_s: float | None = None  # fallback before any Draft was timed
+
+    def connect(self, timeout_s: float | None = None) -> grpc.Channel:
+        self.close()
+        self.channel = connect(self.config, timeout_s)
+        return self.channel
+
+    def adopt(self, channel: grpc.Channel) -> None:
+        """Use a channel a Reconnector made ready."""
+        self.close()
+        self.channel = channel
+
+    def info(self) -> pb.InfoResponse:
+        if self.channel is None:
+            self.connect()
+        return server_info(self.channel, self.config)
+
+    def stream(self, session_id: str) -> SessionStream:
+        if self.channel is None:
+            raise LinkDownError("not connected")
+        return SessionStream(self.channel, self.config, session_id)
+
+    def record(self, seconds: float) -> None:
+        self.round_trips.append(seconds)
+        del self.round_trips[:-self.config.rtt_window]
+
+    def draft_deadline(self) -> float:
+        return draft_deadline(self.round_trips, self.config, self.first_round_trip_s)
+
+    def reconnector(self) -> Reconnector:
+        return Reconnector(self.config, self.rng)
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
+
+
+def now() -> float:
+    return time.perf_counter()

@@ -1,0 +1,86 @@
+"""Per-generation metrics: one dataclass, apart from any sink (logs, Prometheus, reports).
+
+Words, as vLLM uses them:
+- a *draft* is one tree sent for verification; *draft tokens* are its nodes;
+- *accepted tokens* are draft tokens the target agreed with;
+- the *bonus token* is the target's own token after the last accepted one
+  (every verification yields exactly one);
+- *acceptance length* tau = tokens committed per verification, bonus included:
+  (accepted tokens + verifications) / verifications. Plain decoding has tau = 1.
+- *calls* are requests answered by the server: the prefill (Open), every
+  verification (Draft) and every Resume.
+- *bytes up/down* are serialized message sizes, both directions, every message.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class GenerationMetrics:
+    """Counters of one generation. Times are seconds of wall clock on the client."""
+
+    drafter: str = ""  # drafter name ("ngram", "independent", ...)
+    prompt_tokens: int = 0  # length of the prompt in tokens
+    new_tokens: int = 0  # tokens in the final output (after stop/EOS/max truncation and rollbacks)
+    online_tokens: int = 0  # output tokens that the target verified or produced
+    offline_tokens: int = 0  # output tokens generated offline and kept unverified (provisional or `keep`)
+    num_drafts: int = 0  # trees sent for verification (verifications)
+    num_draft_tokens: int = 0  # nodes in those trees
+    num_accepted_tokens: int = 0  # nodes the target accepted
+    accepted_per_position: list[int] = field(default_factory=list)  # accepted count at depth 1, 2, ...
+    calls: int = 0  # prefill + verifications + resumes
+    bytes_up: int = 0  # client -> server, serialized messages
+    bytes_down: int = 0  # server -> client, serialized messages
+    round_trips_s: list[float] = field(default_factory=list)  # request-to-answer time of every call
+    draft_s: float = 0.0  # time the drafter spent proposing trees
+    verify_s: float = 0.0  # server's own time on verifications (Timings.total_ns), summed
+    offline_s: float = 0.0  # time spent generating offline
+    prefill_s: float = 0.0  # Open round trip (time to first token)
+    wall_s: float = 0.0  # whole generation, Open to last token
+    disconnects: int = 0  # times the link was found dead
+    resumes: int = 0  # successful Resumes
+    rolled_back_tokens: int = 0  # provisional tokens dropped by `rollback`
+
+    @property
+    def acceptance_length(self) -> float:
+        """tau: tokens committed per verification, bonus included (0 when nothing was verified)."""
+        return (self.num_accepted_tokens + self.num_drafts) / self.num_drafts if self.num_drafts else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def mean_round_trip_s(self) -> float:
+        return sum(self.round_trips_s) / len(self.round_trips_s) if self.round_trips_s else 0.0
+
+    @property
+    def calls_per_100_tokens(self) -> float:
+        return 100.0 * self.calls / self.new_tokens if self.new_tokens else 0.0
+
+    @property
+    def bytes_per_token(self) -> float:
+        return (self.bytes_up + self.bytes_down) / self.new_tokens if self.new_tokens else 0.0
+
+    def to_dict(self) -> dict:
+        """Plain values for JSON, derived figures included."""
+        out = asdict(self)
+        out.pop("round_trips_s")
+        out.update(acceptance_length=round(self.acceptance_length, 4), tokens_per_s=round(self.tokens_per_s, 4),
+                   mean_round_trip_s=round(self.mean_round_trip_s, 6),
+                   calls_per_100_tokens=round(self.calls_per_100_tokens, 3),
+                   bytes_per_token=round(self.bytes_per_token, 2))
+        for key in ("draft_s", "verify_s", "offline_s", "prefill_s", "wall_s"):
+            out[key] = round(out[key], 6)
+        return out
+
+    def summary(self) -> str:
+        """One line for a person."""
+        line = (f"{self.new_tokens} tokens in {self.wall_s:.2f}s ({self.tokens_per_s:.1f} tok/s), "
+                f"tau {self.acceptance_length:.2f}, {self.calls} calls, "
+                f"{self.bytes_up / 1024:.1f} KiB up / {self.bytes_down / 1024:.1f} KiB down")
+        if self.offline_tokens or self.disconnects:
+            line += (f", {self.offline_tokens} offline, {self.disconnects} disconnects, {self.resumes} resumes, "
+                     f"{self.rolled_back_tokens} rolled back")
+        return line

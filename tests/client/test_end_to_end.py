@@ -1,0 +1,94 @@
+"""Client + real server over loopback gRPC with tiny models: the output is the target's own greedy output."""
+from __future__ import annotations
+
+import pytest
+
+from edgespec.client.drafters.tree_builder import TreeShape
+from edgespec.client.generation import GenerationConfig, TokenEvent, TokenOrigin
+
+PROMPTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n", "hello hello hello world, hello hello", "x"]
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "independent"])
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_equals_target(tiny_server, make_client, tiny_target_f32, greedy, drafter, prompt):
+    client = make_client(tiny_server.address, drafter)
+    ids = client.encode(prompt)
+    result = client.generate(ids, GenerationConfig(max_new_tokens=48))
+    assert result.token_ids == greedy(tiny_target_f32, ids, 48, client.tokens.eos_ids)
+    m = result.metrics
+    assert m.calls == m.num_drafts + 1  # prefill + one call per verification
+    assert m.new_tokens == len(result.token_ids)
+    assert m.offline_tokens == 0 and m.disconnects == 0
+    assert m.bytes_up > 0 and m.bytes_down > 0
+
+
+def test_target_as_drafter_accepts_deep_trees(tiny_server, make_client, tiny_model_dir, tiny_target_f32, greedy):
+    """With the target's own weights as drafter, trees are accepted: tau well above 1, output unchanged."""
+    client = make_client(tiny_server.address, "independent", drafter_dir=tiny_model_dir,
+                         tree=TreeShape(branch=2, depth=5, max_nodes=12, min_prob=0.0))
+    ids = client.encode(PROMPTS[0])
+    result = client.generate(ids, GenerationConfig(max_new_tokens=60, ignore_eos=True))
+    assert result.token_ids == greedy(tiny_target_f32, ids, 60, set())
+    assert result.metrics.acceptance_length > 3.0
+    assert TokenOrigin.ACCEPTED in result.origins
+    # tau counts the bonus: committed tokens per verification (the first token came from Open)
+    m = result.metrics
+    assert m.num_accepted_tokens + m.num_drafts + 1 >= m.new_tokens
+
+
+def test_events_stream_every_token_once_with_origin(tiny_server, make_client, tiny_model_dir):
+    client = make_client(tiny_server.address, "independent", drafter_dir=tiny_model_dir)
+    gen = client.generation(client.encode(PROMPTS[1]), GenerationConfig(max_new_tokens=30, ignore_eos=True))
+    events = [e for e in gen if isinstance(e, TokenEvent)]
+    assert [e.index for e in events] == list(range(30))
+    assert [e.token for e in events] == gen.result.token_ids
+    assert [e.origin for e in events] == gen.result.origins
+    assert events[0].origin is TokenOrigin.BONUS  # the first token comes from the prefill
+    assert gen.result.finish_reason == "length"
+
+
+def test_stop_string_ends_output(tiny_server, make_client, tiny_target_f32, greedy):
+    client = make_client(tiny_server.address, "ngram")
+    ids = client.encode(PROMPTS[0])
+    reference = greedy(tiny_target_f32, ids, 40, set())
+    text = client.decode(reference)
+    stop = text[10:12]
+    result = client.generate(ids, GenerationConfig(max_new_tokens=40, stop=(stop,), ignore_eos=True))
+    assert result.finish_reason == "stop"
+    got = client.decode(result.token_ids)
+    assert stop in got and stop not in client.decode(result.token_ids[:-1])
+    assert result.token_ids == reference[: len(result.token_ids)]
+
+
+def test_max_tokens_is_exact(tiny_server, make_client, tiny_model_dir):
+    client = make_client(tiny_server.address, "independent", drafter_dir=tiny_model_dir)
+    for n in (1, 2, 7):
+        result = client.generate(client.encode("abc"), GenerationConfig(max_new_tokens=n, ignore_eos=True))
+        assert len(result.token_ids) == n and result.finish_reason == "length"
+
+
+def test_wrong_tokenizer_is_refused(tiny_server, tmp_path):
+    from edgespec.client.drafters.factory import DrafterOptions
+    from edgespec.client.edge_client import ClientConfig, EdgespecClient
+    from edgespec.client.link import LinkConfig
+    from edgespec.shared.errors import TokenizerMismatchError
+    from edgespec.shared.models.tiny import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    tok.add_tokens(["<extra>"])
+    with pytest.raises(TokenizerMismatchError, match="--tokenizer"):
+        EdgespecClient(ClientConfig(LinkConfig(tiny_server.address), DrafterOptions("ngram")), tokenizer=tok)
+
+
+def test_unreachable_server_says_where(tmp_path):
+    import socket
+
+    from edgespec.client.link import LinkConfig, LinkDownError, connect
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    with pytest.raises(LinkDownError, match=f"127.0.0.1:{port}"):
+        connect(LinkConfig(f"127.0.0.1:{port}", connect_timeout_s=0.3))

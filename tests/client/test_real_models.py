@@ -1,0 +1,54 @@
+"""Client + server on loopback with the real models: greedy output equals the 1.5B target's own."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgespec.client.generation import GenerationConfig
+
+pytestmark = pytest.mark.models
+
+PROMPTS = ["Write a Python function that checks whether a string is a palindrome.",
+           "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"]
+
+
+@pytest.fixture(scope="module")
+def real_server():
+    from edgespec.server.app import ServerConfig, start_server
+
+    torch.set_num_threads(2)
+    handle = start_server(ServerConfig(model="qwen2.5-coder-1.5b-instruct", http_port=None, device="cpu"))
+    yield handle
+    handle.stop(grace=1.0)
+
+
+@torch.inference_mode()
+def _target_greedy(model, ids, max_new, eos):
+    from transformers import DynamicCache
+
+    cache, out, feed, pos = DynamicCache(), [], list(ids), 0
+    for _ in range(max_new):
+        logits = model(input_ids=torch.tensor([feed]), position_ids=torch.arange(pos, pos + len(feed))[None],
+                       past_key_values=cache, use_cache=True).logits[0, -1]
+        pos += len(feed)
+        out.append(int(logits.argmax()))
+        if out[-1] in eos:
+            break
+        feed = [out[-1]]
+    return out
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "independent"])
+def test_real_models_greedy_equals_target(real_server, drafter):
+    from edgespec.client.drafters.factory import DrafterOptions
+    from edgespec.client.edge_client import ClientConfig, EdgespecClient
+    from edgespec.client.link import LinkConfig
+
+    link = LinkConfig(real_server.address, min_deadline_s=120, max_deadline_s=600)  # a busy CPU is not a dead link
+    with EdgespecClient(ClientConfig(link, DrafterOptions(drafter))) as client:
+        for prompt in PROMPTS:
+            ids = client.encode_chat([{"role": "user", "content": prompt}])
+            result = client.generate(ids, GenerationConfig(max_new_tokens=32))
+            want = _target_greedy(real_server.core.target.model, ids, 32, client.tokens.eos_ids)
+            assert result.token_ids == want, (client.decode(result.token_ids), client.decode(want))
+            assert result.metrics.disconnects == 0

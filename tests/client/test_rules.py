@@ -1,0 +1,112 @@
+"""The loop's bookkeeping, the link's timing rules and the metrics, as pure functions."""
+from __future__ import annotations
+
+import random
+
+import grpc
+import pytest
+
+from edgespec.client.commit import (Finish, ProtocolError, ResumePolicy, accepted_path, finish_point, first_stop,
+                                    resume_commit)
+from edgespec.client.link import (LinkConfig, LinkDownError, ServerRefusedError, SessionLostError, backoff_delay,
+                                  call_metadata, classify_rpc_error, draft_deadline)
+from edgespec.shared.metrics import GenerationMetrics
+from edgespec.shared.tree import ROOT, DraftTree
+
+TREE = DraftTree((10, 11, 12, 13), (ROOT, 0, 0, ROOT))
+
+
+def test_accepted_path_checks_it_is_a_path():
+    assert accepted_path(TREE, [0, 2]) == [10, 12]
+    assert accepted_path(TREE, []) == []
+    with pytest.raises(ProtocolError, match="not a root-to-leaf path"):
+        accepted_path(TREE, [1])
+    with pytest.raises(ProtocolError, match="not a root-to-leaf path"):
+        accepted_path(TREE, [0, 3])
+    with pytest.raises(ProtocolError, match="node 9"):
+        accepted_path(TREE, [9])
+
+
+def test_resume_commit_keep_and_rollback():
+    committed = [1, 2, 3, 50, 51, 52]  # 3 confirmed, 3 provisional
+    assert resume_commit(committed, 3, 1, 99, ResumePolicy.ROLLBACK) == [1, 2, 3, 50, 99]
+    assert resume_commit(committed, 3, 1, 99, ResumePolicy.KEEP) == [1, 2, 3, 50, 51, 52, 99]
+    assert resume_commit(committed, 3, 3, 99, ResumePolicy.ROLLBACK) == committed + [99]
+    assert resume_commit([1, 2, 3], 3, 0, 7, ResumePolicy.ROLLBACK) == [1, 2, 3, 7]
+    with pytest.raises(ProtocolError, match="agreed with 4 of 3"):
+        resume_commit(committed, 3, 4, 99, ResumePolicy.KEEP)
+
+
+def test_finish_point_eos_length_stop():
+    eos = {0}
+    assert finish_point([5, 6, 0, 7], 0, eos, 10) == Finish(3, "stop")
+    assert finish_point([5, 6, 0, 7], 0, eos, 10, ignore_eos=True) == Finish(4, None)
+    assert finish_point([5, 6, 7, 8], 0, eos, 3) == Finish(3, "length")
+    assert finish_point([5, 6], 0, eos, 2) == Finish(2, "length")
+    assert finish_point([5, 6], 0, eos, 5) == Finish(2, None)
+    decode = lambda ids: "".join(chr(96 + t) for t in ids)  # 1 -> a, 2 -> b, ...
+    assert finish_point([1, 2, 3, 4], 0, eos, 10, ["bc"], decode) == Finish(3, "stop")
+    assert finish_point([1, 2, 3, 4], 0, eos, 10, ["zz"], decode) == Finish(4, None)
+    # tokens before `checked` were looked at already
+    assert finish_point([0, 5, 6], 1, eos, 10) == Finish(3, None)
+
+
+def test_first_stop():
+    assert first_stop("hello world", ["wor", "lo"]) == 3
+    assert first_stop("hello", ["", "x"]) is None
+
+
+def test_draft_deadline_follows_round_trips_within_bounds():
+    cfg = LinkConfig("h:1", deadline_factor=4, min_deadline_s=0.5, max_deadline_s=10, rtt_window=3)
+    assert draft_deadline([0.01, 0.02], cfg) == 0.5
+    assert draft_deadline([0.3, 0.2, 0.1], cfg) == pytest.approx(1.2)
+    assert draft_deadline([5.0, 0.1, 0.1, 0.1], cfg) == pytest.approx(0.5)  # only the recent window counts
+    assert draft_deadline([9.0], cfg) == 10
+    assert draft_deadline([], cfg, fallback_s=1.0) == 4.0
+
+
+def test_backoff_grows_caps_and_jitters():
+    cfg = LinkConfig("h:1", backoff_initial_s=0.1, backoff_multiplier=2, backoff_max_s=1.0, backoff_jitter=0.2)
+    rng = random.Random(0)
+    delays = [backoff_delay(a, cfg, rng) for a in range(8)]
+    for a, d in enumerate(delays):
+        base = min(1.0, 0.1 * 2 ** a)
+        assert 0.8 * base <= d <= 1.2 * base
+    assert len({round(backoff_delay(3, cfg, rng), 6) for _ in range(10)}) > 1  # jitter
+
+
+class _Err(grpc.RpcError):
+    def __init__(self, code):
+        self._code = code
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return "detail"
+
+
+def test_errors_are_classified():
+    assert type(classify_rpc_error(_Err(grpc.StatusCode.UNAVAILABLE))) is LinkDownError
+    assert isinstance(classify_rpc_error(_Err(grpc.StatusCode.NOT_FOUND)), SessionLostError)
+    refused = classify_rpc_error(_Err(grpc.StatusCode.FAILED_PRECONDITION))
+    assert isinstance(refused, ServerRefusedError) and refused.grpc_code == "FAILED_PRECONDITION"
+
+
+def test_link_config_checks_and_metadata():
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        LinkConfig("localhost")
+    md = call_metadata(LinkConfig("h:1", api_key="k"), "sid")
+    assert ("x-edgespec-session", "sid") in md and ("authorization", "Bearer k") in md
+
+
+def test_metrics_derived_figures():
+    m = GenerationMetrics(new_tokens=30, num_drafts=10, num_accepted_tokens=19, calls=11, bytes_up=600,
+                          bytes_down=300, wall_s=2.0)
+    assert m.acceptance_length == pytest.approx(2.9)
+    assert m.tokens_per_s == 15
+    assert m.calls_per_100_tokens == pytest.approx(100 * 11 / 30)
+    assert m.bytes_per_token == 30
+    d = m.to_dict()
+    assert d["acceptance_length"] == 2.9 and "round_trips_s" not in d
+    assert GenerationMetrics().acceptance_length == 0.0
