@@ -1,5 +1,19 @@
-"""Model registry, preparation from PyPI GGUF parts, loading, and tiny test models."""
-from .loading import LoadedModel, load_model
-from .registry import REGISTRY, ModelSpec, models_home, resolve
+"""Model registry, preparation from PyPI GGUF parts, loading, and tiny test models.
 
-__all__ = ["LoadedModel", "load_model", "REGISTRY", "ModelSpec", "models_home", "resolve"]
+Names are resolved lazily so that importing the package (as `edgespec --help`
+does, through the `models` subcommand) does not import torch.
+"""
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {"LoadedModel": "loading", "load_model": "loading", "REGISTRY": "registry", "ModelSpec": "registry",
+            "models_home": "registry", "resolve": "registry"}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
