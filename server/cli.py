@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import logging
 import sys
@@ -23,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-context", type=int, default=0, help="tokens per session (0 = the model's limit)")
     p.add_argument("--tls-cert", help="PEM certificate chain (with --tls-key: TLS on both ports)")
     p.add_argument("--tls-key", help="PEM private key")
-    p.add_argument("--api-key", help="require this key in gRPC metadata and HTTP Authorization")
+    p.add_argument("--api-key", help="require this key in gRPC metadata and HTTP Authorization "
+                                     "(default: $EDGESPEC_API_KEY, which keeps it out of the process list)")
     p.add_argument("--moa-server-part", action="append", default=[], metavar="NAME=PATH",
                    help="load a MoA server part (Layer Self-Attention safetensors); repeatable")
     p.add_argument("--random-moa-part", action="append", default=[], metavar="NAME",
@@ -76,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         model=args.model, host=args.host, port=args.port, http_port=None if args.http_port < 0 else args.http_port,
         device=args.device, dtype=args.dtype, max_sessions=args.max_sessions, session_ttl_s=args.session_ttl,
         max_kv_bytes=int(args.max_kv_gb * (1 << 30)), max_context_tokens=args.max_context,
-        tls_cert=args.tls_cert, tls_key=args.tls_key, api_key=args.api_key,
+        tls_cert=args.tls_cert, tls_key=args.tls_key, api_key=args.api_key or os.environ.get("EDGESPEC_API_KEY"),
         moa_server_parts=_parts(args.moa_server_part), random_moa_parts=tuple(args.random_moa_part))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
