@@ -175,7 +175,6 @@ def _local_only(model, tokenizer, prompt_ids: list[int], config: BenchConfig) ->
 def _speed(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sink: JsonLines) -> None:
     bar = _Bar(len(prompts) * (len(config.drafters) + 1), config.progress, "speed")
     clients = {d: _client(server.grpc_address, d, config) for d in config.drafters}
-    tok = next(iter(clients.values())).tokenizer if clients else None
     for prompt in prompts:
         ids = clients[config.drafters[0]].encode_chat(prompt.messages) if clients else []
         plain = _plain_api(server.http_address, ids, config)
@@ -189,7 +188,6 @@ def _speed(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], si
             bar.step(name)
     for client in clients.values():
         client.close()
-    del tok
     bar.close()
 
 
@@ -229,8 +227,9 @@ def _link(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sin
 
 
 def _chat_ids(tokenizer, prompt: Prompt) -> list[int]:
-    text = tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    from ..client.edge_client import chat_prompt_ids
+
+    return chat_prompt_ids(tokenizer, prompt.messages)
 
 
 def _disconnect(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sink: JsonLines) -> None:
