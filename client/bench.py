@@ -9,12 +9,16 @@ same end-of-text tokens:
 - target: the target's own greedy decoding (``generate``): the baseline and the reference output
 - hf-assisted: transformers' assisted generation with the small model (``assistant_model=``)
 - hf-lookup: transformers' prompt lookup decoding (``prompt_lookup_num_tokens=``)
-- ngram, independent: the edgespec client against an edgespec server on loopback (an ideal link)
+- ngram, independent, eagle, moa-tli0, moa-tli1: the edgespec client against an edgespec server
+  on loopback (an ideal link); learned drafters by shipped checkpoint name (``--checkpoints``
+  points elsewhere), the server holding their MoA server parts
 
 Reported per method: tokens/s (new tokens over wall time, prefill included),
 speed-up over the target, and tau = tokens committed per target forward pass
 (prefill counted, the same definition for every method), and whether the output
-equals the target's own (losslessness check).
+equals the target's own (losslessness check). For edgespec's drafters also the bytes
+crossing the link per accepted draft token: as sent (activations int8 + zstd) and with the
+activations as plain float16 ("raw").
 """
 from __future__ import annotations
 
@@ -26,7 +30,11 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-METHODS = ("target", "hf-assisted", "hf-lookup", "ngram", "independent")
+EDGESPEC = ("ngram", "independent", "eagle", "moa-tli0", "moa-tli1")
+LEARNED = EDGESPEC[2:]
+METHODS = ("target", "hf-assisted", "hf-lookup", *EDGESPEC)
+EXTRA = ("num_drafts", "num_accepted_tokens", "draft_s", "verify_s", "bytes_up", "bytes_down", "feature_bytes",
+         "feature_raw_bytes")
 
 
 @dataclass
@@ -87,22 +95,29 @@ def summarize(runs: list[Run]) -> dict:
                "exact": f"{sum(r.exact for r in rs)}/{len(rs)}"}
         if base:
             row["speedup"] = round(tps / base, 3)
-        if method in ("ngram", "independent"):
-            drafts = sum(r.extra.get("num_drafts", 0) for r in rs)
-            accepted = sum(r.extra.get("num_accepted_tokens", 0) for r in rs)
+        if method in EDGESPEC:
+            total = {k: sum(r.extra.get(k, 0) for r in rs) for k in EXTRA}
+            drafts, accepted = total["num_drafts"], total["num_accepted_tokens"]
             row["tau_vllm"] = round((accepted + drafts) / drafts, 3) if drafts else 0.0
-            row["draft_s"] = round(sum(r.extra.get("draft_s", 0) for r in rs), 2)
-            row["verify_s"] = round(sum(r.extra.get("verify_s", 0) for r in rs), 2)
+            row["draft_s"] = round(total["draft_s"], 2)
+            row["verify_s"] = round(total["verify_s"], 2)
+            sent = total["bytes_up"] + total["bytes_down"]
+            raw = sent - total["feature_bytes"] + total["feature_raw_bytes"]
+            row["bytes_per_accepted"] = round(sent / accepted, 1) if accepted else None
+            row["raw_bytes_per_accepted"] = round(raw / accepted, 1) if accepted else None
         out[method] = row
     return out
 
 
 def table(summary: dict) -> str:
-    lines = ["| method | tokens/s | speed-up | tau (tokens per target forward) | output = target's |",
-             "|---|---|---|---|---|"]
+    lines = ["| method | tokens/s | speed-up | tau (tokens per target forward) | output = target's "
+             "| bytes per accepted token (sent / raw fp16) |",
+             "|---|---|---|---|---|---|"]
     for method, row in summary.items():
+        sent, raw = row.get("bytes_per_accepted"), row.get("raw_bytes_per_accepted")
+        link = f"{sent:,.0f} / {raw:,.0f}" if sent else "-"
         lines.append(f"| {method} | {row['tokens_per_s']:.2f} | {row.get('speedup', 1.0):.2f}x | {row['tau']:.2f} | "
-                     f"{row['exact']} |")
+                     f"{row['exact']} | {link} |")
     return "\n".join(lines)
 
 
@@ -125,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tree-depth", type=int, default=t.depth)
     p.add_argument("--tree-nodes", type=int, default=t.max_nodes)
     p.add_argument("--tree-min-prob", type=float, default=t.min_prob)
+    p.add_argument("--checkpoints", default=None,
+                   help="folder with learned drafter checkpoints named like the methods (default: the shipped ones)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
     p.add_argument("--out", default=None, help="write every run and the summary as JSON here")
     args = p.parse_args(argv)
@@ -136,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     tree = TreeShape(args.tree_branch, args.tree_depth, args.tree_nodes, args.tree_min_prob)
     runs = run_benchmark(args.target, args.drafter_model, args.humaneval, args.mtbench, args.max_tokens, methods,
-                         tree, args.lookup_tokens)
+                         tree, args.lookup_tokens, args.checkpoints)
     summary = summarize(runs)
     print(f"\n{args.humaneval} HumanEval + {args.mtbench} MT-Bench prompts, {args.max_tokens} new tokens at most, "
           f"greedy, {torch.get_num_threads()} threads, tree B={tree.branch} D={tree.depth} M={tree.max_nodes} "
@@ -149,8 +166,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def checkpoint_of(method: str, folder: str | None) -> str:
+    """A learned method's checkpoint: the shipped one by name, or the folder's entry of that name."""
+    from pathlib import Path
+
+    return method if folder is None else str(Path(folder) / method)
+
+
 def run_benchmark(target_name: str, drafter_name: str, n_humaneval: int, n_mtbench: int, max_new: int,
-                  methods: list[str], tree, lookup_tokens: int) -> list[Run]:
+                  methods: list[str], tree, lookup_tokens: int, checkpoints: str | None = None) -> list[Run]:
     from edgespec.server.app import ServerConfig, start_server
     from edgespec.shared.models import load_model
     from edgespec.shared.prompts import humaneval_prompts, mtbench_first_turns
@@ -172,14 +196,27 @@ def run_benchmark(target_name: str, drafter_name: str, n_humaneval: int, n_mtben
     eos = sorted(eos_ids(tok))
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
     counter = ForwardCounter(target.model)
-    server = client_ngram = client_ind = None
-    if {"ngram", "independent"} & set(methods):
-        server = start_server(ServerConfig(model=target_name, http_port=None, device="cpu"))
+    server = None
+    clients: dict[str, EdgespecClient] = {}
+    wanted = [m for m in EDGESPEC if m in methods]
+    if wanted:
+        moa = {m: checkpoint_of(m, checkpoints) for m in wanted if m.startswith("moa")}
+        server = start_server(ServerConfig(model=target_name, http_port=None, device="cpu", moa_server_parts=moa))
         link = LinkConfig(server.address, max_deadline_s=600, min_deadline_s=60)  # a busy CPU must not look like a dead link
-        client_ngram = EdgespecClient(ClientConfig(link, DrafterOptions("ngram")), tokenizer=tok,
-                                      drafter=NgramDrafter())
-        client_ind = EdgespecClient(ClientConfig(link, DrafterOptions("independent")), tokenizer=tok,
-                                    drafter=IndependentDrafter(small.model, IndependentConfig(tree)))
+        for m in wanted:
+            if m == "ngram":
+                drafter = NgramDrafter()
+            elif m == "independent":
+                drafter = IndependentDrafter(small.model, IndependentConfig(tree))
+            else:
+                options = DrafterOptions(m.split("-")[0], checkpoint=checkpoint_of(m, checkpoints), target=target_name,
+                                         tree=tree)
+                drafter = None
+            client = EdgespecClient(ClientConfig(link, options if drafter is None else DrafterOptions(m)),
+                                    tokenizer=tok, drafter=drafter)
+            if drafter is None:
+                assert client.drafter.name == m, (client.drafter.name, m)
+            clients[m] = client
     runs: list[Run] = []
     try:
         # warm up every path once (first calls allocate and pick kernels) on a throwaway prompt
@@ -187,9 +224,8 @@ def run_benchmark(target_name: str, drafter_name: str, n_humaneval: int, n_mtben
         hf_generate(target.model, warm, 4, eos, pad, counter)
         if "hf-assisted" in methods:
             hf_generate(target.model, warm, 4, eos, pad, counter, assistant_model=small.model)
-        for client in (client_ngram, client_ind):
-            if client is not None:
-                client.generate(warm, GenerationConfig(max_new_tokens=4))
+        for client in clients.values():
+            client.generate(warm, GenerationConfig(max_new_tokens=4))
         for n, prompt in enumerate(prompts):
             ids = chat_prompt_ids(tok, prompt.messages())
             ref, secs, fw = hf_generate(target.model, ids, max_new, eos, pad, counter)
@@ -202,23 +238,19 @@ def run_benchmark(target_name: str, drafter_name: str, n_humaneval: int, n_mtben
                 out, secs, fw = hf_generate(target.model, ids, max_new, eos, pad, counter,
                                             prompt_lookup_num_tokens=lookup_tokens)
                 runs.append(Run("hf-lookup", prompt.id, len(out), secs, fw, out == ref))
-            for method, client in (("ngram", client_ngram), ("independent", client_ind)):
-                if method not in methods:
-                    continue
+            for method, client in clients.items():
                 result = client.generate(ids, GenerationConfig(max_new_tokens=max_new))
                 m = result.metrics
                 runs.append(Run(method, prompt.id, m.new_tokens, m.wall_s, m.calls, result.token_ids == ref,
-                                {k: getattr(m, k) for k in ("num_drafts", "num_accepted_tokens", "draft_s",
-                                                            "verify_s", "bytes_up", "bytes_down")}))
+                                {k: getattr(m, k) for k in EXTRA}))
             done = [r for r in runs if r.prompt_id == prompt.id]
             log(f"[{n + 1}/{len(prompts)}] {prompt.id}: " + ", ".join(
                 f"{r.method} {r.new_tokens / r.seconds:.1f} tok/s tau {r.new_tokens / max(1, r.target_forwards):.2f}"
                 + ("" if r.exact else " (differs)") for r in done))
     finally:
         counter.close()
-        for c in (client_ngram, client_ind):
-            if c is not None:
-                c.link.close()
+        for c in clients.values():
+            c.link.close()
         if server is not None:
             server.stop(grace=1.0)
     return runs

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 from edgespec.proto.edgespec.v1 import pb
-from edgespec.shared.codec import Codec, decode_frame
+from edgespec.shared.codec import Codec, decode_frame, frame_shape
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.metrics import GenerationMetrics
 from edgespec.shared.tree import MAX_NODES, encode_tree
@@ -367,7 +368,13 @@ class Generation:
         kind = answer.WhichOneof("kind")
         if kind != expect:
             raise ProtocolError(f"expected {expect!r} from the server, got {kind!r}")
+        self._count_features(getattr(answer, kind))
         return answer
+
+    def _count_features(self, body) -> None:
+        for f in getattr(body, "features", ()):
+            self.metrics.feature_bytes += len(f.frame)
+            self.metrics.feature_raw_bytes += 2 * math.prod(frame_shape(f.frame))
 
     def _close(self) -> None:
         if self._reconnector is not None:

@@ -79,7 +79,10 @@ def run(config: BenchConfig) -> Path:
     sets = ("humaneval",) if config.experiment == "disconnect" else config.prompt_sets
     prompts = load_prompts(sets, config.limit)
     log = config.out / f"{config.experiment}-server.log"
-    with ServerProcess(config.model, list(config.server_args), config.server_threads, log_path=log) as server:
+    # MoA drafters (shipped names such as moa-tli0) need their server part on the server
+    moa_parts = [a for d in config.drafters if d.startswith("moa") for a in ("--moa-server-part", d)]
+    with ServerProcess(config.model, [*config.server_args, *moa_parts], config.server_threads,
+                       log_path=log) as server:
         {"speed": _speed, "link": _link, "disconnect": _disconnect}[config.experiment](config, server, prompts, sink)
     return sink.path
 
@@ -104,7 +107,7 @@ def _client(address: str, drafter: str, config: BenchConfig, tokenizer=None):
     from ..client.edge_client import ClientConfig, EdgespecClient
     from ..client.link import LinkConfig
 
-    options = DrafterOptions(name=drafter, model=config.drafter_model)
+    options = DrafterOptions(name=drafter, model=config.drafter_model, target=config.model)
     return EdgespecClient(ClientConfig(LinkConfig(address), options, tokenizer=config.drafter_model),
                           tokenizer=tokenizer)
 

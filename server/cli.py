@@ -26,8 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tls-key", help="PEM private key")
     p.add_argument("--api-key", help="require this key in gRPC metadata and HTTP Authorization "
                                      "(default: $EDGESPEC_API_KEY, which keeps it out of the process list)")
-    p.add_argument("--moa-server-part", action="append", default=[], metavar="NAME=PATH",
-                   help="load a MoA server part (Layer Self-Attention safetensors); repeatable")
+    p.add_argument("--moa-server-part", action="append", default=[], metavar="NAME[=PATH]",
+                   help="load a MoA server part: a shipped checkpoint's name (moa-tli0), or NAME=PATH of a "
+                        "server.safetensors file or MoA checkpoint folder; repeatable")
     p.add_argument("--random-moa-part", action="append", default=[], metavar="NAME",
                    help="add a randomly initialised MoA server part (for tests and demos); repeatable")
     p.add_argument("--log-format", choices=["text", "json"], default="text")
@@ -59,8 +60,10 @@ def _parts(specs: list[str]) -> dict[str, str]:
     out = {}
     for spec in specs:
         name, sep, path = spec.partition("=")
-        if not sep or not name or not path:
-            raise SystemExit(f"--moa-server-part wants NAME=PATH, got {spec!r}")
+        if not sep:  # a shipped checkpoint's name stands for itself
+            name, path = spec, spec
+        if not name or not path:
+            raise SystemExit(f"--moa-server-part wants NAME=PATH or a shipped checkpoint's name, got {spec!r}")
         out[name] = path
     return out
 

@@ -126,6 +126,16 @@ def encode_frame(tensor: torch.Tensor, codec: Codec = Codec.INT8_OUTLIER, zstd_l
     return head + struct.pack(f"<{len(shape)}I", *shape) + _TAIL.pack(k, len(payload)) + payload
 
 
+def frame_shape(frame: bytes) -> tuple[int, ...]:
+    """The tensor shape a frame's header announces (no payload decoding; for byte accounting)."""
+    if len(frame) < _HEAD.size:
+        raise FrameError(f"frame is truncated: {len(frame)} bytes, the header alone is {_HEAD.size}")
+    ndim = _HEAD.unpack_from(frame)[5]
+    if ndim > _MAX_NDIM or len(frame) < _HEAD.size + 4 * ndim:
+        raise FrameError("frame header is truncated or claims too many dimensions")
+    return tuple(struct.unpack_from(f"<{ndim}I", frame, _HEAD.size))
+
+
 def decode_frame(frame: bytes) -> torch.Tensor:
     """Decode a frame; FrameError says what is wrong with a bad one."""
     frame = bytes(frame)

@@ -32,6 +32,8 @@ class GenerationMetrics:
     calls: int = 0  # prefill + verifications + resumes
     bytes_up: int = 0  # client -> server, serialized messages
     bytes_down: int = 0  # server -> client, serialized messages
+    feature_bytes: int = 0  # of bytes_down: the encoded activation frames
+    feature_raw_bytes: int = 0  # the same activations as plain float16 (what they would cost unencoded)
     round_trips_s: list[float] = field(default_factory=list)  # request-to-answer time of every call
     draft_s: float = 0.0  # time the drafter spent proposing trees
     verify_s: float = 0.0  # server's own time on verifications (Timings.total_ns), summed

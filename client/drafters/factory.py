@@ -30,11 +30,19 @@ class DrafterOptions:
 
     name: str = "ngram"  # "ngram", "independent", "eagle", "moa"
     model: str = DEFAULT_DRAFTER  # the small LM of `independent` (registry name or local directory)
-    checkpoint: str | None = None  # learned drafters: checkpoint name or directory
+    checkpoint: str | None = None  # learned drafters: shipped checkpoint name, folder or file
+    target: str | None = None  # learned drafters: target whose embedding / LM head they use (None: the server's)
+    moa_server_part: str | None = None  # MoA: the server part's name on the server (None: the checkpoint's name)
     device: str | None = "cpu"  # where the drafter's model runs (the laptop: CPU)
     dtype: str | None = None  # its dtype; None = bfloat16
     tree: TreeShape = TreeShape()  # EAGLE-2 tree shape for drafters with next-token distributions
     ngram: NgramConfig = NgramConfig()  # prompt lookup settings
+
+
+def _shipped() -> list[str]:
+    from edgespec.shared.drafters.shipped import shipped_names
+
+    return shipped_names()
 
 
 def available_drafters() -> list[str]:
@@ -45,7 +53,7 @@ def available_drafters() -> list[str]:
                 out.append(name)
         except ModuleNotFoundError:
             pass
-    return out
+    return out + [n for n in _shipped() if n not in out]
 
 
 def make_drafter(options: DrafterOptions, server_info=None) -> Drafter:
@@ -59,6 +67,14 @@ def make_drafter(options: DrafterOptions, server_info=None) -> Drafter:
 
         return IndependentDrafter.from_pretrained(options.model, IndependentConfig(options.tree),
                                                   device=options.device, dtype=options.dtype)
+    if options.name not in PLUGIN_MODULES and options.name in _shipped():
+        # a shipped checkpoint's name (e.g. "moa-tli0") picks its kind's drafter and that checkpoint
+        from dataclasses import replace
+
+        from edgespec.shared.drafters.shipped import checkpoint_kind, resolve_checkpoint
+
+        kind = checkpoint_kind(resolve_checkpoint(options.name))
+        options = replace(options, name=kind, checkpoint=options.checkpoint or options.name)
     module = PLUGIN_MODULES.get(options.name)
     if module is None:
         raise UnknownDrafterError(f"unknown drafter {options.name!r}; choose one of {', '.join(available_drafters())}")

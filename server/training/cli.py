@@ -3,6 +3,7 @@
     edgespec train data     --target NAME --out runs/data/NAME        (target's own responses; resumable)
     edgespec train features --target NAME --data DIR --out DIR        (hidden states + all-layer KV, int8; resumable)
     edgespec train fit      --kind eagle|moa --target NAME --features DIR --out DIR   (resumable)
+    edgespec train ship     --run DIR --name NAME                     (into the shipped checkpoints)
 """
 from __future__ import annotations
 
@@ -53,9 +54,17 @@ def register(subparsers) -> None:
     t.add_argument("--eval-sequences", type=int, default=32, help="validation sequences per pass")
     t.add_argument("--eval-depth", type=int, default=6, help="draft positions whose acceptance is logged")
     t.add_argument("--save-every", type=int, default=100)
+    t.add_argument("--max-minutes", type=float, default=0.0,
+                   help="stop (validate, save, write the drafter) after this much training; 0 = run all steps")
     t.add_argument("--seed", type=int, default=0)
     _common(t)
     t.set_defaults(func=_fit)
+    s = sub.add_parser("ship", help="copy a run's drafter into the shipped checkpoints, with its card")
+    s.add_argument("--run", required=True, help="the fit run folder")
+    s.add_argument("--name", required=True, help="shipped name, e.g. moa-tli0 (loads with --drafter NAME)")
+    s.add_argument("--command", default="", help="the command that trained it (goes on the card)")
+    s.add_argument("--measured", default=None, help="JSON file of benchmark figures to put on the card")
+    s.set_defaults(func=_ship)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
@@ -109,6 +118,16 @@ def _fit(args) -> int:
 
     _setup(args)
     return fit_from_args(args)
+
+
+def _ship(args) -> int:
+    import json
+
+    from .ship import ship
+
+    measured = json.loads(open(args.measured).read()) if args.measured else None
+    print(ship(args.run, args.name, args.command, measured))
+    return 0
 
 
 if __name__ == "__main__":  # python -m edgespec.server.training.cli ...

@@ -17,7 +17,7 @@ import torch
 
 from ...shared.drafters.eagle import EagleConfig, EagleHead
 from ...shared.drafters.moa import MoAConfig, new_moa
-from ...shared.drafters.target_parts import TargetParts
+from ...shared.drafters.target_parts import TargetParts, load_target_parts
 from ...shared.drafters.vocab import most_frequent_ids
 from .eagle_recipe import EagleRecipe, EagleRecipeConfig
 from .features import FeatureStore
@@ -50,7 +50,11 @@ def build_recipe(kind: str, target_model, store: FeatureStore, tli: int = 0, wid
     shape = store.shape
     vocab_ids = reduced_vocab(store, vocab, special_ids, run_dir) if vocab else None
     torch.manual_seed(seed)
-    parts = TargetParts(target_model, tli=tli if kind == "moa" else 0, vocab_ids=vocab_ids, dtype=torch.float32)
+    tli_parts = tli if kind == "moa" else 0
+    if isinstance(target_model, (str, Path)):  # read only the frozen parts from the target's files
+        parts = load_target_parts(str(target_model), tli_parts, vocab_ids, torch.float32)
+    else:
+        parts = TargetParts(target_model, tli=tli_parts, vocab_ids=vocab_ids, dtype=torch.float32)
     sizes = {k: v for k, v in {"width": width, "heads": heads, "mlp_hidden": 2 * width}.items() if v}
     if kind == "eagle":
         return EagleRecipe(EagleHead(EagleConfig(shape.hidden_size, **sizes)), parts, EagleRecipeConfig(unroll=unroll))
@@ -93,22 +97,25 @@ def _cpu_name() -> str:
 
 
 def fit_from_args(args) -> int:
-    from ...shared.models import load_model
+    from transformers import AutoTokenizer
+
+    from ...shared.fingerprint import tokenizer_fingerprint
+    from ...shared.models.loading import model_location
 
     store = FeatureStore(args.features)
-    # The target is only a source of frozen parts here; they move to the training device with the recipe.
-    loaded = load_model(args.target, device="cpu", dtype="float32")
-    if loaded.fingerprint != store.meta.get("fingerprint"):
+    tok = AutoTokenizer.from_pretrained(model_location(args.target))
+    if tokenizer_fingerprint(tok) != store.meta.get("fingerprint"):
         raise ValueError(f"the feature store was made with another tokenizer than {args.target}'s")
-    tok = loaded.tokenizer
     specials = tuple(i for i in (tok.eos_token_id, tok.pad_token_id) if i is not None)
-    recipe = build_recipe(args.kind, loaded.model, store, tli=args.tli, width=args.width, heads=args.heads,
+    # The target is only a source of frozen parts (embedding, norm, LM head, TLI layers): only those
+    # are read from its files, so a training process does not hold the whole target.
+    recipe = build_recipe(args.kind, args.target, store, tli=args.tli, width=args.width, heads=args.heads,
                           vocab=args.vocab, special_ids=specials, seed=args.seed, unroll=args.unroll,
                           run_dir=Path(args.out))
-    del loaded
     cfg = TrainConfig(steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens, window=args.window,
                       eval_every=args.eval_every, eval_sequences=args.eval_sequences, eval_depth=args.eval_depth,
-                      save_every=args.save_every, seed=args.seed)
+                      save_every=args.save_every, seed=args.seed,
+                      max_wall_s=60.0 * getattr(args, "max_minutes", 0.0))
     run_dir = Path(args.out)
     from ...shared.device import pick_device
 

@@ -41,6 +41,7 @@ class TrainConfig:
     eval_sequences: int = 32  # validation sequences per pass (the first ones, for comparable numbers)
     save_every: int = 100  # steps between checkpoints (and at the end)
     seed: int = 0  # data order, windows, noise
+    max_wall_s: float = 0.0  # stop (validate, save) once this run has trained this long; 0 = no limit
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -178,13 +179,18 @@ class Trainer:
             row = {"step": self.step + 1, **self.train_step()}
             bar.update(1)
             bar.set_postfix(loss=f"{row['loss']:.4f}")
-            last = self.step == cfg.steps
+            out_of_time = bool(cfg.max_wall_s) and time.perf_counter() - t0 >= cfg.max_wall_s
+            last = self.step == cfg.steps or out_of_time
             if self.val_files and (self.step % cfg.eval_every == 0 or last):
                 row.update(self.validate())
             row["wall_s"] = round(time.perf_counter() - t0, 1)
             self._log(row)
             if (self.step % cfg.save_every == 0 or last) and self._main:
                 self.save_checkpoint()
+            if out_of_time:
+                log.info("stopping at step %d of %d: the wall-clock budget of %.0f s is spent", self.step, cfg.steps,
+                         cfg.max_wall_s)
+                break
         bar.close()
         return self.history
 

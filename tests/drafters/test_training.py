@@ -143,3 +143,10 @@ def test_a_drafter_for_another_target_is_refused(target, store, tmp_path):
     other = tiny_model(TinyConfig(num_layers=2))
     with pytest.raises(DrafterCheckpointError, match="num_layers"):
         open_drafter(tmp_path, other)
+
+
+def test_wall_clock_budget_stops_early_and_still_saves(target, store, tmp_path):
+    trainer = Trainer(recipe("eagle", target, store), store, tmp_path, cfg(steps=50, max_wall_s=1e-9))
+    trainer.fit()
+    assert trainer.step == 1 and (tmp_path / trainer.checkpoint_path.name).is_file()
+    assert "val/chains" in trainer.history[-1]  # the last step validated, as at a normal end

@@ -1,0 +1,134 @@
+"""Learned drafters (EAGLE, MoA) behind the client's ``Drafter`` interface.
+
+The drafting runtimes (``shared/drafters/eagle_drafter.py``, ``moa_drafter.py``) keep
+their own caches over the committed text and the target's features; this adapter keeps
+them in step with the generation loop:
+
+- ``start`` / ``observe`` / ``resync`` hand them the committed tokens with the features
+  the server sent (which lag one token behind the committed text);
+- ``propose`` grows an EAGLE-2 tree from their next-token distributions, in the
+  runtime's (possibly reduced) draft vocabulary, and maps it to target ids;
+- ``generate_offline`` commits tokens without features: the runtime carries on from
+  its own predictions (EAGLE's predicted hidden state; MoA's token-only self-attention
+  and, for TLI, the target layers' own K/V).
+
+Whenever the loop's committed text and the runtime's disagree (a rollback, a resume,
+a verification that did not follow the last proposal), the runtime rolls back to the
+common prefix and catches up, so no path can leave it out of step.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from edgespec.shared.errors import EdgespecError
+from edgespec.shared.tree import ROOT, DraftTree
+
+from .base import Drafter, DraftRequest, FeatureNeeds, Verification
+from .independent import common_prefix
+from .tree_builder import TreeShape, build_tree
+
+
+class MissingFeaturesError(EdgespecError):
+    """The server sent no features for a drafter that cannot work without them."""
+
+    grpc_code = "FAILED_PRECONDITION"
+
+
+class LearnedDrafter(Drafter):
+    can_generate_offline = True
+
+    def __init__(self, name: str, runtime, needs: FeatureNeeds, tree: TreeShape = TreeShape()):
+        self.name = name
+        self.rt = runtime  # EagleDrafter or MoADrafter
+        self.needs = needs
+        self.tree = tree
+        ids = runtime.parts.vocab_ids
+        self._to_target = None if ids is None else ids.tolist()  # draft index -> target id
+
+    @property
+    def feature_name(self) -> str:
+        return "hidden" if self.needs.kind == 1 else "lsa"
+
+    def feature_request(self) -> FeatureNeeds:
+        return self.needs
+
+    # -- keeping the runtime in step ------------------------------------------------------------
+    def _features(self, features: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+        if not features or self.feature_name not in features:
+            return None
+        return {k: v.float() for k, v in features.items()}
+
+    def start(self, prompt_ids: Sequence[int], first_token: int, features: Mapping[str, torch.Tensor]) -> None:
+        feats = self._features(features)
+        if feats is None:
+            raise MissingFeaturesError(
+                f"the {self.name!r} drafter needs the target's {self.feature_name!r} features, and the server's "
+                f"Opened carried {sorted(features) or 'none'}: is the server too old, or did it refuse the feature "
+                f"request?")
+        self.rt.reset()
+        self.rt.commit([*prompt_ids, first_token], feats)
+
+    def observe(self, verification: Verification) -> None:
+        new = [*verification.accepted_tokens, verification.bonus_token]
+        before = list(verification.committed[: len(verification.committed) - len(new)])
+        feats = self._features(verification.features)
+        if feats is not None and self.rt.tokens == before:
+            self.rt.commit(new, feats)
+        else:  # the loop moved on in a way the runtime did not see: catch up without features
+            self._sync(verification.committed)
+
+    def resync(self, committed: Sequence[int], kept: int, features: Mapping[str, torch.Tensor]) -> None:
+        feats = self._features(features)
+        if feats is None:
+            self._sync(committed)
+            return
+        rows = feats[self.feature_name].shape[0]
+        start = len(committed) - 1 - rows  # Resumed's features cover start .. len(committed) - 2
+        keep = max(1, min(kept, start + 1, common_prefix(self.rt.tokens, committed)))
+        self.rt.rollback(keep)
+        if self.rt.length <= start:  # tokens the features do not reach: committed from predictions first
+            self.rt.commit(list(committed[self.rt.length: start + 1]), None)
+        self.rt.commit(list(committed[self.rt.length:]), feats, features_from=start)
+
+    def _sync(self, committed: Sequence[int]) -> None:
+        """Make the runtime hold exactly ``committed``, new tokens without features."""
+        tokens = self.rt.tokens
+        if tokens != list(committed[: len(tokens)]):
+            keep = common_prefix(tokens, committed)
+            if keep < 1:
+                raise EdgespecError(f"the {self.name!r} drafter was started on another prompt")
+            self.rt.rollback(keep)
+        if self.rt.length < len(committed):
+            self.rt.commit(list(committed[self.rt.length:]), None)
+
+    # -- drafting -------------------------------------------------------------------------------
+    def _target_id(self, draft_index: int) -> int:
+        return draft_index if self._to_target is None else self._to_target[draft_index]
+
+    @torch.inference_mode()
+    def propose(self, request: DraftRequest) -> DraftTree:
+        self._sync(request.committed)
+        node_of: dict[int, int] = {}  # candidate index -> runtime draft node
+
+        def expand(frontier: list[int], cands) -> torch.Tensor:
+            tokens = [self._target_id(cands.tokens[c]) for c in frontier]
+            parents = [-1 if cands.parents[c] == ROOT else node_of[cands.parents[c]] for c in frontier]
+            for c in frontier:
+                node_of[c] = len(node_of)
+            return self.rt.expand(tokens, parents)
+
+        try:
+            tree, _ = build_tree(self.rt.root_logprobs(), expand, self.tree, request.max_nodes, request.max_depth)
+        finally:
+            self.rt.clear_draft()
+        return DraftTree(tuple(self._target_id(t) for t in tree.tokens), tree.parents)
+
+    @torch.inference_mode()
+    def generate_offline(self, committed: Sequence[int]) -> int:
+        self._sync(committed)
+        return self._target_id(int(self.rt.root_logprobs().argmax()))
+
+    def close(self) -> None:
+        self.rt.reset()

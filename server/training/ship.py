@@ -1,0 +1,69 @@
+"""Turn a training run into a shipped checkpoint: ``shared/drafters/checkpoints/<name>/``.
+
+Copies the drafter's files (EAGLE: ``eagle.safetensors``; MoA: ``client.safetensors`` and
+``server.safetensors``, kept apart so the server loads only its part) and writes the card:
+``card.json`` (the run's card plus how to reproduce it and what the benchmark measured) and
+``CARD.md`` for people. Refuses a checkpoint over the size limit.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from ...shared.drafters.checkpoint import DrafterCheckpointError
+from ...shared.drafters.loading import find_checkpoint
+from ...shared.drafters.shipped import CHECKPOINT_DIR
+
+MAX_BYTES = 25 * 1000 * 1000  # the issue's limit per shipped drafter (25 MB on disk)
+
+
+def ship(run_dir: str | Path, name: str, command: str = "", measured: dict | None = None,
+         dest_root: Path = CHECKPOINT_DIR) -> Path:
+    run_dir = Path(run_dir)
+    ckpt = find_checkpoint(run_dir)
+    files = [ckpt] if ckpt.is_file() else [ckpt / "client.safetensors", ckpt / "server.safetensors"]
+    size = sum(f.stat().st_size for f in files)
+    if size > MAX_BYTES:
+        raise DrafterCheckpointError(f"{ckpt} is {size / 1e6:.1f} MB; shipped drafters stay under "
+                                     f"{MAX_BYTES / 1e6:.0f} MB: train a narrower one")
+    card_path = run_dir / "card.json"
+    card = json.loads(card_path.read_text()) if card_path.is_file() else {}
+    dest = dest_root / name
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        shutil.copy2(f, dest / f.name)
+    card["files"] = {f.name: f.stat().st_size for f in files}
+    card["name"] = name
+    if command:
+        card["command"] = command
+    if measured:
+        card["measured"] = measured
+    (dest / "card.json").write_text(json.dumps(card, indent=1) + "\n")
+    (dest / "CARD.md").write_text(card_markdown(card))
+    return dest
+
+
+def card_markdown(card: dict) -> str:
+    d, t, h, v = card.get("data", {}), card.get("training", {}), card.get("hardware", {}), card.get("validation", {})
+    cfg = t.get("config", {})
+    lines = [f"# Drafter `{card.get('name', '?')}` ({card.get('kind', '?')}) for `{card.get('target', '?')}`", "",
+             "## Files", ""]
+    lines += [f"- `{k}`: {n / 1e6:.2f} MB" for k, n in card.get("files", {}).items()]
+    lines += ["", "## Training", "",
+              f"- data: feature store `{d.get('feature_store', '?')}`: {d.get('train_sequences', '?')} training "
+              f"sequences ({d.get('train_tokens', '?')} tokens), {d.get('val_sequences', '?')} held out",
+              f"- steps: {t.get('steps', '?')} of {cfg.get('batch_tokens', '?')} tokens, lr {cfg.get('lr', '?')}, "
+              f"window {cfg.get('window', '?')}",
+              f"- wall time (last run segment): {t.get('wall_s_this_run', '?')} s",
+              f"- hardware: {h.get('processor', '?')}, {h.get('cpus', '?')} CPUs, {h.get('torch_threads', '?')} torch "
+              f"threads, CUDA {h.get('cuda') or 'none'}"]
+    if card.get("command"):
+        lines += [f"- command: `{card['command']}`"]
+    if v:
+        lines += ["", "## Validation (held-out split, chains drafted from each position)", ""]
+        lines += [f"- {k}: {val:.3f}" if isinstance(val, float) else f"- {k}: {val}"
+                  for k, val in v.items() if k.startswith("val/")]
+    if card.get("measured"):
+        lines += ["", "## Measured", "", "```", json.dumps(card["measured"], indent=1), "```"]
+    return "\n".join(lines) + "\n"
