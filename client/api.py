@@ -4,10 +4,15 @@
 template), with SSE streaming and ``usage``; every answer also carries
 edgespec's own per-generation metrics in an extra ``edgespec`` field, which
 OpenAI clients ignore. Requests run one at a time (one drafter, one cache).
+
+/health is for deployments (``client_health``): 200 once the client is ready,
+503 while it is still loading (``ClientSlot`` loads it in the background, so the
+port answers at once) or when loading failed.
 """
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from typing import Any, Iterator
@@ -20,10 +25,13 @@ from starlette.concurrency import run_in_threadpool
 
 from edgespec.shared.errors import EdgespecError
 
+from .client_health import ClientNotReadyError, ClientSlot, LinkProbe
 from .commit import ResumePolicy
 from .edge_client import EdgespecClient
-from .generation import GenerationConfig, GenerationResult, TokenOrigin
+from .generation import GenerationConfig, GenerationResult, LinkEvent, TokenOrigin
 from .text import TextStreamer
+
+log = logging.getLogger(__name__)
 
 
 class ApiRequestError(ValueError):
@@ -77,10 +85,14 @@ def finish_reason(result: GenerationResult) -> str:
     return "length" if result.finish_reason == "length" else "stop"
 
 
-def build_app(client: EdgespecClient, default_max_tokens: int = 512, policy: ResumePolicy = ResumePolicy.ROLLBACK,
-              api_key: str | None = None):
-
+def build_app(client: EdgespecClient | ClientSlot, default_max_tokens: int = 512,
+              policy: ResumePolicy = ResumePolicy.ROLLBACK, api_key: str | None = None,
+              probe: LinkProbe | None = None):
+    """The app; `client` may be a ClientSlot still loading (requests get 503 until it is ready)."""
+    slot = client if isinstance(client, ClientSlot) else ClientSlot.ready(client)
+    probe = probe or LinkProbe(slot.link)
     app = FastAPI(title="edgespec local API", version="1")
+    app.state.slot = slot
 
     def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
         return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": None}},
@@ -104,13 +116,24 @@ def build_app(client: EdgespecClient, default_max_tokens: int = 512, policy: Res
     async def _bad_request(request, exc: ApiRequestError):
         return error(400, str(exc))
 
+    @app.exception_handler(ClientNotReadyError)
+    async def _not_ready(request, exc: ClientNotReadyError):
+        return error(503, str(exc), "service_unavailable")
+
     @app.exception_handler(EdgespecError)
     async def _upstream(request, exc: EdgespecError):
         return error(502, f"edgespec: {exc}", "server_error")
 
+    @app.get("/health")
+    async def health():
+        link = await run_in_threadpool(probe.state, slot)
+        body = slot.health(link)
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
     @app.get("/v1/models")
     def models():
-        return {"object": "list", "data": [{"id": client.model_name, "object": "model", "created": 0,
+        model_name = slot.get().model_name
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
                                             "owned_by": "edgespec"}]}
 
     @app.post("/v1/completions")
@@ -118,6 +141,7 @@ def build_app(client: EdgespecClient, default_max_tokens: int = 512, policy: Res
         if (denied := check_key(request)) is not None:
             return denied
         body = await read_body(request)
+        client = slot.get()
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
@@ -135,6 +159,7 @@ def build_app(client: EdgespecClient, default_max_tokens: int = 512, policy: Res
         if (denied := check_key(request)) is not None:
             return denied
         body = await read_body(request)
+        client = slot.get()
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
@@ -146,11 +171,12 @@ def build_app(client: EdgespecClient, default_max_tokens: int = 512, policy: Res
 
     async def respond(ids: list[int], config: GenerationConfig, body: dict, chat: bool):
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        client = slot.get()
         model = client.model_name
         if body.get("stream"):
             return StreamingResponse(sse(stream_chunks(ids, config, rid, model, chat)), media_type="text/event-stream")
         streamer = TextStreamer(client.decode, config.stop, hold_offline=False)
-        result = await run_in_threadpool(client.generate, ids, config)
+        result = await run_in_threadpool(generate_tracked, ids, config, rid)
         for i, t in enumerate(result.token_ids):
             streamer.tokens.append(t)
             streamer.origins.append(result.origins[i])
@@ -179,10 +205,11 @@ def build_app(client: EdgespecClient, default_max_tokens: int = 512, policy: Res
 
         if chat:
             yield chunk(None, first=True)
+        client = slot.get()
         streamer = TextStreamer(client.decode, config.stop, hold_offline=config.resume_policy is ResumePolicy.ROLLBACK)
         result = None
         try:
-            for item in client.stream(ids, config):
+            for item in tracked(client, ids, config, rid):
                 if isinstance(item, GenerationResult):
                     result = item
                     break
@@ -199,6 +226,27 @@ def build_app(client: EdgespecClient, default_max_tokens: int = 512, policy: Res
         last["usage"] = usage(result)
         last["edgespec"] = edgespec_extra(result)
         yield last
+
+    def tracked(client: EdgespecClient, ids, config, rid) -> Iterator:
+        """client.stream, telling the slot when the link goes down and comes back (for /health)."""
+        try:
+            for item in client.stream(ids, config):
+                if isinstance(item, LinkEvent):
+                    slot.offline = not item.online
+                elif isinstance(item, GenerationResult):
+                    m = item.metrics
+                    log.info("generation done", extra={"request_id": rid, "new_tokens": m.new_tokens,
+                                                       "tokens_per_s": round(m.tokens_per_s, 3),
+                                                       "calls": m.calls, "finish_reason": item.finish_reason})
+                yield item
+        finally:
+            slot.offline = False
+
+    def generate_tracked(ids, config, rid) -> GenerationResult:
+        for item in tracked(slot.get(), ids, config, rid):
+            if isinstance(item, GenerationResult):
+                return item
+        raise RuntimeError("the generation ended without a result")  # Generation always yields one last
 
     return app
 

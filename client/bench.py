@@ -207,7 +207,7 @@ def run_benchmark(target_name: str, drafter_name: str, n_humaneval: int, n_mtben
             if m == "ngram":
                 drafter = NgramDrafter()
             elif m == "independent":
-                drafter = IndependentDrafter(small.model, IndependentConfig(tree))
+                drafter = IndependentDrafter.from_model(small.model, IndependentConfig(tree))
             else:
                 options = DrafterOptions(m.split("-")[0], checkpoint=checkpoint_of(m, checkpoints), target=target_name,
                                          tree=tree)

@@ -8,19 +8,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
+import threading
+import time
 
 
 def add_client_options(p: argparse.ArgumentParser) -> None:
     """Options shared by `client`, `client serve` and `demo` (link, drafter, tree)."""
     # Defaults stay None here and come from TreeShape / NgramConfig when the client is built, so that
     # `edgespec --help` does not import torch.
-    p.add_argument("--drafter", default="ngram", help="ngram | independent | eagle | moa (default: ngram)")
+    p.add_argument("--drafter", default="ngram",
+                   help="ngram | independent | eagle | moa | a shipped learned drafter: eagle, moa-tli0, moa-tli1 "
+                        "(default: ngram)")
     p.add_argument("--drafter-model", default=None,
                    help="small LM of the independent drafter (registry name or directory; "
                         "default qwen2.5-coder-0.5b-instruct)")
-    p.add_argument("--checkpoint", default=None, help="checkpoint of a learned drafter (eagle, moa)")
+    p.add_argument("--checkpoint", default=None,
+                   help="learned drafter (eagle, moa): a shipped name or a checkpoint folder/file of your own")
+    p.add_argument("--target-model", default=None,
+                   help="learned drafters: the target whose embedding, norm and LM head (and TLI layers) they use, "
+                        "read from its files on this machine (default: the server's model)")
+    p.add_argument("--moa-server-part", default=None,
+                   help="MoA: the server part's name on the server (default: the checkpoint's name)")
     p.add_argument("--tokenizer", default=None, help="the target's tokenizer (model name or directory); "
                                                       "default: the drafter's model or the server's model name")
     p.add_argument("--tree-branch", type=int, default=None, help="EAGLE-2 B: children per expanded node")
@@ -53,7 +64,8 @@ def client_from_args(args, address: str):
     tree = TreeShape(**{k: v for k, v in given.items() if v is not None})
     ngram = NgramConfig() if args.ngram_nodes is None else NgramConfig(max_nodes=args.ngram_nodes)
     options = DrafterOptions(name=args.drafter, model=args.drafter_model or DEFAULT_DRAFTER,
-                             checkpoint=args.checkpoint, tree=tree, ngram=ngram)
+                             checkpoint=args.checkpoint, target=args.target_model,
+                             moa_server_part=args.moa_server_part, tree=tree, ngram=ngram)
     link = LinkConfig(address, tls=args.tls, root_certificates=args.ca,
                       api_key=args.api_key or os.environ.get("EDGESPEC_API_KEY"),
                       min_deadline_s=args.min_deadline, max_deadline_s=max(30.0, args.min_deadline))
@@ -88,31 +100,110 @@ def register(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1", help="serve: interface of the local API (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="serve: port of the local API (default 8000)")
     p.add_argument("--local-api-key", default=None, help="serve: require this key from API callers")
+    p.add_argument("--log-format", choices=["text", "json"], default="text",
+                   help="serve: log lines as text or one JSON object a line (time, level, logger, message, "
+                        "extra fields) on stderr (default text)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info",
+                   help="serve: least severe level logged (default info)")
     p.set_defaults(func=main)
 
 
+# Attributes every LogRecord has; anything else on a record came from `extra=` and is logged as a field.
+_RECORD_FIELDS = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: time, level, logger, message, the record's extra fields, the exception."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
+                 "logger": record.name, "message": record.getMessage()}
+        for key, value in vars(record).items():
+            if key not in _RECORD_FIELDS and key not in entry:
+                entry[key] = value
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def configure_logging(fmt: str, level: str = "info", stream=None) -> logging.Handler:
+    """Route every logger (uvicorn's included) to one stderr handler in the chosen format."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else
+                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).handlers[:] = []
+        logging.getLogger(name).propagate = True
+    logging.getLogger("uvicorn.access").setLevel(logging.WARNING)  # health probes every few seconds are noise
+    return handler
+
+
+def quiet_transformers() -> None:
+    """JSON logs only: transformers' warnings go through the root handler, and no progress bars."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.disable_default_handler()
+    hf_logging.enable_propagation()
+
+
 def main(args) -> int:
+    if args.action == "serve":
+        return serve(args)
     client = client_from_args(args, args.server)
     try:
-        if args.action == "serve":
-            return serve(client, args)
         return run_prompt(client, args)
     finally:
         client.close()
 
 
-def serve(client, args) -> int:
+def serve(args) -> int:
+    """The local API: the port answers at once (/health says 503 "loading") while the client loads."""
     import uvicorn
 
     from .api import build_app
+    from .client_health import ClientSlot
     from .commit import ResumePolicy
+    from .link import LinkConfig
 
-    app = build_app(client, default_max_tokens=args.max_tokens, policy=ResumePolicy[args.policy.upper()],
+    configure_logging(args.log_format, args.log_level)
+    if args.log_format == "json":
+        quiet_transformers()
+    link = LinkConfig(args.server, tls=args.tls, root_certificates=args.ca,
+                      api_key=args.api_key or os.environ.get("EDGESPEC_API_KEY"))
+    slot = ClientSlot.load_in_background(lambda: client_from_args(args, args.server), args.drafter, link)
+    app = build_app(slot, default_max_tokens=args.max_tokens, policy=ResumePolicy[args.policy.upper()],
                     api_key=args.local_api_key)
-    print(f"edgespec local API on http://{args.host}:{args.port}/v1 (model {client.model_name}, "
-          f"drafter {client.drafter.name})", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
-    return 0
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
+                                           log_level=None))  # logging is configured above, not by uvicorn
+    logging.getLogger("edgespec.client.serve").info(
+        "local API starting; /health answers 503 until the client has loaded", extra={
+            "host": args.host, "port": args.port, "drafter": args.drafter, "server": args.server})
+    threading.Thread(target=announce_when_ready, args=(slot, server, args), daemon=True).start()
+    try:
+        server.run()
+    finally:
+        slot.close()
+    return 0 if slot.status != "failed" else 1
+
+
+def announce_when_ready(slot, server, args) -> None:
+    """Print the ready line once the port listens and the client has loaded (scripts wait for it).
+
+    A load that failed for good (wrong tokenizer, unknown drafter, missing model) stops the service: it
+    was logged with its reason, and an orchestrator should see the exit rather than a port that only
+    ever answers 503."""
+    slot.wait_settled()
+    while not server.started and not server.should_exit:
+        time.sleep(0.05)
+    if slot.client is None:
+        server.should_exit = True
+        return
+    print(f"edgespec local API on http://{args.host}:{args.port}/v1 (model {slot.client.model_name}, "
+          f"drafter {slot.drafter})", flush=True)
 
 
 def run_prompt(client, args) -> int:

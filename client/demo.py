@@ -10,6 +10,7 @@ import argparse
 import importlib.util
 import logging
 import sys
+from pathlib import Path
 
 DEFAULT_PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring."
 
@@ -49,7 +50,12 @@ def main(args) -> int:
             logging.getLogger(name).setLevel(logging.WARNING)
     args.target = args.target or DEFAULT_TARGET
     print(f"edgespec demo: loading target {args.target} ...", file=sys.stderr, flush=True)
-    server = start_server(ServerConfig(model=args.target, http_port=None))
+    # a MoA drafter's Layer Self-Attention runs on the server: load the part of the same name
+    parts = {}
+    if args.drafter.startswith("moa"):
+        moa = args.checkpoint or ("moa-tli0" if args.drafter == "moa" else args.drafter)
+        parts = {args.moa_server_part or Path(moa).name: moa}
+    server = start_server(ServerConfig(model=args.target, http_port=None, moa_server_parts=parts))
     relay = None
     address = server.address
     try:

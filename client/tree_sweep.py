@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         link = LinkConfig(server.address, min_deadline_s=60, max_deadline_s=600)
         clients = {s: EdgespecClient(ClientConfig(link, DrafterOptions("independent")), tokenizer=small.tokenizer,
-                                     drafter=IndependentDrafter(small.model, IndependentConfig(s))) for s in shapes}
+                                     drafter=IndependentDrafter.from_model(small.model, IndependentConfig(s))) for s in shapes}
         warm = chat_prompt_ids(small.tokenizer, [{"role": "user", "content": "Say hello."}])
         clients[shapes[0]].generate(warm, GenerationConfig(max_new_tokens=4))
         for prompt in prompts:

@@ -7,6 +7,12 @@ EAGLE-2 trees (``tree_builder``); the frontier nodes of each depth go through
 the model in one forward pass with a tree attention mask, their KV appended
 after the committed tokens and cropped away once the tree is built. Offline it
 is a plain greedy LM.
+
+Speed: ``from_pretrained`` stores the model's Linear weights as int8
+(``int8_linear``: passes ~1.5x faster on a CPU). The decoder runs alone and
+the LM head is applied here, only to the rows that are read, and optionally
+over a reduced vocabulary (the most frequent target ids, ``independent_vocab``).
+Offline generation keeps the full vocabulary (it is the output).
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import torch
 from edgespec.shared.tree import DraftTree
 
 from .base import Drafter, DraftRequest
+from .int8_linear import head_rows, int8_matmul_available, quantize_linears
 from .tree_builder import Candidates, TreeShape, build_tree
 
 
@@ -56,18 +63,31 @@ def frontier_mask(frontier: list[int], cands: Candidates, slot: dict[int, int], 
     return mask[None, None]
 
 
+def wants_int8(config: "IndependentConfig", model: torch.nn.Module) -> bool:
+    """int8 weights pay on a CPU for a 16-bit model; float32 means full precision was asked for."""
+    param = next(model.parameters())
+    return (config.int8_weights and param.device.type == "cpu" and param.dtype != torch.float32
+            and int8_matmul_available())
+
+
 @dataclass(frozen=True)
 class IndependentConfig:
     """Settings of the independent drafter."""
 
     tree: TreeShape = TreeShape()  # EAGLE-2 tree shape
+    draft_vocab: int = 0  # draft over the N most frequent target ids (0 = the full vocabulary); a token
+    # outside the list is never drafted, which stays lossless but lowers tau on prose (measured: 32k ids cost
+    # more acceptance than their cheaper head saved; see independent_bench)
+    int8_weights: bool = True  # from_pretrained stores Linear weights (and the LM head) as int8 per channel
+    # when the model loads in 16 bits on a CPU (the default); an explicit float32 asks for full precision
 
 
 class IndependentDrafter(Drafter):
     name = "independent"
     can_generate_offline = True
 
-    def __init__(self, model: torch.nn.Module, config: IndependentConfig = IndependentConfig()):
+    def __init__(self, model: torch.nn.Module, config: IndependentConfig = IndependentConfig(),
+                 vocab_ids: torch.Tensor | None = None):
         from transformers import DynamicCache
 
         self.model = model.eval()
@@ -75,13 +95,42 @@ class IndependentDrafter(Drafter):
         self._cache_type = DynamicCache
         self._cache = DynamicCache()
         self._fed: list[int] = []  # ids whose KV is in the cache, in order
+        self._head = model.get_output_embeddings()  # the full LM head (offline generation)
+        # vocab_ids: [V'] target ids, ascending; the draft head's row r scores target id vocab_ids[r]
+        self.vocab_ids = None if vocab_ids is None else torch.as_tensor(vocab_ids, dtype=torch.long).cpu()
+        if self.vocab_ids is not None:
+            size = self._head.out_features
+            if len(self.vocab_ids) == 0 or int(self.vocab_ids.min()) < 0 or int(self.vocab_ids.max()) >= size:
+                raise ValueError(f"vocab_ids must be non-empty target ids in 0..{size - 1}")
+            self._vocab_list = self.vocab_ids.tolist()  # draft id -> target id, for building trees in Python
+        self._draft_head = head_rows(self._head, self.vocab_ids)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, config: IndependentConfig = IndependentConfig(),
                         device: str | None = "cpu", dtype: str | torch.dtype | None = None) -> "IndependentDrafter":
         from edgespec.shared.models import load_model
 
-        return cls(load_model(name_or_path, device=device, dtype=dtype).model, config)
+        from .independent_vocab import draft_vocab_ids
+
+        loaded = load_model(name_or_path, device=device, dtype=dtype)
+        vocab_size = loaded.model.get_output_embeddings().out_features
+        ids = draft_vocab_ids(loaded.tokenizer, loaded.fingerprint, config.draft_vocab, vocab_size)
+        if wants_int8(config, loaded.model):
+            quantize_linears(loaded.model)  # this model is ours alone: quantize in place
+        return cls(loaded.model, config, ids)
+
+    @classmethod
+    def from_model(cls, model: torch.nn.Module, config: IndependentConfig = IndependentConfig(),
+                   vocab_ids: torch.Tensor | None = None) -> "IndependentDrafter":
+        """A drafter on its own copy of model, prepared as from_pretrained prepares one (int8 when asked and
+        the model is 16-bit on a CPU); model itself is left as it is (e.g. shared with a baseline)."""
+        import copy
+
+        if not wants_int8(config, model):
+            return cls(model, config, vocab_ids)
+        owned = copy.deepcopy(model)
+        quantize_linears(owned)
+        return cls(owned, config, vocab_ids)
 
     @property
     def device(self) -> torch.device:
@@ -92,49 +141,59 @@ class IndependentDrafter(Drafter):
         return next(self.model.parameters()).dtype
 
     @torch.inference_mode()
-    def _forward(self, ids: list[int], positions: list[int], mask: torch.Tensor | None,
-                 last_only: bool = False) -> torch.Tensor:
-        """Logits [len(ids), V] (or [1, V] with last_only) of ids fed after the cache (which grows by len(ids))."""
-        # last_only: the LM head over a 150k vocabulary costs as much as the model body per row, so rows
-        # nobody reads are skipped.
-        out = self.model(input_ids=torch.tensor([ids], device=self.device),
-                         position_ids=torch.tensor([positions], device=self.device),
-                         attention_mask=None if mask is None else mask.to(self.device),
-                         past_key_values=self._cache, use_cache=True, logits_to_keep=1 if last_only else 0)
-        return out.logits[0].float()
+    def _hidden(self, ids: list[int], positions: list[int], mask: torch.Tensor | None) -> torch.Tensor:
+        """Final hidden states [len(ids), E] of ids fed after the cache (which grows by len(ids))."""
+        body = self.model.get_decoder()
+        out = body(input_ids=torch.tensor([ids], device=self.device),
+                   position_ids=torch.tensor([positions], device=self.device),
+                   attention_mask=None if mask is None else mask.to(self.device),
+                   past_key_values=self._cache, use_cache=True)
+        return out.last_hidden_state[0]
+
+    @torch.inference_mode()
+    def _draft_logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities over the draft vocabulary [T, V'] (draft ids) for hidden [T, E]."""
+        return torch.log_softmax(self._draft_head(hidden).float(), dim=-1)
+
+    def _target_id(self, draft_id: int) -> int:
+        return draft_id if self.vocab_ids is None else self._vocab_list[draft_id]
 
     def _sync(self, committed: Sequence[int]) -> torch.Tensor:
-        """Make the cache hold exactly `committed`; return the logits after its last token [V]."""
+        """Make the cache hold exactly `committed`; return the hidden state after its last token [E]."""
         keep = min(common_prefix(self._fed, committed), len(committed) - 1)
         crop_to(self._cache, keep)
         new = list(committed[keep:])
-        logits = self._forward(new, list(range(keep, len(committed))), None, last_only=True)
+        hidden = self._hidden(new, list(range(keep, len(committed))), None)
         self._fed = list(committed)
-        return logits[-1]
+        return hidden[-1]
 
     def propose(self, request: DraftRequest) -> DraftTree:
         committed = request.committed
-        root_logprobs = torch.log_softmax(self._sync(committed), dim=-1)
+        root_logprobs = self._draft_logprobs(self._sync(committed)[None])[0]  # [V']
         n = len(committed)
         slot: dict[int, int] = {}  # candidate index -> cache position
+        # Candidates hold draft ids (rows of the draft head); the model is fed target ids.
 
         def expand(frontier: list[int], cands: Candidates) -> torch.Tensor:
             past = self._cache.get_seq_length()
             mask = frontier_mask(frontier, cands, slot, n, past, self.dtype)
             for row, c in enumerate(frontier):
                 slot[c] = past + row
-            logits = self._forward([cands.tokens[c] for c in frontier],
-                                   [n - 1 + cands.depths[c] for c in frontier], mask)
-            return torch.log_softmax(logits, dim=-1)
+            hidden = self._hidden([self._target_id(cands.tokens[c]) for c in frontier],
+                                  [n - 1 + cands.depths[c] for c in frontier], mask)
+            return self._draft_logprobs(hidden)
 
         try:
             tree, _ = build_tree(root_logprobs, expand, self.config.tree, request.max_nodes, request.max_depth)
         finally:
             crop_to(self._cache, n)  # drop the tree's KV: only committed tokens stay
-        return tree
+        if self.vocab_ids is None:
+            return tree
+        return DraftTree(tuple(self._target_id(t) for t in tree.tokens), tree.parents)
 
+    @torch.inference_mode()
     def generate_offline(self, committed: Sequence[int]) -> int:
-        return int(self._sync(committed).argmax())
+        return int(self._head(self._sync(committed)[None])[0].argmax())
 
     def close(self) -> None:
         self._cache = self._cache_type()

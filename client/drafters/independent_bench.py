@@ -1,0 +1,255 @@
+"""Micro-benchmark of the independent drafter: one pass, and whole trees against the target's greedy text.
+
+    python -m edgespec.client.drafters.independent_bench --humaneval 2 --mtbench 2 --max-tokens 48 \
+        --configs bf16:0:3x12x24@0.05,int8:0:3x12x24@0.05:int8 --threads 1
+
+1. Pass cost: the drafter's decoder over 1 and over 3 (a frontier) new tokens
+   after a real prompt, the full LM head and a reduced one, in bf16 and fp32.
+2. Trees: for each prompt the target's own greedy continuation is computed once;
+   then, for each config NAME:VOCAB:BxDxM@min_prob, the drafter proposes trees and
+   the longest path agreeing with that continuation is accepted (the target's
+   greedy verification), plus the target's next token as the bonus. Reported per
+   config: drafting time per tree, drafter passes per tree, tau (tokens committed
+   per verification) and drafting time per committed token; with the target's
+   measured cost of verifying a tree of that size, an estimate of tokens/s.
+   Configs run back to back on every prompt, so a busy CPU slows them alike.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .tree_builder import TreeShape
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    name: str  # label in the table
+    vocab: int  # reduced draft vocabulary size (0 = full)
+    shape: TreeShape  # EAGLE-2 tree shape
+    weights: str = "bf16"  # "bf16" (as loaded) or "int8" (weight-only int8 Linear layers)
+
+
+@dataclass
+class Tally:
+    trees: int = 0
+    passes: int = 0
+    draft_s: float = 0.0
+    committed: int = 0  # tokens committed (accepted + bonus)
+    nodes: int = 0
+    per_tree_s: list[float] = field(default_factory=list)
+
+
+def parse_config(text: str) -> BenchConfig:
+    from edgespec.client.tree_sweep import parse_shape
+
+    try:
+        name, vocab, shape, *weights = text.split(":")
+        if weights and weights[0] not in ("bf16", "int8"):
+            raise ValueError(f"weights must be bf16 or int8, not {weights[0]!r}")
+        return BenchConfig(name, int(vocab), parse_shape(shape), *weights)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"config {text!r} is not NAME:VOCAB:BxDxM@min_prob[:bf16|int8] ({err})") from None
+
+
+def accepted_length(tree, continuation: list[int]) -> int:
+    """Longest root path of tree equal to the start of continuation (greedy verification)."""
+    children = tree.children()  # [0]: the root's children; [1 + i]: node i's
+    node, depth = -1, 0  # -1 = the root
+    while depth < len(continuation):
+        match = next((k for k in children[node + 1] if tree.tokens[k] == continuation[depth]), None)
+        if match is None:
+            break
+        node, depth = match, depth + 1
+    return depth
+
+
+@torch.inference_mode()
+def greedy_continuation(model, ids: list[int], max_new: int, eos: set[int]) -> list[int]:
+    from transformers import DynamicCache
+
+    cache, out, feed, pos = DynamicCache(), [], list(ids), 0
+    for _ in range(max_new):
+        logits = model(input_ids=torch.tensor([feed]), position_ids=torch.arange(pos, pos + len(feed))[None],
+                       past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+        pos += len(feed)
+        out.append(int(logits.argmax()))
+        if out[-1] in eos:
+            break
+        feed = [out[-1]]
+    return out
+
+
+@torch.inference_mode()
+def verify_cost(model, ids: list[int], nodes: int, repeats: int = 3) -> float:
+    """Median seconds of a target forward over `nodes` + 1 tokens after ids (a tree verification's size)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        model(input_ids=torch.tensor([ids[-nodes - 1:]]), past_key_values=cache, use_cache=True)
+        times.append(time.perf_counter() - t0)
+        cache.crop(-(nodes + 1))
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def pass_costs(model, ids: list[int], vocab_ids: torch.Tensor | None, repeats: int = 5) -> dict[str, float]:
+    """Median ms of the decoder over 1 and 3 tokens after ids, and of the full and reduced LM head."""
+    from transformers import DynamicCache
+
+    from .int8_linear import head_rows
+
+    body, head = model.get_decoder(), model.get_output_embeddings()
+    reduced = head_rows(head, vocab_ids)
+    cache = DynamicCache()
+    body(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+    out = {}
+    for k in (1, 3):
+        t_body, t_full, t_red = [], [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            h = body(input_ids=torch.tensor([ids[-k:]]), past_key_values=cache, use_cache=True).last_hidden_state[0]
+            t1 = time.perf_counter()
+            head(h)
+            t2 = time.perf_counter()
+            reduced(h)
+            t3 = time.perf_counter()
+            cache.crop(-k)
+            t_body.append(t1 - t0), t_full.append(t2 - t1), t_red.append(t3 - t2)
+        out[f"body x{k}"] = 1000 * statistics.median(t_body)
+        out[f"full head x{k}"] = 1000 * statistics.median(t_full)
+        out[f"reduced head x{k}"] = 1000 * statistics.median(t_red)
+    return out
+
+
+def int8_model(model):
+    """A copy of model with weight-only int8 Linear layers (what from_pretrained runs by default)."""
+    from .int8_linear import quantize_linears
+
+    copied = copy.deepcopy(model)
+    quantize_linears(copied)
+    return copied
+
+
+def run_trees(drafter, prompt: list[int], continuation: list[int], tally: Tally) -> None:
+    """Draft against the target's greedy continuation until it is used up."""
+    from .base import DraftRequest
+
+    calls = [0]
+    inner = drafter._hidden
+
+    def counted(*a, **k):
+        calls[0] += 1
+        return inner(*a, **k)
+
+    drafter._hidden = counted
+    try:
+        committed, done = list(prompt) + continuation[:1], 1
+        while done < len(continuation):
+            calls[0] = 0
+            t0 = time.perf_counter()
+            tree = drafter.propose(DraftRequest(tuple(committed), 255, len(continuation) - done))
+            dt = time.perf_counter() - t0
+            n = accepted_length(tree, continuation[done:]) if len(tree) else 0
+            step = continuation[done:done + n + 1]
+            committed += step
+            done += len(step)
+            tally.trees += 1
+            tally.passes += calls[0]
+            tally.draft_s += dt
+            tally.per_tree_s.append(dt)
+            tally.committed += len(step)
+            tally.nodes += len(tree)
+    finally:
+        drafter._hidden = inner
+        drafter.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from edgespec.shared.models import load_model
+    from edgespec.shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
+    from edgespec.shared.prompts import humaneval_prompts, mtbench_first_turns
+
+    from ..edge_client import chat_prompt_ids, eos_ids
+    from .independent import IndependentConfig, IndependentDrafter
+    from .independent_vocab import draft_vocab_ids
+
+    p = argparse.ArgumentParser(prog="python -m edgespec.client.drafters.independent_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--configs", default="bf16:0:3x12x24@0.05,v32k:32768:3x12x24@0.05,int8:0:3x12x24@0.05:int8",
+                   help="comma-separated NAME:VOCAB:BxDxM@min_prob[:bf16|int8]")
+    p.add_argument("--drafter-model", default=DEFAULT_DRAFTER)
+    p.add_argument("--target", default=DEFAULT_TARGET)
+    p.add_argument("--humaneval", type=int, default=2)
+    p.add_argument("--mtbench", type=int, default=2)
+    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads (default: torch's choice; 1 on a CPU other jobs share, where spare threads "
+                        "wait on each other)")
+    p.add_argument("--skip-pass", action="store_true", help="skip the per-pass dtype/head timings")
+    p.add_argument("--skip-trees", action="store_true", help="skip the tree runs (no target needed)")
+    args = p.parse_args(argv)
+    configs = [parse_config(c) for c in args.configs.split(",") if c]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    small = load_model(args.drafter_model, device="cpu")
+    vocab_size = small.model.get_output_embeddings().weight.shape[0]
+    vocabs = {c.vocab: draft_vocab_ids(small.tokenizer, small.fingerprint, c.vocab, vocab_size) for c in configs}
+    prompts = humaneval_prompts(args.humaneval) + mtbench_first_turns(args.mtbench)
+    prompt_ids = [chat_prompt_ids(small.tokenizer, pr.messages()) for pr in prompts]
+    print(f"# independent drafter micro-benchmark ({torch.get_num_threads()} threads)")
+    if not args.skip_pass:
+        reduced = next((v for v in vocabs.values() if v is not None), None)
+        print(f"\n| weights | {' | '.join(pass_costs(small.model, prompt_ids[0], reduced, 1))} |  (ms, median; "
+              f"reduced head: {0 if reduced is None else len(reduced)} ids)")
+        for label, model in (("bf16", small.model), ("int8 (bf16 activations)", int8_model(small.model)),
+                             ("fp32", copy.deepcopy(small.model).float())):
+            costs = pass_costs(model, prompt_ids[0], reduced)
+            print(f"| {label} | " + " | ".join(f"{v:.1f}" for v in costs.values()) + " |", flush=True)
+            del model
+    if args.skip_trees:
+        return 0
+    target = load_model(args.target, device="cpu")
+    eos = eos_ids(target.tokenizer)
+    continuations = []
+    for ids in prompt_ids:
+        t0 = time.perf_counter()
+        continuations.append(greedy_continuation(target.model, ids, args.max_tokens, eos))
+        print(f"target greedy: {len(continuations[-1])} tokens in {time.perf_counter() - t0:.1f}s", file=sys.stderr,
+              flush=True)
+    tallies = {c.name: Tally() for c in configs}
+    models = {"bf16": small.model}
+    if any(c.weights == "int8" for c in configs):
+        models["int8"] = int8_model(small.model)
+    drafters = {c.name: IndependentDrafter(models[c.weights], IndependentConfig(c.shape, c.vocab), vocabs[c.vocab])
+                for c in configs}
+    run_trees(drafters[configs[0].name], prompt_ids[0][:32], continuations[0][:4], Tally())  # warm-up
+    for ids, cont in zip(prompt_ids, continuations):
+        for c in configs:
+            run_trees(drafters[c.name], ids, cont, tallies[c.name])
+    print("\n| config | weights | vocab | B | D | M | min_prob | draft ms/tree | passes/tree | tau | draft ms/token | "
+          "verify ms/call | est. tok/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for c in configs:
+        t = tallies[c.name]
+        tau = t.committed / t.trees
+        verify = verify_cost(target.model, prompt_ids[0], max(1, round(t.nodes / t.trees)))
+        est = t.committed / (t.draft_s + t.trees * verify)
+        print(f"| {c.name} | {c.weights} | {c.vocab or 'full'} | {c.shape.branch} | {c.shape.depth} | {c.shape.max_nodes} | "
+              f"{c.shape.min_prob} | {1000 * t.draft_s / t.trees:.0f} | {t.passes / t.trees:.2f} | {tau:.2f} | "
+              f"{1000 * t.draft_s / t.committed:.0f} | {1000 * verify:.0f} | {est:.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""The independent drafter over a reduced vocabulary: trees, offline generation, the id list, losslessness."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgespec.client.drafters.base import DraftRequest
+from edgespec.client.drafters.independent import IndependentConfig, IndependentDrafter
+from edgespec.client.drafters.independent_bench import accepted_length
+from edgespec.client.drafters.independent_vocab import (SHIPPED_DIR, count_vocab, draft_vocab_ids, load_vocab,
+                                                        save_vocab, special_ids, vocab_file_name)
+from edgespec.client.drafters.tree_builder import TreeShape
+from edgespec.client.generation import GenerationConfig, TokenOrigin
+from edgespec.shared.tree import DraftTree
+
+SHAPE = TreeShape(branch=3, depth=4, max_nodes=30, min_prob=0.0)
+
+
+@pytest.fixture(scope="module")
+def small_lm(tiny_drafter_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(tiny_drafter_dir), dtype=torch.float32).eval()
+
+
+def _subset(vocab: int = 320, keep: int = 120, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randperm(vocab, generator=g)[:keep].sort().values
+
+
+@torch.inference_mode()
+def _reduced_logprobs(model, ids, vocab_ids):
+    """Log-probabilities renormalised over vocab_ids, indexed by target id (-inf elsewhere)."""
+    logits = model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+    out = torch.full_like(logits, -float("inf"))
+    out[vocab_ids] = torch.log_softmax(logits[vocab_ids], -1)
+    return out
+
+
+def test_reduced_vocab_trees_use_only_listed_ids_with_renormalised_scores(small_lm):
+    ids = _subset()
+    drafter = IndependentDrafter(small_lm, IndependentConfig(SHAPE, draft_vocab=len(ids)), vocab_ids=ids)
+    ctx = list(range(40, 70))
+    tree = drafter.propose(DraftRequest(ctx, 255, 10))
+    tree.validate()
+    assert len(tree) == 30
+    allowed = set(ids.tolist())
+    assert set(tree.tokens) <= allowed
+    for i in range(len(tree)):
+        path = [tree.tokens[j] for j in tree.ancestors(i)]
+        lp = _reduced_logprobs(small_lm, ctx + path[:-1], ids)
+        assert path[-1] in lp.topk(3).indices.tolist()  # a top-B child among the listed ids
+    assert drafter._cache.get_seq_length() == len(ctx)  # tree KV dropped
+
+
+def test_full_vocab_tree_equals_the_plain_head(small_lm):
+    """The decoder + own head path gives the same trees as the model's own logits (no reduced list)."""
+    drafter = IndependentDrafter(small_lm, IndependentConfig(SHAPE, draft_vocab=0))
+    ctx = list(range(90, 120))
+    tree = drafter.propose(DraftRequest(ctx, 255, 10))
+    assert tree.tokens[0] == int(_reduced_logprobs(small_lm, ctx, torch.arange(320)).argmax())
+    assert max(tree.tokens) < 320 and len(tree) == 30
+
+
+def test_offline_generation_keeps_the_full_head(small_lm):
+    ctx = list(range(40, 60))
+    with torch.inference_mode():
+        best = int(small_lm(input_ids=torch.tensor([ctx])).logits[0, -1].argmax())
+    ids = torch.tensor(sorted(set(range(320)) - {best}))
+    drafter = IndependentDrafter(small_lm, IndependentConfig(SHAPE), vocab_ids=ids)
+    assert drafter.generate_offline(ctx) == best  # an id the reduced list lacks: offline text is the LM's own
+    assert best not in drafter.propose(DraftRequest(ctx, 255, 1)).tokens
+
+
+def test_bad_vocab_ids_are_refused(small_lm):
+    with pytest.raises(ValueError, match="vocab_ids"):
+        IndependentDrafter(small_lm, vocab_ids=torch.tensor([3, 999]))
+
+
+def test_counted_vocab_keeps_frequent_and_special_ids(tiny_tokenizer):
+    texts = ["aaaa bbb cc d"] * 3
+    ids = count_vocab(tiny_tokenizer, texts, 6, 320)
+    a, b = tiny_tokenizer("a", add_special_tokens=False)["input_ids"][0], \
+        tiny_tokenizer("b", add_special_tokens=False)["input_ids"][0]
+    assert ids.tolist() == sorted(ids.tolist()) and len(ids) == 6
+    assert {a, b} <= set(ids.tolist())
+    assert set(special_ids(tiny_tokenizer)) <= set(ids.tolist())  # end-of-turn tokens stay draftable
+
+
+def test_vocab_cache_round_trip_and_wrong_tokenizer(tmp_path, monkeypatch, tiny_tokenizer):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert draft_vocab_ids(tiny_tokenizer, "f" * 64, 0, 320) is None
+    assert draft_vocab_ids(tiny_tokenizer, "f" * 64, 320, 320) is None  # not smaller: no reduction
+    saved = save_vocab(tmp_path / "v.safetensors", torch.tensor([1, 5, 9]), "a" * 64, "test")
+    assert load_vocab(saved, "a" * 64).tolist() == [1, 5, 9]
+    with pytest.raises(ValueError, match="another tokenizer"):
+        load_vocab(saved, "b" * 64)
+    # no shipped or cached list for this fingerprint: counted from the stdlib once, then read from the cache
+    fp = "c" * 64
+    first = draft_vocab_ids(tiny_tokenizer, fp, 100, 320)
+    cached = tmp_path / ".cache" / "edgespec" / "draft-vocab" / vocab_file_name(fp, 100)
+    assert cached.is_file() and len(first) == 100
+    assert torch.equal(draft_vocab_ids(tiny_tokenizer, fp, 100, 320), first)
+
+
+def test_shipped_vocab_is_a_sorted_id_list():
+    files = sorted(SHIPPED_DIR.glob("*.safetensors"))
+    assert files, f"no reduced vocabulary shipped in {SHIPPED_DIR}"
+    from safetensors import safe_open
+
+    for f in files:
+        with safe_open(str(f), framework="pt") as handle:
+            ids = handle.get_tensor("vocab_ids").long()
+            meta = handle.metadata()
+        assert f.name == vocab_file_name(meta["fingerprint"], len(ids))
+        assert torch.all(ids[1:] > ids[:-1]) and int(ids[0]) >= 0
+        assert "humaneval" not in meta["corpus"].lower() and "mt_bench" not in meta["corpus"].lower()
+
+
+def test_accepted_length_walks_the_matching_path():
+    tree = DraftTree((5, 6, 7, 8), (255, 255, 0, 2))  # 5 -> 7 -> 8 and 6
+    assert accepted_length(tree, [5, 7, 8, 1]) == 3
+    assert accepted_length(tree, [6, 7]) == 1
+    assert accepted_length(tree, [9]) == 0
+
+
+def test_reduced_vocab_stays_lossless_end_to_end(tiny_server, tiny_model_dir, tiny_target_f32, greedy):
+    """The target's own weights draft over half the vocabulary: output token-exact, drafts still accepted."""
+    from edgespec.client.drafters.factory import DrafterOptions
+    from edgespec.client.edge_client import ClientConfig, EdgespecClient
+    from edgespec.client.link import LinkConfig
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
+    ids = _subset(keep=160, seed=2)
+    drafter = IndependentDrafter(model, IndependentConfig(TreeShape(branch=2, depth=5, max_nodes=12, min_prob=0.0)),
+                                 vocab_ids=ids)
+    client = EdgespecClient(ClientConfig(LinkConfig(tiny_server.address), DrafterOptions("independent"),
+                                         tokenizer=str(tiny_model_dir)), drafter=drafter)
+    try:
+        prompt = client.encode("def fib(n):\n    if n < 2:\n        return n\n")
+        want = greedy(tiny_target_f32, prompt, 60, client.tokens.eos_ids)
+        result = client.generate(prompt, GenerationConfig(max_new_tokens=60))
+        assert result.token_ids == want
+        accepted = [t for t, o in zip(result.token_ids, result.origins) if o is TokenOrigin.ACCEPTED]
+        assert accepted and set(accepted) <= set(ids.tolist())
+    finally:
+        client.close()

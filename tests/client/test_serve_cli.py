@@ -1,0 +1,90 @@
+"""`edgespec client serve` as deployments run it: a subprocess, /health over HTTP, JSON log lines."""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+from edgespec.client.cli import JsonFormatter, configure_logging
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_health_and_json_logs(tiny_server, tiny_model_dir, tiny_drafter_dir, tmp_path):
+    port = _free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1", EDGESPEC_TEST_THREADS="1")
+    err_path = tmp_path / "stderr.log"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "edgespec.shared.cli", "client", "serve", "--server", tiny_server.address,
+             "--drafter", "independent", "--drafter-model", str(tiny_drafter_dir), "--tokenizer", str(tiny_model_dir),
+             "--port", str(port), "--log-format", "json"],
+            stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+    try:
+        ready = proc.stdout.readline()  # printed once the port listens and the client has loaded
+        assert "edgespec local API on" in ready, err_path.read_text()[-2000:]
+        r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10)
+        assert r.status_code == 200
+        body = r.json()
+        assert body["status"] == "ok" and body["drafter"] == "independent" and body["link"] == "up"
+        assert body["server"] == tiny_server.address and body["model"]
+        done = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "def f(x):", "max_tokens": 6},
+                          timeout=60)
+        assert done.status_code == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    lines = [line for line in err_path.read_text().splitlines() if line.strip()]
+    entries = [json.loads(line) for line in lines]  # every line is one JSON object
+    assert all({"time", "level", "logger", "message"} <= set(e) for e in entries)
+    ready_entry = next(e for e in entries if e["message"] == "client ready")
+    assert ready_entry["drafter"] == "independent" and ready_entry["server"] == tiny_server.address
+    gen = next(e for e in entries if e["message"] == "generation done")
+    assert gen["new_tokens"] >= 1 and gen["request_id"].startswith("cmpl-")
+    assert any(e["logger"].startswith("uvicorn") for e in entries)  # uvicorn's own lines are JSON too
+
+
+def test_serve_exits_with_the_reason_when_the_client_cannot_load(tiny_server, tmp_path):
+    """A drafter that does not exist is final: logged (JSON) and the service exits non-zero."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "edgespec.shared.cli", "client", "serve", "--server", tiny_server.address,
+         "--drafter", "medusa", "--tokenizer", str(tmp_path / "nowhere"), "--port", str(_free_port()),
+         "--log-format", "json"], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 1
+    entries = [json.loads(line) for line in proc.stderr.splitlines() if line.strip()]
+    failed = [e for e in entries if e["level"] == "ERROR"]
+    assert failed and "client failed to load" in failed[0]["message"]
+
+
+def test_json_formatter_lines_carry_extra_fields_and_exceptions():
+    stream = io.StringIO()
+    handler = configure_logging("json", "info", stream)
+    try:
+        log = logging.getLogger("edgespec.test")
+        log.info("hello %s", "there", extra={"drafter": "ngram", "tokens": 3, "odd": object()})
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            log.error("failed", exc_info=True)
+        log.debug("not shown at info")
+    finally:
+        logging.getLogger().removeHandler(handler)
+    first, second = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert first["message"] == "hello there" and first["level"] == "INFO" and first["logger"] == "edgespec.test"
+    assert first["drafter"] == "ngram" and first["tokens"] == 3 and isinstance(first["odd"], str)
+    assert time.strptime(first["time"], "%Y-%m-%dT%H:%M:%S")
+    assert second["level"] == "ERROR" and "ValueError: boom" in second["exception"]
+    assert isinstance(JsonFormatter().format(logging.makeLogRecord({"msg": "x"})), str)

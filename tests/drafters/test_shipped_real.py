@@ -1,0 +1,44 @@
+"""The shipped learned drafters with the real 1.5B target: they load by name on both sides
+(client drafter, server part), fit the target's tokenizer, and drafted generation over gRPC is
+token-exact with the target's own greedy decoding (float32 target, so no bf16 near-ties)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgespec.shared.drafters.shipped import shipped_names
+
+pytestmark = pytest.mark.models
+TARGET = "qwen2.5-coder-1.5b-instruct"
+PROMPT = "Write a Python function that returns the squares of a list of numbers."
+
+
+@pytest.fixture(scope="module")
+def server():
+    from edgespec.server.app import ServerConfig, start_server
+
+    torch.set_num_threads(2)
+    parts = {n: n for n in shipped_names() if n.startswith("moa")}
+    handle = start_server(ServerConfig(model=TARGET, http_port=None, device="cpu", dtype="float32",
+                                       moa_server_parts=parts))
+    yield handle
+    handle.stop(grace=1.0)
+
+
+@pytest.mark.parametrize("name", shipped_names())
+def test_shipped_drafter_by_name_is_exact_with_the_real_target(server, name):
+    from edgespec.client.drafters.factory import DrafterOptions
+    from edgespec.client.edge_client import ClientConfig, EdgespecClient
+    from edgespec.client.generation import GenerationConfig
+    from edgespec.client.link import LinkConfig
+
+    link = LinkConfig(server.address, min_deadline_s=120, max_deadline_s=600)
+    with EdgespecClient(ClientConfig(link, DrafterOptions(name))) as client:
+        assert client.drafter.name == name
+        ids = client.encode_chat([{"role": "user", "content": PROMPT}])
+        result = client.generate(ids, GenerationConfig(max_new_tokens=24, ignore_eos=True))
+        with torch.inference_mode():
+            out = server.core.target.model.generate(torch.tensor([ids]), max_new_tokens=24, min_new_tokens=24,
+                                                    do_sample=False, temperature=None, top_p=None, top_k=None)
+        assert result.token_ids == out[0, len(ids):].tolist()
+        assert result.metrics.num_accepted_tokens > 0  # the drafter predicts the target, at least sometimes
