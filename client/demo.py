@@ -53,7 +53,9 @@ def main(args) -> int:
     # a MoA drafter's Layer Self-Attention runs on the server: load the part of the same name
     parts = {}
     if args.drafter.startswith("moa"):
-        moa = args.checkpoint or ("moa-tli0" if args.drafter == "moa" else args.drafter)
+        from .drafters.moa import DEFAULT_CHECKPOINT
+
+        moa = args.checkpoint or (DEFAULT_CHECKPOINT if args.drafter == "moa" else args.drafter)
         parts = {args.moa_server_part or Path(moa).name: moa}
     server = start_server(ServerConfig(model=args.target, http_port=None, moa_server_parts=parts))
     relay = None

@@ -133,27 +133,15 @@ def _limits(config: ServerConfig, target) -> CoreLimits:
                       store=StoreLimits(config.max_sessions, config.session_ttl_s, config.max_kv_bytes))
 
 
-def _open_server_part(path, device):
-    """A server.safetensors file, a MoA checkpoint folder, or a shipped checkpoint's name."""
-    from pathlib import Path
-
-    from edgespec.shared.drafters.loading import open_moa_server_part
-    from edgespec.shared.drafters.lsa import load_server_part
-    from edgespec.shared.drafters.shipped import resolve_checkpoint
-
-    if Path(path).is_file():
-        return load_server_part(path, device=device)
-    return open_moa_server_part(resolve_checkpoint(path), device=device)
-
-
 def _load_lsa_parts(config: ServerConfig, target) -> dict:
     import torch
 
+    from edgespec.shared.drafters.loading import open_moa_server_part
     from edgespec.shared.drafters.lsa import LayerSelfAttention, LSAConfig
 
     parts = {}
     for name, path in config.moa_server_parts.items():
-        module = _open_server_part(path, target.device)
+        module = open_moa_server_part(path, device=target.device)
         if (module.config.num_layers, module.config.kv_size) != (target.num_layers, target.kv_size):
             raise ValueError(f"MoA server part {name} ({path}) was made for {module.config.num_layers} layers of "
                              f"kv_size {module.config.kv_size}; the target has {target.num_layers} and {target.kv_size}")

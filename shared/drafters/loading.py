@@ -55,6 +55,12 @@ def _parts(target, tli: int, vocab_ids, dtype) -> TargetParts:
 
 
 def open_moa_server_part(path: str | Path, device: str | torch.device = "cpu") -> LayerSelfAttention:
+    """A ``server.safetensors`` file, a MoA checkpoint folder, or a shipped checkpoint's name."""
+    from .shipped import resolve_checkpoint
+
+    path = resolve_checkpoint(path)
+    if path.is_file() and path.name == "server.safetensors":
+        return load_server_part(path, device)
     ckpt = find_checkpoint(path)
     if ckpt.is_file():
         raise DrafterCheckpointError(f"{ckpt} is an EAGLE drafter: it has no server part")
