@@ -13,6 +13,17 @@ def _cuts(text: str) -> tuple[int | None, ...]:
     return tuple(None if x == "never" else int(x) for x in _csv(text))
 
 
+def _limits(text: str) -> tuple[int, dict[str, int]]:
+    """"20" -> (20, {}); "humaneval=40,mtbench=20" -> (largest, {set: n})."""
+    try:
+        if "=" not in text:
+            return int(text), {}
+        per = {k.strip(): int(v) for k, v in (x.split("=", 1) for x in _csv(text))}
+        return max(per.values()), per
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--limit takes N or SET=N,SET=N, got {text!r}") from None
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="run experiments: speed, link, disconnect, codec; write JSON lines and a report",
                        description="Each experiment starts its own server process (and relays), runs the prompt "
@@ -25,18 +36,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--drafters", type=_csv, default=("ngram", "independent"), help="comma-separated")
     p.add_argument("--profiles", type=_csv, default=("5g", "4g"), help="comma-separated network profiles")
     p.add_argument("--sets", type=_csv, default=("humaneval", "mtbench"), help="prompt sets, comma-separated")
-    p.add_argument("--limit", type=int, default=20, help="prompts per set")
+    p.add_argument("--limit", type=_limits, default=(20, {}),
+                   help="prompts per set: N for every set, or per set, e.g. humaneval=40,mtbench=20")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--cut-after", type=_cuts, default=(1, 10, 25, 50, None), help="e.g. 1,10,25,50,never")
     p.add_argument("--cut-mode", choices=["blackhole", "reset"], default="blackhole")
     p.add_argument("--server-threads", type=int, default=None)
     p.add_argument("--fresh", action="store_true", help="delete this experiment's earlier results first")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--readme", default=None,
+                   help="report: also put the report's tables into this Markdown file, between the lines "
+                        "'<!-- edgespec-bench:begin -->' and '<!-- edgespec-bench:end -->'")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .harness_report import write_report
+    import shlex
+    import sys
+
+    from .harness_report import splice_readme, write_report
 
     out = Path(args.out)
     if args.experiment != "report":
@@ -47,9 +65,14 @@ def _run(args: argparse.Namespace) -> int:
             (out / f"{args.experiment}.jsonl").unlink(missing_ok=True)
         config = BenchConfig(args.experiment, out, model=args.model or DEFAULT_TARGET,
                              drafter_model=args.drafter_model or DEFAULT_DRAFTER, drafters=args.drafters,
-                             profiles=args.profiles, prompt_sets=args.sets, limit=args.limit,
+                             profiles=args.profiles, prompt_sets=args.sets, limit=args.limit[0],
+                             set_limits=args.limit[1],
                              max_new_tokens=args.max_new_tokens, cut_after=args.cut_after, cut_mode=args.cut_mode,
-                             server_threads=args.server_threads, progress=not args.no_progress)
+                             server_threads=args.server_threads, progress=not args.no_progress,
+                             command=shlex.join(["edgespec", *getattr(args, "argv", sys.argv[1:])]))
         print(f"results: {run(config)}")
-    print(f"report: {write_report(out)}")
+    report = write_report(out)
+    print(f"report: {report}")
+    if args.readme:
+        print(f"README section: {splice_readme(report, Path(args.readme))}")
     return 0

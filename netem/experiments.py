@@ -32,6 +32,7 @@ class BenchConfig:
     profiles: tuple[str, ...] = ("5g", "4g")  # network profiles of `link`
     prompt_sets: tuple[str, ...] = ("humaneval", "mtbench")  # `disconnect` always uses humaneval
     limit: int = 20  # prompts per set
+    set_limits: dict = field(default_factory=dict)  # per-set overrides of limit, e.g. {"humaneval": 40}
     max_new_tokens: int = 256  # per generation
     cut_after: tuple[int | None, ...] = (1, 10, 25, 50, None)  # `disconnect`: B new tokens, None = never
     cut_mode: str = "blackhole"  # `disconnect`: "blackhole" (packets vanish) or "reset" (connections close)
@@ -39,6 +40,7 @@ class BenchConfig:
     server_args: tuple[str, ...] = ()  # extra `edgespec server` flags
     seed: int = 0  # relay randomness
     progress: bool = True  # a progress bar
+    command: str = ""  # the command line that started the run (goes into every record and the report)
 
 
 @dataclass
@@ -49,13 +51,13 @@ class Prompt:
     problem: dict | None = None  # HumanEval problem (prompt, test, entry_point) for scoring
 
 
-def load_prompts(sets: Iterable[str], limit: int) -> list[Prompt]:
+def load_prompts(sets: Iterable[str], limit: int, set_limits: dict | None = None) -> list[Prompt]:
     from ..shared import prompts
 
     out: list[Prompt] = []
     problems = None
     for name in sets:
-        for item in prompts.load_prompts(name, limit):
+        for item in prompts.load_prompts(name, (set_limits or {}).get(name, limit)):
             problem = None
             if name == "humaneval":
                 if problems is None:
@@ -77,7 +79,7 @@ def run(config: BenchConfig) -> Path:
         _codec(config, sink)
         return sink.path
     sets = ("humaneval",) if config.experiment == "disconnect" else config.prompt_sets
-    prompts = load_prompts(sets, config.limit)
+    prompts = load_prompts(sets, config.limit, config.set_limits)
     log = config.out / f"{config.experiment}-server.log"
     # MoA drafters (shipped names such as moa-tli0) need their server part on the server
     moa_parts = [a for d in config.drafters if d.startswith("moa") for a in ("--moa-server-part", d)]

@@ -6,6 +6,7 @@ acceptance length is total committed tokens over total verifications.
 """
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -161,11 +162,14 @@ def write_report(out: Path) -> Path:
         title, section = SECTIONS[name]
         env = rows[0]["env"]
         s = env["settings"]
-        parts += [f"## {title}", "",
+        limits = s.get("set_limits") or {}
+        sets = ('humaneval',) if name == 'disconnect' else s['prompt_sets']
+        counts = ", ".join(f"{limits.get(x, s['limit'])} {x}" for x in sets)
+        commands = sorted({r["env"]["settings"].get("command") or "" for r in rows} - {""})
+        parts += [f"## {title}", ""] + [f"`{c}`" for c in commands] + ([""] if commands else []) + [
                   f"Commit `{env['commit']}`, {env['machine']['cpu']} ({env['machine']['cores']} cores"
                   f"{', GPU ' + env['machine']['gpu'] if env['machine']['gpu'] else ', no GPU'}), {env['time']}; "
-                  f"target `{s['model']}`, small model `{s['drafter_model']}`, {s['limit']} prompts per set "
-                  f"({', '.join(s['prompt_sets']) if name != 'disconnect' else 'humaneval'}), "
+                  f"target `{s['model']}`, small model `{s['drafter_model']}`, prompts: {counts}, "
                   f"max {s['max_new_tokens']} new tokens.", "", section(rows), ""]
     plots = _plots(out, data)
     if plots:
@@ -173,3 +177,29 @@ def write_report(out: Path) -> Path:
     path = out / "report.md"
     path.write_text("\n".join(parts))
     return path
+
+
+BEGIN, END = "<!-- edgespec-bench:begin -->", "<!-- edgespec-bench:end -->"
+
+
+def splice_readme(report: Path, readme: Path) -> Path:
+    """Put a report's sections into ``readme`` between the BEGIN and END marker lines (headings one
+    level down, plots linked relative to the README), so the README's figures come from a run."""
+    text = readme.read_text(encoding="utf-8")
+    if BEGIN not in text or END not in text or text.index(BEGIN) > text.index(END):
+        raise ValueError(f"{readme} has no '{BEGIN}' ... '{END}' lines to put the report between")
+    body = []
+    for line in report.read_text(encoding="utf-8").splitlines():
+        if line.startswith("# "):
+            continue  # the report's title: the README's own heading stands above the markers
+        if line.startswith("#"):
+            line = "##" + line
+        if line.startswith("![") and "](" in line:
+            name = line[line.index("](") + 2:-1]
+            target = Path(os.path.relpath(report.parent / name, readme.parent))
+            line = f"![{name}]({target.as_posix()})"
+        body.append(line)
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    readme.write_text(head + BEGIN + "\n" + "\n".join(body).strip() + "\n" + END + tail, encoding="utf-8")
+    return readme

@@ -2,7 +2,7 @@
 
     edgespec train data     --target NAME --out runs/data/NAME        (target's own responses; resumable)
     edgespec train features --target NAME --data DIR --out DIR        (hidden states + all-layer KV, int8; resumable)
-    edgespec train fit      --kind eagle|moa --target NAME --features DIR --out DIR   (resumable)
+    edgespec train fit      --kind RECIPE --target NAME --features DIR --out DIR [--opt K=V]  (resumable)
     edgespec train ship     --run DIR --name NAME                     (into the shipped checkpoints)
 """
 from __future__ import annotations
@@ -37,7 +37,13 @@ def register(subparsers) -> None:
     f.set_defaults(func=_features)
 
     t = sub.add_parser("fit", help="train an EAGLE or MoA drafter on a feature store")
-    t.add_argument("--kind", choices=["eagle", "moa"], required=True)
+    t.add_argument("--kind", required=True,
+                   help="training recipe: eagle, moa, or one registered by a recipe module (e.g. eagle+hass); "
+                        "an unknown name lists the known ones")
+    t.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a field of the recipe's config (repeatable), e.g. --opt unroll=3 --opt topk=10")
+    t.add_argument("--init", default=None,
+                   help="a run folder or drafter file whose weights start this run (second training stages)")
     t.add_argument("--target", required=True, help="the target whose embedding / norm / LM head the drafter uses")
     t.add_argument("--features", required=True)
     t.add_argument("--out", required=True, help="run folder: checkpoints, log.txt, final drafter")

@@ -15,13 +15,9 @@ from pathlib import Path
 
 import torch
 
-from ...shared.drafters.eagle import EagleConfig, EagleHead
-from ...shared.drafters.moa import MoAConfig, new_moa
-from ...shared.drafters.target_parts import TargetParts, load_target_parts
 from ...shared.drafters.vocab import most_frequent_ids
-from .eagle_recipe import EagleRecipe, EagleRecipeConfig
 from .features import FeatureStore
-from .moa_recipe import MoARecipe
+from .recipes import RecipeContext, RecipeOptionError, build
 from .trainer import TrainConfig, Trainer
 
 log = logging.getLogger(__name__)
@@ -46,23 +42,31 @@ def reduced_vocab(store: FeatureStore, size: int, always: tuple[int, ...] = (),
 
 def build_recipe(kind: str, target_model, store: FeatureStore, tli: int = 0, width: int = 0, heads: int = 0,
                  vocab: int = 0, special_ids: tuple[int, ...] = (), seed: int = 0, unroll: int = 1,
-                 run_dir: Path | None = None):
-    shape = store.shape
+                 run_dir: Path | None = None, options: dict[str, str] | None = None,
+                 init: str | Path | None = None):
+    """The recipe ``kind`` (``recipes.all_recipes()``) for a target (name, folder or loaded model) and a store."""
     vocab_ids = reduced_vocab(store, vocab, special_ids, run_dir) if vocab else None
     torch.manual_seed(seed)
-    tli_parts = tli if kind == "moa" else 0
-    if isinstance(target_model, (str, Path)):  # read only the frozen parts from the target's files
-        parts = load_target_parts(str(target_model), tli_parts, vocab_ids, torch.float32)
-    else:
-        parts = TargetParts(target_model, tli=tli_parts, vocab_ids=vocab_ids, dtype=torch.float32)
     sizes = {k: v for k, v in {"width": width, "heads": heads, "mlp_hidden": 2 * width}.items() if v}
-    if kind == "eagle":
-        return EagleRecipe(EagleHead(EagleConfig(shape.hidden_size, **sizes)), parts, EagleRecipeConfig(unroll=unroll))
-    model = new_moa(MoAConfig(shape.hidden_size, shape.kv_size, shape.num_layers, tli=tli, **sizes))
-    recipe = MoARecipe(model, parts)
-    sample = store.split("train")[:64]
-    recipe.calibrate([FeatureStore.load(f, (f"act{tli}",)) for f in sample])
+    options = dict(options or {})
+    if unroll != 1:  # the older spelling of --opt unroll=N
+        options.setdefault("unroll", str(unroll))
+    ctx = RecipeContext(kind=kind, store=store, target=target_model, tli=tli, sizes=sizes, vocab_ids=vocab_ids,
+                        options=options, init=None if init is None else Path(init), run_dir=run_dir)
+    recipe = build(ctx)
+    recipe.recipe_name = kind  # the card says which recipe trained it; recipe.kind says how to load it
     return recipe
+
+
+def parse_opts(pairs: list[str]) -> dict[str, str]:
+    """``--opt KEY=VALUE`` pairs -> dict (a later key wins)."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise RecipeOptionError(f"--opt takes KEY=VALUE, got {pair!r}")
+        out[key.strip()] = value.strip()
+    return out
 
 
 def write_card(run_dir: Path, recipe, store: FeatureStore, trainer: Trainer, files: list[Path], wall_s: float) -> Path:
@@ -70,6 +74,7 @@ def write_card(run_dir: Path, recipe, store: FeatureStore, trainer: Trainer, fil
     last_val = next((r for r in reversed(trainer.history) if "val/chains" in r), {})
     card = {
         "kind": recipe.kind,
+        "recipe": getattr(recipe, "recipe_name", recipe.kind),
         "target": store.meta["target"],
         "tokenizer_fingerprint": store.meta.get("fingerprint"),
         "files": {p.name if p.parent == run_dir else str(p.relative_to(run_dir)): p.stat().st_size for p in files},
@@ -111,7 +116,8 @@ def fit_from_args(args) -> int:
     # are read from its files, so a training process does not hold the whole target.
     recipe = build_recipe(args.kind, args.target, store, tli=args.tli, width=args.width, heads=args.heads,
                           vocab=args.vocab, special_ids=specials, seed=args.seed, unroll=args.unroll,
-                          run_dir=Path(args.out))
+                          run_dir=Path(args.out), options=parse_opts(getattr(args, "opt", None) or []),
+                          init=getattr(args, "init", None))
     cfg = TrainConfig(steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens, window=args.window,
                       eval_every=args.eval_every, eval_sequences=args.eval_sequences, eval_depth=args.eval_depth,
                       save_every=args.save_every, seed=args.seed,
