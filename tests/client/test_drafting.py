@@ -162,7 +162,7 @@ def _path_score(drafter, ctx, path):
 
 
 def test_independent_cache_follows_rollbacks(small_lm):
-    drafter = IndependentDrafter(small_lm)
+    drafter = IndependentDrafter(small_lm, IndependentConfig(TreeShape(min_prob=0.0)))
     ctx = list(range(40, 60))
     a = drafter.generate_offline(ctx)
     assert a == int(_logprobs(small_lm, ctx).argmax())
@@ -173,8 +173,46 @@ def test_independent_cache_follows_rollbacks(small_lm):
     assert drafter.generate_offline(other) == int(_logprobs(small_lm, other).argmax())
     assert drafter._cache.get_seq_length() == len(other)
     tree = drafter.propose(DraftRequest(other, 255, 4))
-    assert drafter._cache.get_seq_length() == len(other)  # tree KV is dropped after drafting
+    assert drafter._cache.get_seq_length() > len(other)  # the tree's KV waits behind the committed tokens
     assert tree.tokens[0] == int(_logprobs(small_lm, other).argmax())
+    # a rollback after a tree drops the tree's KV with the rest
+    assert drafter.generate_offline(other[:5]) == int(_logprobs(small_lm, other[:5]).argmax())
+    assert drafter._cache.get_seq_length() == 5
+
+
+def _fresh_cache(model, ids):
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+    return cache
+
+
+@pytest.mark.parametrize("accept", [0, 1, 3])
+def test_accepted_tree_nodes_keep_their_kv_and_are_not_fed_again(small_lm, accept):
+    drafter = IndependentDrafter(small_lm, IndependentConfig(TreeShape(branch=2, depth=4, max_nodes=8, min_prob=0.0)))
+    ctx = list(range(40, 70))
+    drafter.propose(DraftRequest(ctx, 255, 8))
+    cands, _ = drafter._tree
+    deepest = max(range(len(cands.tokens)), key=lambda c: cands.depths[c])  # its ancestors were all fed
+    path = [cands.tokens[c] for c in cands.ancestors(deepest)][:accept]
+    assert len(path) == accept
+    bonus = 5
+    fed = []
+    real_hidden = drafter._hidden
+    drafter._hidden = lambda ids, pos, mask: (fed.append(list(ids)), real_hidden(ids, pos, mask))[1]
+    committed = ctx + path + [bonus]
+    nxt = drafter.propose(DraftRequest(committed, 255, 8))
+    assert fed[0] == [bonus]  # only the bonus token: the accepted nodes' KV was moved into place
+    drafter._hidden = real_hidden
+    assert nxt.tokens[0] == int(_logprobs(small_lm, committed).argmax())
+    # the cache's committed part equals a fresh forward over the committed text
+    want = _fresh_cache(small_lm, committed)
+    for got_layer, want_layer in zip(drafter._cache.layers, want.layers):
+        n = len(committed)
+        assert torch.allclose(got_layer.keys[..., :n, :], want_layer.keys, atol=1e-4)
+        assert torch.allclose(got_layer.values[..., :n, :], want_layer.values, atol=1e-4)
 
 
 def test_common_prefix():
