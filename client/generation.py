@@ -35,7 +35,7 @@ from edgespec.shared.tree import MAX_NODES, encode_tree
 
 from .commit import (Finish, ProtocolError, ResumePolicy, accepted_path, check_committed_len, finish_point,
                      resume_commit)
-from .drafters.base import Drafter, DraftRequest, OfflineUnsupportedError, Verification
+from .drafters.base import FEATURE_NONE, Drafter, DraftRequest, OfflineUnsupportedError, Verification
 from .link import Link, LinkDownError, Reconnector, SessionStream
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,8 @@ class GenerationConfig:
     codec: Codec = Codec.INT8_OUTLIER  # activation codec for features (drafters that ask for them)
     zstd_level: int = 3  # zstd level over feature frames
     outlier_channels: int = 8  # float16 channels kept apart by INT8_OUTLIER
+    draft_on_open: bool = True  # a drafter that needs no features drafts from the prompt and sends the tree
+    # with Open: the server verifies it in the prefill's forward pass, which saves one verification
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -188,11 +190,23 @@ class Generation:
 
     def _open(self) -> Iterator[Event]:
         t0 = time.perf_counter()
+        s = self.state
+        tree, message = None, self._open_msg
+        if self.config.draft_on_open and self.drafter.feature_request().kind == FEATURE_NONE:
+            tree = self.drafter.propose(DraftRequest(tuple(s.committed), self.max_tree_nodes,
+                                                     max(0, self.config.max_new_tokens - 1)))
+            self.metrics.draft_s += time.perf_counter() - t0
+            if len(tree):
+                message = pb.Open()
+                message.CopyFrom(self._open_msg)  # the stored Open (also Resume's reopen) stays tree-less
+                message.tree = encode_tree(tree)
+            else:
+                tree = None
         try:
             if self.link.channel is None:
                 self.link.connect()
             self._stream = self.link.stream(self.session_id)
-            answer = self._call(pb.ClientMessage(open=self._open_msg), self.link.config.open_timeout_s, "opened")
+            answer = self._call(pb.ClientMessage(open=message), self.link.config.open_timeout_s, "opened")
         except LinkDownError as err:
             if not self.drafter.can_generate_offline:
                 raise LinkDownError(f"{err}; the {self.drafter.name!r} drafter cannot start without the server") from None
@@ -201,11 +215,31 @@ class Generation:
         self.metrics.prefill_s = time.perf_counter() - t0
         self.link.first_round_trip_s = self.link.first_round_trip_s or self.metrics.prefill_s
         opened = answer.opened
-        s = self.state
-        check_committed_len(s.prompt_len + 1, opened.committed_len, "Opened")
-        self._commit([opened.first_token], [TokenOrigin.BONUS])
-        self.drafter.start(s.committed[: s.prompt_len], opened.first_token, decode_features(opened.features))
+        if tree is None and len(opened.accepted):
+            raise ProtocolError("Opened lists accepted nodes but the Open carried no tree")
+        tokens = self._take_verdict(tree, opened.accepted, opened.first_token, opened.committed_len, "Opened") \
+            if tree is not None else []
+        if tree is None:
+            check_committed_len(s.prompt_len + 1, opened.committed_len, "Opened")
+            self._commit([opened.first_token], [TokenOrigin.BONUS])
+        self.drafter.start(s.committed[: s.prompt_len + len(tokens)], opened.first_token,
+                           decode_features(opened.features))
         yield from self._emit()
+
+    def _take_verdict(self, tree, accepted: Sequence[int], bonus: int, committed_len: int, what: str) -> list[int]:
+        """Count and commit a verified tree's accepted nodes and the bonus token; returns the accepted tokens."""
+        s, m = self.state, self.metrics
+        tokens = accepted_path(tree, accepted)
+        check_committed_len(len(s.committed) + len(tokens) + 1, committed_len, what)
+        m.num_drafts += 1
+        m.num_draft_tokens += len(tree)
+        m.num_accepted_tokens += len(tokens)
+        for depth in range(len(tokens)):
+            if depth == len(m.accepted_per_position):
+                m.accepted_per_position.append(0)
+            m.accepted_per_position[depth] += 1
+        self._commit(tokens + [bonus], [TokenOrigin.ACCEPTED] * len(tokens) + [TokenOrigin.BONUS])
+        return tokens
 
     def _online_step(self) -> Iterator[Event]:
         s, m = self.state, self.metrics
@@ -229,17 +263,8 @@ class Generation:
         if v.step != self._step:
             raise ProtocolError(f"Verified answers step {v.step}, the client sent step {self._step}")
         # 3. commit accepted + bonus
-        tokens = accepted_path(tree, v.accepted)
-        check_committed_len(len(s.committed) + len(tokens) + 1, v.committed_len, "Verified")
-        m.num_drafts += 1
-        m.num_draft_tokens += len(tree)
-        m.num_accepted_tokens += len(tokens)
         m.verify_s += v.timings.total_ns / 1e9
-        for depth in range(len(tokens)):
-            if depth == len(m.accepted_per_position):
-                m.accepted_per_position.append(0)
-            m.accepted_per_position[depth] += 1
-        self._commit(tokens + [v.bonus_token], [TokenOrigin.ACCEPTED] * len(tokens) + [TokenOrigin.BONUS])
+        self._take_verdict(tree, v.accepted, v.bonus_token, v.committed_len, "Verified")
         # 4. the drafter observes the result
         self.drafter.observe(Verification(tree, tuple(v.accepted), v.bonus_token, tuple(s.committed),
                                           decode_features(v.features)))

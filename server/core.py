@@ -50,13 +50,14 @@ class VerifierCore:
         self._reaper.start()
 
     # ------------------------------------------------------------ sessions
-    def open(self, settings: SessionSettings, prompt_ids: Sequence[int]) -> StepResult:
+    def open(self, settings: SessionSettings, prompt_ids: Sequence[int], tree_bytes: bytes = b"") -> StepResult:
         self._refuse_when_draining()
+        tree = decode_tree(tree_bytes, self.target.vocab_size, self.limits.max_tree_nodes) if tree_bytes else None
         session = VerifierSession(settings, self.target, self.scheduler, self.limits.max_context_tokens)
         with session.lock:
             self.store.add(session)
             try:
-                result = session.open(prompt_ids)
+                result = session.open(prompt_ids, tree)
             except BaseException:
                 self.store.remove(session.id)
                 raise

@@ -83,10 +83,10 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         if kind == "open":
             o = message.open
             sid = _session_id(o.session_id, meta_id, allow_new=True)
-            result = self.core.open(self._settings(o, sid), list(o.prompt_ids))
+            result = self.core.open(self._settings(o, sid), list(o.prompt_ids), o.tree)
             return pb.ServerMessage(opened=pb.Opened(
                 session_id=sid, first_token=result.next_token, committed_len=result.committed_len,
-                features=_features(result), timings=_timings(result)))
+                features=_features(result), timings=_timings(result), accepted=list(result.accepted)))
         if kind == "draft":
             d = message.draft
             sid = _session_id(d.session_id, meta_id)

@@ -100,22 +100,36 @@ class VerifierSession:
         self._last_draft: tuple[int, int, StepResult] | None = None  # (step, committed_len, answer)
 
     # ---------------------------------------------------------------- open
-    def open(self, prompt_ids: Sequence[int]) -> StepResult:
-        """Prefill the prompt; the answer carries the first token and the prompt's features."""
+    def open(self, prompt_ids: Sequence[int], tree: DraftTree | None = None) -> StepResult:
+        """Prefill the prompt, verifying a tree hung from its last token in the same pass when one
+        comes with it; the answer carries the accepted nodes, the next token and the features."""
         if not prompt_ids:
             raise InvalidRequestError("Open.prompt_ids is empty: send at least one token")
         self._check_ids(prompt_ids, "Open.prompt_ids")
-        self._check_room(len(prompt_ids) + 1)
-        return self._run(self._open_job, list(prompt_ids))
+        depth = max(tree.depths(), default=0) if tree else 0
+        self._check_room(len(prompt_ids) + depth + 1)
+        return self._run(self._open_job, list(prompt_ids), tree if tree else None)
 
-    def _open_job(self, prompt: list[int]) -> _ModelStep:
+    def _open_job(self, prompt: list[int], tree: DraftTree | None) -> _ModelStep:
         t0 = time.perf_counter_ns()
-        out = self.target.prefill(self.cache, prompt)
+        if tree is None:
+            out = self.target.prefill(self.cache, prompt)
+            t1 = time.perf_counter_ns()
+            first = next_token(out.logits[-1], self.settings.sampling, self.generator)
+            self.committed = prompt + [first]
+            kv = self._kv_rows(0, len(prompt))
+            return _ModelStep(first, (), 0, out.hidden, kv, t1 - t0, time.perf_counter_ns() - t1)
+        out = self.target.prefill_tree(self.cache, prompt, tree)
         t1 = time.perf_counter_ns()
-        first = next_token(out.logits[-1], self.settings.sampling, self.generator)
-        self.committed = prompt + [first]
-        kv = self._kv_rows(0, len(prompt))
-        return _ModelStep(first, (), 0, out.hidden, kv, t1 - t0, time.perf_counter_ns() - t1)
+        outcome = verify_tree(tree, out.logits, self.settings.sampling, self.generator)
+        past = len(prompt) - 1
+        rows = [0] + [i + 1 for i in outcome.accepted]  # of [last prompt token] + nodes
+        self.target.keep_rows(self.cache, past, rows)
+        self.committed = prompt + [tree.tokens[i] for i in outcome.accepted] + [outcome.next_token]
+        hidden = torch.cat([out.hidden[:past], out.hidden[[past + r for r in rows]]])
+        kv = self._kv_rows(0, past + len(rows))
+        return _ModelStep(outcome.next_token, outcome.accepted, 0, hidden, kv, t1 - t0,
+                          time.perf_counter_ns() - t1)
 
     # -------------------------------------------------------------- verify
     def verify(self, step: int, committed_len: int, tree: DraftTree) -> StepResult:

@@ -125,6 +125,28 @@ class TargetModel:
         positions = torch.arange(start, start + len(ids), dtype=torch.long)
         return self.forward(cache, ids, positions, last_logits_only=True)
 
+    @torch.inference_mode()
+    def prefill_tree(self, cache, ids: Sequence[int], tree: DraftTree) -> ForwardOutput:
+        """ids (a causal chunk after the cache) and a tree hung from ids[-1], in one forward pass.
+        hidden: every row [len(ids) + N]; logits: the rows of [ids[-1]] + nodes only [1 + N]."""
+        past = self.cache_len(cache)
+        p = len(ids)
+        allowed = torch.ones(p - 1, past + p - 1, dtype=torch.bool).tril(past)  # the chunk is causal
+        chunk = torch.full((p - 1, past + p + len(tree)), torch.finfo(self.dtype).min, dtype=self.dtype)
+        chunk[:, :past + p - 1].masked_fill_(allowed, 0.0)
+        mask = torch.cat([chunk[None, None], full_attention_mask(tree, past + p - 1, self.dtype)], dim=2)
+        positions = torch.cat([torch.arange(past, past + p - 1, dtype=torch.long),
+                               tree_position_ids(tree, past + p)])
+        ids_t = torch.tensor([[*ids, *tree.tokens]], dtype=torch.long, device=self.device)
+        try:
+            out = self._decoder(input_ids=ids_t, position_ids=positions[None].to(self.device),
+                                attention_mask=mask.to(self.device), past_key_values=cache, use_cache=True)
+        except BaseException:
+            self.crop(cache, past)
+            raise
+        hidden = out.last_hidden_state[0]
+        return ForwardOutput(hidden, self._head(hidden[p - 1:]).float())
+
     def forward_tree(self, cache, root_token: int, tree: DraftTree) -> ForwardOutput:
         """[root] + nodes after the cached past (the committed tokens but the last). Rows: [1 + N]."""
         past = self.cache_len(cache)

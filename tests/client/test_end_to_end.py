@@ -17,7 +17,8 @@ def test_greedy_equals_target(tiny_server, make_client, tiny_target_f32, greedy,
     result = client.generate(ids, GenerationConfig(max_new_tokens=48))
     assert result.token_ids == greedy(tiny_target_f32, ids, 48, client.tokens.eos_ids)
     m = result.metrics
-    assert m.calls == m.num_drafts + 1  # prefill + one call per verification
+    # one call per verified tree, plus the prefill when Open carried no tree (nothing drafted from the prompt)
+    assert m.calls in (m.num_drafts, m.num_drafts + 1)
     assert m.new_tokens == len(result.token_ids)
     assert m.offline_tokens == 0 and m.disconnects == 0
     assert m.bytes_up > 0 and m.bytes_down > 0
@@ -37,6 +38,24 @@ def test_target_as_drafter_accepts_deep_trees(tiny_server, make_client, tiny_mod
     assert m.num_accepted_tokens + m.num_drafts + 1 >= m.new_tokens
 
 
+@pytest.mark.parametrize("draft_on_open", [True, False])
+def test_open_carries_a_tree_verified_with_the_prefill(tiny_server, make_client, tiny_model_dir, tiny_target_f32,
+                                                      greedy, draft_on_open):
+    """The drafter drafts from the prompt; the server verifies that tree in the prefill's forward pass."""
+    client = make_client(tiny_server.address, "independent", drafter_dir=tiny_model_dir,
+                         tree=TreeShape(branch=2, depth=5, max_nodes=12, min_prob=0.0))
+    ids = client.encode(PROMPTS[1])
+    result = client.generate(ids, GenerationConfig(max_new_tokens=30, ignore_eos=True, draft_on_open=draft_on_open))
+    assert result.token_ids == greedy(tiny_target_f32, ids, 30, set())
+    m = result.metrics
+    if draft_on_open:  # no separate prefill call; the first tokens are accepted drafts
+        assert m.calls == m.num_drafts
+        assert result.origins[0] is TokenOrigin.ACCEPTED
+    else:
+        assert m.calls == m.num_drafts + 1
+        assert result.origins[0] is TokenOrigin.BONUS
+
+
 def test_events_stream_every_token_once_with_origin(tiny_server, make_client, tiny_model_dir):
     client = make_client(tiny_server.address, "independent", drafter_dir=tiny_model_dir)
     gen = client.generation(client.encode(PROMPTS[1]), GenerationConfig(max_new_tokens=30, ignore_eos=True))
@@ -44,7 +63,7 @@ def test_events_stream_every_token_once_with_origin(tiny_server, make_client, ti
     assert [e.index for e in events] == list(range(30))
     assert [e.token for e in events] == gen.result.token_ids
     assert [e.origin for e in events] == gen.result.origins
-    assert events[0].origin is TokenOrigin.BONUS  # the first token comes from the prefill
+    assert TokenOrigin.BONUS in gen.result.origins and TokenOrigin.ACCEPTED in gen.result.origins
     assert gen.result.finish_reason == "length"
 
 

@@ -53,10 +53,12 @@ def test_quantized_tiny_drafter_agrees_with_float_and_keeps_its_cache_right(tiny
     drafter = IndependentDrafter(model, IndependentConfig(TreeShape(branch=2, depth=4, max_nodes=10, min_prob=0.0)))
     tree = drafter.propose(DraftRequest(ctx, 255, 10))
     tree.validate()
-    assert len(tree) == 10 and drafter._cache.get_seq_length() == len(ctx)
+    # the committed text's KV first, the tree's fed frontier nodes behind it (kept for the next sync)
+    assert len(tree) == 10 and drafter._fed == ctx and drafter._cache.get_seq_length() > len(ctx)
     with torch.inference_mode():
         own = int(model(input_ids=torch.tensor([ctx])).logits[0, -1].argmax())
     assert drafter.generate_offline(ctx) == own
+    assert drafter._cache.get_seq_length() == len(ctx)
 
 
 def test_from_pretrained_quantizes_on_cpu_and_stays_lossless(tiny_server, tiny_model_dir, tiny_target_f32, greedy):

@@ -50,7 +50,7 @@ def test_reduced_vocab_trees_use_only_listed_ids_with_renormalised_scores(small_
         path = [tree.tokens[j] for j in tree.ancestors(i)]
         lp = _reduced_logprobs(small_lm, ctx + path[:-1], ids)
         assert path[-1] in lp.topk(3).indices.tolist()  # a top-B child among the listed ids
-    assert drafter._cache.get_seq_length() == len(ctx)  # tree KV dropped
+    assert drafter._fed == ctx and drafter._cache.get_seq_length() > len(ctx)  # tree KV kept for the next sync
 
 
 def test_full_vocab_tree_equals_the_plain_head(small_lm):

@@ -86,6 +86,28 @@ def test_greedy_random_trees_commit_the_target_greedy_continuation(tiny_target, 
     assert tiny_target.cache_len(session.cache) == len(session.committed) - 1
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_open_with_a_tree_verifies_it_in_the_prefill_pass(tiny_target, scheduler, greedy_reference, seed):
+    """Open + tree = Open then Draft: same committed text, same cache, features for prompt + accepted nodes."""
+    rng = random.Random(seed)
+    prompt = [rng.randrange(256) for _ in range(rng.randint(1, 12))]
+    truth = greedy_reference(prompt, 20)
+    tree = random_tree(rng, truth)
+    session = make_session(tiny_target, scheduler, features=FeatureSpec(FeatureKind.LAST_HIDDEN))
+    opened = session.open(prompt, tree)
+    accepted = [tree.tokens[i] for i in opened.accepted]
+    assert accepted + [opened.next_token] == truth[:len(accepted) + 1]
+    assert opened.committed_len == len(prompt) + len(accepted) + 1 == len(session.committed)
+    assert tiny_target.cache_len(session.cache) == len(session.committed) - 1
+    assert torch.allclose(session_next_logits(session), fresh_next_logits(tiny_target, session.committed), atol=1e-4)
+    (name, frame), = opened.features
+    assert decode_frame(frame).shape[0] == len(prompt) + len(accepted)
+    # the session goes on like any other
+    result = session.verify(1, len(session.committed), DraftTree((), ()))
+    assert session.committed[len(prompt):] == truth[:len(session.committed) - len(prompt)]
+    assert result.committed_len == len(session.committed)
+
+
 def test_sampling_sessions_keep_the_kv_of_the_accepted_path(tiny_target, scheduler):
     rng = random.Random(5)
     session = make_session(tiny_target, scheduler, SamplingConfig(temperature=1.0, top_p=0.95), seed=3)

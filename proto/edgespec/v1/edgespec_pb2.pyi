@@ -143,7 +143,7 @@ class CodecChoice(_message.Message):
     def __init__(self, codec: _Optional[_Union[Codec, str]] = ..., zstd_level: _Optional[int] = ..., outlier_channels: _Optional[int] = ...) -> None: ...
 
 class Open(_message.Message):
-    __slots__ = ("session_id", "prompt_ids", "sampling", "features", "codec", "max_new_tokens", "tokenizer_fingerprint", "drafter")
+    __slots__ = ("session_id", "prompt_ids", "sampling", "features", "codec", "max_new_tokens", "tokenizer_fingerprint", "drafter", "tree")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +152,7 @@ class Open(_message.Message):
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
+    TREE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
@@ -160,21 +161,24 @@ class Open(_message.Message):
     max_new_tokens: int
     tokenizer_fingerprint: str
     drafter: str
-    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., features: _Optional[_Union[FeatureRequest, _Mapping]] = ..., codec: _Optional[_Union[CodecChoice, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., drafter: _Optional[str] = ...) -> None: ...
+    tree: bytes
+    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., features: _Optional[_Union[FeatureRequest, _Mapping]] = ..., codec: _Optional[_Union[CodecChoice, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., drafter: _Optional[str] = ..., tree: _Optional[bytes] = ...) -> None: ...
 
 class Opened(_message.Message):
-    __slots__ = ("session_id", "first_token", "committed_len", "features", "timings")
+    __slots__ = ("session_id", "first_token", "committed_len", "features", "timings", "accepted")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_LEN_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     first_token: int
     committed_len: int
     features: _containers.RepeatedCompositeFieldContainer[Feature]
     timings: Timings
-    def __init__(self, session_id: _Optional[str] = ..., first_token: _Optional[int] = ..., committed_len: _Optional[int] = ..., features: _Optional[_Iterable[_Union[Feature, _Mapping]]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ...) -> None: ...
+    accepted: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[str] = ..., first_token: _Optional[int] = ..., committed_len: _Optional[int] = ..., features: _Optional[_Iterable[_Union[Feature, _Mapping]]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., accepted: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Draft(_message.Message):
     __slots__ = ("session_id", "step", "committed_len", "tree")
