@@ -20,13 +20,15 @@ def add_client_options(p: argparse.ArgumentParser) -> None:
     # Defaults stay None here and come from TreeShape / NgramConfig when the client is built, so that
     # `edgespec --help` does not import torch.
     p.add_argument("--drafter", default="ngram",
-                   help="ngram | independent | eagle | moa | a shipped learned drafter: eagle, moa-tli0, moa-tli1 "
-                        "(default: ngram)")
+                   help="ngram | independent | eagle | moa | beagle | a shipped learned drafter: eagle, moa-tli0, "
+                        "moa-tli1 (default: ngram)")
     p.add_argument("--drafter-model", default=None,
                    help="small LM of the independent drafter (registry name or directory; "
                         "default qwen2.5-coder-0.5b-instruct)")
     p.add_argument("--checkpoint", default=None,
-                   help="learned drafter (eagle, moa): a shipped name or a checkpoint folder/file of your own")
+                   help="learned drafter (eagle, moa, beagle): a shipped name or a checkpoint folder/file of your own")
+    p.add_argument("--no-router", action="store_true",
+                   help="learned drafters: ignore the checkpoint's LM-head router (compute the full head)")
     p.add_argument("--target-model", default=None,
                    help="learned drafters: the target whose embedding, norm and LM head (and TLI layers) they use, "
                         "read from its files on this machine (default: the server's model)")
@@ -65,7 +67,8 @@ def client_from_args(args, address: str):
     ngram = NgramConfig() if args.ngram_nodes is None else NgramConfig(max_nodes=args.ngram_nodes)
     options = DrafterOptions(name=args.drafter, model=args.drafter_model or DEFAULT_DRAFTER,
                              checkpoint=args.checkpoint, target=args.target_model,
-                             moa_server_part=args.moa_server_part, tree=tree, ngram=ngram)
+                             moa_server_part=args.moa_server_part, tree=tree, ngram=ngram,
+                             router=not getattr(args, "no_router", False))
     link = LinkConfig(address, tls=args.tls, root_certificates=args.ca,
                       api_key=args.api_key or os.environ.get("EDGESPEC_API_KEY"),
                       min_deadline_s=args.min_deadline, max_deadline_s=max(30.0, args.min_deadline))

@@ -1,4 +1,4 @@
-"""Drafters by name. Learned drafters (eagle, moa) live in their own modules and plug in here.
+"""Drafters by name. Learned drafters (eagle, moa, beagle) live in their own modules and plug in here.
 
 A drafter module outside this file provides ``from_options(options, server_info) -> Drafter``.
 """
@@ -16,7 +16,8 @@ from .ngram import NgramConfig
 from .tree_builder import TreeShape
 
 # name -> module providing from_options(); ngram and independent are built here.
-PLUGIN_MODULES = {"eagle": "edgespec.client.drafters.eagle", "moa": "edgespec.client.drafters.moa"}
+PLUGIN_MODULES = {"eagle": "edgespec.client.drafters.eagle", "moa": "edgespec.client.drafters.moa",
+                  "beagle": "edgespec.client.drafters.beagle"}
 BUILTIN = ("ngram", "independent")
 
 
@@ -28,11 +29,12 @@ class UnknownDrafterError(EdgespecError, ValueError):
 class DrafterOptions:
     """Which drafter to run and how."""
 
-    name: str = "ngram"  # "ngram", "independent", "eagle", "moa"
+    name: str = "ngram"  # "ngram", "independent", "eagle", "moa", "beagle"
     model: str = DEFAULT_DRAFTER  # the small LM of `independent` (registry name or local directory)
     checkpoint: str | None = None  # learned drafters: shipped checkpoint name, folder or file
     target: str | None = None  # learned drafters: target whose embedding / LM head they use (None: the server's)
     moa_server_part: str | None = None  # MoA: the server part's name on the server (None: the checkpoint's name)
+    router: bool = True  # learned drafters: use the checkpoint's LM-head router when it has one
     device: str | None = "cpu"  # where the drafter's model runs (the laptop: CPU)
     dtype: str | None = None  # its dtype; None = bfloat16
     tree: TreeShape = TreeShape()  # EAGLE-2 tree shape for drafters with next-token distributions

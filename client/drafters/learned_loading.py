@@ -55,6 +55,7 @@ def open_learned(kind: str, options, server_info, default_checkpoint: str):
             f"drafter {where} was trained for a target with tokenizer {fingerprint[:12]}..., but the server's "
             f"{server_info.model_name} has {server_info.tokenizer_fingerprint[:12]}...: use a drafter trained for "
             f"this target")
-    runtime = open_drafter(where, pick_target(options, server_info, card), dtype=_dtype(options.dtype))
+    runtime = open_drafter(where, pick_target(options, server_info, card), dtype=_dtype(options.dtype),
+                           router=getattr(options, "router", True))
     name = Path(where).name if Path(where).is_dir() else Path(where).stem
     return runtime, name, card

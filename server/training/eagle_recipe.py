@@ -27,20 +27,33 @@ class EagleRecipeConfig:
     ce_weight: float = 0.1  # soft cross-entropy against the target's distribution
     unroll: int = 1  # training steps per start (> 1: training-time test)
     unroll_weight: float = 1.0  # weight of each unrolled step's terms relative to step 1
+    detach: bool = False  # HASS: unrolled steps feed the previous step's features detached (no gradient back)
+    data_tokens: bool = False  # HASS: unrolled steps read the data's next tokens, not the drafted ones
 
 
 def unrolled_steps(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, feats: torch.Tensor,
-                   positions: torch.Tensor, steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                   positions: torch.Tensor, steps: int, detach: bool = False,
+                   data_tokens: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per step s (1..steps): (predicted features [n, E], drafted draft-vocab ids [n]) for the
-    n = len(tokens) - 1 starts. feats: [n, E] features f_r fed at step 1."""
+    n = len(tokens) - 1 starts. feats: [n, E] features f_r fed at step 1.
+
+    detach: step s reads step s-1's features detached, so step s's loss trains the head as it is
+    used at that step (on the features it made) without reshaping the earlier steps (HASS).
+    data_tokens: step s of start r reads the data token c_{r+s} (the accepted path on data the
+    target generated greedily) instead of step s-1's argmax; rows past the window keep the argmax.
+    """
     n = tokens.shape[0] - 1
     pred, kv = head(parts.embed(tokens[1:]), feats, positions[:n], causal_mask(n, tokens.device))
     out = [(pred, parts.logits(pred).argmax(-1))]
     past = kv
     for s in range(2, steps + 1):
         prev_pred, prev_ids = out[-1]
-        pred, kv = head(parts.embed(parts.to_target_ids(prev_ids)), prev_pred, positions[:n] + s - 1,
-                        unrolled_mask(n, s, tokens.device), past)
+        ids = parts.to_target_ids(prev_ids)
+        if data_tokens:
+            k = max(0, n + 1 - s)  # starts r <= n - s have their token c_{r+s} in the window
+            ids = torch.cat([tokens[s:s + k], ids[k:]])
+        feed = prev_pred.detach() if detach else prev_pred
+        pred, kv = head(parts.embed(ids), feed, positions[:n] + s - 1, unrolled_mask(n, s, tokens.device), past)
         past = past.cat(kv)
         out.append((pred, parts.logits(pred).argmax(-1)))
     return out
@@ -64,7 +77,8 @@ class EagleRecipe:
         n = tokens.shape[0] - 1
         rms = h.pow(2).mean().sqrt()
         noise = (torch.rand(h[:n].shape, generator=gen).to(h.device) * 2 - 1) * self.config.noise * rms
-        steps = unrolled_steps(self.head, self.parts, tokens, h[:n] + noise, pos, self.config.unroll)
+        steps = unrolled_steps(self.head, self.parts, tokens, h[:n] + noise, pos, self.config.unroll,
+                               self.config.detach, self.config.data_tokens)
         w = seq.loss_mask[start + 1:end].float()
         with torch.no_grad():
             target_logits = self.parts.logits(h[1:])

@@ -29,13 +29,18 @@ class MoARecipeConfig:
     max_T: int = 15  # largest step bound drawn per sequence
     activation_weight: float = 1.0  # SmoothL1 on the predicted activation
     kl_weight: float = 0.1  # forward KL against the target's distribution
+    detach_own: bool = False  # HASS (TLI >= 1): earlier drafted rows' own TLI K/V as detached context
 
 
 def moa_window(model: MoADrafterModel, parts: TargetParts, tokens: torch.Tensor, kv: torch.Tensor,
-               positions: torch.Tensor, bounds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+               positions: torch.Tensor, bounds: torch.Tensor, detach_own: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """(predicted activation [n, E], drafter logits [n, V']) of a window under per-query bounds.
 
     kv: [n, L, 2*E_kv] the target's K|V per token and layer; bounds: [n] (masks.step_bounds).
+    detach_own (TLI >= 1): the TLI layers' own K/V of the earlier drafted rows a query sees are
+    made from detached activations (same values, no gradient): each row's loss trains only its
+    own prediction, the earlier rows are fixed context, as while drafting (HASS).
     """
     client, n = model.client, tokens.shape[0]
     memory = client.with_null(client.memory(model.lsa(kv), positions))
@@ -51,8 +56,31 @@ def moa_window(model: MoADrafterModel, parts: TargetParts, tokens: torch.Tensor,
         def rows(t):  # [n, E_kv] -> [kv_heads, n, D]
             return t.to(dt).view(n, heads, -1).transpose(0, 1)
         past = [KV(rows(kv[:, l, :e_kv]), rows(kv[:, l, e_kv:])) for l in layers]
-    out, _ = parts.run_layers(act, positions, mixed_kv_mask(bounds), past)
+    if parts.tli and detach_own:
+        out = _run_layers_detached_context(parts, act, positions, bounds, past)
+    else:
+        out, _ = parts.run_layers(act, positions, mixed_kv_mask(bounds), past)
     return act, parts.logits(parts.norm(out))
+
+
+def _run_layers_detached_context(parts: TargetParts, act: torch.Tensor, positions: torch.Tensor,
+                                 bounds: torch.Tensor, past: list[KV]) -> torch.Tensor:
+    """The TLI layers with the own K/V of earlier drafted rows taken from a no-grad pass.
+
+    Keys per layer: [target's K/V 0..n-1 ; own K/V of 0..n-1 (detached) ; this row's own K/V].
+    Query i sees the target's rows up to its bound, detached own rows bound < j < i, and itself:
+    the same values as ``mixed_kv_mask``, so the forward is unchanged; only the gradient differs.
+    """
+    n = act.shape[0]
+    with torch.no_grad():
+        _, own = parts.run_layers(act.detach(), positions, mixed_kv_mask(bounds), past)
+    mixed = mixed_kv_mask(bounds)
+    j = torch.arange(n, device=act.device)
+    earlier = mixed[:, n:] & (j[None, :] < j[:, None])
+    mask = torch.cat([mixed[:, :n], earlier, torch.eye(n, dtype=torch.bool, device=act.device)], 1)
+    context = [p.cat(KV(o.k.detach(), o.v.detach())) for p, o in zip(past, own)]
+    out, _ = parts.run_layers(act, positions, mask, context)
+    return out
 
 
 class MoARecipe:
@@ -69,13 +97,15 @@ class MoARecipe:
         return {"lsa": self.model.lsa, "client": self.model.client}
 
     def forward(self, seq: StoredSequence, start: int, end: int, gen: torch.Generator) -> Outputs:
-        tokens, kv = seq.tokens[start:end], seq.kv[start:end].float()
-        n = tokens.shape[0]
         T = int(torch.randint(self.config.min_T, self.config.max_T + 1, (1,), generator=gen))
         offset = int(torch.randint(0, T, (1,), generator=gen))
-        bounds = step_bounds(n, T, offset, tokens.device)
+        return self.window_outputs(seq, start, end, step_bounds(end - start, T, offset, seq.tokens.device))
+
+    def window_outputs(self, seq: StoredSequence, start: int, end: int, bounds: torch.Tensor) -> Outputs:
+        """Training outputs of the window [start, end) under per-query bounds [end - start]."""
+        tokens, kv = seq.tokens[start:end], seq.kv[start:end].float()
         positions = torch.arange(start, end, device=tokens.device)
-        act, logits = moa_window(self.model, self.parts, tokens, kv, positions, bounds)
+        act, logits = moa_window(self.model, self.parts, tokens, kv, positions, bounds, self.config.detach_own)
         with torch.no_grad():
             target_logits = self.parts.logits(seq.hidden[start:end])
         # Row i predicts c_{i+1}: it counts when that token is one to learn.

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ...shared.drafters.checkpoint import DrafterCheckpointError
 from ...shared.drafters.loading import find_checkpoint
+from ...shared.drafters.router import router_path
 from ...shared.drafters.shipped import CHECKPOINT_DIR
 
 MAX_BYTES = 25 * 1000 * 1000  # the limit per shipped drafter (25 MB on disk)
@@ -23,6 +24,9 @@ def ship(run_dir: str | Path, name: str, command: str = "", measured: dict | Non
     run_dir = Path(run_dir)
     ckpt = find_checkpoint(run_dir)
     files = [ckpt] if ckpt.is_file() else [ckpt / "client.safetensors", ckpt / "server.safetensors"]
+    router = router_path(ckpt)
+    if router.is_file():  # an LM-head router (second stage) travels with its drafter
+        files.append(router)
     size = sum(f.stat().st_size for f in files)
     if size > MAX_BYTES:
         raise DrafterCheckpointError(f"{ckpt} is {size / 1e6:.1f} MB; shipped drafters stay under "
@@ -50,6 +54,8 @@ def card_markdown(card: dict) -> str:
     lines = [f"# Drafter `{card.get('name', '?')}` ({card.get('kind', '?')}) for `{card.get('target', '?')}`", "",
              "## Files", ""]
     lines += [f"- `{k}`: {n / 1e6:.2f} MB" for k, n in card.get("files", {}).items()]
+    if card.get("recipe") and card.get("recipe") != card.get("kind"):
+        lines += [f"- training recipe: `{card['recipe']}`"]
     lines += ["", "## Training", "",
               f"- data: feature store `{d.get('feature_store', '?')}`: {d.get('train_sequences', '?')} training "
               f"sequences ({d.get('train_tokens', '?')} tokens), {d.get('val_sequences', '?')} held out",

@@ -9,6 +9,8 @@ Use (``parts`` = the target's frozen embedding / norm / LM head):
     d.commit(accepted + [bonus], hidden_new)    # new rows = features of the newly covered tokens
     d.commit([tok], None)                       # offline: the head's own predicted feature stands in
     d.rollback(n)                               # keep the first n committed tokens
+    d.attach_router(router)                     # optional: CORAL's LM-head router (router.py) computes
+                                                # only its chosen vocabulary groups; None detaches it
 
 Draft-vocabulary indices map to target ids with ``parts.to_target_ids``.
 """
@@ -23,6 +25,7 @@ from .blocks import KV
 from .draft_area import DraftArea
 from .eagle import EagleHead
 from .masks import causal_mask
+from .router import LMHeadRouter, RoutedHead, routed_head_for
 from .target_parts import TargetParts
 
 
@@ -36,7 +39,13 @@ class DrafterStateError(EdgespecError, ValueError):
 class EagleDrafter:
     def __init__(self, head: EagleHead, parts: TargetParts):
         self.head, self.parts = head.eval(), parts
+        self.routed: RoutedHead | None = None  # the LM head restricted to a router's groups, when attached
         self.reset()
+
+    def attach_router(self, router: LMHeadRouter | RoutedHead | None) -> None:
+        """Draft with a router's chosen groups of the LM head (None: the full head again).
+        A RoutedHead already made for these parts is reused (no second copy of the head)."""
+        self.routed = routed_head_for(router, self.parts)
 
     def reset(self) -> None:
         self.tokens: list[int] = []
@@ -151,4 +160,6 @@ class EagleDrafter:
             self.preds = self.preds[:keep] if keep else None
 
     def _logprobs(self, feats: torch.Tensor) -> torch.Tensor:
+        if self.routed is not None:
+            return self.routed.logprobs(feats)
         return torch.log_softmax(self.parts.logits(feats).float(), dim=-1)

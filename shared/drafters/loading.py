@@ -1,9 +1,9 @@
 """Open a trained drafter for drafting: checkpoint + the target's own frozen parts.
 
-``open_drafter(path, target_model)`` accepts an ``eagle.safetensors`` file, a MoA folder
-(``client.safetensors`` + ``server.safetensors``), or a run folder holding exactly one of
-them, and returns the drafting runtime (``EagleDrafter`` or ``MoADrafter``). The server
-side of MoA opens its half with ``open_moa_server_part``.
+``open_drafter(path, target_model)`` accepts an ``eagle.safetensors`` or ``beagle.safetensors``
+file, a MoA folder (``client.safetensors`` + ``server.safetensors``), or a run folder holding
+exactly one of them, and returns the drafting runtime (``EagleDrafter``, ``BeagleDrafter`` or
+``MoADrafter``). The server side of MoA opens its half with ``open_moa_server_part``.
 """
 from __future__ import annotations
 
@@ -11,31 +11,49 @@ from pathlib import Path
 
 import torch
 
+from .beagle import load_beagle
+from .beagle_drafter import BeagleDrafter
 from .checkpoint import DrafterCheckpointError
 from .eagle import load_eagle
 from .eagle_drafter import EagleDrafter
 from .lsa import LayerSelfAttention, load_server_part
 from .moa import load_moa_client
 from .moa_drafter import MoADrafter
+from .router import attach_router_if_present
+from .shipped import file_kind
 from .target_parts import TargetParts, load_target_parts
 
 
 def find_checkpoint(path: str | Path) -> Path:
-    """The eagle file or MoA folder at (or directly inside) ``path``."""
+    """The eagle / beagle file or MoA folder at (or directly inside) ``path``."""
     path = Path(path)
     if path.is_file() or (path / "client.safetensors").is_file():
         return path
-    found = sorted(path.glob("eagle.safetensors")) + sorted(p.parent for p in path.glob("*/client.safetensors"))
+    found = (sorted(path.glob("eagle.safetensors")) + sorted(path.glob("beagle.safetensors"))
+             + sorted(p.parent for p in path.glob("*/client.safetensors")))
     if len(found) != 1:
         what = "nothing" if not found else ", ".join(map(str, found))
         raise DrafterCheckpointError(f"expected one drafter checkpoint in {path}, found {what}")
     return found[0]
 
 
-def open_drafter(path: str | Path, target, dtype: torch.dtype = torch.float32) -> EagleDrafter | MoADrafter:
+def open_drafter(path: str | Path, target, dtype: torch.dtype = torch.float32, router: bool = True
+                 ) -> EagleDrafter | BeagleDrafter | MoADrafter:
     """``target``: a loaded *ForCausalLM, or its registry name / folder: then only the parts the
-    drafter needs are read from its files (``target_parts.load_target_parts``)."""
+    drafter needs are read from its files (``target_parts.load_target_parts``). A ``router.safetensors``
+    beside the drafter (CORAL's LM-head router) is attached unless ``router`` is False."""
     ckpt = find_checkpoint(path)
+    runtime = _open_runtime(ckpt, target, dtype)
+    attach_router_if_present(runtime, ckpt, enabled=router)
+    return runtime
+
+
+def _open_runtime(ckpt: Path, target, dtype: torch.dtype) -> EagleDrafter | BeagleDrafter | MoADrafter:
+    if ckpt.is_file() and file_kind(ckpt) == "beagle":
+        head, vocab_ids = load_beagle(ckpt)
+        parts = _parts(target, 0, vocab_ids, dtype)
+        _check_fits(ckpt, parts, hidden_size=head.config.hidden_size)
+        return BeagleDrafter(head.to(dtype), parts)
     if ckpt.is_file():
         head, vocab_ids = load_eagle(ckpt)
         parts = _parts(target, 0, vocab_ids, dtype)

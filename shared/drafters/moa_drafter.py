@@ -6,6 +6,7 @@
     lp = d.root_logprobs(); lps = d.expand(tokens, parents); d.rollback(n)
     d.commit([tok], None)                       # offline: no new memory; TLI layers use their own K/V
     d.commit(tokens, features, features_from=p) # features of positions p.. (e.g. after a resume)
+    d.attach_router(router)                     # optional: CORAL's LM-head router (router.py); None detaches
 
 Per committed token c_i at position i the drafter keeps: its Self-Attention K/V (token-only,
 never recomputed); when the server sent its features ("covered"), a Cross-Attention memory
@@ -23,6 +24,7 @@ from .blocks import KV
 from .draft_area import DraftArea
 from .eagle_drafter import DrafterStateError
 from .moa import MoAClient
+from .router import LMHeadRouter, RoutedHead, routed_head_for
 from .target_parts import TargetParts
 
 
@@ -41,7 +43,17 @@ class MoADrafter:
             raise DrafterStateError(f"the client part was trained for TLI {client.config.tli} but the target "
                                     f"parts hold {parts.tli} layers")
         self.client, self.parts = client.eval(), parts
+        self.routed: RoutedHead | None = None  # the LM head restricted to a router's groups, when attached
         self.reset()
+
+    @torch.no_grad()
+    def attach_router(self, router: LMHeadRouter | RoutedHead | None) -> None:
+        """Draft with a router's chosen groups of the LM head (None: the full head again).
+        A RoutedHead already made for these parts is reused (no second copy of the head)."""
+        self.routed = routed_head_for(router, self.parts)
+        if self.own_logits is not None:  # predictions made with the other head: make them again
+            self.own_logits = self.tli_own = None
+            self._refresh_own()
 
     def reset(self) -> None:
         self.tokens: list[int] = []
@@ -151,7 +163,8 @@ class MoADrafter:
         if tli_past is None:  # nothing committed in the TLI cache yet: only this call's rows
             tli_mask = tli_mask[:, tli_mask.shape[1] - x.shape[0]:]
         out, tli_new = self.parts.run_layers(act, pos, tli_mask, tli_past)
-        return self.parts.logits(self.parts.norm(out.to(self.parts.head_weight.dtype))), tli_new
+        hidden = self.parts.norm(out.to(self.parts.head_weight.dtype))
+        return (self.parts.logits(hidden) if self.routed is None else self.routed.logits(hidden)), tli_new
 
     # -- drafting -------------------------------------------------------------------------------
     def root_logprobs(self) -> torch.Tensor:

@@ -47,10 +47,25 @@ def read_card(path: str | Path) -> dict:
 
 
 def checkpoint_kind(path: str | Path) -> str:
-    """"eagle" or "moa", from the files present."""
+    """"eagle", "beagle" or "moa", from the files present."""
     path = Path(path)
-    if path.is_file() or (path / "eagle.safetensors").is_file():
+    if path.is_file():
+        return "beagle" if file_kind(path) == "beagle" else "eagle"
+    if (path / "beagle.safetensors").is_file():
+        return "beagle"
+    if (path / "eagle.safetensors").is_file():
         return "eagle"
     if (path / "client.safetensors").is_file() or any(path.glob("*/client.safetensors")):
         return "moa"
-    raise DrafterCheckpointError(f"{path} holds neither an EAGLE nor a MoA drafter")
+    raise DrafterCheckpointError(f"{path} holds no EAGLE, Beagle or MoA drafter")
+
+
+def file_kind(path: str | Path) -> str:
+    """The drafter kind a single-file checkpoint records in its metadata ("" when none)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return (f.metadata() or {}).get("kind", "")
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own types for a file that is not one
+        raise DrafterCheckpointError(f"{path} is not a safetensors drafter checkpoint: {exc}") from None

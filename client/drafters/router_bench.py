@@ -1,0 +1,238 @@
+"""Benchmark: what CORAL's LM-head router saves in drafting time and costs in acceptance.
+
+    python -m edgespec.client.drafters.router_bench --checkpoint runs/eagle-router --humaneval 10 --mtbench 10
+
+One drafter checkpoint with a ``router.safetensors`` beside it, one runtime, the router
+attached or not; every prompt is generated both ways back to back (alternating which goes
+first, so a busy machine slows both alike), greedy, through a real server on loopback with
+the same tree settings. Reported for each: drafting time per tree (the client's
+``draft_s`` over trees), tau (tokens committed per verification, bonus included),
+per-position acceptance (accepted drafts at depth k per tree), tokens/s, and whether both
+outputs are the same (they must be: verification is lossless either way). Apart from that,
+the LM head alone: milliseconds per call for 1 and ``branch`` rows (LM-head inputs recorded
+while drafting), full vs routed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+MODES = ("full head", "router")
+
+
+@dataclass
+class ModeTotals:
+    """Sums over prompts of one mode (full head or router)."""
+
+    trees: int = 0  # verifications (trees drafted)
+    accepted: int = 0  # draft tokens accepted
+    draft_s: float = 0.0  # client time spent drafting trees
+    wall_s: float = 0.0  # generation wall time
+    new_tokens: int = 0
+    per_position: list[int] = field(default_factory=list)  # accepted at depth 1, 2, ...
+
+    def add(self, m) -> None:
+        self.trees += m.num_drafts
+        self.accepted += m.num_accepted_tokens
+        self.draft_s += m.draft_s
+        self.wall_s += m.wall_s
+        self.new_tokens += m.new_tokens
+        pp = list(m.accepted_per_position)
+        width = max(len(pp), len(self.per_position))
+        self.per_position = [(self.per_position[k] if k < len(self.per_position) else 0)
+                             + (pp[k] if k < len(pp) else 0) for k in range(width)]
+
+    def summary(self) -> dict:
+        trees = max(1, self.trees)
+        return {"trees": self.trees, "draft_ms_per_tree": 1000 * self.draft_s / trees,
+                "tau": (self.accepted + self.trees) / trees if self.trees else 0.0,
+                "accept_rate_at": [a / trees for a in self.per_position],
+                "tokens_per_s": self.new_tokens / self.wall_s if self.wall_s else 0.0}
+
+
+def recording(routed):
+    """The same routed head (sharing its group-ordered weight), keeping the first LM-head inputs it
+    is asked about: real drafting rows for the head's own timing."""
+    from edgespec.shared.drafters.router import RoutedHead
+
+    class RecordingHead(RoutedHead):
+        def __init__(self, inner: RoutedHead):
+            self.__dict__.update(inner.__dict__)
+            self.rows: list[torch.Tensor] = []
+
+        def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+            if len(self.rows) < 64:
+                self.rows.append(hidden.detach().clone())
+            return super().logits(hidden)
+
+    return RecordingHead(routed)
+
+
+def time_call(fn, repeat: int) -> float:
+    """Median milliseconds of fn() over ``repeat`` calls (after one warm-up call)."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1000 * sorted(times)[len(times) // 2]
+
+
+@torch.inference_mode()
+def head_timings(parts, routed, rows: torch.Tensor, sizes: tuple[int, ...], repeat: int) -> dict[int, tuple]:
+    """{rows per call: (full ms, routed ms)} of the LM head alone on real LM-head inputs."""
+    out = {}
+    for t in sizes:
+        h = rows[:t]
+        full = time_call(lambda: torch.log_softmax(parts.logits(h).float(), -1), repeat)
+        out[t] = (full, time_call(lambda: routed.logprobs(h), repeat))
+    return out
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b else "-"
+
+
+def table(s: dict[str, dict], heads: dict[int, tuple], same: str) -> str:
+    full, routed = s[MODES[0]], s[MODES[1]]
+    lines = ["| | full head | router | full / router |", "|---|---|---|---|",
+             f"| drafting ms per tree | {full['draft_ms_per_tree']:.2f} | {routed['draft_ms_per_tree']:.2f} | "
+             f"{ratio(full['draft_ms_per_tree'], routed['draft_ms_per_tree'])} |"]
+    for t, (a, b) in heads.items():
+        lines.append(f"| LM head ms per call, {t} row(s) | {a:.3f} | {b:.3f} | {ratio(a, b)} |")
+    lines.append(f"| tau (tokens per verification) | {full['tau']:.3f} | {routed['tau']:.3f} | "
+                 f"{ratio(full['tau'], routed['tau'])} |")
+    depth = max(len(full["accept_rate_at"]), len(routed["accept_rate_at"]))
+    for k in range(depth):
+        a = full["accept_rate_at"][k] if k < len(full["accept_rate_at"]) else 0.0
+        b = routed["accept_rate_at"][k] if k < len(routed["accept_rate_at"]) else 0.0
+        lines.append(f"| accepted at depth {k + 1} per tree | {a:.3f} | {b:.3f} | {ratio(a, b)} |")
+    lines.append(f"| tokens/s | {full['tokens_per_s']:.2f} | {routed['tokens_per_s']:.2f} | "
+                 f"{ratio(full['tokens_per_s'], routed['tokens_per_s'])} |")
+    lines.append(f"| same output both ways | {same} | | |")
+    return "\n".join(lines)
+
+
+def open_routed_drafter(checkpoint: str, target: str, tree):
+    """(LearnedDrafter, RoutedHead, checkpoint path, MoA server part or None) for a checkpoint with a router."""
+    from edgespec.shared.drafters.checkpoint import DrafterCheckpointError
+    from edgespec.shared.drafters.loading import find_checkpoint, open_drafter
+    from edgespec.shared.drafters.router import bind_router, load_router, router_path
+    from edgespec.shared.drafters.shipped import resolve_checkpoint
+
+    from .base import FEATURE_LAST_HIDDEN, FEATURE_MOA, FeatureNeeds
+    from .learned import LearnedDrafter
+
+    ckpt = find_checkpoint(resolve_checkpoint(checkpoint))
+    if not router_path(ckpt).is_file():
+        raise DrafterCheckpointError(f"no router.safetensors beside {ckpt}: train one with `edgespec train fit "
+                                     f"--kind eagle+router --init RUN` (or moa+router)")
+    runtime = open_drafter(ckpt, target)
+    routed = bind_router(load_router(router_path(ckpt)), runtime.parts)
+    if ckpt.is_file():
+        return LearnedDrafter("eagle", runtime, FeatureNeeds(FEATURE_LAST_HIDDEN), tree), routed, ckpt, None
+    needs = FeatureNeeds(FEATURE_MOA, moa_server_part=ckpt.name, tli_layers=runtime.parts.tli)
+    return LearnedDrafter(f"moa-tli{runtime.parts.tli}", runtime, needs, tree), routed, ckpt, ckpt.name
+
+
+def run(args) -> dict:
+    from edgespec.server.app import ServerConfig, start_server
+    from edgespec.shared.prompts import humaneval_prompts, mtbench_first_turns
+
+    from ..edge_client import ClientConfig, EdgespecClient, chat_prompt_ids, load_tokenizer
+    from ..generation import GenerationConfig
+    from ..link import LinkConfig
+    from .factory import DrafterOptions
+    from .tree_builder import TreeShape
+
+    tree = TreeShape(args.tree_branch, args.tree_depth, args.tree_nodes, args.tree_min_prob)
+    drafter, routed, ckpt, moa_part = open_routed_drafter(args.checkpoint, args.target, tree)
+    routed = recording(routed)
+    messages = [p.messages() for p in (humaneval_prompts(args.humaneval) if args.humaneval else [])]
+    messages += [p.messages() for p in (mtbench_first_turns(args.mtbench) if args.mtbench else [])]
+    messages += [[{"role": "user", "content": text}] for text in args.prompt]
+    if not messages:
+        raise SystemExit("no prompts: give --humaneval N, --mtbench N or --prompt TEXT")
+    server = start_server(ServerConfig(model=args.target, http_port=None, device="cpu", dtype=args.dtype,
+                                       moa_server_parts={moa_part: str(ckpt)} if moa_part else {}))
+    tok = load_tokenizer(args.target)
+    client = None
+    try:
+        link = LinkConfig(server.address, max_deadline_s=600, min_deadline_s=60)  # a busy CPU is not a dead link
+        client = EdgespecClient(ClientConfig(link, DrafterOptions(drafter.name.split("-")[0])), tokenizer=tok,
+                                drafter=drafter)
+        config = GenerationConfig(max_new_tokens=args.max_tokens)
+        totals = {m: ModeTotals() for m in MODES}
+        same = 0
+        for i, msgs in enumerate(messages):
+            ids = chat_prompt_ids(tok, msgs)
+            outputs = {}
+            for mode in (MODES if i % 2 == 0 else MODES[::-1]):
+                drafter.rt.attach_router(routed if mode == "router" else None)
+                if i == 0:  # warm-up: first calls allocate and pick kernels
+                    client.generate(ids, GenerationConfig(max_new_tokens=4))
+                result = client.generate(ids, config)
+                totals[mode].add(result.metrics)
+                outputs[mode] = result.token_ids
+            same += outputs[MODES[0]] == outputs[MODES[1]]
+            print(f"[{i + 1}/{len(messages)}] " + ", ".join(
+                f"{m}: {totals[m].summary()['draft_ms_per_tree']:.1f} ms/tree, tau {totals[m].summary()['tau']:.2f}"
+                for m in MODES), file=sys.stderr, flush=True)
+        rows = torch.cat(routed.rows)  # LM-head inputs met while drafting: the head's timing runs on them
+        heads = head_timings(drafter.rt.parts, routed, rows, (1, min(tree.branch, rows.shape[0])), args.head_repeat)
+    finally:
+        if client is not None:
+            client.close()
+        server.stop(grace=1.0)
+    summary = {m: totals[m].summary() for m in MODES}
+    return {"checkpoint": str(ckpt), "prompts": len(messages), "router": routed.router.config.__dict__,
+            "summary": summary, "head_ms": {str(t): list(v) for t, v in heads.items()},
+            "same_output": f"{same}/{len(messages)}"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from edgespec.shared.models.registry import DEFAULT_TARGET
+
+    from .tree_builder import TreeShape
+
+    t = TreeShape()
+    p = argparse.ArgumentParser(prog="python -m edgespec.client.drafters.router_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="drafter checkpoint (file, folder or run) with router.safetensors")
+    p.add_argument("--target", default=DEFAULT_TARGET, help="target model (registry name or folder)")
+    p.add_argument("--dtype", default=None, help="the server's target dtype (default bfloat16)")
+    p.add_argument("--humaneval", type=int, default=5, help="first N HumanEval prompts (default 5)")
+    p.add_argument("--mtbench", type=int, default=5, help="first turns of the first N MT-Bench questions (default 5)")
+    p.add_argument("--prompt", action="append", default=[], help="an extra user message (repeatable)")
+    p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
+    p.add_argument("--tree-branch", type=int, default=t.branch)
+    p.add_argument("--tree-depth", type=int, default=t.depth)
+    p.add_argument("--tree-nodes", type=int, default=t.max_nodes)
+    p.add_argument("--tree-min-prob", type=float, default=t.min_prob)
+    p.add_argument("--head-repeat", type=int, default=50, help="calls per LM-head timing (median kept)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
+    p.add_argument("--out", default=None, help="write the figures as JSON here")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    report = run(args)
+    r = report["router"]
+    print(f"\n{report['prompts']} prompts, {args.max_tokens} new tokens at most, greedy, {torch.get_num_threads()} "
+          f"threads; router: {r['n_groups']} groups ({r['split']}), top {r['top_g']} computed; tree "
+          f"B={args.tree_branch} D={args.tree_depth} M={args.tree_nodes} min_prob={args.tree_min_prob}")
+    heads = {int(k): tuple(v) for k, v in report["head_ms"].items()}
+    print(table(report["summary"], heads, report["same_output"]))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

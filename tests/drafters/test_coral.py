@@ -1,0 +1,133 @@
+"""eagle+coral on the tiny target: which rows of the unrolled steps are the same position, the
+options, a few steps lowering the loss (the alignment term included), and a trained drafter
+drafting token-exact through a real server and client."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from edgespec.server.training.coral import aligned_step_features
+from edgespec.server.training.fit import build_recipe
+from edgespec.server.training.recipes import RecipeOptionError
+from edgespec.server.training.trainer import TrainConfig, Trainer
+
+
+def cfg(**kw) -> TrainConfig:
+    base = dict(steps=30, lr=3e-3, warmup=2, batch_tokens=200, window=96, eval_every=1000, eval_depth=4,
+                save_every=1000, seed=0)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def recipe(target, store, **kw):
+    return build_recipe("eagle+coral", target.model, store, width=32, heads=4, vocab=0, special_ids=(258,), **kw)
+
+
+def test_aligned_rows_are_the_same_position_at_every_step():
+    n, S = 6, 3
+    # step s, start r predicts the feature of position r + s: store (step, position) in the row
+    steps = [torch.tensor([[s, r + s] for r in range(n)], dtype=torch.float32) for s in range(1, S + 1)]
+    w = torch.tensor([10.0, 11, 12, 13, 14, 15])  # w[r]: weight of position r + 1
+    feats, wa = aligned_step_features(steps, w)
+    for s, f in enumerate(feats, start=1):
+        assert f[:, 0].tolist() == [s] * 4 and f[:, 1].tolist() == [3, 4, 5, 6]
+    assert wa.tolist() == [12, 13, 14, 15]  # the weights of positions 3..6
+    short, _ = aligned_step_features([t[:2] for t in steps], w[:2])
+    assert all(f.shape[0] == 0 for f in short)  # no position predicted by all three steps
+
+
+def test_options_and_refusals(target, store):
+    rec = recipe(target, store, options={"temperature": "0.5", "align_weight": "0.3"})
+    assert rec.kind == "eagle" and rec.coral.temperature == 0.5 and rec.config.unroll == 3
+    assert [(t.name, t.weight) for t in rec.terms] == [("feature", 1.0), ("ce", 0.1), ("align", 0.3)]
+    with pytest.raises(RecipeOptionError, match="unroll >= 2"):
+        recipe(target, store, options={"unroll": "1"})
+    with pytest.raises(RecipeOptionError, match="temperature must be > 0"):
+        recipe(target, store, options={"temperature": "0"})
+    with pytest.raises(RecipeOptionError, match="no option topk.*temperature"):
+        recipe(target, store, options={"topk": "10"})
+
+
+def test_a_few_steps_lower_the_loss_and_align_the_steps(target, store, tmp_path):
+    trainer = Trainer(recipe(target, store), store, tmp_path, cfg())
+    before = trainer.validate()["val/loss"]
+    trainer.fit()
+    after = trainer.validate()["val/loss"]
+    assert after < 0.9 * before, (before, after)
+    align = [r["loss/align"] for r in trainer.history]
+    assert sum(align[-5:]) < 0.9 * sum(align[:5]), align
+
+
+def test_moa_passes_draft_each_position_at_another_step():
+    from edgespec.shared.drafters.masks import step_bounds
+
+    n, T, offset, passes = 20, 5, 2, 3
+    steps = torch.stack([torch.arange(n) - step_bounds(n, T, offset + a) for a in range(passes)])  # [passes, n]
+    first = offset + passes - 1  # every pass bounds these positions
+    assert bool((step_bounds(n, T, offset + passes - 1)[first:] >= 0).all())
+    for p in range(first, n):
+        assert len(set(steps[:, p].tolist())) == passes and steps[:, p].min() >= 1 and steps[:, p].max() <= T
+
+
+def test_moa_coral_lowers_the_loss_and_refuses_one_pass(target, store, tmp_path):
+    rec = build_recipe("moa+coral", target.model, store, tli=1, width=32, heads=4, special_ids=(258,))
+    assert rec.kind == "moa" and [t.name for t in rec.terms] == ["activation", "kl", "align"]
+    trainer = Trainer(rec, store, tmp_path, cfg())
+    before = trainer.validate()["val/loss"]
+    trainer.fit()
+    assert trainer.validate()["val/loss"] < 0.9 * before
+    with pytest.raises(RecipeOptionError, match="passes"):
+        build_recipe("moa+coral", target.model, store, width=32, heads=4, options={"passes": "1"})
+
+
+PROMPT = "Write a function that adds two numbers."
+# A tree drafted however unsure the little-trained drafter is (the default min_prob stops early).
+TREE_KW = dict(branch=3, depth=8, max_nodes=24, min_prob=0.0)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(target, store, tmp_path_factory):
+    run = tmp_path_factory.mktemp("eagle-coral")
+    rec = recipe(target, store)
+    Trainer(rec, store, run, cfg(steps=100, warmup=5, batch_tokens=256, eval_every=10_000,
+                                 save_every=10_000)).fit()
+    path = rec.save_drafter(run)[0]
+    (run / "card.json").write_text(json.dumps({"kind": "eagle", "target": store.meta["target"],
+                                               "tokenizer_fingerprint": store.meta["fingerprint"]}))
+    return path
+
+
+@torch.inference_mode()
+def target_greedy(model, ids: list[int], n: int) -> list[int]:
+    out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                         temperature=None, top_p=None, top_k=None, pad_token_id=256)
+    return out[0, len(ids):].tolist()
+
+
+def test_trained_drafter_opens_and_drafts_token_exact_over_grpc(checkpoint, target, target_dir):
+    from edgespec.client.drafters.factory import DrafterOptions
+    from edgespec.client.drafters.tree_builder import TreeShape
+    from edgespec.client.edge_client import ClientConfig, EdgespecClient
+    from edgespec.client.generation import GenerationConfig
+    from edgespec.client.link import LinkConfig
+    from edgespec.server.app import ServerConfig, start_server
+    from edgespec.shared.drafters.eagle_drafter import EagleDrafter
+    from edgespec.shared.drafters.loading import open_drafter
+
+    assert isinstance(open_drafter(checkpoint, target.model), EagleDrafter)
+    server = start_server(ServerConfig(model=str(target_dir), http_port=None, device="cpu", dtype="float32"))
+    options = DrafterOptions(name="eagle", checkpoint=str(checkpoint), target=str(target_dir), dtype="float32",
+                             tree=TreeShape(**TREE_KW))
+    client = EdgespecClient(ClientConfig(LinkConfig(server.address, min_deadline_s=0.5, connect_timeout_s=0.5),
+                                         options, tokenizer=str(target_dir)))
+    try:
+        ids = client.encode(PROMPT)
+        result = client.generate(ids, GenerationConfig(max_new_tokens=48, ignore_eos=True))
+        assert result.token_ids == target_greedy(target.model, ids, 48)
+        assert result.metrics.num_accepted_tokens > 0, "a trained drafter should get some drafts accepted"
+        assert result.metrics.calls < 48
+    finally:
+        client.close()
+        server.stop(grace=1.0)
