@@ -142,18 +142,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tree-min-prob", type=float, default=t.min_prob)
     p.add_argument("--checkpoints", default=None,
                    help="folder with learned drafter checkpoints named like the methods (default: the shipped ones)")
+    p.add_argument("--learned", action="append", default=[], metavar="NAME=PATH[:no-router]",
+                   help="also run a learned drafter of your own (any recipe: eagle, moa, beagle, with or without its "
+                        "LM-head router) under NAME, e.g. eagle-hass=runs/fit8/eagle-hass; repeatable")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
     p.add_argument("--out", default=None, help="write every run and the summary as JSON here")
     args = p.parse_args(argv)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = set(methods) - set(METHODS)
+    try:
+        learned = parse_learned(args.learned)
+    except ValueError as exc:
+        p.error(str(exc))
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] + list(learned)
+    unknown = set(methods) - set(METHODS) - set(learned)
     if unknown:
         p.error(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
     tree = TreeShape(args.tree_branch, args.tree_depth, args.tree_nodes, args.tree_min_prob)
     runs = run_benchmark(args.target, args.drafter_model, args.humaneval, args.mtbench, args.max_tokens, methods,
-                         tree, args.lookup_tokens, args.checkpoints)
+                         tree, args.lookup_tokens, args.checkpoints, learned)
     summary = summarize(runs)
     print(f"\n{args.humaneval} HumanEval + {args.mtbench} MT-Bench prompts, {args.max_tokens} new tokens at most, "
           f"greedy, {torch.get_num_threads()} threads, tree B={tree.branch} D={tree.depth} M={tree.max_nodes} "
@@ -166,6 +173,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def parse_learned(pairs: list[str]) -> dict[str, tuple[str, bool]]:
+    """``NAME=PATH[:no-router]`` -> {NAME: (PATH, use_router)}."""
+    out: dict[str, tuple[str, bool]] = {}
+    for pair in pairs:
+        name, sep, path = pair.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--learned takes NAME=PATH[:no-router], got {pair!r}")
+        if name in METHODS or name in out:
+            raise ValueError(f"--learned name {name!r} is taken; choose another")
+        router = not path.endswith(":no-router")
+        out[name] = (path.removesuffix(":no-router"), router)
+    return out
+
+
 def checkpoint_of(method: str, folder: str | None) -> str:
     """A learned method's checkpoint: the shipped one by name, or the folder's entry of that name."""
     from pathlib import Path
@@ -174,7 +195,8 @@ def checkpoint_of(method: str, folder: str | None) -> str:
 
 
 def run_benchmark(target_name: str, drafter_name: str, n_humaneval: int, n_mtbench: int, max_new: int,
-                  methods: list[str], tree, lookup_tokens: int, checkpoints: str | None = None) -> list[Run]:
+                  methods: list[str], tree, lookup_tokens: int, checkpoints: str | None = None,
+                  learned: dict[str, tuple[str, bool]] | None = None) -> list[Run]:
     from edgespec.server.app import ServerConfig, start_server
     from edgespec.shared.models import load_model
     from edgespec.shared.prompts import humaneval_prompts, mtbench_first_turns
@@ -198,9 +220,14 @@ def run_benchmark(target_name: str, drafter_name: str, n_humaneval: int, n_mtben
     counter = ForwardCounter(target.model)
     server = None
     clients: dict[str, EdgespecClient] = {}
-    wanted = [m for m in EDGESPEC if m in methods]
+    from edgespec.shared.drafters.shipped import checkpoint_kind, resolve_checkpoint
+
+    learned = learned or {}
+    kinds = {name: checkpoint_kind(resolve_checkpoint(path)) for name, (path, _) in learned.items()}
+    wanted = [m for m in EDGESPEC if m in methods] + list(learned)
     if wanted:
-        moa = {m: checkpoint_of(m, checkpoints) for m in wanted if m.startswith("moa")}
+        moa = {m: checkpoint_of(m, checkpoints) for m in wanted if m.startswith("moa") and m not in learned}
+        moa.update({name: learned[name][0] for name, kind in kinds.items() if kind == "moa"})
         server = start_server(ServerConfig(model=target_name, http_port=None, device="cpu", moa_server_parts=moa))
         link = LinkConfig(server.address, max_deadline_s=600, min_deadline_s=60)  # a busy CPU must not look like a dead link
         for m in wanted:
@@ -208,13 +235,17 @@ def run_benchmark(target_name: str, drafter_name: str, n_humaneval: int, n_mtben
                 drafter = NgramDrafter()
             elif m == "independent":
                 drafter = IndependentDrafter.from_model(small.model, IndependentConfig(tree))
+            elif m in learned:
+                options = DrafterOptions(kinds[m], checkpoint=learned[m][0], target=target_name, tree=tree,
+                                         router=learned[m][1], moa_server_part=m if kinds[m] == "moa" else None)
+                drafter = None
             else:
                 options = DrafterOptions(m.split("-")[0], checkpoint=checkpoint_of(m, checkpoints), target=target_name,
                                          tree=tree)
                 drafter = None
             client = EdgespecClient(ClientConfig(link, options if drafter is None else DrafterOptions(m)),
                                     tokenizer=tok, drafter=drafter)
-            if drafter is None:
+            if drafter is None and m not in learned:
                 assert client.drafter.name == m, (client.drafter.name, m)
             clients[m] = client
     runs: list[Run] = []
