@@ -107,6 +107,10 @@ def fit_from_args(args) -> int:
     from ...shared.fingerprint import tokenizer_fingerprint
     from ...shared.models.loading import model_location
 
+    from .recipes import all_recipes
+
+    if args.kind not in all_recipes():  # before any file is read: a typo should not cost a model load
+        raise RecipeOptionError(f"no training recipe {args.kind!r} (known: {', '.join(sorted(all_recipes()))})")
     store = FeatureStore(args.features)
     tok = AutoTokenizer.from_pretrained(model_location(args.target))
     if tokenizer_fingerprint(tok) != store.meta.get("fingerprint"):
