@@ -8,7 +8,6 @@ import json
 import time
 
 import pytest
-import torch
 
 from edgespec.server.training.fit import build_recipe
 from edgespec.server.training.trainer import TrainConfig, Trainer
@@ -55,14 +54,7 @@ def make_client(address, target_dir, checkpoint, **link):
     return EdgespecClient(ClientConfig(LinkConfig(address, **link), options, tokenizer=str(target_dir)))
 
 
-@torch.inference_mode()
-def target_greedy(model, ids: list[int], n: int) -> list[int]:
-    out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                         temperature=None, top_p=None, top_k=None, pad_token_id=256)
-    return out[0, len(ids):].tolist()
-
-
-def test_drafted_generation_equals_the_targets_greedy_output(server, target, target_dir, checkpoint):
+def test_drafted_generation_equals_the_targets_greedy_output(target_greedy, server, target, target_dir, checkpoint):
     from edgespec.client.generation import GenerationConfig
 
     client = make_client(server.address, target_dir, checkpoint)
@@ -106,7 +98,7 @@ def relay(server):
         yield r
 
 
-def test_cut_link_completes_offline_and_rollback_resume_is_exact(server, relay, target, target_dir, checkpoint):
+def test_cut_link_completes_offline_and_rollback_resume_is_exact(target_greedy, server, relay, target, target_dir, checkpoint):
     from edgespec.client.commit import ResumePolicy
     from edgespec.client.generation import GenerationConfig, TokenOrigin
 

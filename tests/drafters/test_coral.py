@@ -99,14 +99,7 @@ def checkpoint(target, store, tmp_path_factory):
     return path
 
 
-@torch.inference_mode()
-def target_greedy(model, ids: list[int], n: int) -> list[int]:
-    out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                         temperature=None, top_p=None, top_k=None, pad_token_id=256)
-    return out[0, len(ids):].tolist()
-
-
-def test_trained_drafter_opens_and_drafts_token_exact_over_grpc(checkpoint, target, target_dir):
+def test_trained_drafter_opens_and_drafts_token_exact_over_grpc(target_greedy, checkpoint, target, target_dir):
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.drafters.tree_builder import TreeShape
     from edgespec.client.edge_client import ClientConfig, EdgespecClient

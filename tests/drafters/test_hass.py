@@ -274,15 +274,8 @@ def server(target_dir, checkpoints):
     handle.stop(grace=1.0)
 
 
-@torch.inference_mode()
-def target_greedy(model, ids: list[int], n: int) -> list[int]:
-    out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                         temperature=None, top_p=None, top_k=None, pad_token_id=256)
-    return out[0, len(ids):].tolist()
-
-
 @pytest.mark.parametrize("kind,tli", KINDS)
-def test_trained_drafter_opens_and_drafts_token_exact_over_grpc(kind, tli, server, target, target_dir, checkpoints):
+def test_trained_drafter_opens_and_drafts_token_exact_over_grpc(target_greedy, kind, tli, server, target, target_dir, checkpoints):
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.drafters.tree_builder import TreeShape
     from edgespec.client.edge_client import ClientConfig, EdgespecClient

@@ -5,7 +5,6 @@ greedy output token-exact with the target's. And the router benchmark's command 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from edgespec.server.training.fit import build_recipe
 from edgespec.server.training.trainer import TrainConfig, Trainer
@@ -45,15 +44,8 @@ def server(target_dir, checkpoints):
     handle.stop(grace=1.0)
 
 
-@torch.inference_mode()
-def target_greedy(model, ids: list[int], n: int) -> list[int]:
-    out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                         temperature=None, top_p=None, top_k=None, pad_token_id=256)
-    return out[0, len(ids):].tolist()
-
-
 @pytest.mark.parametrize("kind", ["eagle", "moa"])
-def test_drafting_with_the_router_is_token_exact(kind, server, target, target_dir, checkpoints):
+def test_drafting_with_the_router_is_token_exact(target_greedy, kind, server, target, target_dir, checkpoints):
     from edgespec.client.drafters.router_bench import open_routed_drafter
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.drafters.tree_builder import TreeShape
