@@ -77,14 +77,19 @@ def hf_generate(model, ids: list[int], max_new: int, eos: list[int], pad: int, c
     return out[0, len(ids):].tolist(), time.perf_counter() - t0, counter.count
 
 
+def method_order(runs: list[Run]) -> list[str]:
+    """The built-in methods in their fixed order, then any others (learned drafters) as they first ran."""
+    seen = list(dict.fromkeys(r.method for r in runs))
+    return [m for m in METHODS if m in seen] + [m for m in seen if m not in METHODS]
+
+
 def summarize(runs: list[Run]) -> dict:
-    """Per method: tokens/s, speed-up over target, tau, exact matches."""
+    """Per method: tokens/s, speed-up over target, tau, exact matches; for edgespec's drafters also
+    drafting time per tree, per-position acceptance and bytes per accepted token."""
     out = {}
     base = None
-    for method in METHODS:
+    for method in method_order(runs):
         rs = [r for r in runs if r.method == method]
-        if not rs:
-            continue
         tokens, seconds, forwards = (sum(r.new_tokens for r in rs), sum(r.seconds for r in rs),
                                      sum(r.target_forwards for r in rs))
         tps = tokens / seconds if seconds else 0.0
@@ -95,12 +100,16 @@ def summarize(runs: list[Run]) -> dict:
                "exact": f"{sum(r.exact for r in rs)}/{len(rs)}"}
         if base:
             row["speedup"] = round(tps / base, 3)
-        if method in EDGESPEC:
+        if any(r.extra for r in rs):  # an edgespec client ran it
             total = {k: sum(r.extra.get(k, 0) for r in rs) for k in EXTRA}
             drafts, accepted = total["num_drafts"], total["num_accepted_tokens"]
             row["tau_vllm"] = round((accepted + drafts) / drafts, 3) if drafts else 0.0
             row["draft_s"] = round(total["draft_s"], 2)
             row["verify_s"] = round(total["verify_s"], 2)
+            row["draft_ms_per_tree"] = round(1000 * total["draft_s"] / drafts, 1) if drafts else None
+            per_position = add_lists([r.extra.get("accepted_per_position", []) for r in rs])
+            # accept@k: the share of trees whose k-th drafted token was accepted
+            row["accept_at"] = [round(a / drafts, 3) for a in per_position] if drafts else []
             sent = total["bytes_up"] + total["bytes_down"]
             raw = sent - total["feature_bytes"] + total["feature_raw_bytes"]
             row["bytes_per_accepted"] = round(sent / accepted, 1) if accepted else None
@@ -109,15 +118,24 @@ def summarize(runs: list[Run]) -> dict:
     return out
 
 
+def add_lists(lists: list[list[int]]) -> list[int]:
+    """Element-wise sum of lists of different lengths."""
+    width = max((len(x) for x in lists), default=0)
+    return [sum(x[k] for x in lists if k < len(x)) for k in range(width)]
+
+
 def table(summary: dict) -> str:
-    lines = ["| method | tokens/s | speed-up | tau (tokens per target forward) | output = target's "
-             "| bytes per accepted token (sent / raw fp16) |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| method | tokens/s | speed-up | tau (tokens per target forward) | accept@1 / @2 / @3 "
+             "| drafting ms per tree | output = target's | bytes per accepted token (sent / raw fp16) |",
+             "|---|---|---|---|---|---|---|---|"]
     for method, row in summary.items():
         sent, raw = row.get("bytes_per_accepted"), row.get("raw_bytes_per_accepted")
         link = f"{sent:,.0f} / {raw:,.0f}" if sent else "-"
+        at = row.get("accept_at")
+        accept = " / ".join(f"{a:.2f}" for a in (at + [0.0, 0.0, 0.0])[:3]) if at is not None else "-"
+        ms = row.get("draft_ms_per_tree")
         lines.append(f"| {method} | {row['tokens_per_s']:.2f} | {row.get('speedup', 1.0):.2f}x | {row['tau']:.2f} | "
-                     f"{row['exact']} | {link} |")
+                     f"{accept} | {'-' if ms is None else f'{ms:.0f}'} | {row['exact']} | {link} |")
     return "\n".join(lines)
 
 
@@ -159,8 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     tree = TreeShape(args.tree_branch, args.tree_depth, args.tree_nodes, args.tree_min_prob)
-    runs = run_benchmark(args.target, args.drafter_model, args.humaneval, args.mtbench, args.max_tokens, methods,
-                         tree, args.lookup_tokens, args.checkpoints, learned)
+    partial = None
+    if args.out:  # every prompt's runs as they finish: an interrupted hour-long run keeps what it measured
+        partial = open(args.out + ".partial.jsonl", "w")
+    try:
+        runs = run_benchmark(args.target, args.drafter_model, args.humaneval, args.mtbench, args.max_tokens, methods,
+                             tree, args.lookup_tokens, args.checkpoints, learned, partial)
+    finally:
+        if partial is not None:
+            partial.close()
     summary = summarize(runs)
     print(f"\n{args.humaneval} HumanEval + {args.mtbench} MT-Bench prompts, {args.max_tokens} new tokens at most, "
           f"greedy, {torch.get_num_threads()} threads, tree B={tree.branch} D={tree.depth} M={tree.max_nodes} "
@@ -196,7 +221,7 @@ def checkpoint_of(method: str, folder: str | None) -> str:
 
 def run_benchmark(target_name: str, drafter_name: str, n_humaneval: int, n_mtbench: int, max_new: int,
                   methods: list[str], tree, lookup_tokens: int, checkpoints: str | None = None,
-                  learned: dict[str, tuple[str, bool]] | None = None) -> list[Run]:
+                  learned: dict[str, tuple[str, bool]] | None = None, partial=None) -> list[Run]:
     from edgespec.server.app import ServerConfig, start_server
     from edgespec.shared.models import load_model
     from edgespec.shared.prompts import humaneval_prompts, mtbench_first_turns
@@ -273,8 +298,12 @@ def run_benchmark(target_name: str, drafter_name: str, n_humaneval: int, n_mtben
                 result = client.generate(ids, GenerationConfig(max_new_tokens=max_new))
                 m = result.metrics
                 runs.append(Run(method, prompt.id, m.new_tokens, m.wall_s, m.calls, result.token_ids == ref,
-                                {k: getattr(m, k) for k in EXTRA}))
+                                {**{k: getattr(m, k) for k in EXTRA},
+                                 "accepted_per_position": list(m.accepted_per_position)}))
             done = [r for r in runs if r.prompt_id == prompt.id]
+            if partial is not None:
+                partial.writelines(json.dumps(asdict(r)) + "\n" for r in done)
+                partial.flush()
             log(f"[{n + 1}/{len(prompts)}] {prompt.id}: " + ", ".join(
                 f"{r.method} {r.new_tokens / r.seconds:.1f} tok/s tau {r.new_tokens / max(1, r.target_forwards):.2f}"
                 + ("" if r.exact else " (differs)") for r in done))

@@ -18,11 +18,14 @@ def parse_shape(text: str):
     from .drafters.tree_builder import TreeShape
 
     try:
+        text, slash, feed = text.partition("/")
+        if slash and feed != "all":
+            raise ValueError(f"the only suffix is /all (feed every frontier node), not /{feed}")
         dims, _, prob = text.partition("@")
         b, d, m = (int(x) for x in dims.lower().split("x"))
-        return TreeShape(b, d, m, float(prob) if prob else TreeShape().min_prob)
+        return TreeShape(b, d, m, float(prob) if prob else TreeShape().min_prob, prune_frontier=not slash)
     except ValueError as err:
-        raise argparse.ArgumentTypeError(f"shape {text!r} is not BxDxM[@min_prob]: {err}") from None
+        raise argparse.ArgumentTypeError(f"shape {text!r} is not BxDxM[@min_prob][/all]: {err}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

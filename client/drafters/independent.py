@@ -13,7 +13,8 @@ what the tree did not hold (at least the bonus token). Offline it is a plain
 greedy LM.
 
 Speed: ``from_pretrained`` stores the model's Linear weights as int8
-(``int8_linear``: passes ~1.5x faster on a CPU). The decoder runs alone and
+(``int8_linear``: passes ~1.5x faster on a CPU), keeping the 16-bit weights for the
+prompt's prefill, where int8 is slower. The decoder runs alone and
 the LM head is applied here, only to the rows that are read, and optionally
 over a reduced vocabulary (the most frequent target ids, ``independent_vocab``).
 Offline generation keeps the full vocabulary (it is the output).
@@ -110,6 +111,8 @@ class IndependentConfig:
     # more acceptance than their cheaper head saved; see independent_bench)
     int8_weights: bool = True  # from_pretrained stores Linear weights (and the LM head) as int8 per channel
     # when the model loads in 16 bits on a CPU (the default); an explicit float32 asks for full precision
+    prefill_float: bool = True  # with int8 weights, keep the 16-bit ones too for passes of many tokens (the
+    # prompt's prefill), where the int8 kernel is ~2x slower than a 16-bit matrix product; costs 2x the memory
 
 
 class IndependentDrafter(Drafter):
@@ -148,7 +151,7 @@ class IndependentDrafter(Drafter):
         vocab_size = loaded.model.get_output_embeddings().out_features
         ids = draft_vocab_ids(loaded.tokenizer, loaded.fingerprint, config.draft_vocab, vocab_size)
         if wants_int8(config, loaded.model):
-            quantize_linears(loaded.model)  # this model is ours alone: quantize in place
+            quantize_linears(loaded.model, config.prefill_float)  # this model is ours alone: quantize in place
         return cls(loaded.model, config, ids)
 
     @classmethod
@@ -161,7 +164,7 @@ class IndependentDrafter(Drafter):
         if not wants_int8(config, model):
             return cls(model, config, vocab_ids)
         owned = copy.deepcopy(model)
-        quantize_linears(owned)
+        quantize_linears(owned, config.prefill_float)
         return cls(owned, config, vocab_ids)
 
     @property

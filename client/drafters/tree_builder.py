@@ -34,6 +34,8 @@ class TreeShape:
     depth: int = 12  # D: deepest level drafted (drafter forward passes per tree, beyond the root's)
     max_nodes: int = 16  # M: nodes kept in the final tree (verify cost grows with it)
     min_prob: float = 0.15  # stop deepening when the best frontier path's probability falls below this
+    prune_frontier: bool = True  # and do not feed the frontier paths below it: on a CPU every token in a
+    # drafter pass costs time, and a path that improbable adds little to the expected accepted length
 
     def __post_init__(self) -> None:
         if self.branch < 1 or self.depth < 1 or self.max_nodes < 1:
@@ -87,6 +89,8 @@ def build_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape,
         frontier = sorted(layer, key=lambda i: -cands.scores[i])[: shape.branch]
         if cands.scores[frontier[0]] < floor:
             break
+        if shape.prune_frontier:
+            frontier = [c for c in frontier if cands.scores[c] >= floor]
         logprobs = expand(frontier, cands).float()  # [k, V]
         top_lp, top_tok = logprobs.topk(min(shape.branch, logprobs.shape[-1]), dim=-1)  # [k, B]
         layer = []

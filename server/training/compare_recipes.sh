@@ -13,6 +13,25 @@ case "$1" in
  moa-hass) edgespec train fit --kind moa+hass --tli 0 $C --lr 3e-4 --steps 60 --init runs/fit8/moa-hass-s1 --opt stage=2 --out runs/fit8/moa-hass ;;
  beagle-early) edgespec train fit --kind beagle --opt stage=early --opt block=4 $C --window 384 --lr 1e-3 --steps 216 --out runs/fit8/beagle-early ;;
  beagle) edgespec train fit --kind beagle --opt stage=late --opt block=4 --init runs/fit8/beagle-early $C --window 384 --lr 1e-3 --steps 84 --out runs/fit8/beagle ;;
- eagle-router) edgespec train fit --kind eagle+router --init runs/fit8/eagle $C --lr 3e-3 --steps 100 --out runs/fit8/eagle-router ;;
- *) echo "usage: $0 eagle|eagle-hass-s1|eagle-hass|eagle-coral|moa|moa-hass-s1|moa-hass|beagle-early|beagle|eagle-router"; exit 2 ;;
+ eagle-router|eagle-hass-router|eagle-coral-router)
+   edgespec train fit --kind eagle+router --init runs/fit8/${1%-router} $C --lr 3e-3 --steps 100 --out runs/fit8/$1 ;;
+ moa-router|moa-hass-router)
+   edgespec train fit --kind moa+router --tli 0 --init runs/fit8/${1%-router} $C --lr 3e-3 --steps 100 --out runs/fit8/$1 ;;
+ table)  # the validation table from the runs' cards (every stage of a recipe, in order)
+   F=runs/fit8
+   python -m edgespec.server.training.compare_table eagle=$F/eagle eagle+hass=$F/eagle-hass-s1+$F/eagle-hass \
+     eagle+coral=$F/eagle-coral moa=$F/moa moa+hass=$F/moa-hass-s1+$F/moa-hass beagle=$F/beagle-early+$F/beagle \
+     eagle+router=$F/eagle+$F/eagle-router eagle+hass+router=$F/eagle-hass-s1+$F/eagle-hass+$F/eagle-hass-router \
+     eagle+coral+router=$F/eagle-coral+$F/eagle-coral-router moa+router=$F/moa+$F/moa-router \
+     moa+hass+router=$F/moa-hass-s1+$F/moa-hass+$F/moa-hass-router ;;
+ bench)  # tokens/s, tau and per-position acceptance of every trained drafter, with and without its router, one run
+   F=runs/fit8
+   python -m edgespec.client.bench --humaneval 20 --mtbench 20 --max-tokens 16 --threads 2 --methods target \
+     --learned eagle=$F/eagle --learned eagle+router=$F/eagle-router \
+     --learned eagle+hass=$F/eagle-hass --learned eagle+hass+router=$F/eagle-hass-router \
+     --learned eagle+coral=$F/eagle-coral --learned eagle+coral+router=$F/eagle-coral-router \
+     --learned moa=$F/moa --learned moa+router=$F/moa-router \
+     --learned moa+hass=$F/moa-hass --learned moa+hass+router=$F/moa-hass-router \
+     --learned beagle=$F/beagle --out runs/bench/recipes.json ;;
+ *) echo "usage: $0 eagle|eagle-hass-s1|eagle-hass|eagle-coral|moa|moa-hass-s1|moa-hass|beagle-early|beagle|eagle-router|eagle-hass-router|eagle-coral-router|moa-router|moa-hass-router|table|bench"; exit 2 ;;
 esac

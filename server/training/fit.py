@@ -55,6 +55,7 @@ def build_recipe(kind: str, target_model, store: FeatureStore, tli: int = 0, wid
                         options=options, init=None if init is None else Path(init), run_dir=run_dir)
     recipe = build(ctx)
     recipe.recipe_name = kind  # the card says which recipe trained it; recipe.kind says how to load it
+    recipe.card_extra = {"options": options, "init": None if init is None else str(init)}  # a stage's lineage
     return recipe
 
 
@@ -75,6 +76,7 @@ def write_card(run_dir: Path, recipe, store: FeatureStore, trainer: Trainer, fil
     card = {
         "kind": recipe.kind,
         "recipe": getattr(recipe, "recipe_name", recipe.kind),
+        **getattr(recipe, "card_extra", {}),
         "target": store.meta["target"],
         "tokenizer_fingerprint": store.meta.get("fingerprint"),
         "files": {p.name if p.parent == run_dir else str(p.relative_to(run_dir)): p.stat().st_size for p in files},

@@ -13,3 +13,28 @@ def test_learned_pairs_parse_with_the_router_switch():
 def test_bad_learned_pairs_are_refused(bad):
     with pytest.raises(ValueError, match="--learned"):
         parse_learned(bad.split(","))
+
+
+def _run(method, tokens, seconds, forwards, extra=None):
+    from edgespec.client.bench import Run
+
+    return Run(method, "p0", tokens, seconds, forwards, True, extra or {})
+
+
+def test_summary_keeps_learned_drafters_and_reports_per_position_acceptance():
+    from edgespec.client.bench import summarize, table
+
+    extra = {"num_drafts": 4, "num_accepted_tokens": 6, "draft_s": 0.2, "verify_s": 0.4, "bytes_up": 100,
+             "bytes_down": 20, "feature_bytes": 0, "feature_raw_bytes": 0}
+    runs = [_run("eagle-hass", 10, 2.0, 5, {**extra, "accepted_per_position": [4, 2]}),
+            _run("target", 10, 5.0, 10),
+            _run("eagle-hass", 10, 2.0, 5, {**extra, "accepted_per_position": [3, 1, 1]})]
+    s = summarize(runs)
+    assert list(s) == ["target", "eagle-hass"]
+    row = s["eagle-hass"]
+    assert row["speedup"] == 2.5
+    assert row["accept_at"] == [0.875, 0.375, 0.125]  # accepted at depth k over 8 trees
+    assert row["draft_ms_per_tree"] == 50.0
+    assert "accept_at" not in s["target"]
+    text = table(s)
+    assert "| eagle-hass | 5.00 | 2.50x |" in text and "0.88 / 0.38 / 0.12" in text

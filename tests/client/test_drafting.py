@@ -80,6 +80,19 @@ def test_min_prob_stops_deepening():
     assert max(tree.depths()) == 2 and len(calls) == 1
 
 
+def test_frontier_paths_below_min_prob_are_not_fed_unless_asked():
+    # token 1 is likely (0.9) after anything, token 2 rare (0.09): the rare path is never worth a pass
+    table = torch.full((12, 12), 0.001)
+    table[:, 1], table[:, 2] = 0.9, 0.09
+    table = torch.log(table / table.sum(-1, keepdim=True))
+    expand, calls = _table_expand(table)
+    build_tree(table[0], expand, TreeShape(branch=2, depth=4, max_nodes=8, min_prob=0.2))
+    assert [len(f) for f in calls] == [1, 1, 1]  # only the 0.9^d chain
+    expand, calls = _table_expand(table)
+    build_tree(table[0], expand, TreeShape(branch=2, depth=4, max_nodes=8, min_prob=0.2, prune_frontier=False))
+    assert [len(f) for f in calls] == [2, 2, 2]
+
+
 def test_select_tree_refuses_non_monotone_scores():
     c = Candidates()
     c.add(5, ROOT, -3.0, 1)

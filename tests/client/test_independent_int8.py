@@ -30,6 +30,23 @@ def test_int8_linear_is_close_to_the_float_layer(dtype):
     assert torch.allclose(q.rows(rows)(x).float(), got[..., rows], atol=1e-2, rtol=1e-2)
 
 
+def test_kept_float_weight_serves_calls_of_many_rows_and_int8_the_few():
+    from edgespec.client.drafters.int8_linear import FLOAT_ROWS_FROM
+
+    lin = torch.nn.Linear(64, 48, bias=True).to(torch.bfloat16)
+    q = Int8Linear.from_weight(lin.weight, lin.bias, keep_float=True)
+    plain = Int8Linear.from_weight(lin.weight, lin.bias)
+    assert q.weight_float is not None and "weight_float" not in q.state_dict()  # the model's own, never saved
+    many = torch.randn(FLOAT_ROWS_FROM, 64).to(torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(q(many), lin(many))  # exactly the 16-bit product
+        assert torch.equal(q(many[:2]), plain(many[:2]))  # the int8 kernel
+        assert not torch.equal(plain(many), lin(many))
+    cut = q.rows(torch.tensor([0, 5]))
+    with torch.no_grad():
+        assert torch.equal(cut(many), lin(many)[:, [0, 5]])
+
+
 def test_head_rows_cuts_a_float_head():
     lin = torch.nn.Linear(8, 10, bias=False)
     x = torch.randn(3, 8)
@@ -69,6 +86,7 @@ def test_from_pretrained_quantizes_on_cpu_and_stays_lossless(tiny_server, tiny_m
 
     drafter = IndependentDrafter.from_pretrained(str(tiny_model_dir), IndependentConfig(), dtype="bfloat16")
     assert isinstance(drafter.model.get_output_embeddings(), Int8Linear)
+    assert drafter.model.get_output_embeddings().weight_float is not None  # kept for the prompt's prefill
     for config, dtype in ((IndependentConfig(int8_weights=False), "bfloat16"), (IndependentConfig(), "float32")):
         plain = IndependentDrafter.from_pretrained(str(tiny_model_dir), config, dtype=dtype)
         assert isinstance(plain.model.get_output_embeddings(), torch.nn.Linear)  # full precision asked for
