@@ -22,16 +22,13 @@ case "$1" in
    python -m edgespec.server.training.compare_table eagle=$F/eagle eagle+hass=$F/eagle-hass-s1+$F/eagle-hass \
      eagle+coral=$F/eagle-coral moa=$F/moa moa+hass=$F/moa-hass-s1+$F/moa-hass beagle=$F/beagle-early+$F/beagle \
      eagle+router=$F/eagle+$F/eagle-router eagle+hass+router=$F/eagle-hass-s1+$F/eagle-hass+$F/eagle-hass-router \
-     eagle+coral+router=$F/eagle-coral+$F/eagle-coral-router moa+router=$F/moa+$F/moa-router \
-     moa+hass+router=$F/moa-hass-s1+$F/moa-hass+$F/moa-hass-router ;;
+     moa+router=$F/moa+$F/moa-router ;;
  bench)  # tokens/s, tau and per-position acceptance of every trained drafter, with and without its router, one run
    F=runs/fit8
    python -m edgespec.client.bench --humaneval 20 --mtbench 20 --max-tokens 16 --threads 2 --methods target \
-     --learned eagle=$F/eagle --learned eagle+router=$F/eagle-router \
-     --learned eagle+hass=$F/eagle-hass --learned eagle+hass+router=$F/eagle-hass-router \
-     --learned eagle+coral=$F/eagle-coral --learned eagle+coral+router=$F/eagle-coral-router \
-     --learned moa=$F/moa --learned moa+router=$F/moa-router \
-     --learned moa+hass=$F/moa-hass --learned moa+hass+router=$F/moa-hass-router \
-     --learned beagle=$F/beagle --out runs/bench/recipes.json ;;
+     --learned EAGLE=$F/eagle --learned EAGLE+router=$F/eagle-router \
+     --learned EAGLE+HASS=$F/eagle-hass --learned EAGLE+HASS+router=$F/eagle-hass-router \
+     --learned EAGLE+CORAL=$F/eagle-coral --learned MoA=$F/moa --learned MoA+router=$F/moa-router \
+     --learned MoA+HASS=$F/moa-hass --learned Beagle=$F/beagle --out runs/bench/recipes.json ;;
  *) echo "usage: $0 eagle|eagle-hass-s1|eagle-hass|eagle-coral|moa|moa-hass-s1|moa-hass|beagle-early|beagle|eagle-router|eagle-hass-router|eagle-coral-router|moa-router|moa-hass-router|table|bench"; exit 2 ;;
 esac
