@@ -23,6 +23,7 @@ activations as plain float16 ("raw").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -177,15 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     tree = TreeShape(args.tree_branch, args.tree_depth, args.tree_nodes, args.tree_min_prob)
-    partial = None
-    if args.out:  # every prompt's runs as they finish: an interrupted hour-long run keeps what it measured
-        partial = open(args.out + ".partial.jsonl", "w")
-    try:
+    # every prompt's runs as they finish: an interrupted hour-long run keeps what it measured
+    with open(args.out + ".partial.jsonl", "w") if args.out else contextlib.nullcontext() as partial:
         runs = run_benchmark(args.target, args.drafter_model, args.humaneval, args.mtbench, args.max_tokens, methods,
                              tree, args.lookup_tokens, args.checkpoints, learned, partial)
-    finally:
-        if partial is not None:
-            partial.close()
     summary = summarize(runs)
     print(f"\n{args.humaneval} HumanEval + {args.mtbench} MT-Bench prompts, {args.max_tokens} new tokens at most, "
           f"greedy, {torch.get_num_threads()} threads, tree B={tree.branch} D={tree.depth} M={tree.max_nodes} "

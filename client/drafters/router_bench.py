@@ -43,10 +43,9 @@ class ModeTotals:
         self.draft_s += m.draft_s
         self.wall_s += m.wall_s
         self.new_tokens += m.new_tokens
-        pp = list(m.accepted_per_position)
-        width = max(len(pp), len(self.per_position))
-        self.per_position = [(self.per_position[k] if k < len(self.per_position) else 0)
-                             + (pp[k] if k < len(pp) else 0) for k in range(width)]
+        from edgespec.client.bench import add_lists
+
+        self.per_position = add_lists([self.per_position, list(m.accepted_per_position)])
 
     def summary(self) -> dict:
         trees = max(1, self.trees)
