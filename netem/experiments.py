@@ -36,6 +36,9 @@ class BenchConfig:
     max_new_tokens: int = 256  # per generation
     cut_after: tuple[int | None, ...] = (1, 10, 25, 50, None)  # `disconnect`: B new tokens, None = never
     cut_mode: str = "blackhole"  # `disconnect`: "blackhole" (packets vanish) or "reset" (connections close)
+    # `disconnect`: generation ends after the answer's first code block, for every system alike (the
+    # instruct models add prose after it that HumanEval never reads; it would only cost time)
+    humaneval_stop: tuple[str, ...] = ("\n```\n",)
     server_threads: int | None = None  # torch threads of the server process
     server_args: tuple[str, ...] = ()  # extra `edgespec server` flags
     seed: int = 0  # relay randomness
@@ -75,6 +78,11 @@ def run(config: BenchConfig) -> Path:
         raise ValueError(f"unknown experiment {config.experiment!r}; choose one of {', '.join(EXPERIMENTS)}")
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
     sink = JsonLines(config.out / f"{config.experiment}.jsonl", environment(settings))
+    if config.experiment != "codec" and sink.path.exists():
+        # A run that stopped half way goes on where it stopped (`--fresh` starts over).
+        from .harness import read_jsonl
+
+        sink.done = {_key(r) for r in read_jsonl(sink.path)}
     if config.experiment == "codec":
         _codec(config, sink)
         return sink.path
@@ -104,22 +112,25 @@ class _Bar:
         self.bar.close()
 
 
-def _client(address: str, drafter: str, config: BenchConfig, tokenizer=None):
+def _client(address: str, drafter: str, config: BenchConfig, tokenizer=None, instance=None):
+    """A client of `drafter`; `instance`: an already loaded drafter of that name to reuse."""
     from ..client.drafters.factory import DrafterOptions
     from ..client.edge_client import ClientConfig, EdgespecClient
     from ..client.link import LinkConfig
 
     options = DrafterOptions(name=drafter, model=config.drafter_model, target=config.model)
     return EdgespecClient(ClientConfig(LinkConfig(address), options, tokenizer=config.drafter_model),
-                          tokenizer=tokenizer)
+                          tokenizer=tokenizer, drafter=instance)
 
 
-def _generate(client, prompt: Prompt, config: BenchConfig, on_token: Callable[[int], None] | None = None):
+def _generate(client, prompt: Prompt, config: BenchConfig, on_token: Callable[[int], None] | None = None,
+              stop: tuple[str, ...] = (), offline_wait_s: float = 30.0):
     """One generation through the client; on_token(n) after the n-th output token."""
     from ..client.generation import GenerationConfig, RetractEvent, TokenEvent
 
     ids = client.encode_chat(prompt.messages)
-    gen = client.generation(ids, GenerationConfig(max_new_tokens=config.max_new_tokens))
+    gen = client.generation(ids, GenerationConfig(max_new_tokens=config.max_new_tokens, stop=stop,
+                                                  offline_wait_s=offline_wait_s))
     count = 0
     for event in gen:
         if isinstance(event, TokenEvent):
@@ -135,13 +146,25 @@ def _record(prompt: Prompt, **fields) -> dict:
     return {"set": prompt.set, "prompt_id": prompt.id, **fields}
 
 
-def _plain_api(http_address: str, prompt_ids: list[int], config: BenchConfig) -> dict:
+def _key(record: dict) -> tuple:
+    """What identifies one generation of an experiment (a resumed run skips the ones it has)."""
+    return (record.get("set"), record.get("prompt_id"), record.get("profile"), record.get("system"),
+            record.get("cut_after"))
+
+
+def _done(sink: JsonLines, prompt: Prompt, profile: str, system: str, cut_after=None) -> bool:
+    return (prompt.set, prompt.id, profile, system, cut_after) in sink.done
+
+
+def _plain_api(http_address: str, prompt_ids: list[int], config: BenchConfig, stop: tuple[str, ...] = ()) -> dict:
     """The server's own streaming completion endpoint: tokens, wall time, text."""
     import json
 
     import httpx
 
     body = {"prompt": prompt_ids, "max_tokens": config.max_new_tokens, "temperature": 0, "stream": True}
+    if stop:
+        body["stop"] = list(stop)
     text, usage = [], {}
     start = time.perf_counter()
     first = None
@@ -203,6 +226,9 @@ def _link(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sin
     per_profile = len(config.drafters) + 1
     bar = _Bar(len(prompts) * (len(config.profiles) * per_profile + 1), config.progress, "link")
     for prompt in prompts:  # local-only needs no link: once per prompt
+        if _done(sink, prompt, "none", "local-only"):
+            bar.step("local-only")
+            continue
         ids = _chat_ids(small.tokenizer, prompt)
         sink.write(_record(prompt, experiment="link", profile="none", system="local-only",
                            **_local_only(small.model, small.tokenizer, ids, config)))
@@ -213,13 +239,20 @@ def _link(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sin
             clients = {d: _client(grpc_addr, d, config, tokenizer=small.tokenizer) for d in config.drafters}
             for prompt in prompts:
                 ids = _chat_ids(small.tokenizer, prompt)
-                before = http_relay.stats()
-                plain = _plain_api(http_addr, ids, config)
-                after = http_relay.stats()
-                plain.update(bytes_up=after.bytes_up - before.bytes_up, bytes_down=after.bytes_down - before.bytes_down)
-                sink.write(_record(prompt, experiment="link", profile=profile, system="plain-api", **plain))
-                bar.step(f"{profile} plain-api")
+                if _done(sink, prompt, profile, "plain-api"):
+                    bar.step(f"{profile} plain-api")
+                else:
+                    before = http_relay.stats()
+                    plain = _plain_api(http_addr, ids, config)
+                    after = http_relay.stats()
+                    plain.update(bytes_up=after.bytes_up - before.bytes_up,
+                                 bytes_down=after.bytes_down - before.bytes_down)
+                    sink.write(_record(prompt, experiment="link", profile=profile, system="plain-api", **plain))
+                    bar.step(f"{profile} plain-api")
                 for name, client in clients.items():
+                    if _done(sink, prompt, profile, name):
+                        bar.step(f"{profile} {name}")
+                        continue
                     result = _generate(client, prompt, config)
                     m = result.metrics
                     sink.write(_record(prompt, experiment="link", profile=profile, system=name,
@@ -240,31 +273,52 @@ def _chat_ids(tokenizer, prompt: Prompt) -> list[int]:
 def _disconnect(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sink: JsonLines) -> None:
     from .harness_sandbox import score_response
 
-    runs = [(d, b) for d in config.drafters for b in config.cut_after]
-    bar = _Bar(len(prompts) * len(runs), config.progress, "disconnect")
-    for drafter, cut in runs:
-        for prompt in prompts:
-            # A relay of its own per generation: the cut is final for that generation only.
-            with relayed(server.grpc_address, "ideal", config.seed) as (address, relay):
-                client = _client(address, drafter, config)
-                try:
-                    def on_token(n: int) -> None:
-                        if cut is not None and n == cut and relay.state == "up":
-                            relay.cut(config.cut_mode)
+    stop = tuple(config.humaneval_stop)
+    # Prompt by prompt (every B and the target's own answer), so a run stopped half way has whole rows.
+    cuts = sorted(config.cut_after, key=lambda c: float("-inf") if c is None else -c)  # never, 50, 25, ...
+    bar = _Bar(len(prompts) * (len(config.drafters) * len(cuts) + 1), config.progress, "disconnect")
+    drafters: dict = {}  # one drafter (the small model loaded once) per name, shared by its generations
+    tokenizer = None
+    for prompt in prompts:
+        if not _done(sink, prompt, "ideal", "target", None):
+            # The reference: the target's own greedy answer (its streaming endpoint, no drafting, no cut).
+            from ..client.edge_client import chat_prompt_ids, load_tokenizer
 
-                    result = _generate(client, prompt, config, on_token)
-                finally:
-                    client.close()
-            text = client.decode(result.token_ids)
-            passed = score_response(prompt.problem, text).passed
-            # The lower bound: what the user would have had if generation stopped at the cut.
-            at_cut = client.decode(result.token_ids[:cut]) if cut is not None else text
-            passed_at_cut = score_response(prompt.problem, at_cut).passed
-            sink.write(_record(prompt, experiment="disconnect", profile="ideal", system=drafter,
-                               cut_after=cut, cut_mode=config.cut_mode, passed=passed,
-                               passed_stop_at_cut=passed_at_cut, finish_reason=result.finish_reason,
-                               text=text, **result.metrics.to_dict()))
-            bar.step(f"{drafter} B={cut}")
+            tokenizer = tokenizer or load_tokenizer(config.drafter_model)
+            plain = _plain_api(server.http_address, chat_prompt_ids(tokenizer, prompt.messages), config, stop)
+            passed = score_response(prompt.problem, plain["text"]).passed
+            sink.write(_record(prompt, experiment="disconnect", profile="ideal", system="target", cut_after=None,
+                               cut_mode=None, passed=passed, passed_stop_at_cut=passed, **plain))
+        bar.step("target")
+        for drafter in config.drafters:
+            for cut in cuts:
+                if _done(sink, prompt, "ideal", drafter, cut):
+                    bar.step(f"{drafter} B={cut}")
+                    continue
+                # A relay of its own per generation: the cut is final for that generation only.
+                with relayed(server.grpc_address, "ideal", config.seed) as (address, relay):
+                    client = _client(address, drafter, config, tokenizer=tokenizer, instance=drafters.get(drafter))
+                    drafters[drafter], tokenizer = client.drafter, client.tokenizer
+                    try:
+                        def on_token(n: int) -> None:
+                            if cut is not None and n == cut and relay.state == "up":
+                                relay.cut(config.cut_mode)
+
+                        # The cut is final: no waiting for a link that will not come back (a drafter that
+                        # cannot go on alone ends at the cut; one that can finishes the answer offline).
+                        result = _generate(client, prompt, config, on_token, stop, offline_wait_s=0.0)
+                    finally:
+                        client.close()
+                text = client.decode(result.token_ids)
+                passed = score_response(prompt.problem, text).passed
+                # The lower bound: what the user would have had if generation stopped at the cut.
+                at_cut = client.decode(result.token_ids[:cut]) if cut is not None else text
+                passed_at_cut = score_response(prompt.problem, at_cut).passed
+                sink.write(_record(prompt, experiment="disconnect", profile="ideal", system=drafter,
+                                   cut_after=cut, cut_mode=config.cut_mode, passed=passed,
+                                   passed_stop_at_cut=passed_at_cut, finish_reason=result.finish_reason,
+                                   text=text, **result.metrics.to_dict()))
+                bar.step(f"{drafter} B={cut}")
     bar.close()
 
 

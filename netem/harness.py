@@ -142,6 +142,7 @@ class JsonLines:
     def __init__(self, path: Path, env: dict):
         self.path = path
         self.env = env
+        self.done: set[tuple] = set()  # keys of generations an earlier, stopped run already wrote
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, record: dict) -> None:

@@ -70,11 +70,14 @@ def link_section(rows: list[dict]) -> str:
 def disconnect_section(rows: list[dict]) -> str:
     lines = ["| drafter | cut after B tokens | problems | pass@1 (offline completion) | pass@1 (stop at the cut) |",
              "|---|---|---|---|---|"]
-    key = lambda kv: (kv[0][0], float("inf") if kv[0][1] is None else kv[0][1])  # noqa: E731
+    key = lambda kv: (kv[0][0] == "target", kv[0][0], float("inf") if kv[0][1] is None else kv[0][1])  # noqa: E731
     for (drafter, cut), rs in sorted(_group(rows, "system", "cut_after").items(), key=key):
         n = len(rs)
         ok = sum(r["passed"] for r in rs)
         low = sum(r["passed_stop_at_cut"] for r in rs)
+        if drafter == "target":  # the reference: the target's own greedy answers, no drafter, no cut
+            lines.append(f"| target alone (its own greedy answer) | no cut | {n} | {ok / n:.3f} | – |")
+            continue
         lines.append(f"| {drafter} | {'never' if cut is None else cut} | {n} | {ok / n:.3f} | {low / n:.3f} |")
     return "\n".join(lines)
 
@@ -131,6 +134,9 @@ def _plots(out: Path, data: dict[str, list[dict]]) -> list[str]:
     if data.get("disconnect"):
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for (drafter,), rs in sorted(_group(data["disconnect"], "system").items()):
+            if drafter == "target":
+                ax.axhline(sum(r["passed"] for r in rs) / len(rs), color="grey", ls=":", label="target alone")
+                continue
             by_cut = _group(rs, "cut_after")
             cuts = sorted((c for (c,) in by_cut if c is not None))
             xs = [str(c) for c in cuts] + (["never"] if (None,) in by_cut else [])

@@ -69,15 +69,24 @@ def test_disconnect(tmp_path, tiny_model_dir, tiny_drafter_dir):
     run(_config("disconnect", tmp_path, tiny_model_dir, tiny_drafter_dir, drafters=("independent",),
                 cut_after=(3, None), cut_mode="reset"))
     rows = _lines(tmp_path / "disconnect.jsonl")
-    assert [r["cut_after"] for r in rows] == [3, None]
-    cut, never = rows
+    # prompt by prompt: the target's own answer, then the drafter at B = never, then the cuts
+    assert [(r["system"], r["cut_after"]) for r in rows] == [("target", None), ("independent", None),
+                                                             ("independent", 3)]
+    target, never, cut = rows
+    # lossless: without a cut the drafter's answer is the target's own (stopped at the same code fence)
+    assert never["text"] == target["text"] and never["passed"] == target["passed"]
     assert cut["disconnects"] >= 1 and cut["offline_tokens"] > 0
     assert never["disconnects"] == 0 and never["offline_tokens"] == 0
     for r in rows:
         assert isinstance(r["passed"], bool) and isinstance(r["passed_stop_at_cut"], bool)
     report = write_report(tmp_path).read_text()
     assert "## Disconnection success" in report and "| independent | never |" in report
+    assert "| target alone" in report
     assert (tmp_path / "disconnect_success.png").exists()
+    # a second run with the same settings finds every generation done and adds nothing
+    run(_config("disconnect", tmp_path, tiny_model_dir, tiny_drafter_dir, drafters=("independent",),
+                cut_after=(3, None), cut_mode="reset"))
+    assert len(_lines(tmp_path / "disconnect.jsonl")) == 3
 
 
 def test_codec(tmp_path, tiny_model_dir, tiny_drafter_dir):
