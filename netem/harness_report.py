@@ -64,6 +64,22 @@ def link_section(rows: list[dict]) -> str:
             ratio = f"{a['tok_s'] / base:.2f}x" if base else "–"
             lines.append(f"| {profile} | {system} | {a['tok_s']:.2f} | {ratio} | {_fmt(a['tau'])} | "
                          f"{a['calls_100']:.1f} | {a['up_tok']:.0f} | {a['down_tok']:.0f} | {rtt} |")
+    return "\n".join(lines) + "\n\n" + _by_set(rows)
+
+
+def _by_set(rows: list[dict]) -> str:
+    """Tokens/s and acceptance length per prompt set: copying-friendly code prompts and open-ended
+    chat favour different drafters, which one average hides."""
+    sets = sorted({r["set"] for r in rows})
+    lines = ["| profile | system | " + " | ".join(f"{s}: tokens/s (acceptance length)" for s in sets) + " |",
+             "|---|---|" + "---|" * len(sets)]
+    for (profile, system), rs in sorted(_group(rows, "profile", "system").items()):
+        by = _group(rs, "set")
+        cells = []
+        for name in sets:
+            a = _agg(by.get((name,), []))
+            cells.append(f"{a['tok_s']:.2f} ({_fmt(a['tau'])})" if a["n"] else "–")
+        lines.append(f"| {profile} | {system} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -158,6 +174,14 @@ SECTIONS = {"speed": ("Speed on an ideal link", speed_section), "link": ("Under 
             "disconnect": ("Disconnection success", disconnect_section), "codec": ("Activation codec", codec_section)}
 
 
+def _stop_note(experiment: str, settings: dict) -> str:
+    stop = settings.get("humaneval_stop") if experiment == "disconnect" else None
+    if not stop:
+        return ""
+    shown = ", ".join("`" + x.replace("\n", "\\n") + "`" for x in stop)
+    return f"; every answer (the target's own too) ends at its first {shown} (the end of its first code block)"
+
+
 def write_report(out: Path) -> Path:
     """Read every <experiment>.jsonl in `out`, write out/report.md and the plots."""
     data = {name: read_jsonl(out / f"{name}.jsonl") for name in SECTIONS if (out / f"{name}.jsonl").exists()}
@@ -176,7 +200,7 @@ def write_report(out: Path) -> Path:
                   f"Commit `{env['commit']}`, {env['machine']['cpu']} ({env['machine']['cores']} cores"
                   f"{', GPU ' + env['machine']['gpu'] if env['machine']['gpu'] else ', no GPU'}), {env['time']}; "
                   f"target `{s['model']}`, small model `{s['drafter_model']}`, prompts: {counts}, "
-                  f"max {s['max_new_tokens']} new tokens.", "", section(rows), ""]
+                  f"max {s['max_new_tokens']} new tokens" + _stop_note(name, s) + ".", "", section(rows), ""]
     plots = _plots(out, data)
     if plots:
         parts += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]

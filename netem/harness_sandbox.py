@@ -40,35 +40,41 @@ class SandboxResult:
     stderr_tail: str  # last lines of stderr, to say why it failed
 
 
-# Runs first inside the child: no network, whatever the namespace situation.
+# Runs first inside the child, before the program: the limits, a private network namespace where the
+# kernel allows one, and no sockets whatever the namespace situation. The child sets its own limits
+# (rather than a preexec_fn in the parent) because a preexec_fn forces fork(), and fork() in a process
+# with gRPC threads can hang in gRPC's fork handlers: the harness did, mid-run. Without one, Popen
+# starts the child with vfork/exec, which runs no fork handlers.
 _PRELUDE = textwrap.dedent("""
+    import resource as _r
+    _r.setrlimit(_r.RLIMIT_AS, ({memory}, {memory}))
+    _r.setrlimit(_r.RLIMIT_CPU, ({cpu}, {cpu}))
+    _r.setrlimit(_r.RLIMIT_FSIZE, ({files}, {files}))
+    _r.setrlimit(_r.RLIMIT_NOFILE, ({open_files}, {open_files}))
+    _r.setrlimit(_r.RLIMIT_CORE, (0, 0))
+    try:
+        import ctypes as _c, os as _o
+        _c.CDLL(None, use_errno=True).unshare({newnet} if _o.geteuid() == 0 else {newnet} | {newuser})
+        del _c, _o
+    except Exception:
+        pass  # best effort: the lines below block sockets either way
     import socket as _s
     def _no_network(*a, **k):
         raise OSError("network access is disabled in the edgespec sandbox")
     _s.socket = _no_network
     _s.create_connection = _no_network
     _s.getaddrinfo = _no_network
-    del _s
+    del _s, _r
 """)
 
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWUSER = 0x10000000
 
 
-def _isolate(limits: SandboxLimits) -> None:
-    """preexec_fn: resource limits, then a private network namespace if the kernel allows one."""
-    import ctypes
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-    cpu = int(limits.timeout_s) + 1
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.open_files, limits.open_files))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    libc = ctypes.CDLL(None, use_errno=True)
-    flags = _CLONE_NEWNET if os.geteuid() == 0 else _CLONE_NEWNET | _CLONE_NEWUSER
-    libc.unshare(flags)  # best effort: the prelude blocks sockets either way
+def prelude(limits: SandboxLimits) -> str:
+    """The lines the sandboxed program starts with."""
+    return _PRELUDE.format(memory=limits.memory_bytes, cpu=int(limits.timeout_s) + 1, files=limits.file_bytes,
+                           open_files=limits.open_files, newnet=_CLONE_NEWNET, newuser=_CLONE_NEWUSER)
 
 
 def run_program(source: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
@@ -77,12 +83,12 @@ def run_program(source: str, limits: SandboxLimits = SandboxLimits()) -> Sandbox
     with tempfile.TemporaryDirectory(prefix="edgespec-sandbox-") as scratch:
         path = os.path.join(scratch, "program.py")
         with open(path, "w") as f:
-            f.write(_PRELUDE + "\n" + source)
+            f.write(prelude(limits) + "\n" + source)
         env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8",
                "OMP_NUM_THREADS": "1"}
         proc = subprocess.Popen([sys.executable, "-I", "-B", path], cwd=scratch, env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True, preexec_fn=lambda: _isolate(limits))
+                                start_new_session=True)
         try:
             _, err = proc.communicate(timeout=limits.timeout_s)
             timed_out = False

@@ -61,6 +61,7 @@ def test_speed_and_link(tmp_path, tiny_model_dir, tiny_drafter_dir):
     report = write_report(tmp_path).read_text()
     assert "## Speed on an ideal link" in report and "## Under emulated networks" in report
     assert "| 5g | ngram |" in report
+    assert "humaneval: tokens/s (acceptance length)" in report and "mtbench: tokens/s" in report
     for png in ("tokens_per_s.png", "calls_per_100_tokens.png", "bytes_per_token.png"):
         assert (tmp_path / png).stat().st_size > 1000
 

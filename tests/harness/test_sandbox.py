@@ -80,3 +80,40 @@ def test_chat_answers_are_scored_from_their_code_block():
     assert not score_response(PROBLEM, "I cannot help with that.", FAST).passed
     # An answer cut off mid-block (the link dropped and generation stopped) still runs what is there.
     assert not score_response(PROBLEM, "```python\ndef add(a, b):\n    return", FAST).passed
+
+
+def test_scoring_beside_busy_grpc_threads():
+    """The harness scores while its gRPC client and relays have threads in flight. A full run once hung
+    inside fork() (a preexec_fn forced it; gRPC's fork handlers waited): the child now starts without
+    one. The hang was rare, so this checks that scoring works beside gRPC traffic rather than
+    reproducing it."""
+    import threading
+    from concurrent import futures
+
+    import grpc
+
+    echo = grpc.unary_unary_rpc_method_handler(lambda request, context: request)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("t.Echo", {"Call": echo})])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    call = channel.unary_unary("/t.Echo/Call")
+    stop = threading.Event()
+
+    def hammer() -> None:
+        while not stop.is_set():
+            call(b"x" * 1024, timeout=5)
+
+    workers = [threading.Thread(target=hammer, daemon=True) for _ in range(2)]
+    for w in workers:
+        w.start()
+    try:
+        results = [run_program("print('ok')", SandboxLimits(timeout_s=10)) for _ in range(20)]
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(5)
+        channel.close()
+        server.stop(0)
+    assert all(r.passed for r in results), [r.status for r in results]
