@@ -84,17 +84,20 @@ def _by_set(rows: list[dict]) -> str:
 
 
 def disconnect_section(rows: list[dict]) -> str:
-    lines = ["| drafter | cut after B tokens | problems | pass@1 (offline completion) | pass@1 (stop at the cut) |",
-             "|---|---|---|---|---|"]
+    lines = ["| drafter | cut after B tokens | problems | pass@1 (offline completion) | pass@1 (stop at the cut) | "
+             "answer = the target's own |", "|---|---|---|---|---|---|"]
+    own = {r["prompt_id"]: r["text"] for r in rows if r["system"] == "target"}
     key = lambda kv: (kv[0][0] == "target", kv[0][0], float("inf") if kv[0][1] is None else kv[0][1])  # noqa: E731
     for (drafter, cut), rs in sorted(_group(rows, "system", "cut_after").items(), key=key):
         n = len(rs)
         ok = sum(r["passed"] for r in rs)
         low = sum(r["passed_stop_at_cut"] for r in rs)
         if drafter == "target":  # the reference: the target's own greedy answers, no drafter, no cut
-            lines.append(f"| target alone (its own greedy answer) | no cut | {n} | {ok / n:.3f} | – |")
+            lines.append(f"| target alone (its own greedy answer) | no cut | {n} | {ok / n:.3f} | – | – |")
             continue
-        lines.append(f"| {drafter} | {'never' if cut is None else cut} | {n} | {ok / n:.3f} | {low / n:.3f} |")
+        compared = [r for r in rs if r["prompt_id"] in own]
+        same = f"{sum(r['text'] == own[r['prompt_id']] for r in compared)}/{len(compared)}" if compared else "–"
+        lines.append(f"| {drafter} | {'never' if cut is None else cut} | {n} | {ok / n:.3f} | {low / n:.3f} | {same} |")
     return "\n".join(lines)
 
 

@@ -83,6 +83,8 @@ def test_disconnect(tmp_path, tiny_model_dir, tiny_drafter_dir):
     report = write_report(tmp_path).read_text()
     assert "## Disconnection success" in report and "| independent | never |" in report
     assert "| target alone" in report
+    never_line = next(line for line in report.splitlines() if line.startswith("| independent | never |"))
+    assert never_line.endswith("| 1/1 |")  # its answer is the target's own, word for word
     assert (tmp_path / "disconnect_success.png").exists()
     # a second run with the same settings finds every generation done and adds nothing
     run(_config("disconnect", tmp_path, tiny_model_dir, tiny_drafter_dir, drafters=("independent",),
