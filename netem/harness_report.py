@@ -177,6 +177,17 @@ SECTIONS = {"speed": ("Speed on an ideal link", speed_section), "link": ("Under 
             "disconnect": ("Disconnection success", disconnect_section), "codec": ("Activation codec", codec_section)}
 
 
+def _commits(rows: list[dict]) -> str:
+    """The commit(s) a result file was made with: a resumed run can span several."""
+    commits = sorted({r["env"]["commit"] for r in rows}, key=[r["env"]["commit"] for r in rows].index)
+    return ("Commit " if len(commits) == 1 else "Commits ") + ", ".join(f"`{c}`" for c in commits)
+
+
+def _times(rows: list[dict]) -> str:
+    starts = sorted({r["env"]["time"] for r in rows})
+    return starts[0] if len(starts) == 1 else f"runs started {', '.join(starts)}"
+
+
 def _stop_note(experiment: str, settings: dict) -> str:
     stop = settings.get("humaneval_stop") if experiment == "disconnect" else None
     if not stop:
@@ -200,8 +211,8 @@ def write_report(out: Path) -> Path:
         counts = ", ".join(f"{limits.get(x, s['limit'])} {x}" for x in sets)
         commands = sorted({r["env"]["settings"].get("command") or "" for r in rows} - {""})
         parts += [f"## {title}", ""] + [f"`{c}`" for c in commands] + ([""] if commands else []) + [
-                  f"Commit `{env['commit']}`, {env['machine']['cpu']} ({env['machine']['cores']} cores"
-                  f"{', GPU ' + env['machine']['gpu'] if env['machine']['gpu'] else ', no GPU'}), {env['time']}; "
+                  f"{_commits(rows)}, {env['machine']['cpu']} ({env['machine']['cores']} cores"
+                  f"{', GPU ' + env['machine']['gpu'] if env['machine']['gpu'] else ', no GPU'}), {_times(rows)}; "
                   f"target `{s['model']}`, small model `{s['drafter_model']}`, prompts: {counts}, "
                   f"max {s['max_new_tokens']} new tokens" + _stop_note(name, s) + ".", "", section(rows), ""]
     plots = _plots(out, data)
@@ -218,9 +229,12 @@ BEGIN, END = "<!-- edgespec-bench:begin -->", "<!-- edgespec-bench:end -->"
 def splice_readme(report: Path, readme: Path) -> Path:
     """Put a report's sections into ``readme`` between the BEGIN and END marker lines (headings one
     level down, plots linked relative to the README), so the README's figures come from a run."""
-    text = readme.read_text(encoding="utf-8")
-    if BEGIN not in text or END not in text or text.index(BEGIN) > text.index(END):
-        raise ValueError(f"{readme} has no '{BEGIN}' ... '{END}' lines to put the report between")
+    lines = readme.read_text(encoding="utf-8").splitlines(keepends=True)
+    # The markers are whole lines: the same words quoted inside a sentence (the CLI table) are not markers.
+    marks = {m: [i for i, line in enumerate(lines) if line.strip() == m] for m in (BEGIN, END)}
+    if len(marks[BEGIN]) != 1 or len(marks[END]) != 1 or marks[BEGIN][0] > marks[END][0]:
+        raise ValueError(f"{readme} needs exactly one line '{BEGIN}' and, after it, one line '{END}' "
+                         f"to put the report between")
     body = []
     for line in report.read_text(encoding="utf-8").splitlines():
         if line.startswith("# "):
@@ -232,7 +246,6 @@ def splice_readme(report: Path, readme: Path) -> Path:
             target = Path(os.path.relpath(report.parent / name, readme.parent))
             line = f"![{name}]({target.as_posix()})"
         body.append(line)
-    head, rest = text.split(BEGIN, 1)
-    tail = rest.split(END, 1)[1]
-    readme.write_text(head + BEGIN + "\n" + "\n".join(body).strip() + "\n" + END + tail, encoding="utf-8")
+    head, tail = lines[: marks[BEGIN][0] + 1], lines[marks[END][0]:]
+    readme.write_text("".join(head) + "\n".join(body).strip() + "\n" + "".join(tail), encoding="utf-8")
     return readme

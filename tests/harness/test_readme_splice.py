@@ -24,6 +24,17 @@ def test_splice_replaces_only_the_marked_section_and_links_plots(tmp_path):
     assert readme.read_text() == text
 
 
+def test_markers_quoted_in_a_sentence_are_not_markers(tmp_path):
+    report = tmp_path / "report.md"
+    report.write_text("# r\n\n## Section\n\nnew figures\n")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Project\n\n| `--readme` | between `{BEGIN}` and `{END}` |\n\n{BEGIN}\nold\n{END}\nafter\n")
+    splice_readme(report, readme)
+    text = readme.read_text()
+    assert text.startswith(f"# Project\n\n| `--readme` | between `{BEGIN}` and `{END}` |\n\n{BEGIN}\n")
+    assert "new figures" in text and "old" not in text and text.endswith(f"{END}\nafter\n")
+
+
 def test_splice_refuses_a_readme_without_markers(tmp_path):
     report = tmp_path / "report.md"
     report.write_text("# r\n")
