@@ -78,14 +78,14 @@ def run(config: BenchConfig) -> Path:
         raise ValueError(f"unknown experiment {config.experiment!r}; choose one of {', '.join(EXPERIMENTS)}")
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
     sink = JsonLines(config.out / f"{config.experiment}.jsonl", environment(settings))
-    if config.experiment != "codec" and sink.path.exists():
+    if config.experiment == "codec":
+        _codec(config, sink)
+        return sink.path
+    if sink.path.exists():
         # A run that stopped half way goes on where it stopped (`--fresh` starts over).
         from .harness import read_jsonl
 
         sink.done = {_key(r) for r in read_jsonl(sink.path)}
-    if config.experiment == "codec":
-        _codec(config, sink)
-        return sink.path
     sets = ("humaneval",) if config.experiment == "disconnect" else config.prompt_sets
     prompts = load_prompts(sets, config.limit, config.set_limits)
     log = config.out / f"{config.experiment}-server.log"
@@ -153,7 +153,7 @@ def _key(record: dict) -> tuple:
 
 
 def _done(sink: JsonLines, prompt: Prompt, profile: str, system: str, cut_after=None) -> bool:
-    return (prompt.set, prompt.id, profile, system, cut_after) in sink.done
+    return _key(_record(prompt, profile=profile, system=system, cut_after=cut_after)) in sink.done
 
 
 def _plain_api(http_address: str, prompt_ids: list[int], config: BenchConfig, stop: tuple[str, ...] = ()) -> dict:
@@ -271,6 +271,7 @@ def _chat_ids(tokenizer, prompt: Prompt) -> list[int]:
 
 
 def _disconnect(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sink: JsonLines) -> None:
+    from ..client.edge_client import load_tokenizer
     from .harness_sandbox import score_response
 
     stop = tuple(config.humaneval_stop)
@@ -282,10 +283,8 @@ def _disconnect(config: BenchConfig, server: ServerProcess, prompts: list[Prompt
     for prompt in prompts:
         if not _done(sink, prompt, "ideal", "target", None):
             # The reference: the target's own greedy answer (its streaming endpoint, no drafting, no cut).
-            from ..client.edge_client import chat_prompt_ids, load_tokenizer
-
             tokenizer = tokenizer or load_tokenizer(config.drafter_model)
-            plain = _plain_api(server.http_address, chat_prompt_ids(tokenizer, prompt.messages), config, stop)
+            plain = _plain_api(server.http_address, _chat_ids(tokenizer, prompt), config, stop)
             passed = score_response(prompt.problem, plain["text"]).passed
             sink.write(_record(prompt, experiment="disconnect", profile="ideal", system="target", cut_after=None,
                                cut_mode=None, passed=passed, passed_stop_at_cut=passed, **plain))

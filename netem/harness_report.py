@@ -179,7 +179,7 @@ SECTIONS = {"speed": ("Speed on an ideal link", speed_section), "link": ("Under 
 
 def _commits(rows: list[dict]) -> str:
     """The commit(s) a result file was made with: a resumed run can span several."""
-    commits = sorted({r["env"]["commit"] for r in rows}, key=[r["env"]["commit"] for r in rows].index)
+    commits = list(dict.fromkeys(r["env"]["commit"] for r in rows))  # in the order the runs made them
     return ("Commit " if len(commits) == 1 else "Commits ") + ", ".join(f"`{c}`" for c in commits)
 
 

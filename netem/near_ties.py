@@ -7,7 +7,7 @@ answers part ways. Both are the target's greedy answer to within its own arithme
 finds, for every prompt of a `disconnect` run where the answer at B = never is not the target's own,
 the first token where they part, and prints the target's two best logits there in float32.
 
-    python -m edgespec.netem.near_ties results/disconnect.jsonl
+    python -m edgespec.netem.near_ties netem/results/disconnect.jsonl
 """
 from __future__ import annotations
 

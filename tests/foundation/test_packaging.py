@@ -12,9 +12,7 @@ FOLDERS = {"shared": "edgespec.shared", "server": "edgespec.server", "client": "
 
 
 def test_top_level_layout():
-    # results/: the `edgespec bench` runs the README's figures are written from (JSON lines, plots)
-    allowed = {"pyproject.toml", "README.md", "server", "client", "proto", "shared", "deploy", "tests", "netem",
-               "results"}
+    allowed = {"pyproject.toml", "README.md", "server", "client", "proto", "shared", "deploy", "tests", "netem"}
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
     tops = {p.split("/")[0] for p in tracked if not p.startswith(".")}
     assert tops <= allowed, f"unexpected top-level entries: {sorted(tops - allowed)}"
