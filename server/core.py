@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from edgespec.shared.drafters.lsa import LayerSelfAttention
-from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.tree import decode_tree
 
 from .errors import (DrainingError, InvalidRequestError, SessionBusyError, SessionNotFoundError,
@@ -53,15 +52,13 @@ class VerifierCore:
     def open(self, settings: SessionSettings, prompt_ids: Sequence[int], tree_bytes: bytes = b"") -> StepResult:
         self._refuse_when_draining()
         tree = decode_tree(tree_bytes, self.target.vocab_size, self.limits.max_tree_nodes) if tree_bytes else None
+        # Validate first, then swap: the session is built (checked and prefilled) outside the store, so a
+        # refused Open never touches a live session of the same id; only a good one replaces it.
+        self.store.check_room(settings.session_id)
         session = VerifierSession(settings, self.target, self.scheduler, self.limits.max_context_tokens)
-        with session.lock:
-            self.store.add(session)
-            try:
-                result = session.open(prompt_ids, tree)
-            except BaseException:
-                self.store.remove(session.id)
-                raise
-            self.store.touch(session)
+        result = session.open(prompt_ids, tree)
+        self.store.add(session)
+        self.store.touch(session)
         self.metrics.sessions_opened.inc()
         log.info("session %s opened: %d prompt tokens, drafter=%s, features=%s, sampling=%s",
                  settings.session_id, len(prompt_ids), settings.drafter or "?",
@@ -94,15 +91,16 @@ class VerifierCore:
                                       f"{len(committed_ids)} ids")
         session = self.store.find(session_id)
         restored = session is not None and session.matches(confirmed_len, confirmed_hash)
-        if not restored:
-            session = self._rebuild(session_id, confirmed_len, confirmed_hash, committed_ids, reopen, session)
-        else:
+        if restored:
             session = self._checkout(session_id)
-        try:
-            result = session.resume(confirmed_len, confirmed_hash, provisional, policy)
-            self.store.touch(session)
-        finally:
-            session.lock.release()
+            try:  # resume checks everything before it changes the session
+                result = session.resume(confirmed_len, confirmed_hash, provisional, policy)
+                self.store.touch(session)
+            finally:
+                session.lock.release()
+        else:
+            result = self._rebuild(session_id, confirmed_len, confirmed_hash, committed_ids, provisional, policy,
+                                   reopen, session)
         result.restored = restored
         self.metrics.resumes.labels(restored=str(restored).lower()).inc()
         log.info("session %s resumed (%s): %d provisional tokens, %d agreed, policy %s", session_id,
@@ -114,8 +112,10 @@ class VerifierCore:
         log.info("session %s closed", session_id)
 
     def _rebuild(self, session_id: str, confirmed_len: int, confirmed_hash: bytes,
-                 committed_ids: Sequence[int], reopen: SessionSettings | None,
-                 old: VerifierSession | None) -> VerifierSession:
+                 committed_ids: Sequence[int], provisional: Sequence[int], policy: ResumePolicy,
+                 reopen: SessionSettings | None, old: VerifierSession | None) -> StepResult:
+        """Re-prefill the session from the client's ids and verify its provisional chain on a new session;
+        it replaces the old one (if any) only once both succeeded, so a refusal leaves the old one as it was."""
         if not committed_ids:
             if old is None:
                 raise SessionNotFoundError(
@@ -124,22 +124,17 @@ class VerifierCore:
             raise StaleStateError(
                 f"Resume for session {session_id!r}: the server's committed tokens differ from the client's "
                 f"{confirmed_len} confirmed ones; send committed_ids and reopen so it can rebuild the session")
-        if committed_hash(list(committed_ids)) != confirmed_hash:
-            raise InvalidRequestError("Resume.committed_hash is not the sha256 of Resume.committed_ids "
-                                      "(uint32 little endian); the client's state is inconsistent")
         settings = reopen or (old.settings if old is not None else None)
         if settings is None:
             raise InvalidRequestError(f"session {session_id!r} is not held here, so Resume must carry reopen "
                                       f"(the Open settings) to rebuild it")
+        self.store.check_room(session_id)
         session = VerifierSession(settings, self.target, self.scheduler, self.limits.max_context_tokens)
-        session.lock.acquire()
-        try:
-            self.store.add(session)
-            session.rebuild(committed_ids)
-        except BaseException:
-            session.lock.release()
-            raise
-        return session
+        session.rebuild(committed_ids, confirmed_hash)
+        result = session.resume(confirmed_len, confirmed_hash, provisional, policy)
+        self.store.add(session)
+        self.store.touch(session)
+        return result
 
     # -------------------------------------------------------------- helpers
     def _checkout(self, session_id: str) -> VerifierSession:

@@ -105,9 +105,9 @@ class VerifierSession:
         comes with it; the answer carries the accepted nodes, the next token and the features."""
         if not prompt_ids:
             raise InvalidRequestError("Open.prompt_ids is empty: send at least one token")
-        self._check_ids(prompt_ids, "Open.prompt_ids")
         depth = max(tree.depths(), default=0) if tree else 0
-        self._check_room(len(prompt_ids) + depth + 1)
+        self._check_room(len(prompt_ids) + depth + 1)  # before the per-id check: a huge prompt is refused at once
+        self._check_ids(prompt_ids, "Open.prompt_ids")
         return self._run(self._open_job, list(prompt_ids), tree if tree else None)
 
     def _open_job(self, prompt: list[int], tree: DraftTree | None) -> _ModelStep:
@@ -165,12 +165,16 @@ class VerifierSession:
         return (1 <= confirmed_len <= len(self.committed)
                 and committed_hash(self.committed[:confirmed_len]) == confirmed_hash)
 
-    def rebuild(self, committed_ids: Sequence[int]) -> None:
-        """Re-prefill a session from the client's confirmed ids (it expired or lived elsewhere)."""
+    def rebuild(self, committed_ids: Sequence[int], expected_hash: bytes | None = None) -> None:
+        """Re-prefill a session from the client's confirmed ids (it expired or lived elsewhere), after checking
+        them against their hash (Resume.committed_hash) when one is given."""
         if not committed_ids:
             raise InvalidRequestError("Resume.committed_ids is empty, so the session cannot be rebuilt")
-        self._check_ids(committed_ids, "Resume.committed_ids")
         self._check_room(len(committed_ids))
+        self._check_ids(committed_ids, "Resume.committed_ids")
+        if expected_hash is not None and committed_hash(list(committed_ids)) != expected_hash:
+            raise InvalidRequestError("Resume.committed_hash is not the sha256 of Resume.committed_ids "
+                                      "(uint32 little endian); the client's state is inconsistent")
 
         def job() -> None:
             self.cache = self.target.new_cache()
@@ -187,8 +191,8 @@ class VerifierSession:
             raise StaleStateError(
                 f"Resume for session {self.id}: the client's {confirmed_len} confirmed tokens do not match the "
                 f"server's (it has {len(self.committed)}); send committed_ids so the server can rebuild it")
-        self._check_ids(provisional, "Resume.provisional_ids")
         self._check_room(confirmed_len + len(provisional) + 1)
+        self._check_ids(provisional, "Resume.provisional_ids")
         self._last_draft = None
         return self._run(self._resume_job, confirmed_len, list(provisional), ResumePolicy(policy))
 

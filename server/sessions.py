@@ -50,16 +50,28 @@ class SessionStore:
             return session_id in self._sessions
 
     def add(self, session: StoredSession) -> None:
-        """Hold a new session (replacing one of the same id); SessionCapError when the cap is hit."""
+        """Hold a new session (replacing one of the same id); SessionCapError when the cap is hit.
+
+        Nothing changes when it is refused: a live session of the same id stays."""
         with self._mutex:
             self._expire_locked()
+            self._check_room_locked(session.id)
             self._sessions.pop(session.id, None)
-            if len(self._sessions) >= self.limits.max_sessions:
-                raise SessionCapError(
-                    f"the server holds {len(self._sessions)} sessions, its cap (max_sessions="
-                    f"{self.limits.max_sessions}); close finished sessions or retry later")
             session.last_used = self._clock()
             self._sessions[session.id] = session
+
+    def check_room(self, session_id: str) -> None:
+        """SessionCapError now when adding this id would pass the cap (before the work of building it)."""
+        with self._mutex:
+            self._expire_locked()
+            self._check_room_locked(session_id)
+
+    def _check_room_locked(self, session_id: str) -> None:
+        held = len(self._sessions) - (session_id in self._sessions)  # a replaced session makes room
+        if held >= self.limits.max_sessions:
+            raise SessionCapError(
+                f"the server holds {len(self._sessions)} sessions, its cap (max_sessions="
+                f"{self.limits.max_sessions}); close finished sessions or retry later")
 
     def get(self, session_id: str) -> StoredSession:
         """The session, marked as just used; SessionNotFoundError when absent."""
