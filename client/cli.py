@@ -9,10 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import threading
 import time
+
+from edgespec.shared.config import enable_layers
+from edgespec.shared.logging_setup import LEVELS
+
+DEFAULT_SERVER = "127.0.0.1:50051"
+DEFAULT_API_PORT = 8000  # `client serve`; the server's HTTP side takes 8080, so both fit on one machine
 
 
 def add_client_options(p: argparse.ArgumentParser) -> None:
@@ -21,7 +26,7 @@ def add_client_options(p: argparse.ArgumentParser) -> None:
     # `edgespec --help` does not import torch.
     p.add_argument("--drafter", default="ngram",
                    help="ngram | independent | eagle | moa | beagle | a shipped learned drafter: eagle, moa-tli0, "
-                        "moa-tli1 (default: ngram)")
+                        "moa-tli1")
     p.add_argument("--drafter-model", default=None,
                    help="small LM of the independent drafter (registry name or directory; "
                         "default qwen2.5-coder-0.5b-instruct)")
@@ -36,21 +41,23 @@ def add_client_options(p: argparse.ArgumentParser) -> None:
                    help="MoA: the server part's name on the server (default: the checkpoint's name)")
     p.add_argument("--tokenizer", default=None, help="the target's tokenizer (model name or directory); "
                                                       "default: the drafter's model or the server's model name")
-    p.add_argument("--tree-branch", type=int, default=None, help="EAGLE-2 B: children per expanded node")
+    p.add_argument("--tree-branch", type=int, default=None,
+                   help="EAGLE-2 B: children per expanded node (None: the drafter's own)")
     p.add_argument("--tree-depth", type=int, default=None, help="EAGLE-2 D: deepest level drafted")
     p.add_argument("--tree-nodes", type=int, default=None, help="EAGLE-2 M: nodes kept in a tree")
     p.add_argument("--tree-min-prob", type=float, default=None,
                    help="stop deepening once the best path's probability is below this")
     p.add_argument("--ngram-nodes", type=int, default=None, help="nodes in an ngram tree")
     p.add_argument("--policy", choices=["rollback", "keep"], default="rollback",
-                   help="offline tokens on reconnect: rollback (exactly the target's text) or keep (default rollback)")
+                   help="offline tokens on reconnect: rollback (exactly the target's text) or keep")
     p.add_argument("--offline-wait", type=float, default=30.0,
-                   help="seconds to wait for a lost link when the drafter cannot go on alone (default 30)")
+                   help="seconds to wait for a lost link when the drafter cannot go on alone")
     p.add_argument("--tls", action="store_true", help="connect with TLS")
     p.add_argument("--ca", default=None, help="PEM file of the CA that signed the server's certificate")
-    p.add_argument("--api-key", default=None, help="API key the server asks for (default: $EDGESPEC_API_KEY)")
+    p.add_argument("--api-key", default=None, help="API key the server asks for (EDGESPEC_API_KEY keeps it "
+                                                   "out of the process list)")
     p.add_argument("--min-deadline", type=float, default=1.0,
-                   help="floor of a Draft's deadline in seconds (default 1.0)")
+                   help="floor of a Draft's deadline in seconds")
 
 
 def client_from_args(args, address: str):
@@ -70,8 +77,7 @@ def client_from_args(args, address: str):
                              moa_server_part=args.moa_server_part, tree=tree, ngram=ngram,
                              router=not getattr(args, "no_router", False))
     link = LinkConfig(address, tls=args.tls, root_certificates=args.ca,
-                      api_key=args.api_key or os.environ.get("EDGESPEC_API_KEY"),
-                      min_deadline_s=args.min_deadline, max_deadline_s=max(30.0, args.min_deadline))
+                      api_key=args.api_key, min_deadline_s=args.min_deadline, max_deadline_s=max(30.0, args.min_deadline))
     return EdgespecClient(ClientConfig(link, options, tokenizer=args.tokenizer))
 
 
@@ -86,71 +92,29 @@ def generation_config_from_args(args):
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("client", help="generate with a remote verifier (or `client serve` a local API)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__)
     p.add_argument("action", nargs="?", choices=["run", "serve"], default="run",
                    help="run (default): generate for --prompt or stdin; serve: OpenAI-compatible local API")
-    p.add_argument("--server", default="127.0.0.1:50051", help="the server's gRPC HOST:PORT (default 127.0.0.1:50051)")
+    p.add_argument("--server", default=DEFAULT_SERVER, help="the server's gRPC HOST:PORT")
     add_client_options(p)
-    p.add_argument("--prompt", default=None, help="the prompt (default: read stdin)")
+    p.add_argument("--prompt", default=None, help="the prompt (None: read stdin)")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
-    p.add_argument("--max-tokens", type=int, default=512, help="most new tokens (default 512)")
+    p.add_argument("--max-tokens", type=int, default=512, help="most new tokens")
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                    help="colour tokens by origin: green accepted draft, plain target, yellow offline")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON on the last line")
-    p.add_argument("--host", default="127.0.0.1", help="serve: interface of the local API (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="serve: port of the local API (default 8000)")
+    p.add_argument("--host", default="127.0.0.1", help="serve: interface of the local API")
+    p.add_argument("--port", type=int, default=DEFAULT_API_PORT, help="serve: port of the local API")
     p.add_argument("--local-api-key", default=None, help="serve: require this key from API callers")
     p.add_argument("--log-format", choices=["text", "json"], default="text",
-                   help="serve: log lines as text or one JSON object a line (time, level, logger, message, "
-                        "extra fields) on stderr (default text)")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info",
-                   help="serve: least severe level logged (default info)")
+                   help="log lines as text or one JSON object a line (time, level, logger, message, "
+                        "extra fields; no progress bars) on stderr")
+    p.add_argument("--log-level", choices=LEVELS, default="info", help="least severe level logged")
     p.set_defaults(func=main)
-
-
-# Attributes every LogRecord has; anything else on a record came from `extra=` and is logged as a field.
-_RECORD_FIELDS = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object a line: time, level, logger, message, the record's extra fields, the exception."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
-                 "logger": record.name, "message": record.getMessage()}
-        for key, value in vars(record).items():
-            if key not in _RECORD_FIELDS and key not in entry:
-                entry[key] = value
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False, default=str)
-
-
-def configure_logging(fmt: str, level: str = "info", stream=None) -> logging.Handler:
-    """Route every logger (uvicorn's included) to one stderr handler in the chosen format."""
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else
-                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
-        logging.getLogger(name).handlers[:] = []
-        logging.getLogger(name).propagate = True
-    logging.getLogger("uvicorn.access").setLevel(logging.WARNING)  # health probes every few seconds are noise
-    return handler
-
-
-def quiet_transformers() -> None:
-    """JSON logs only: transformers' warnings go through the root handler, and no progress bars."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.disable_default_handler()
-    hf_logging.enable_propagation()
+    enable_layers(p)
 
 
 def main(args) -> int:
@@ -172,11 +136,7 @@ def serve(args) -> int:
     from .commit import ResumePolicy
     from .link import LinkConfig
 
-    configure_logging(args.log_format, args.log_level)
-    if args.log_format == "json":
-        quiet_transformers()
-    link = LinkConfig(args.server, tls=args.tls, root_certificates=args.ca,
-                      api_key=args.api_key or os.environ.get("EDGESPEC_API_KEY"))
+    link = LinkConfig(args.server, tls=args.tls, root_certificates=args.ca, api_key=args.api_key)
     slot = ClientSlot.load_in_background(lambda: client_from_args(args, args.server), args.drafter, link)
     app = build_app(slot, default_max_tokens=args.max_tokens, policy=ResumePolicy[args.policy.upper()],
                     api_key=args.local_api_key)

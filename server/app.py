@@ -34,7 +34,9 @@ class ServerConfig:
     port: int = 0  # gRPC port; 0 = pick a free one
     http_port: int | None = 0  # HTTP port (health, metrics, plain API); 0 = pick a free one, None = no HTTP
     device: str | None = None  # "cpu", "cuda:0"; None = CUDA when present
-    dtype: str | None = None  # "bfloat16" (default), "float16", "float32"
+    dtype: str | None = None  # "bfloat16" (default), "float16", "float32", "auto" (the checkpoint's own)
+    trust_remote_code: bool = False  # let the model repository run its own Python code (custom architectures)
+    served_model_name: str | None = None  # the name in the API, Info and metrics; None = the model's own name
     max_sessions: int = 64  # sessions held at once; Open past it gets RESOURCE_EXHAUSTED
     session_ttl_s: float = 600.0  # idle seconds before a session is dropped
     max_kv_bytes: int = 8 << 30  # KV memory of all sessions; least recently used go first past it
@@ -110,6 +112,7 @@ def start_server(config: ServerConfig) -> ServerHandle:
         t0 = time.monotonic()
         loaded = load_model(config.model, device=config.device, dtype=config.dtype)
         target = TargetModel(loaded)
+        target.name = config.served_model_name or target.name  # what clients and dashboards see
         log.info("loaded target %s (%d layers, hidden %d, vocab %d) on %s in %s in %.1f s", target.name,
                  target.num_layers, target.hidden_size, target.vocab_size, target.device,
                  str(target.dtype).removeprefix("torch."), time.monotonic() - t0)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import logging
 import sys
 
 from . import __version__
+from .config import LayeredParser
 
 SUBCOMMANDS: dict[str, str] = {
     "models": "edgespec.shared.models.cli",
@@ -31,10 +31,12 @@ def _available(module: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    # Subparsers are built with the root's class: every command gets defaults in --help, and the
+    # commands that call config.enable_layers read EDGESPEC_* variables and --config files.
+    parser = LayeredParser(
         prog="edgespec", description="Client-server speculative decoding for edge devices.")
     parser.add_argument("--version", action="version", version=f"edgespec {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (same as --log-level debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in SUBCOMMANDS.items():
         if _available(module):
@@ -46,8 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # as typed: runs record the command that made them
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .logging_setup import configure_logging
+
+    # One setup for every command; server and client add --log-format and --log-level.
+    configure_logging(getattr(args, "log_format", "text"),
+                      "debug" if args.verbose else getattr(args, "log_level", "info"))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -13,7 +13,7 @@ import time
 
 import httpx
 
-from edgespec.client.cli import JsonFormatter, configure_logging
+from edgespec.shared.logging_setup import JsonFormatter, configure_logging
 
 
 def _free_port() -> int:

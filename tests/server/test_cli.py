@@ -10,17 +10,21 @@ import sys
 
 import grpc
 import httpx
+import pytest
 
 from edgespec.proto.edgespec.v1 import pb, pb_grpc
 
 READY = re.compile(r"edgespec server listening grpc=(\S+) http=(\S+)")
 
 
-def test_cli_serves_until_sigterm(tiny_model_dir):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+def test_cli_serves_until_sigterm(tiny_model_dir, tmp_path):
+    """Settings from all three layers (positional model, EDGESPEC_* variables, a config file); JSON logs."""
+    config = tmp_path / "server.yaml"
+    config.write_text("served-model-name: tiny-served\ndrain-grace: 2\nlog-format: json\nhttp-port: 1\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1", EDGESPEC_DTYPE="float32", EDGESPEC_PORT="0",
+               EDGESPEC_HTTP_PORT="0", EDGESPEC_DEVICE="cpu")  # the variable wins over the file's http-port
     proc = subprocess.Popen(
-        [sys.executable, "-m", "edgespec.shared.cli", "server", "--model", str(tiny_model_dir), "--port", "0",
-         "--http-port", "0", "--log-format", "json", "--dtype", "float32", "--drain-grace", "2"],
+        [sys.executable, "-m", "edgespec.shared.cli", "server", str(tiny_model_dir), "--config", str(config)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline()
@@ -29,11 +33,13 @@ def test_cli_serves_until_sigterm(tiny_model_dir):
         grpc_addr, http_addr = match.groups()
         with grpc.insecure_channel(grpc_addr) as channel:
             info = pb_grpc.VerifierStub(channel).Info(pb.InfoRequest(), timeout=10)
-        assert info.vocab_size == 320 and info.dtype == "float32"
-        assert httpx.get(f"http://{http_addr}/health").json()["status"] == "ok"
+        assert info.vocab_size == 320 and info.dtype == "float32" and info.model_name == "tiny-served"
+        health = httpx.get(f"http://{http_addr}/health").json()
+        assert health["status"] == "ok" and health["model"] == "tiny-served"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
-        logs = [json.loads(x) for x in proc.stderr.read().splitlines() if x.startswith("{")]
+        lines = [x for x in proc.stderr.read().splitlines() if x.strip()]
+        logs = [json.loads(x) for x in lines]  # every line is one JSON object: no progress bars, no stray text
         messages = " | ".join(entry["message"] for entry in logs)
         assert "loaded target" in messages and "on cpu" in messages and "listening grpc=" in messages
         assert "draining" in messages and "stopped" in messages
@@ -41,3 +47,30 @@ def test_cli_serves_until_sigterm(tiny_model_dir):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_cli_refuses_a_config_file_with_an_unknown_key(tmp_path):
+    config = tmp_path / "server.yaml"
+    config.write_text("max-sesions: 3\n")
+    proc = subprocess.run([sys.executable, "-m", "edgespec.shared.cli", "server", "m", "--config", str(config)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "unknown key 'max-sesions'" in proc.stderr and "did you mean 'max-sessions'" in proc.stderr
+
+
+def test_server_config_takes_the_vllm_spellings(tmp_path):
+    from edgespec.server.cli import server_config
+    from edgespec.shared.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["server", "org/model", "--max-model-len", "4096", "--ssl-certfile", "c.pem", "--ssl-keyfile", "k.pem",
+         "--served-model-name", "coder", "--dtype", "auto", "--trust-remote-code", "--http-port", "-1"])
+    config = server_config(args)
+    assert (config.model, config.max_context_tokens, config.tls_cert, config.tls_key) == ("org/model", 4096, "c.pem",
+                                                                                         "k.pem")
+    assert (config.served_model_name, config.dtype, config.trust_remote_code) == ("coder", "auto", True)
+    assert config.http_port is None
+    with pytest.raises(SystemExit, match="no model"):
+        server_config(build_parser().parse_args(["server"]))
+    with pytest.raises(SystemExit, match="go together"):
+        server_config(build_parser().parse_args(["server", "m", "--ssl-certfile", "c.pem"]))
