@@ -2,9 +2,9 @@
 
 This is the baseline the experiments compare speculative decoding against, so
 it is an ordinary efficient decoder: one prefill (LM head on the last row
-only), then one forward of one token per step on a KV cache. Each forward is a
-job on the shared ``ModelScheduler``, so API requests and verification sessions
-take turns on the weights.
+only), then one forward of one token per step on a KV cache. Each forward goes
+through the shared ``ModelScheduler``, so API requests ride in the same batches
+as verification sessions, on the same engine.
 """
 from __future__ import annotations
 
@@ -35,12 +35,15 @@ def generate(target: TargetModel, scheduler: ModelScheduler, request: Generation
         generator.seed()
     else:
         generator.manual_seed(request.seed)
-    cache = target.new_cache()
+    kv = scheduler.new_kv()  # a pool slot on the batched engine: given back when the generation ends
     ids: Sequence[int] = request.prompt_ids
-    for _ in range(request.max_new_tokens):
-        out, _ = scheduler.run(target.prefill, cache, ids)
-        token = next_token(out.logits[-1], request.sampling, generator)
-        if request.stop_at_eos and token in target.eos_ids:
-            return
-        yield token
-        ids = [token]
+    try:
+        for _ in range(request.max_new_tokens):
+            out = scheduler.prefill(kv, ids)  # batched with every other session's work
+            token = next_token(out.logits[-1], request.sampling, generator)
+            if request.stop_at_eos and token in target.eos_ids:
+                return
+            yield token
+            ids = [token]
+    finally:
+        kv.close()

@@ -5,8 +5,10 @@
 - ``resume``: roll back to what the client confirmed (or re-prefill it), verify
   the client's provisional tokens as one chain, and commit under a policy.
 
-Model work runs on the scheduler's thread (``ModelScheduler.run``); feature
-encoding runs on the caller's thread so the model is free for other sessions.
+Forwards run in the scheduler's batches (``ModelScheduler.forward``, with
+every other session's work); acceptance, KV bookkeeping on the session's own
+KV and feature encoding run on the caller's thread, so the model is free for
+other sessions.
 """
 from __future__ import annotations
 
@@ -80,6 +82,7 @@ class _ModelStep:
     kv: torch.Tensor | None  # [n, L, 2*E_kv] for MOA
     forward_ns: int
     verify_ns: int
+    queue_ns: int = 0  # waiting for the forwards' batches
 
 
 class VerifierSession:
@@ -90,8 +93,8 @@ class VerifierSession:
         self.target = target
         self.scheduler = scheduler
         self.max_context_tokens = max_context_tokens
-        self.committed: list[int] = []  # c_0..c_{n-1}; the cache holds KV for all but the last
-        self.cache = target.new_cache()
+        self.committed: list[int] = []  # c_0..c_{n-1}; the KV holds all but the last
+        self.kv = scheduler.new_kv()  # SessionKV: a DynamicCache or a pool slot, as the engine has it
         self.generator = torch.Generator().manual_seed(settings.seed)
         self.lock = threading.Lock()  # held while a stream works on the session
         self.last_used = time.monotonic()
@@ -111,25 +114,24 @@ class VerifierSession:
         return self._run(self._open_job, list(prompt_ids), tree if tree else None)
 
     def _open_job(self, prompt: list[int], tree: DraftTree | None) -> _ModelStep:
-        t0 = time.perf_counter_ns()
         if tree is None:
-            out = self.target.prefill(self.cache, prompt)
+            out = self.scheduler.prefill(self.kv, prompt)
             t1 = time.perf_counter_ns()
             first = next_token(out.logits[-1], self.settings.sampling, self.generator)
             self.committed = prompt + [first]
             kv = self._kv_rows(0, len(prompt))
-            return _ModelStep(first, (), 0, out.hidden, kv, t1 - t0, time.perf_counter_ns() - t1)
-        out = self.target.prefill_tree(self.cache, prompt, tree)
+            return _ModelStep(first, (), 0, out.hidden, kv, out.forward_ns, time.perf_counter_ns() - t1, out.queue_ns)
+        out = self.scheduler.prefill_tree(self.kv, prompt, tree)
         t1 = time.perf_counter_ns()
         outcome = verify_tree(tree, out.logits, self.settings.sampling, self.generator)
         past = len(prompt) - 1
         rows = [0] + [i + 1 for i in outcome.accepted]  # of [last prompt token] + nodes
-        self.target.keep_rows(self.cache, past, rows)
+        self.kv.keep_rows(past, rows)
         self.committed = prompt + [tree.tokens[i] for i in outcome.accepted] + [outcome.next_token]
         hidden = torch.cat([out.hidden[:past], out.hidden[[past + r for r in rows]]])
         kv = self._kv_rows(0, past + len(rows))
-        return _ModelStep(outcome.next_token, outcome.accepted, 0, hidden, kv, t1 - t0,
-                          time.perf_counter_ns() - t1)
+        return _ModelStep(outcome.next_token, outcome.accepted, 0, hidden, kv, out.forward_ns,
+                          time.perf_counter_ns() - t1, out.queue_ns)
 
     # -------------------------------------------------------------- verify
     def verify(self, step: int, committed_len: int, tree: DraftTree) -> StepResult:
@@ -147,17 +149,17 @@ class VerifierSession:
         return result
 
     def _verify_job(self, tree: DraftTree) -> _ModelStep:
-        t0 = time.perf_counter_ns()
         past = len(self.committed) - 1
-        out = self.target.forward_tree(self.cache, self.committed[-1], tree)
+        out = self.scheduler.forward_tree(self.kv, self.committed[-1], tree)
         t1 = time.perf_counter_ns()
         outcome = verify_tree(tree, out.logits, self.settings.sampling, self.generator)
         rows = [0] + [i + 1 for i in outcome.accepted]
-        self.target.keep_rows(self.cache, past, rows)
+        self.kv.keep_rows(past, rows)
         self.committed += [tree.tokens[i] for i in outcome.accepted] + [outcome.next_token]
         hidden = out.hidden[rows]
         kv = self._kv_rows(past, past + len(rows))
-        return _ModelStep(outcome.next_token, outcome.accepted, 0, hidden, kv, t1 - t0, time.perf_counter_ns() - t1)
+        return _ModelStep(outcome.next_token, outcome.accepted, 0, hidden, kv, out.forward_ns,
+                          time.perf_counter_ns() - t1, out.queue_ns)
 
     # -------------------------------------------------------------- resume
     def matches(self, confirmed_len: int, confirmed_hash: bytes) -> bool:
@@ -176,13 +178,10 @@ class VerifierSession:
             raise InvalidRequestError("Resume.committed_hash is not the sha256 of Resume.committed_ids "
                                       "(uint32 little endian); the client's state is inconsistent")
 
-        def job() -> None:
-            self.cache = self.target.new_cache()
-            if len(committed_ids) > 1:
-                self.target.prefill(self.cache, list(committed_ids[:-1]))
-            self.committed = list(committed_ids)
-
-        self.scheduler.run(job)
+        self.kv.crop(0)
+        if len(committed_ids) > 1:
+            self.scheduler.prefill(self.kv, list(committed_ids[:-1]))
+        self.committed = list(committed_ids)
 
     def resume(self, confirmed_len: int, confirmed_hash: bytes, provisional: Sequence[int],
                policy: ResumePolicy) -> StepResult:
@@ -197,12 +196,11 @@ class VerifierSession:
         return self._run(self._resume_job, confirmed_len, list(provisional), ResumePolicy(policy))
 
     def _resume_job(self, confirmed_len: int, provisional: list[int], policy: ResumePolicy) -> _ModelStep:
-        t0 = time.perf_counter_ns()
         self.committed = self.committed[:confirmed_len]
         past = confirmed_len - 1
-        self.target.crop(self.cache, past)
+        self.kv.crop(past)
         chain = DraftTree.chain(provisional)
-        out = self.target.forward_tree(self.cache, self.committed[-1], chain)
+        out = self.scheduler.forward_tree(self.kv, self.committed[-1], chain)
         t1 = time.perf_counter_ns()
         outcome: VerifyOutcome = verify_tree(chain, out.logits, self.settings.sampling, self.generator)
         agreed = len(outcome.accepted)
@@ -214,19 +212,21 @@ class VerifierSession:
             kept = provisional[:agreed]
             after = outcome.next_token
         rows = list(range(len(kept) + 1))
-        self.target.keep_rows(self.cache, past, rows)
+        self.kv.keep_rows(past, rows)
         self.committed += kept + [after]
         kv = self._kv_rows(past, past + len(rows))
-        return _ModelStep(after, (), agreed, out.hidden[rows], kv, t1 - t0, time.perf_counter_ns() - t1)
+        return _ModelStep(after, (), agreed, out.hidden[rows], kv, out.forward_ns, time.perf_counter_ns() - t1,
+                          out.queue_ns)
 
     # ------------------------------------------------------------- helpers
     def _run(self, job, *args) -> StepResult:
         start = time.perf_counter_ns()
-        step, queue_ns = self.scheduler.run(job, *args)
+        step = job(*args)  # on this thread: its forwards wait for the scheduler's batches
+        queue_ns = step.queue_ns
         t0 = time.perf_counter_ns()
         features = export_features(self.settings.features, step.hidden, step.kv)
         encode_ns = time.perf_counter_ns() - t0
-        self.kv_bytes = self.target.cache_bytes(self.cache)
+        self.kv_bytes = self.kv.nbytes
         self.last_used = time.monotonic()
         timings = Timings(queue_ns, step.forward_ns, step.verify_ns, encode_ns, time.perf_counter_ns() - start)
         return StepResult(step.next_token, len(self.committed), step.accepted, step.agreed,
@@ -235,7 +235,7 @@ class VerifierSession:
     def _kv_rows(self, start: int, end: int) -> torch.Tensor | None:
         if not self.settings.features.needs_kv:
             return None
-        return self.target.layer_kv(self.cache, start, end).clone()
+        return self.kv.layer_kv(start, end)
 
     def _check_ids(self, ids: Sequence[int], what: str) -> None:
         bad = next((t for t in ids if not 0 <= t < self.target.vocab_size), None)

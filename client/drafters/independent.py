@@ -26,6 +26,7 @@ from typing import Sequence
 
 import torch
 
+from edgespec.shared import kv
 from edgespec.shared.tree import ROOT, DraftTree
 
 from .base import Drafter, DraftRequest
@@ -39,23 +40,6 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
-
-
-def crop_to(cache, length: int) -> None:
-    """Keep the first `length` positions of a DynamicCache (transformers 5 crops by a negative count)."""
-    extra = cache.get_seq_length() - length
-    if extra > 0:
-        cache.crop(-extra)
-
-
-def keep_positions(cache, positions: Sequence[int]) -> None:
-    """Keep only the cache entries at ``positions`` (in that order) in every layer of a DynamicCache."""
-    for layer in cache.layers:
-        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
-            continue
-        idx = torch.as_tensor(list(positions), dtype=torch.long, device=layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, idx)
-        layer.values = layer.values.index_select(-2, idx)
 
 
 def accepted_slots(suffix: Sequence[int], cands: Candidates, slot: dict[int, int]) -> list[int]:
@@ -201,9 +185,9 @@ class IndependentDrafter(Drafter):
         if tree is not None and keep == n_old:
             # Accepted tree nodes: move their KV into place (the last token is fed anyway, for its hidden state).
             slots = accepted_slots(committed[n_old:len(committed) - 1], *tree)
-            keep_positions(self._cache, [*range(n_old), *slots])
+            kv.keep_rows(self._cache, n_old, [s - n_old for s in slots])
             keep += len(slots)
-        crop_to(self._cache, keep)
+        kv.crop(self._cache, keep)
         new = list(committed[keep:])
         hidden = self._hidden(new, list(range(keep, len(committed))), None)
         self._fed = list(committed)
@@ -228,7 +212,7 @@ class IndependentDrafter(Drafter):
         try:
             tree, cands = build_tree(root_logprobs, expand, self.config.tree, request.max_nodes, request.max_depth)
         except BaseException:
-            crop_to(self._cache, n)
+            kv.crop(self._cache, n)
             raise
         if self.vocab_ids is not None:
             cands.tokens = [self._target_id(t) for t in cands.tokens]

@@ -1,4 +1,8 @@
-"""VerifierSession on the tiny target, without gRPC: greedy exactness over random trees and KV bookkeeping."""
+"""VerifierSession on the tiny target, without gRPC: greedy exactness over random trees and KV bookkeeping.
+
+Every test runs on each device (cpu, and cuda where there is one) and on both engines (generic:
+a DynamicCache per session; batched: a slot of the pre-allocated pool).
+"""
 from __future__ import annotations
 
 import random
@@ -6,21 +10,48 @@ import random
 import pytest
 import torch
 
+from edgespec.server.engine import GenericEngine
+from edgespec.server.engine_batched import BatchedEngine, PoolConfig
 from edgespec.server.features import FeatureKind, FeatureSpec
 from edgespec.server.scheduler import ModelScheduler
 from edgespec.server.session import ResumePolicy, SessionSettings, VerifierSession
+from edgespec.server.target import TargetModel
 from edgespec.shared.codec import decode_frame
 from edgespec.shared.drafters.lsa import LayerSelfAttention, LSAConfig
 from edgespec.shared.fingerprint import committed_hash
+from edgespec.shared.models.loading import load_model
 from edgespec.shared.tree import ROOT, DraftTree
 from edgespec.shared.verification import SamplingConfig
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
-@pytest.fixture(scope="module")
-def scheduler():
-    s = ModelScheduler()
+
+@pytest.fixture(scope="module", params=DEVICES)
+def target(request, tiny_model_dir) -> TargetModel:
+    return TargetModel(load_model(str(tiny_model_dir), device=request.param, dtype="float32"))
+
+
+@pytest.fixture(scope="module", params=["generic", "batched"])
+def scheduler(request, target):
+    engine = (GenericEngine(target) if request.param == "generic" else
+              BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_slots=4, max_context_tokens=1024)))
+    s = ModelScheduler(engine)
     yield s
     s.close()
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(target):
+    """ids, n -> the target's own greedy continuation of n tokens (full recompute each step, no cache)."""
+
+    @torch.inference_mode()
+    def run(ids: list[int], n: int) -> list[int]:
+        out = list(ids)
+        for _ in range(n):
+            out.append(int(fresh_next_logits(target, out).argmax()))
+        return out[len(ids):]
+
+    return run
 
 
 def make_session(target, scheduler, sampling=SamplingConfig(), features=FeatureSpec(), seed=0):
@@ -53,24 +84,25 @@ def random_tree(rng: random.Random, truth: list[int], vocab: int = 300) -> Draft
 
 @torch.inference_mode()
 def fresh_next_logits(target, ids: list[int]) -> torch.Tensor:
-    return target.model(input_ids=torch.tensor([ids])).logits[0, -1]
+    """[V] on the CPU, by a plain forward without a cache."""
+    return target.model(input_ids=torch.tensor([ids], device=target.device)).logits[0, -1].float().cpu()
 
 
 @torch.inference_mode()
 def session_next_logits(session) -> torch.Tensor:
-    """The next-token logits the session's cache gives for its committed text (cache left untouched)."""
-    target, past = session.target, len(session.committed) - 1
-    out = target.forward_tree(session.cache, session.committed[-1], DraftTree((), ()))
-    target.crop(session.cache, past)
-    return out.logits[0]
+    """The next-token logits the session's KV gives for its committed text (KV left as it was): [V] on the CPU."""
+    past = len(session.committed) - 1
+    out = session.scheduler.forward_tree(session.kv, session.committed[-1], DraftTree((), ()))
+    session.kv.crop(past)
+    return out.logits[0].cpu()
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_greedy_random_trees_commit_the_target_greedy_continuation(tiny_target, scheduler, greedy_reference, seed):
+def test_greedy_random_trees_commit_the_target_greedy_continuation(target, scheduler, greedy_reference, seed):
     rng = random.Random(seed)
     prompt = [rng.randrange(256) for _ in range(rng.randint(3, 12))]
     truth = greedy_reference(prompt, 60)
-    session = make_session(tiny_target, scheduler)
+    session = make_session(target, scheduler)
     opened = session.open(prompt)
     assert opened.next_token == truth[0] and opened.committed_len == len(prompt) + 1
     step = 0
@@ -82,24 +114,24 @@ def test_greedy_random_trees_commit_the_target_greedy_continuation(tiny_target, 
         assert result.committed_len == len(session.committed)
         assert session.committed[len(prompt):] == truth[:len(session.committed) - len(prompt)]
     # After many cycles the cache gives what a fresh prefill of the committed text gives.
-    assert torch.allclose(session_next_logits(session), fresh_next_logits(tiny_target, session.committed), atol=1e-4)
-    assert tiny_target.cache_len(session.cache) == len(session.committed) - 1
+    assert torch.allclose(session_next_logits(session), fresh_next_logits(target, session.committed), atol=1e-4)
+    assert len(session.kv) == len(session.committed) - 1
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_open_with_a_tree_verifies_it_in_the_prefill_pass(tiny_target, scheduler, greedy_reference, seed):
+def test_open_with_a_tree_verifies_it_in_the_prefill_pass(target, scheduler, greedy_reference, seed):
     """Open + tree = Open then Draft: same committed text, same cache, features for prompt + accepted nodes."""
     rng = random.Random(seed)
     prompt = [rng.randrange(256) for _ in range(rng.randint(1, 12))]
     truth = greedy_reference(prompt, 20)
     tree = random_tree(rng, truth)
-    session = make_session(tiny_target, scheduler, features=FeatureSpec(FeatureKind.LAST_HIDDEN))
+    session = make_session(target, scheduler, features=FeatureSpec(FeatureKind.LAST_HIDDEN))
     opened = session.open(prompt, tree)
     accepted = [tree.tokens[i] for i in opened.accepted]
     assert accepted + [opened.next_token] == truth[:len(accepted) + 1]
     assert opened.committed_len == len(prompt) + len(accepted) + 1 == len(session.committed)
-    assert tiny_target.cache_len(session.cache) == len(session.committed) - 1
-    assert torch.allclose(session_next_logits(session), fresh_next_logits(tiny_target, session.committed), atol=1e-4)
+    assert len(session.kv) == len(session.committed) - 1
+    assert torch.allclose(session_next_logits(session), fresh_next_logits(target, session.committed), atol=1e-4)
     (name, frame), = opened.features
     assert decode_frame(frame).shape[0] == len(prompt) + len(accepted)
     # the session goes on like any other
@@ -108,9 +140,9 @@ def test_open_with_a_tree_verifies_it_in_the_prefill_pass(tiny_target, scheduler
     assert result.committed_len == len(session.committed)
 
 
-def test_sampling_sessions_keep_the_kv_of_the_accepted_path(tiny_target, scheduler):
+def test_sampling_sessions_keep_the_kv_of_the_accepted_path(target, scheduler):
     rng = random.Random(5)
-    session = make_session(tiny_target, scheduler, SamplingConfig(temperature=1.0, top_p=0.95), seed=3)
+    session = make_session(target, scheduler, SamplingConfig(temperature=1.0, top_p=0.95), seed=3)
     prompt = [rng.randrange(256) for _ in range(6)]
     session.open(prompt)
     accepted_total = 0
@@ -122,11 +154,11 @@ def test_sampling_sessions_keep_the_kv_of_the_accepted_path(tiny_target, schedul
         result = session.verify(step, len(session.committed), tree)
         accepted_total += len(result.accepted)
     assert accepted_total > 0
-    assert torch.allclose(session_next_logits(session), fresh_next_logits(tiny_target, session.committed), atol=1e-4)
+    assert torch.allclose(session_next_logits(session), fresh_next_logits(target, session.committed), atol=1e-4)
 
 
-def test_repeated_step_is_answered_from_the_record(tiny_target, scheduler):
-    session = make_session(tiny_target, scheduler)
+def test_repeated_step_is_answered_from_the_record(target, scheduler):
+    session = make_session(target, scheduler)
     session.open([1, 2, 3])
     tree = DraftTree((5, 6), (ROOT, 0))
     first = session.verify(1, 4, tree)
@@ -134,14 +166,14 @@ def test_repeated_step_is_answered_from_the_record(tiny_target, scheduler):
     assert again is first and len(session.committed) == first.committed_len
 
 
-def test_features_of_prompt_and_of_root_plus_accepted(tiny_target, scheduler, greedy_reference):
-    lsa = LayerSelfAttention(LSAConfig(tiny_target.num_layers, tiny_target.kv_size)).eval()
+def test_features_of_prompt_and_of_root_plus_accepted(target, scheduler, greedy_reference):
+    lsa = LayerSelfAttention(LSAConfig(target.num_layers, target.kv_size)).to(target.device).eval()
     spec = FeatureSpec(FeatureKind.MOA, lsa=lsa, tli_layers=1)
-    session = make_session(tiny_target, scheduler, features=spec)
+    session = make_session(target, scheduler, features=spec)
     prompt = [10, 20, 30, 40]
     opened = session.open(prompt)
     frames = {name: decode_frame(frame) for name, frame in opened.features}
-    e_kv = tiny_target.kv_size
+    e_kv = target.kv_size
     assert frames["lsa"].shape == (4, 2 * e_kv)
     assert frames["tli_k"].shape == (1, 4, e_kv) and frames["tli_v"].shape == (1, 4, e_kv)
     truth = greedy_reference(prompt, 3)
@@ -150,32 +182,35 @@ def test_features_of_prompt_and_of_root_plus_accepted(tiny_target, scheduler, gr
     frames = {name: decode_frame(frame) for name, frame in result.features}
     assert frames["lsa"].shape == (3, 2 * e_kv)  # root + 2 accepted
     # tli_v of the last layer is the cached V of those tokens (codec error aside)
-    cached_v = session.cache.layers[-1].values[0, :, 4:7].transpose(0, 1).reshape(3, -1)
-    assert torch.allclose(frames["tli_v"][0], cached_v.float(), atol=0.05 * cached_v.abs().max().item())
+    e = target.kv_size
+    cached_v = session.kv.layer_kv(4, 7)[:, -1, e:].float().cpu()  # [3, E_kv]: the last layer's V
+    assert torch.allclose(frames["tli_v"][0], cached_v, atol=0.05 * cached_v.abs().max().item())
 
 
-def test_hidden_features_equal_the_final_norm_output(tiny_target, scheduler):
-    session = make_session(tiny_target, scheduler, features=FeatureSpec(FeatureKind.LAST_HIDDEN))
+def test_hidden_features_equal_the_final_norm_output(target, scheduler):
+    session = make_session(target, scheduler, features=FeatureSpec(FeatureKind.LAST_HIDDEN))
     prompt = [5, 6, 7, 8, 9]
     opened = session.open(prompt)
     (name, frame), = opened.features
     with torch.inference_mode():
-        ref = tiny_target.model(input_ids=torch.tensor([prompt]))
-        head_in = tiny_target.model.get_decoder()(input_ids=torch.tensor([prompt])).last_hidden_state[0]
-        head_out = tiny_target.model.lm_head(head_in)
+        ids = torch.tensor([prompt], device=target.device)
+        ref_logits = target.model(input_ids=ids).logits[0].cpu()
+        head_in = target.model.get_decoder()(input_ids=ids).last_hidden_state[0]
+        head_out = target.model.lm_head(head_in).cpu()
+        head_in = head_in.cpu()
     assert name == "hidden"
     got = decode_frame(frame)
-    assert got.shape == (5, tiny_target.hidden_size)
+    assert got.shape == (5, target.hidden_size)
     assert torch.allclose(got, head_in, atol=0.05 * head_in.abs().max().item())
     # and the LM head on it gives the model's logits
-    assert torch.allclose(head_out, ref.logits[0], atol=1e-4)
+    assert torch.allclose(head_out, ref_logits, atol=1e-4)
 
 
 @pytest.mark.parametrize("policy", [ResumePolicy.KEEP, ResumePolicy.ROLLBACK])
-def test_resume_verifies_provisional_tokens_as_a_chain(tiny_target, scheduler, greedy_reference, policy):
+def test_resume_verifies_provisional_tokens_as_a_chain(target, scheduler, greedy_reference, policy):
     prompt = [3, 1, 4, 1, 5]
     truth = greedy_reference(prompt, 12)
-    session = make_session(tiny_target, scheduler)
+    session = make_session(target, scheduler)
     session.open(prompt)
     session.verify(1, 6, DraftTree.chain(truth[1:4]))  # committed: prompt + truth[:5]
     confirmed = prompt + truth[:2]  # the client only saw an older state
@@ -187,14 +222,14 @@ def test_resume_verifies_provisional_tokens_as_a_chain(tiny_target, scheduler, g
     else:
         assert session.committed[:len(confirmed) + 5] == confirmed + provisional
     assert result.committed_len == len(session.committed)
-    assert torch.allclose(session_next_logits(session), fresh_next_logits(tiny_target, session.committed), atol=1e-4)
+    assert torch.allclose(session_next_logits(session), fresh_next_logits(target, session.committed), atol=1e-4)
 
 
-def test_rebuild_then_resume_equals_a_restored_session(tiny_target, scheduler, greedy_reference):
+def test_rebuild_then_resume_equals_a_restored_session(target, scheduler, greedy_reference):
     prompt = [9, 8, 7]
     truth = greedy_reference(prompt, 6)
     confirmed = prompt + truth[:3]
-    session = make_session(tiny_target, scheduler)
+    session = make_session(target, scheduler)
     session.rebuild(confirmed)
     result = session.resume(len(confirmed), committed_hash(confirmed), truth[3:5], ResumePolicy.ROLLBACK)
     assert result.agreed == 2 and result.next_token == truth[5]

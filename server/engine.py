@@ -1,0 +1,183 @@
+"""The engine: how the target runs forwards for many sessions' KV.
+
+A forward is described by a ``Work`` (tokens to feed after what a session's KV
+holds, their positions, which earlier new row each hangs from) and answered by
+a ``ForwardOutput``. An ``Engine`` runs a list of (KV, Work) pairs:
+
+- ``GenericEngine``: one forward per item on a transformers ``DynamicCache``
+  with a 4-D mask. Any architecture Hugging Face runs; the CPU default.
+- ``BatchedEngine`` (``engine_batched``): one forward for all items, their KV
+  in a pre-allocated pool. Full-attention decoder architectures only.
+
+``build_engine`` picks one by architecture and device (``--engine auto``) and
+says which in the log. The ``ModelScheduler`` feeds engines their batches.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from edgespec.shared.kv import DynamicKV, SessionKV
+from edgespec.shared.tree import ROOT, DraftTree
+
+from .engine_masks import batch_attention_mask
+from .target import TargetModel
+
+log = logging.getLogger("edgespec.server")
+
+ENGINES = ("auto", "batched", "generic")
+# Architectures whose every layer is full attention over a standard KV cache, so the pool's
+# cache can stand in for DynamicCache and a 4-D mask says everything about who sees whom.
+BATCHED_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama", "mistral", "phi3"})
+
+
+@dataclass(frozen=True)
+class Work:
+    """Tokens one session feeds after what its KV holds, and what each may see.
+
+    Row i sees the session's whole cached past, its ancestors and itself; a row's
+    position is its parent's + 1 (``engine_masks`` relies on it).
+    """
+
+    ids: tuple[int, ...]  # [T] token ids
+    positions: tuple[int, ...]  # [T] RoPE positions
+    parents: tuple[int, ...]  # [T] earlier row each row hangs from; -1 = the cached past only
+    logits_from: int  # rows [logits_from, T) get logits; T = none
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def causal(self) -> bool:
+        """A plain chain: every row sees all rows before it."""
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+    @classmethod
+    def chunk(cls, ids: Sequence[int], start: int, logits: bool = True) -> "Work":
+        """Causal text at positions start.. (a prefill chunk, a decode step); logits of the last row."""
+        n = len(ids)
+        return cls(tuple(ids), tuple(range(start, start + n)), tuple(range(-1, n - 1)), n - 1 if logits else n)
+
+    @classmethod
+    def tree(cls, root: int, tree: DraftTree, past: int) -> "Work":
+        """[root] + nodes after `past` cached tokens; logits of every row."""
+        return cls.chunk_tree([root], tree, past)
+
+    @classmethod
+    def chunk_tree(cls, ids: Sequence[int], tree: DraftTree, past: int) -> "Work":
+        """Causal ids after `past` cached tokens with a tree hung from ids[-1]; logits of [ids[-1]] + nodes."""
+        p = len(ids)
+        parents = list(range(-1, p - 1)) + [p - 1 if par == ROOT else p + par for par in tree.parents]
+        positions = list(range(past, past + p)) + [past + p - 1 + d for d in tree.depths()]
+        return cls((*ids, *tree.tokens), tuple(positions), tuple(parents), p - 1)
+
+
+@dataclass
+class ForwardOutput:
+    hidden: torch.Tensor  # [T, E]: the final norm's output (the LM head's input) of every row
+    logits: torch.Tensor  # [T - logits_from, V] float32
+    forward_ns: int = 0  # the forward this work rode in
+    queue_ns: int = 0  # waiting for that forward to start
+    batch: int = 1  # items in that forward
+
+
+class Engine(ABC):
+    name: str = ""
+
+    def __init__(self, target: TargetModel):
+        self.target = target
+
+    @abstractmethod
+    def new_kv(self) -> SessionKV:
+        """An empty KV for one session (or one plain-API generation)."""
+
+    @abstractmethod
+    def run(self, items: Sequence[tuple[SessionKV, Work]]) -> list[ForwardOutput]:
+        """Append each item's rows to its KV; one output per item. Callers serialise calls."""
+
+    def cost(self, items: Sequence[Work]) -> int:
+        """Tokens a forward over these items computes (what the scheduler's budget counts)."""
+        return sum(len(w) for w in items)
+
+    def describe(self) -> str:
+        return self.name
+
+
+class GenericEngine(Engine):
+    """One forward per item on the item's own DynamicCache: any architecture, no padding."""
+
+    name = "generic"
+
+    def new_kv(self) -> DynamicKV:
+        return DynamicKV(self.target.model.config)
+
+    def run(self, items: Sequence[tuple[SessionKV, Work]]) -> list[ForwardOutput]:
+        return [self._one(kv, work) for kv, work in items]
+
+    @torch.inference_mode()
+    def _one(self, kv: DynamicKV, work: Work) -> ForwardOutput:
+        t0 = time.perf_counter_ns()
+        target, past, n = self.target, len(kv), len(work)
+        dev = target.device
+        ids = torch.tensor([work.ids], dtype=torch.long, device=dev)  # [1, T]
+        positions = torch.tensor([work.positions], dtype=torch.long, device=dev)  # [1, T]
+        mask = None  # a causal chunk: transformers builds its own (and skips it when it can)
+        if not work.causal:
+            parents = torch.tensor([work.parents], dtype=torch.long, device=dev)
+            mask = batch_attention_mask(parents, positions, torch.tensor([past], device=dev),
+                                        torch.tensor([n], device=dev), past + n, target.dtype)
+        try:
+            hidden = target.decode(ids, positions, mask, kv.cache)[0]  # [T, E]
+        except BaseException:
+            kv.crop(past)  # a failed pass must not leave half its rows in some layers
+            raise
+        logits = target.logits(hidden[work.logits_from:])
+        return ForwardOutput(hidden, logits, time.perf_counter_ns() - t0)
+
+
+# ---------------------------------------------------------------- choosing one
+def batched_unsupported(target: TargetModel) -> str | None:
+    """Why the batched engine cannot run this target, or None when it can."""
+    cfg = target.model.config
+    if cfg.model_type not in BATCHED_MODEL_TYPES:
+        return f"model type {cfg.model_type!r} is not one of {sorted(BATCHED_MODEL_TYPES)}"
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types is not None and any(t != "full_attention" for t in layer_types):
+        return "some layers are not full attention (sliding window or hybrid cache)"
+    if layer_types is None and getattr(cfg, "sliding_window", None):
+        return "the model uses a sliding window"
+    attn = getattr(cfg, "_attn_implementation", None)
+    if attn not in (None, "sdpa", "eager"):
+        return f"attention implementation {attn!r} takes no 4-D additive mask"
+    return None
+
+
+def build_engine(target: TargetModel, kind: str = "auto", pool=None) -> Engine:
+    """The engine for `kind` ("auto", "batched", "generic"); pool: a ``PoolConfig`` for the batched one.
+
+    auto: batched on an accelerator when the architecture allows it; generic on a CPU, where one
+    session's verification is not faster on the pool (the server bench measures both).
+    """
+    if kind not in ENGINES:
+        raise ValueError(f"unknown engine {kind!r}; choose one of {ENGINES}")
+    why_not = batched_unsupported(target)
+    if kind == "batched" and why_not:
+        raise ValueError(f"--engine batched cannot run {target.name}: {why_not}; use --engine generic")
+    if kind == "auto":
+        kind = "generic" if why_not or target.device.type == "cpu" else "batched"
+        reason = why_not or ("CPU device" if kind == "generic" else f"{target.device.type} device")
+    else:
+        reason = "asked for"
+    if kind == "generic":
+        engine: Engine = GenericEngine(target)
+    else:
+        from .engine_batched import BatchedEngine, PoolConfig
+
+        engine = BatchedEngine(target, pool or PoolConfig())
+    log.info("engine: %s (%s)", engine.describe(), reason)
+    return engine

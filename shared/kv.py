@@ -1,0 +1,156 @@
+"""KV bookkeeping shared by the server's target and the client's independent drafter.
+
+A session's KV holds, per layer, keys and values of the tokens fed so far. The
+operations every speculative-decoding loop needs on it:
+
+- ``crop``: keep the first n tokens (a rejected tree, a rollback).
+- ``keep_rows``: after a tree was appended behind ``past_len`` cached tokens,
+  keep the past plus the chosen rows of the tree (the accepted path), in order.
+- ``layer_kv``: per-token K|V of every layer, the input of MoA's Layer
+  Self-Attention.
+- byte accounting, for memory caps.
+
+Two stores implement them: a transformers ``DynamicCache`` (``DynamicKV``, the
+generic path, one growing tensor per layer) and a slot of the server's
+pre-allocated pool (``edgespec.server.engine_kv.SlotKV``). Both keep rows the
+same way (``keep_rows_of``): the rows are gathered, then written back behind
+the past, so a pool slot is never reallocated.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Sequence
+
+import torch
+
+
+# ------------------------------------------------------------------ tensor level
+@torch.inference_mode()
+def keep_rows_of(t: torch.Tensor, past_len: int, rows: Sequence[int]) -> torch.Tensor:
+    """t: [..., S, D]. Make positions past_len.. hold the given rows (offsets from past_len), in order.
+
+    Returns the tensor to use from now on: a view of t itself when the rows are a prefix
+    (nothing moves), else t with the rows copied into place (in place, so a pool slot stays
+    where it is). Positions after past_len + len(rows) are left as they were: callers track the
+    length apart.
+    """
+    rows = list(rows)
+    if rows == list(range(len(rows))):
+        return t
+    index = torch.tensor([past_len + r for r in rows], dtype=torch.long, device=t.device)
+    picked = t.index_select(-2, index)  # [..., n, D], a copy: sources and destinations may overlap
+    t[..., past_len:past_len + len(rows), :] = picked
+    return t
+
+
+def rows_kv(keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], start: int, end: int) -> torch.Tensor:
+    """Per-token K|V of every layer for positions [start, end): [T, L, 2*E_kv] (keys after RoPE).
+
+    keys, values: one [H_kv, S, D] tensor per layer.
+    """
+    out = []
+    for k, v in zip(keys, values):
+        k, v = k[:, start:end], v[:, start:end]  # [H_kv, T, D]
+        t = k.shape[1]
+        out.append(torch.cat([k.transpose(0, 1).reshape(t, -1), v.transpose(0, 1).reshape(t, -1)], dim=-1))
+    return torch.stack(out, dim=1)
+
+
+# ------------------------------------------------------------ DynamicCache level
+def _filled(cache) -> list:
+    return [layer for layer in cache.layers if getattr(layer, "keys", None) is not None and layer.keys.numel()]
+
+
+def cache_len(cache) -> int:
+    """Tokens a DynamicCache holds."""
+    return int(cache.get_seq_length())
+
+
+def cache_bytes(cache) -> int:
+    return sum(layer.keys.nbytes + layer.values.nbytes for layer in _filled(cache))
+
+
+def crop(cache, length: int) -> None:
+    """Keep the first `length` tokens of a DynamicCache.
+
+    Sliced here rather than with ``DynamicCache.crop``, whose argument changed meaning across
+    transformers versions (absolute length, then tokens to remove).
+    """
+    for layer in _filled(cache):
+        if layer.keys.shape[-2] > length:
+            layer.keys = layer.keys[:, :, :length]
+            layer.values = layer.values[:, :, :length]
+
+
+def keep_rows(cache, past_len: int, rows: Sequence[int]) -> None:
+    """Keep the first past_len tokens of a DynamicCache plus the given rows after them, in order."""
+    for layer in _filled(cache):
+        # keys/values: [B, H_kv, S, D], the cache's own tensors: rows move in place
+        layer.keys = keep_rows_of(layer.keys, past_len, rows)
+        layer.values = keep_rows_of(layer.values, past_len, rows)
+    crop(cache, past_len + len(rows))
+
+
+def layer_kv(cache, start: int, end: int, batch_row: int = 0) -> torch.Tensor:
+    """Per-token K|V of every layer of a DynamicCache for tokens [start, end): [T, L, 2*E_kv]."""
+    layers = _filled(cache)
+    return rows_kv([layer.keys[batch_row] for layer in layers], [layer.values[batch_row] for layer in layers],
+                   start, end)
+
+
+# ------------------------------------------------------------------- one session
+class SessionKV(ABC):
+    """One session's KV, whichever store holds it. Not thread-safe: one user at a time."""
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Tokens held."""
+
+    @abstractmethod
+    def crop(self, length: int) -> None:
+        """Keep the first `length` tokens."""
+
+    @abstractmethod
+    def keep_rows(self, past_len: int, rows: Sequence[int]) -> None:
+        """Keep the first past_len tokens plus the given rows after them (offsets from past_len), in order."""
+
+    @abstractmethod
+    def layer_kv(self, start: int, end: int) -> torch.Tensor:
+        """Per-token K|V of every layer for tokens [start, end): [T, L, 2*E_kv], a tensor of its own."""
+
+    @property
+    @abstractmethod
+    def nbytes(self) -> int:
+        """Memory this session holds (what memory caps count)."""
+
+    def close(self) -> None:
+        """Give the memory back now rather than when the object is collected."""
+
+
+class DynamicKV(SessionKV):
+    """A transformers DynamicCache: grows by concatenation, freed with the object."""
+
+    def __init__(self, config=None):
+        from transformers import DynamicCache
+
+        self._config = config
+        self.cache = DynamicCache(config=config) if config is not None else DynamicCache()
+
+    def __len__(self) -> int:
+        return cache_len(self.cache)
+
+    def crop(self, length: int) -> None:
+        crop(self.cache, length)
+
+    def keep_rows(self, past_len: int, rows: Sequence[int]) -> None:
+        keep_rows(self.cache, past_len, rows)
+
+    def layer_kv(self, start: int, end: int) -> torch.Tensor:
+        return layer_kv(self.cache, start, end).clone()
+
+    @property
+    def nbytes(self) -> int:
+        return cache_bytes(self.cache)
+
+    def close(self) -> None:
+        self.crop(0)
