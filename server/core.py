@@ -40,9 +40,9 @@ class VerifierCore:
         self.limits = limits
         self.lsa_parts = dict(lsa_parts or {})
         self.scheduler = ModelScheduler(engine or GenericEngine(target))  # every forward, batched
-        self.metrics = ServerMetrics()
+        self.metrics = ServerMetrics(target.name)
         self.store = SessionStore(limits.store, on_drop=self._dropped)
-        self.metrics.sessions.set_function(lambda: len(self.store))
+        self.metrics.watch(self)  # gauges read the store and the scheduler when scraped
         self.draining = threading.Event()
         self._closed = threading.Event()
         # Idle sessions hold KV memory: drop them on time even when no call comes to trigger it.
@@ -60,7 +60,7 @@ class VerifierCore:
         result = session.open(prompt_ids, tree)
         self.store.add(session)
         self.store.touch(session)
-        self.metrics.sessions_opened.inc()
+        self.metrics.opened(settings.session_id, len(tree) if tree else 0, result)
         log.info("session %s opened: %d prompt tokens, drafter=%s, features=%s, sampling=%s",
                  settings.session_id, len(prompt_ids), settings.drafter or "?",
                  settings.features.kind.name, settings.sampling)
@@ -74,12 +74,7 @@ class VerifierCore:
             self.store.touch(session)
         finally:
             session.lock.release()
-        m = self.metrics
-        m.verifications.inc()
-        m.draft_tokens.inc(len(tree))
-        m.accepted_tokens.inc(len(result.accepted))
-        m.acceptance_length.observe(len(result.accepted) + 1)
-        m.verify_latency.observe(result.timings.total_ns / 1e9)
+        self.metrics.verified(len(tree), result)
         return result
 
     def resume(self, session_id: str, confirmed_len: int, confirmed_hash: bytes, committed_ids: Sequence[int],
@@ -103,13 +98,14 @@ class VerifierCore:
             result = self._rebuild(session_id, confirmed_len, confirmed_hash, committed_ids, provisional, policy,
                                    reopen, session)
         result.restored = restored
-        self.metrics.resumes.labels(restored=str(restored).lower()).inc()
+        self.metrics.resumed(session_id, restored, result)
         log.info("session %s resumed (%s): %d provisional tokens, %d agreed, policy %s", session_id,
                  "restored" if restored else "re-prefilled", len(provisional), result.agreed, policy.name)
         return result
 
     def close(self, session_id: str) -> None:
         self.store.remove(session_id)
+        self.metrics.closed(session_id)
         log.info("session %s closed", session_id)
 
     def _rebuild(self, session_id: str, confirmed_len: int, confirmed_hash: bytes,
@@ -151,7 +147,7 @@ class VerifierCore:
                                 "or retry after it restarts (Resume rebuilds the session)")
 
     def _dropped(self, session_id: str, why: str) -> None:
-        self.metrics.sessions_dropped.labels(reason=why).inc()
+        self.metrics.dropped(session_id, why)
         log.info("session %s dropped (%s)", session_id, why)
 
     def _reap(self) -> None:

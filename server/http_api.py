@@ -165,7 +165,7 @@ class _Job:
         self.completion_tokens = 0
 
     def deltas(self) -> Iterator[str]:
-        for token in generate(self.core.target, self.core.scheduler, self.request):
+        for token in self.core.metrics.api_generation(generate(self.core.target, self.core.scheduler, self.request)):
             self.completion_tokens += 1
             self.core.metrics.api_tokens.inc()
             delta = self.stream.push(token)
