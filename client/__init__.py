@@ -1,1 +1,24 @@
-"""edgespec.client."""
+"""edgespec.client: the laptop's side. ``Client`` and ``AsyncClient`` are the text-level Python API.
+
+    from edgespec.client import Client
+    with Client(server="gpu-box:50051", drafter="ngram") as client:
+        print(client.chat([{"role": "user", "content": "Write quicksort in Python"}]))
+
+They are loaded on first use, so `import edgespec.client.cli` (and `edgespec --help`) stays light.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .python_client import AsyncClient, Client
+
+__all__ = ["AsyncClient", "Client"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from . import python_client
+
+        return getattr(python_client, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

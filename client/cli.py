@@ -76,8 +76,8 @@ def client_from_args(args, address: str):
                              checkpoint=args.checkpoint, target=args.target_model,
                              moa_server_part=args.moa_server_part, tree=tree, ngram=ngram,
                              router=not getattr(args, "no_router", False))
-    link = LinkConfig(address, tls=args.tls, root_certificates=args.ca,
-                      api_key=args.api_key, min_deadline_s=args.min_deadline, max_deadline_s=max(30.0, args.min_deadline))
+    link = LinkConfig(address, tls=args.tls, root_certificates=args.ca, api_key=args.api_key,
+                      min_deadline_s=args.min_deadline, max_deadline_s=max(30.0, args.min_deadline))
     return EdgespecClient(ClientConfig(link, options, tokenizer=args.tokenizer))
 
 

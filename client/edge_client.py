@@ -18,6 +18,7 @@ from .drafters.base import Drafter
 from .drafters.factory import DrafterOptions, make_drafter
 from .generation import Event, Generation, GenerationConfig, GenerationResult, TokenizerInfo
 from .link import Link, LinkConfig
+from .metrics import NO_WATCH, ClientMetrics
 
 # Token strings that end a Qwen-style chat turn or text, besides tokenizer.eos_token
 # (Qwen's generation_config lists both <|im_end|> and <|endoftext|>).
@@ -28,6 +29,18 @@ def eos_ids(tokenizer) -> set[int]:
     ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     vocab = tokenizer.get_vocab()
     ids.update(vocab[t] for t in END_TOKENS if t in vocab)
+    return ids
+
+
+def stop_ids(info, tokenizer) -> set[int]:
+    """The ids a generation ends on: the server's (Info.eos_token_ids, from the target's generation config,
+    which the plain API also stops on) plus the tokenizer's own EOS. A server too old to send them
+    leaves the tokenizer's guess (``eos_ids``)."""
+    if not info.eos_token_ids:
+        return eos_ids(tokenizer)
+    ids = {int(i) for i in info.eos_token_ids}
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
     return ids
 
 
@@ -67,9 +80,10 @@ class EdgespecClient:
                 f"the client's tokenizer ({self._tokenizer_source()}) is not the server's target tokenizer "
                 f"(model {self.info.model_name}); pass --tokenizer with the target's model name or directory")
         self.drafter = drafter if drafter is not None else make_drafter(config.drafter, self.info)
-        self.tokens = TokenizerInfo(fingerprint, eos_ids(self.tokenizer),
+        self.tokens = TokenizerInfo(fingerprint, stop_ids(self.info, self.tokenizer),
                                     lambda ids: self.tokenizer.decode(list(ids), skip_special_tokens=True))
         self._lock = threading.Lock()
+        self.metrics: ClientMetrics | None = None  # told about every generation (client serve's /metrics)
 
     def _tokenizer_source(self) -> str:
         if self.config.tokenizer:
@@ -103,14 +117,23 @@ class EdgespecClient:
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig()
                ) -> Iterator[Event | GenerationResult]:
         """Events as they come, then the GenerationResult as the last item."""
-        with self._lock:
-            gen = self.generation(prompt_ids, config)
-            yield from gen
-            yield gen.result
+        watch = self.metrics.watch() if self.metrics else NO_WATCH
+        try:
+            with self._lock:
+                watch.started()
+                gen = self.generation(prompt_ids, config)
+                for event in gen:
+                    watch.event(event)
+                    yield event
+                watch.finished(gen.result)
+                yield gen.result
+        finally:
+            watch.close()
 
     def generate(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig()) -> GenerationResult:
-        with self._lock:
-            return self.generation(prompt_ids, config).run()
+        for item in self.stream(prompt_ids, config):
+            pass
+        return item
 
     def close(self) -> None:
         self.drafter.close()

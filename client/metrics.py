@@ -1,0 +1,125 @@
+"""Prometheus metrics of a client (`edgespec client serve`'s /metrics), fed by its generations.
+
+``EdgespecClient`` tells a ``ClientMetrics`` about every generation it runs (``watch``): when the
+request arrived, when it got the client (requests run one at a time: the wait is the queue
+time), its first token, and at the end the generation's own ``GenerationMetrics``. The series
+use vLLM's names (``edgespec.shared.prom``) and meanings, from the client's side:
+
+- ``edgespec:time_to_first_token_seconds``: request arrival to its first token, queue included;
+- ``edgespec:e2e_request_latency_seconds``: arrival to the last token;
+- ``edgespec:request_queue_time_seconds``: waiting for the client (one generation at a time);
+- ``edgespec:num_requests_running`` (0 or 1), ``edgespec:num_requests_waiting``;
+- the four ``edgespec:spec_decode_*`` counters, from the per-position acceptance counts;
+- ``edgespec:prompt_tokens_total``, ``edgespec:generation_tokens_total`` (as vLLM's);
+- ``edgespec:round_trip_time_seconds``: every message the server answered (Open, Draft, Resume,
+  Close) as the client sees it, link included; ``edgespec:request_verify_time_seconds``: the server's own
+  verification time over one generation (the server's ``verify_time_seconds`` has it per tree).
+
+No ``kv_cache_usage_perc``: the drafter's cache has no capacity to be a share of.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from edgespec.shared.prom import (PREFIX, REQUEST_BUCKETS, STEP_BUCKETS, Exposition, SpecDecodeCounters,
+                                  request_histograms)
+
+from .generation import GenerationResult, TokenEvent
+
+
+class ClientMetrics:
+    def __init__(self, model_name: str = "") -> None:
+        self.model_name = model_name  # the label on every series: the server's model, set once the client loaded
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.spec_decode = SpecDecodeCounters(r)
+        self.ttft, self.e2e, self.queue_time = request_histograms(r)
+        self.running = Gauge(PREFIX + "num_requests_running", "Number of requests generating now.", registry=r)
+        self.waiting = Gauge(PREFIX + "num_requests_waiting", "Number of requests waiting to be processed.",
+                             registry=r)
+        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Number of prefill tokens processed.", registry=r)
+        self.generation_tokens = Counter(PREFIX + "generation_tokens", "Number of generation tokens processed.",
+                                         registry=r)
+        self.round_trip = Histogram(PREFIX + "round_trip_time_seconds",
+                                    "Round trip of each message to the server as the client sees it, in seconds.",
+                                    buckets=STEP_BUCKETS, registry=r)
+        self.request_verify_time = Histogram(
+            PREFIX + "request_verify_time_seconds",
+            "The server's verification time over one request, in seconds.", buckets=REQUEST_BUCKETS, registry=r)
+        self._exposition = Exposition(r, lambda: self.model_name)
+        self.content_type = self._exposition.content_type
+
+    def watch(self) -> "RequestWatch":
+        """A request has arrived; the watch follows it to its end."""
+        return RequestWatch(self)
+
+    def observe(self, result: GenerationResult) -> None:
+        """A generation's own counters (the spec-decode counters come from these alone)."""
+        m = result.metrics
+        self.spec_decode.observe(m.num_drafts, m.num_draft_tokens, m.accepted_per_position)
+        self.prompt_tokens.inc(m.prompt_tokens)
+        self.generation_tokens.inc(m.new_tokens)
+        for seconds in m.round_trips_s:
+            self.round_trip.observe(seconds)
+        if m.num_drafts:
+            self.request_verify_time.observe(m.verify_s)
+
+    def render(self) -> bytes:
+        return self._exposition.render()
+
+
+class RequestWatch:
+    """One request's timeline: arrived (now), started (got the client), first token, finished."""
+
+    def __init__(self, metrics: ClientMetrics):
+        self.metrics = metrics
+        self.arrived = time.monotonic()
+        self._state = "waiting"  # -> "running" -> "done"; the gauges follow it exactly once
+        self._first_token = False
+        self._mutex = threading.Lock()
+        metrics.waiting.inc()
+
+    def started(self) -> None:
+        with self._mutex:
+            if self._state != "waiting":
+                return
+            self._state = "running"
+        self.metrics.waiting.dec()
+        self.metrics.running.inc()
+        self.metrics.queue_time.observe(time.monotonic() - self.arrived)
+
+    def event(self, event) -> None:
+        if not self._first_token and isinstance(event, TokenEvent):
+            self._first_token = True
+            self.metrics.ttft.observe(time.monotonic() - self.arrived)
+
+    def finished(self, result: GenerationResult) -> None:
+        self.metrics.e2e.observe(time.monotonic() - self.arrived)
+        self.metrics.observe(result)
+
+    def close(self) -> None:
+        """The request is over (done, failed or abandoned): it leaves the gauges."""
+        with self._mutex:
+            state, self._state = self._state, "done"
+        if state == "waiting":
+            self.metrics.waiting.dec()
+        elif state == "running":
+            self.metrics.running.dec()
+
+
+class _NoWatch:
+    """What a client without metrics watches requests with: nothing."""
+
+    def started(self) -> None: ...
+
+    def event(self, event) -> None: ...
+
+    def finished(self, result: GenerationResult) -> None: ...
+
+    def close(self) -> None: ...
+
+
+NO_WATCH = _NoWatch()

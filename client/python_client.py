@@ -1,0 +1,170 @@
+"""Text in, text out: edgespec from Python, over the same generation loop as the CLI and the local API.
+
+    from edgespec.client import Client
+
+    with Client(server="gpu-box:50051", drafter="ngram") as client:
+        print(client.chat([{"role": "user", "content": "Write quicksort in Python"}]))
+        for piece in client.chat([{"role": "user", "content": "And mergesort"}], stream=True):
+            print(piece, end="", flush=True)
+        print(client.complete("def fib(n):", max_tokens=64, stop=["\\n\\n"]))
+        print(client.last_result.metrics.summary())  # tokens/s, acceptance length, calls, bytes
+
+    async with AsyncClient(server="gpu-box:50051", drafter="independent") as client:
+        text = await client.chat(messages)
+        async for piece in await client.chat(messages, stream=True):
+            ...
+
+Text is what the target itself would write: at temperature 0 it is the target's greedy output.
+When the link is lost and the drafter cannot finish alone, the text ends early and
+``last_result.finish_reason`` is "link_lost" (``last_result.detail`` says why).
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator, Iterator, Sequence
+
+from .commit import ResumePolicy
+from .drafters.factory import DrafterOptions
+from .edge_client import ClientConfig, EdgespecClient
+from .generation import GenerationConfig, GenerationResult
+from .link import LinkConfig
+from .text import TextStreamer
+
+Messages = Sequence[dict]
+
+
+class Client:
+    """A text-level client. ``server`` is the gRPC HOST:PORT; ``drafter`` a name (ngram, independent,
+    eagle, moa-tli0, ...) or DrafterOptions; other keywords go to LinkConfig (api_key, tls,
+    root_certificates, min_deadline_s, ...). Calls run one at a time (one drafter, one cache)."""
+
+    def __init__(self, server: str = "127.0.0.1:50051", drafter: str | DrafterOptions = "ngram", *,
+                 drafter_model: str | None = None, tokenizer: str | None = None, max_tokens: int = 256,
+                 policy: ResumePolicy | str = ResumePolicy.ROLLBACK, **link):
+        options = drafter if isinstance(drafter, DrafterOptions) else DrafterOptions(
+            name=drafter, **({"model": drafter_model} if drafter_model else {}))
+        self._setup(EdgespecClient(ClientConfig(LinkConfig(server, **link), options, tokenizer=tokenizer)),
+                    max_tokens, policy)
+
+    @classmethod
+    def wrap(cls, edge: EdgespecClient, max_tokens: int = 256,
+             policy: ResumePolicy | str = ResumePolicy.ROLLBACK) -> "Client":
+        """A text client over an EdgespecClient built elsewhere (closing it closes that one)."""
+        self = cls.__new__(cls)
+        self._setup(edge, max_tokens, policy)
+        return self
+
+    def _setup(self, edge: EdgespecClient, max_tokens: int, policy: ResumePolicy | str) -> None:
+        self.edge = edge  # the loop underneath: link, tokenizer, drafter
+        self.max_tokens = max_tokens  # when a call gives none
+        self.policy = ResumePolicy[policy.upper()] if isinstance(policy, str) else ResumePolicy(policy)
+        self.last_result: GenerationResult | None = None  # token ids, origins, finish reason, metrics
+
+    @property
+    def model_name(self) -> str:
+        return self.edge.model_name
+
+    def chat(self, messages: Messages, stream: bool = False, **sampling) -> str | Iterator[str]:
+        """The assistant's answer to chat messages ({role, content}), under the target's chat template.
+
+        sampling: max_tokens, temperature (0 = greedy), top_p, top_k, stop (strings), seed."""
+        ids = self.edge.encode_chat([{"role": m["role"], "content": m["content"]} for m in messages])
+        return self._run(ids, stream, sampling)
+
+    def complete(self, prompt: str, stream: bool = False, **sampling) -> str | Iterator[str]:
+        """The continuation of raw text (no chat template); sampling as for ``chat``."""
+        return self._run(self.edge.encode(prompt), stream, sampling)
+
+    def _run(self, ids: list[int], stream: bool, sampling: dict) -> str | Iterator[str]:
+        config = self._config(**sampling)
+        pieces = self._pieces(ids, config)
+        return pieces if stream else "".join(pieces)
+
+    def _config(self, max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
+                top_k: int = 0, stop: str | Sequence[str] | None = None, seed: int = 0) -> GenerationConfig:
+        stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        return GenerationConfig(max_new_tokens=max_tokens or self.max_tokens, temperature=temperature, top_p=top_p,
+                                top_k=top_k, stop=stops, seed=seed, resume_policy=self.policy)
+
+    def _pieces(self, ids: list[int], config: GenerationConfig) -> Iterator[str]:
+        # Under rollback, offline tokens are held back until the target confirmed them, so no piece
+        # handed out is ever taken back.
+        streamer = TextStreamer(self.edge.decode, config.stop,
+                                hold_offline=config.resume_policy is ResumePolicy.ROLLBACK)
+        for item in self.edge.stream(ids, config):
+            if isinstance(item, GenerationResult):
+                self.last_result = item
+                continue
+            piece = streamer.feed(item)
+            if piece:
+                yield piece
+        rest = streamer.finish()
+        if rest:
+            yield rest
+
+    def close(self) -> None:
+        self.edge.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """``Client`` for asyncio: the same arguments; loading and generation run on worker threads, so
+    the event loop never waits on the model. Loads on ``async with`` or the first call."""
+
+    def __init__(self, server: str = "127.0.0.1:50051", drafter: str | DrafterOptions = "ngram", **options):
+        self._args = (server, drafter)
+        self._options = options
+        self._client: Client | None = None
+        self._loading = asyncio.Lock()
+
+    async def _ready(self) -> Client:
+        async with self._loading:
+            if self._client is None:
+                self._client = await asyncio.to_thread(Client, *self._args, **self._options)
+        return self._client
+
+    @property
+    def last_result(self) -> GenerationResult | None:
+        return self._client.last_result if self._client else None
+
+    async def chat(self, messages: Messages, stream: bool = False, **sampling) -> str | AsyncIterator[str]:
+        """The answer's text, or with stream=True an async iterator of its pieces (as OpenAI's AsyncClient)."""
+        client = await self._ready()
+        if stream:
+            return _pieces_off_loop(lambda: client.chat(messages, True, **sampling))
+        return await asyncio.to_thread(client.chat, messages, False, **sampling)
+
+    async def complete(self, prompt: str, stream: bool = False, **sampling) -> str | AsyncIterator[str]:
+        client = await self._ready()
+        if stream:
+            return _pieces_off_loop(lambda: client.complete(prompt, True, **sampling))
+        return await asyncio.to_thread(client.complete, prompt, False, **sampling)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await asyncio.to_thread(self._client.close)
+
+    async def __aenter__(self) -> "AsyncClient":
+        await self._ready()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+_END = object()
+
+
+async def _pieces_off_loop(start) -> AsyncIterator[str]:
+    """A blocking iterator's items, each fetched on a worker thread; closed there too if the consumer stops."""
+    pieces = await asyncio.to_thread(start)  # encoding the prompt also blocks
+    try:
+        while (piece := await asyncio.to_thread(next, pieces, _END)) is not _END:
+            yield piece
+    finally:
+        await asyncio.to_thread(pieces.close)

@@ -1,0 +1,72 @@
+"""The client's metrics (client serve's /metrics) fed by real generations against a real tiny server."""
+from __future__ import annotations
+
+import threading
+import time
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from edgespec.client.generation import GenerationConfig
+from edgespec.client.metrics import ClientMetrics
+
+
+def values(metrics: ClientMetrics) -> dict:
+    out = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for s in family.samples:
+            assert not s.name.endswith("_created"), s.name
+            assert s.labels.get("model_name") == metrics.model_name and s.labels.get("engine") == "0", s
+            out[(s.name, s.labels.get("position"))] = s.value
+    return out
+
+
+def test_counters_and_histograms_follow_generations(tiny_server, make_client, tiny_model_dir):
+    client = make_client(tiny_server.address, "independent", drafter_dir=tiny_model_dir)  # the target as drafter
+    client.metrics = metrics = ClientMetrics(client.model_name)
+    ids = client.encode("def add(a, b):\n")
+    first = client.generate(ids, GenerationConfig(max_new_tokens=20, ignore_eos=True))
+    second = [x for x in client.stream(ids, GenerationConfig(max_new_tokens=8, ignore_eos=True))][-1]
+    v = values(metrics)
+    m1, m2 = first.metrics, second.metrics
+    assert m1.num_accepted_tokens >= 2
+    assert v[("edgespec:spec_decode_num_drafts_total", None)] == m1.num_drafts + m2.num_drafts
+    assert v[("edgespec:spec_decode_num_draft_tokens_total", None)] == m1.num_draft_tokens + m2.num_draft_tokens
+    assert v[("edgespec:spec_decode_num_accepted_tokens_total", None)] == (m1.num_accepted_tokens
+                                                                          + m2.num_accepted_tokens)
+    for pos, count in enumerate(m1.accepted_per_position):
+        other = m2.accepted_per_position[pos] if pos < len(m2.accepted_per_position) else 0
+        assert v[("edgespec:spec_decode_num_accepted_tokens_per_pos_total", str(pos))] == count + other
+    for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
+                 "request_verify_time_seconds"):
+        assert v[(f"edgespec:{name}_count", None)] == 2, name
+    # every message answered (Open, Draft, Resume and the Close, which is no call to the model)
+    assert v[("edgespec:round_trip_time_seconds_count", None)] == len(m1.round_trips_s) + len(m2.round_trips_s)
+    assert len(m1.round_trips_s) > m1.calls
+    assert v[("edgespec:generation_tokens_total", None)] == 28
+    assert v[("edgespec:prompt_tokens_total", None)] == 2 * len(ids)
+    assert v[("edgespec:num_requests_running", None)] == 0 and v[("edgespec:num_requests_waiting", None)] == 0
+    assert v[("edgespec:e2e_request_latency_seconds_sum", None)] >= v[("edgespec:time_to_first_token_seconds_sum",
+                                                                        None)]
+
+
+def test_a_second_request_waits_while_one_runs_and_an_abandoned_one_leaves_the_gauges(tiny_server, make_client):
+    client = make_client(tiny_server.address, "ngram")
+    client.metrics = metrics = ClientMetrics(client.model_name)
+    ids = client.encode("x = 1\n")
+    running = client.stream(ids, GenerationConfig(max_new_tokens=30, ignore_eos=True))
+    next(running)  # holds the client now
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (client.generate(ids, GenerationConfig(max_new_tokens=3)), done.set()))
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while values(metrics)[("edgespec:num_requests_waiting", None)] != 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    v = values(metrics)
+    assert v[("edgespec:num_requests_waiting", None)] == 1 and v[("edgespec:num_requests_running", None)] == 1
+    running.close()  # abandoned mid-way: it leaves the gauges and frees the client
+    waiter.join(timeout=60)
+    assert done.is_set()
+    v = values(metrics)
+    assert v[("edgespec:num_requests_running", None)] == 0 and v[("edgespec:num_requests_waiting", None)] == 0
+    assert v[("edgespec:request_queue_time_seconds_count", None)] == 2
+    assert v[("edgespec:e2e_request_latency_seconds_count", None)] == 1  # only the finished one
