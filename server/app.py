@@ -103,6 +103,7 @@ def start_server(config: ServerConfig) -> ServerHandle:
     """Start HTTP (health answers 503 while loading), load the target, start gRPC; returns once both listen."""
     from edgespec.shared.models.loading import load_model
 
+    from .architectures import adapt_for_tree_verification
     from .http_api import HttpState, build_http_app
     from .target import TargetModel
 
@@ -110,13 +111,15 @@ def start_server(config: ServerConfig) -> ServerHandle:
     http = _HttpThread(build_http_app(state), config) if config.http_port is not None else None
     try:
         t0 = time.monotonic()
-        loaded = load_model(config.model, device=config.device, dtype=config.dtype)
+        loaded = load_model(config.model, device=config.device, dtype=config.dtype,
+                            trust_remote_code=config.trust_remote_code)
+        support = adapt_for_tree_verification(loaded.model, config.max_context_tokens)
         target = TargetModel(loaded)
         target.name = config.served_model_name or target.name  # what clients and dashboards see
         log.info("loaded target %s (%d layers, hidden %d, vocab %d) on %s in %s in %.1f s", target.name,
                  target.num_layers, target.hidden_size, target.vocab_size, target.device,
                  str(target.dtype).removeprefix("torch."), time.monotonic() - t0)
-        core = VerifierCore(target, _limits(config, target), _load_lsa_parts(config, target))
+        core = VerifierCore(target, _limits(config, support.max_context_tokens), _load_lsa_parts(config, target))
         grpc_server, port = _start_grpc(config, core)
     except BaseException:
         if http:
@@ -129,8 +132,7 @@ def start_server(config: ServerConfig) -> ServerHandle:
     return handle
 
 
-def _limits(config: ServerConfig, target) -> CoreLimits:
-    context = config.max_context_tokens or min(target.max_positions, 32768)
+def _limits(config: ServerConfig, context: int) -> CoreLimits:
     return CoreLimits(max_tree_nodes=min(config.max_tree_nodes, 255), max_context_tokens=context,
                       max_message_bytes=config.max_message_bytes,
                       store=StoreLimits(config.max_sessions, config.session_ttl_s, config.max_kv_bytes))

@@ -60,7 +60,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                                    max_sessions=lim.store.max_sessions, max_message_bytes=lim.max_message_bytes,
                                    session_ttl_s=int(lim.store.ttl_s)),
             server_version=__version__, device=str(t.device), dtype=str(t.dtype).removeprefix("torch."),
-            moa_server_parts=sorted(self.core.lsa_parts))
+            moa_server_parts=sorted(self.core.lsa_parts), eos_token_ids=sorted(t.eos_ids))
 
     # --------------------------------------------------------------- Session
     def Session(self, request_iterator: Iterable[pb.ClientMessage],

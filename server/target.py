@@ -41,6 +41,9 @@ class TargetModel:
         self.max_positions: int = int(getattr(cfg, "max_position_embeddings", 32768))
         self._decoder = self.model.get_decoder()
         self._head = self.model.get_output_embeddings()
+        # Gemma2 caps its logits with tanh inside ForCausalLM.forward, which the server does not call.
+        softcap = getattr(cfg, "final_logit_softcapping", None)
+        self.logit_softcap: float | None = float(softcap) if softcap else None
         self.eos_ids: frozenset[int] = frozenset(_eos_ids(self.model, self.tokenizer))
 
     # ---------------------------------------------------------------- forwards
@@ -58,7 +61,10 @@ class TargetModel:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head on the rows that are read only: [R, E] -> [R, V] float32."""
-        return self._head(hidden).float()
+        logits = self._head(hidden).float()
+        if self.logit_softcap is not None:
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+        return logits
 
 
 def _eos_ids(model, tokenizer) -> set[int]:

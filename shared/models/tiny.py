@@ -1,4 +1,5 @@
-"""Tiny randomly initialised Qwen2 models and a matching byte-level tokenizer.
+"""Tiny randomly initialised models (Qwen2 by default, or another Hugging Face
+decoder architecture) and a matching byte-level tokenizer.
 
 They exercise every code path (tree verification, KV bookkeeping, drafters,
 gRPC) in seconds without real weights. The tokenizer is byte-level BPE with no
@@ -32,6 +33,7 @@ class TinyConfig:
     # clear margins and token-exact tests do not hinge on float rounding.
     init_std: float = 0.25
     seed: int = 0
+    arch: str = "qwen2"  # a key of ARCHITECTURES: the architecture matrix tests every one
 
 
 def tiny_tokenizer():
@@ -51,21 +53,35 @@ def tiny_tokenizer():
     return tok
 
 
-def tiny_model(config: TinyConfig = TinyConfig(), dtype: torch.dtype = torch.float32):
-    """A randomly initialised Qwen2ForCausalLM, the same for the same config."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+# Config class and the extra settings that make each architecture what it is at tiny size
+# (a sliding window shorter than the test prompts, Gemma2's alternating layers).
+ARCHITECTURES: dict[str, tuple[str, dict]] = {
+    "qwen2": ("Qwen2Config", {}),
+    "llama": ("LlamaConfig", {}),
+    "mistral": ("MistralConfig", {"sliding_window": 4096}),
+    "phi3": ("Phi3Config", {"pad_token_id": 256}),
+    "qwen3": ("Qwen3Config", {"head_dim": 16}),
+    "gemma2": ("Gemma2Config", {"head_dim": 16, "sliding_window": 4096}),
+}
+_EAGER_ONLY = {"gemma2"}  # transformers has no SDPA path for these
 
-    cfg = Qwen2Config(
-        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-        num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
-        num_key_value_heads=config.num_kv_heads, max_position_embeddings=config.max_positions,
-        initializer_range=config.init_std, tie_word_embeddings=False,
-        bos_token_id=256, pad_token_id=256, eos_token_id=258,
-    )
-    cfg._attn_implementation = "sdpa"
+
+def tiny_model(config: TinyConfig = TinyConfig(), dtype: torch.dtype = torch.float32):
+    """A randomly initialised causal LM of ``config.arch``, the same for the same config."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    class_name, extra = ARCHITECTURES[config.arch]
+    cfg = getattr(transformers, class_name)(**{
+        "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
+        "max_position_embeddings": config.max_positions, "initializer_range": config.init_std,
+        "tie_word_embeddings": False, "bos_token_id": 256, "pad_token_id": 256, "eos_token_id": 258, **extra})
+    cfg._attn_implementation = "eager" if config.arch in _EAGER_ONLY else "sdpa"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        model = Qwen2ForCausalLM(cfg)
+        model = AutoModelForCausalLM.from_config(cfg)
     return model.to(dtype).eval()
 
 

@@ -107,3 +107,23 @@ def test_real_models_prepare_and_generate(name):
     text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
     assert len(out[0]) == ids.shape[1] + 12
     assert "def" in text or "square" in text.lower(), text
+
+
+def test_a_gguf_that_cannot_be_loaded_is_one_clear_line(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF\x03\x00\x00\x00truncated")
+    with pytest.raises(ModelPrepareError, match=r"transformers could not load broken.gguf: .*run prepare again") as info:
+        prep.convert_gguf(bad, tmp_path / "out")
+    assert "\n" not in str(info.value)
+
+
+def test_gguf_loading_dependencies_are_runtime_dependencies():
+    """transformers needs gguf and accelerate for `from_pretrained(gguf_file=...)`: `prepare` runs
+    after a plain `pip install edgespec`, so neither may hide in an extra (accelerate once did)."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    names = {re.split(r"[<>=!~\[ ;]", dep, maxsplit=1)[0].lower() for dep in project["dependencies"]}
+    assert {"gguf", "accelerate", "transformers", "safetensors"} <= names

@@ -1,0 +1,119 @@
+"""The architecture matrix: each tiny model is verified token-exact through a real server, or refused at start.
+
+Qwen2, Llama, Phi-3 and Qwen3 are plain full attention. Mistral (sliding window on
+every layer) and Gemma2 (alternating sliding and full layers, logit soft-capping)
+run with the window switched off and the context capped at the window, which is
+exact; asking for more context than the window is refused when the server starts.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgespec.client.drafters.tree_builder import TreeShape
+from edgespec.client.generation import GenerationConfig
+from edgespec.server.app import ServerConfig, start_server
+from edgespec.server.architectures import UnsupportedModelError, adapt_for_tree_verification
+from edgespec.shared.models.tiny import ARCHITECTURES, TinyConfig, tiny_model, tiny_tokenizer
+
+PROMPT = "def add(a, b):\n    return a + b\n"
+
+
+def _save(tmp_path_factory, arch: str, extra_eos: int | None = None):
+    out = tmp_path_factory.mktemp(f"tiny-{arch}")
+    model = tiny_model(TinyConfig(arch=arch))
+    if extra_eos is not None:
+        model.generation_config.eos_token_id = [258, extra_eos]
+    model.save_pretrained(out)
+    tiny_tokenizer().save_pretrained(out)
+    return out
+
+
+@pytest.fixture
+def client_for():
+    """client_for(address, model_dir, drafter, tree=None): a client whose tokenizer is the model's own
+    (transformers may pick a tokenizer class by architecture)."""
+    from edgespec.client.drafters.factory import DrafterOptions
+    from edgespec.client.edge_client import ClientConfig, EdgespecClient
+    from edgespec.client.link import LinkConfig
+
+    made = []
+
+    def make(address, model_dir, drafter="ngram", tree=None):
+        opts = DrafterOptions(name=drafter, model=str(model_dir), dtype="float32", **({"tree": tree} if tree else {}))
+        made.append(EdgespecClient(ClientConfig(LinkConfig(address), opts, tokenizer=str(model_dir))))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def _plain_greedy(model_dir, ids: list[int], n: int) -> list[int]:
+    """The architecture's own forward, full sequence each step, no cache: the reference."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    seq = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(ids):]
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_tree_verification_is_token_exact(tmp_path_factory, client_for, arch):
+    model_dir = _save(tmp_path_factory, arch)
+    handle = start_server(ServerConfig(model=str(model_dir), http_port=None, device="cpu", dtype="float32"))
+    try:
+        # The target's own weights as drafter: deep trees are accepted, so the kept-rows path runs.
+        client = client_for(handle.address, model_dir, "independent",
+                            tree=TreeShape(branch=2, depth=5, max_nodes=12, min_prob=0.0))
+        ids = client.encode(PROMPT)
+        result = client.generate(ids, GenerationConfig(max_new_tokens=40, ignore_eos=True))
+        assert result.token_ids == _plain_greedy(model_dir, ids, 40)
+        assert result.metrics.acceptance_length > 2.0
+        assert result.metrics.disconnects == 0
+    finally:
+        handle.stop(grace=0.5)
+
+
+def test_a_context_longer_than_the_sliding_window_is_refused_at_start(tmp_path_factory):
+    model_dir = _save(tmp_path_factory, "mistral")
+    with pytest.raises(UnsupportedModelError, match=r"sliding attention window of 4096 tokens.*at most 4096"):
+        start_server(ServerConfig(model=str(model_dir), http_port=None, device="cpu", dtype="float32",
+                                  max_context_tokens=8192))
+
+
+def test_a_window_caps_the_context_the_server_announces(tmp_path_factory):
+    model_dir = _save(tmp_path_factory, "gemma2")
+    handle = start_server(ServerConfig(model=str(model_dir), http_port=None, device="cpu", dtype="float32"))
+    try:
+        assert handle.core.limits.max_context_tokens == 4096
+    finally:
+        handle.stop(grace=0.5)
+
+
+def test_layers_that_are_not_attention_are_refused():
+    model = tiny_model(TinyConfig(arch="qwen3"))
+    model.config.layer_types = ["full_attention", "linear_attention"]
+    with pytest.raises(UnsupportedModelError, match="linear_attention"):
+        adapt_for_tree_verification(model)
+
+
+def test_the_client_stops_on_the_servers_second_eos(tmp_path_factory, client_for):
+    """A second EOS in generation_config (Phi-3's <|end|>, Gemma's <end_of_turn>) reaches the client via Info."""
+    plain_dir = _save(tmp_path_factory, "qwen2")
+    ids = tiny_tokenizer()(PROMPT, add_special_tokens=False)["input_ids"]
+    reference = _plain_greedy(plain_dir, ids, 30)
+    stop_at = next(k for k in range(5, 30) if reference[k] not in reference[:k] and reference[k] != 258)
+    model_dir = _save(tmp_path_factory, "qwen2", extra_eos=reference[stop_at])
+    handle = start_server(ServerConfig(model=str(model_dir), http_port=None, device="cpu", dtype="float32"))
+    try:
+        client = client_for(handle.address, model_dir)
+        assert reference[stop_at] in client.tokens.eos_ids
+        result = client.generate(ids, GenerationConfig(max_new_tokens=30))
+        assert result.token_ids == reference[:stop_at + 1]
+        assert result.finish_reason != "length"
+    finally:
+        handle.stop(grace=0.5)
