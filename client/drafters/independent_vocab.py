@@ -6,13 +6,13 @@ outside the list is simply never drafted: the target verifies with its full
 vocabulary, so the output stays exactly the target's.
 
 The list depends only on the tokenizer (keyed by its fingerprint). It is looked
-for in the package (``checkpoints/independent-vocab/``, shipped for the Qwen2.5
-tokenizer), then in ``~/.cache/edgespec/draft-vocab/``, and otherwise counted
+for among the shipped checkpoints (``shared/drafters/checkpoints/independent-vocab/``,
+for the Qwen2.5 tokenizer), then in ``~/.cache/edgespec/draft-vocab/``, and otherwise counted
 once from the Python standard library's source (never from an evaluation set)
 and cached there.
 
     python -m edgespec.client.drafters.independent_vocab --tokenizer qwen2.5-coder-0.5b-instruct \
-        --size 32768 --samples runs/data/qwen0.5b/samples.jsonl --out client/drafters/checkpoints/independent-vocab
+        --size 32768 --samples runs/data/qwen0.5b/samples.jsonl --out shared/drafters/checkpoints/independent-vocab
 """
 from __future__ import annotations
 
@@ -25,9 +25,10 @@ from typing import Iterable, Iterator
 
 import torch
 
+from edgespec.shared.drafters.shipped import CHECKPOINT_DIR
 from edgespec.shared.drafters.vocab import most_frequent_ids
 
-SHIPPED_DIR = Path(__file__).parent / "checkpoints" / "independent-vocab"
+SHIPPED_DIR = CHECKPOINT_DIR / "independent-vocab"
 STDLIB_CHAR_BUDGET = 12_000_000  # characters of stdlib source counted: enough for stable ranks, ~1 min to tokenize
 
 

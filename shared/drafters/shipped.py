@@ -5,7 +5,8 @@ drafter's weights (``eagle.safetensors``, or MoA's ``client.safetensors`` and
 ``server.safetensors``) and ``card.json`` (target, tokenizer fingerprint, how it was
 trained, what it measured). Client and server resolve the same names, so
 ``--drafter moa-tli0`` on the laptop and ``--moa-server-part moa-tli0`` on the GPU box
-mean the same weights.
+mean the same weights. (``independent-vocab/`` there holds the independent drafter's reduced
+vocabularies: no card, so not a drafter.)
 """
 from __future__ import annotations
 
