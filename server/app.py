@@ -13,15 +13,10 @@ import logging
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
-
-import grpc
-
-from edgespec.proto.edgespec.v1 import pb_grpc
 
 from .core import CoreLimits, VerifierCore
+from .grpc_server import GrpcServer
 from .sessions import StoreLimits
 
 log = logging.getLogger("edgespec.server")
@@ -48,7 +43,10 @@ class ServerConfig:
     api_key: str | None = None  # when set, every gRPC call and /v1 request must carry it
     moa_server_parts: dict[str, str] = field(default_factory=dict)  # name -> safetensors path of an LSA module
     random_moa_parts: tuple[str, ...] = ()  # names of randomly initialised LSA modules (tests, demos)
-    grpc_workers: int = 0  # threads serving calls (each open stream holds one); 0 = max_sessions + 8
+    grpc_workers: int = 0  # threads running Session messages' work (a message holds one until answered; idle
+    # streams and Info hold none); 0 = max_sessions + 8
+    first_message_timeout_s: float = 5.0  # a Session stream that sends no first message (Open, Resume) this
+    # long after opening is closed with DEADLINE_EXCEEDED, so silent streams cannot pile up on the server
     keepalive_min_ping_s: float = 1.0  # clients may ping this often without data (they ping every 2 s)
 
     @property
@@ -59,7 +57,7 @@ class ServerConfig:
 class ServerHandle:
     """A running server. ``address`` is "host:port" of the gRPC side."""
 
-    def __init__(self, config: ServerConfig, core: VerifierCore, grpc_server: grpc.Server, port: int,
+    def __init__(self, config: ServerConfig, core: VerifierCore, grpc_server: GrpcServer, port: int,
                  http: "_HttpThread | None"):
         self.config = config
         self.core = core
@@ -81,7 +79,7 @@ class ServerHandle:
             return
         log.info("draining: no new sessions; waiting up to %.1f s for in-flight calls", grace)
         self.core.draining.set()
-        self._grpc.stop(grace).wait()
+        self._grpc.stop(grace)
         if self._http:
             self._http.stop()
         self.core.close_all()
@@ -161,36 +159,9 @@ def _load_lsa_parts(config: ServerConfig, target) -> dict:
     return parts
 
 
-def _start_grpc(config: ServerConfig, core: VerifierCore) -> tuple[grpc.Server, int]:
-    from .service import VerifierServicer
-
-    ping_ms = int(config.keepalive_min_ping_s * 1000)
-    options = [
-        ("grpc.max_receive_message_length", config.max_message_bytes),
-        ("grpc.max_send_message_length", config.max_message_bytes),
-        # Clients ping every few seconds to notice a dead link; allow it, even with no call open.
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", ping_ms),
-        ("grpc.http2.min_ping_interval_without_data_ms", ping_ms),
-        ("grpc.http2.max_pings_without_data", 0),
-        # The server pings too, so a client that vanished (blackhole) frees its stream.
-        ("grpc.keepalive_time_ms", 20_000),
-        ("grpc.keepalive_timeout_ms", 10_000),
-    ]
-    workers = config.grpc_workers or config.max_sessions + 8
-    server = grpc.server(ThreadPoolExecutor(max_workers=workers, thread_name_prefix="edgespec-grpc"),
-                         options=options)
-    pb_grpc.add_VerifierServicer_to_server(VerifierServicer(core, config.api_key), server)
-    where = f"{config.host}:{config.port}"
-    if config.tls:
-        creds = grpc.ssl_server_credentials([(Path(config.tls_key).read_bytes(), Path(config.tls_cert).read_bytes())])
-        port = server.add_secure_port(where, creds)
-    else:
-        port = server.add_insecure_port(where)
-    if port == 0:
-        raise OSError(f"could not listen for gRPC on {where} (port in use?)")
-    server.start()
-    return server, port
+def _start_grpc(config: ServerConfig, core: VerifierCore) -> tuple[GrpcServer, int]:
+    server = GrpcServer(config, core)
+    return server, server.port
 
 
 class _HttpThread:

@@ -14,7 +14,7 @@ from edgespec.shared.drafters.lsa import LayerSelfAttention
 from edgespec.shared.tree import decode_tree
 
 from .errors import (DrainingError, InvalidRequestError, SessionBusyError, SessionNotFoundError,
-                     StaleStateError)
+                     StaleStateError, printable)
 from .metrics import ServerMetrics
 from .engine import Engine, GenericEngine
 from .scheduler import ModelScheduler
@@ -61,8 +61,9 @@ class VerifierCore:
         self.store.add(session)
         self.store.touch(session)
         self.metrics.opened(settings.session_id, len(tree) if tree else 0, result)
+        # Ids and names come from the peer: printed escaped, so none can forge or flood a log line.
         log.info("session %s opened: %d prompt tokens, drafter=%s, features=%s, sampling=%s",
-                 settings.session_id, len(prompt_ids), settings.drafter or "?",
+                 printable(settings.session_id), len(prompt_ids), printable(settings.drafter, 64) or "?",
                  settings.features.kind.name, settings.sampling)
         return result
 
@@ -99,14 +100,14 @@ class VerifierCore:
                                    reopen, session)
         result.restored = restored
         self.metrics.resumed(session_id, restored, result)
-        log.info("session %s resumed (%s): %d provisional tokens, %d agreed, policy %s", session_id,
+        log.info("session %s resumed (%s): %d provisional tokens, %d agreed, policy %s", printable(session_id),
                  "restored" if restored else "re-prefilled", len(provisional), result.agreed, policy.name)
         return result
 
     def close(self, session_id: str) -> None:
         self.store.remove(session_id)
         self.metrics.closed(session_id)
-        log.info("session %s closed", session_id)
+        log.info("session %s closed", printable(session_id))
 
     def _rebuild(self, session_id: str, confirmed_len: int, confirmed_hash: bytes,
                  committed_ids: Sequence[int], provisional: Sequence[int], policy: ResumePolicy,
@@ -148,7 +149,7 @@ class VerifierCore:
 
     def _dropped(self, session_id: str, why: str) -> None:
         self.metrics.dropped(session_id, why)
-        log.info("session %s dropped (%s)", session_id, why)
+        log.info("session %s dropped (%s)", printable(session_id), why)
 
     def _reap(self) -> None:
         period = min(30.0, max(0.5, self.limits.store.ttl_s / 4))

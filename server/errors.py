@@ -1,7 +1,18 @@
-"""Server-side errors; each maps to one gRPC status through ``grpc_code`` (see ``service.py``)."""
+"""Server-side errors; each maps to one gRPC status through ``grpc_code`` (see ``service.py``).
+
+``printable`` is how a peer-given string (a session id, a drafter name, an
+error message that quotes one) appears in a log line.
+"""
 from __future__ import annotations
 
 from edgespec.shared.errors import EdgespecError
+
+
+def printable(text: str, limit: int = 300) -> str:
+    """text with control and other non-printable characters escaped (a newline cannot forge a log line),
+    cut to `limit` characters (a megabyte of name cannot flood the log)."""
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
+    return shown + (f"... ({len(text)} characters)" if len(text) > limit else "")
 
 
 class InvalidRequestError(EdgespecError, ValueError):
@@ -47,3 +58,9 @@ class DrainingError(EdgespecError):
     """The server is shutting down and takes no new sessions."""
 
     grpc_code = "UNAVAILABLE"
+
+
+class AdmissionTimeoutError(EdgespecError):
+    """A Session stream that sent no first message in time (it held the server while saying nothing)."""
+
+    grpc_code = "DEADLINE_EXCEEDED"

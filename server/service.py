@@ -1,17 +1,24 @@
 """The gRPC servicer: protobuf in, domain calls on ``VerifierCore``, protobuf out.
 
+It runs on grpc.aio's event loop (see ``grpc_server.py``): Info is answered on
+the loop; each Session message's work, which blocks on the model thread, runs
+on a thread pool, so a stream waiting for its next message holds no thread.
+
 Errors are mapped to gRPC statuses in one place (``_status_of``): an
 ``EdgespecError`` carries its status in ``grpc_code``; anything else is
 INTERNAL with the exception logged.
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import uuid
-from typing import Iterable, Iterator
+from concurrent.futures import Executor
+from typing import AsyncIterator
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 
 from edgespec.proto.edgespec.v1 import pb, pb_grpc
 from edgespec.shared import __version__
@@ -20,33 +27,87 @@ from edgespec.shared.errors import EdgespecError, FrameError, TokenizerMismatchE
 from edgespec.shared.verification import SamplingConfig
 
 from .core import VerifierCore
-from .errors import InvalidRequestError, UnauthenticatedError
+from .errors import AdmissionTimeoutError, InvalidRequestError, UnauthenticatedError, printable
 from .features import FeatureKind, FeatureSpec, check_feature_request
 from .session import ResumePolicy, SessionSettings, StepResult
 
 log = logging.getLogger("edgespec.server")
 
 SESSION_METADATA_KEY = "x-edgespec-session"
+MAX_SESSION_ID_CHARS = 128  # longer ids are refused: an id is echoed in errors, which must stay deliverable
+# Status details travel in a header (grpc-message) that the peer caps at 8 KiB after percent-encoding
+# (3 bytes per non-ASCII byte); past this many UTF-8 bytes a message is cut so the refusal still arrives.
+MAX_DETAILS_BYTES = 2048
 
 
 def _status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, EdgespecError):
-        return getattr(grpc.StatusCode, exc.grpc_code, grpc.StatusCode.INTERNAL), str(exc)
-    return grpc.StatusCode.INTERNAL, f"internal server error ({type(exc).__name__}: {exc}); see the server log"
+        return getattr(grpc.StatusCode, exc.grpc_code, grpc.StatusCode.INTERNAL), _deliverable(str(exc))
+    return grpc.StatusCode.INTERNAL, _deliverable(
+        f"internal server error ({type(exc).__name__}: {exc}); see the server log")
+
+
+def _deliverable(message: str) -> str:
+    data = message.encode("utf-8")
+    if len(data) <= MAX_DETAILS_BYTES:
+        return message
+    return data[:MAX_DETAILS_BYTES].decode("utf-8", "ignore") + f" ... (cut from {len(data)} bytes)"
+
+
+class Unparsable:
+    """Bytes on a call that are not the message the method takes (a peer of another protocol, or garbage).
+
+    The parser hands this to the handler instead of raising, because a parser that raises makes grpc log
+    a traceback per message; the handler refuses it with INVALID_ARGUMENT and one log line."""
+
+    def __init__(self, message_type: type[Message], size: int, error: Exception):
+        self.error = InvalidRequestError(
+            f"{size} bytes that are not an {message_type.DESCRIPTOR.full_name} ({error}): "
+            f"is the peer an edgespec client of the same wire version (edgespec.v1)?")
+
+
+def _parser(message_type: type[Message]):
+    def parse(data: bytes) -> Message | Unparsable:
+        try:
+            return message_type.FromString(data)
+        except DecodeError as exc:
+            return Unparsable(message_type, len(data), exc)
+
+    return parse
+
+
+def add_to_server(servicer: "VerifierServicer", server: grpc.aio.Server) -> None:
+    """``pb_grpc.add_VerifierServicer_to_server`` with ``_parser``s in place of the raising ``FromString``."""
+    service = pb.DESCRIPTOR.services_by_name["Verifier"]
+    kinds = {(False, False): grpc.unary_unary_rpc_method_handler, (False, True): grpc.unary_stream_rpc_method_handler,
+             (True, False): grpc.stream_unary_rpc_method_handler, (True, True): grpc.stream_stream_rpc_method_handler}
+    handlers = {}
+    for method in service.methods:
+        make = kinds[(method.client_streaming, method.server_streaming)]
+        request, response = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
+        handlers[method.name] = make(getattr(servicer, method.name), request_deserializer=_parser(request),
+                                     response_serializer=response.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)
 
 
 class VerifierServicer(pb_grpc.VerifierServicer):
-    def __init__(self, core: VerifierCore, api_key: str | None = None):
+    def __init__(self, core: VerifierCore, api_key: str | None = None, pool: Executor | None = None,
+                 first_message_timeout_s: float = 5.0):
         self.core = core
         self.api_key = api_key
+        self.pool = pool  # runs each Session message's work; None = the event loop's default executor
+        self.first_message_timeout_s = first_message_timeout_s  # a silent new stream is closed after this
 
     # ------------------------------------------------------------------ Info
-    def Info(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.InfoResponse:
+    async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
         try:
             self._authenticate(context)
+            if isinstance(request, Unparsable):
+                raise request.error
             return self._info()
         except Exception as exc:  # noqa: BLE001 - every error becomes a status, in one place
-            self._abort(context, exc)
+            await self._abort(context, exc)
 
     def _info(self) -> pb.InfoResponse:
         t, lim = self.core.target, self.core.limits
@@ -63,27 +124,50 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             moa_server_parts=sorted(self.core.lsa_parts), eos_token_ids=sorted(t.eos_ids))
 
     # --------------------------------------------------------------- Session
-    def Session(self, request_iterator: Iterable[pb.ClientMessage],
-                context: grpc.ServicerContext) -> Iterator[pb.ServerMessage]:
+    async def Session(self, request_iterator: AsyncIterator[pb.ClientMessage],
+                      context: grpc.aio.ServicerContext) -> None:
+        # context.read/write rather than the iterators: only they let the first read have a deadline.
         try:
             self._authenticate(context)
             meta_id = dict(context.invocation_metadata()).get(SESSION_METADATA_KEY, "")
-            for message in request_iterator:
-                self.core.metrics.bytes_in.inc(message.ByteSize())
-                reply = self._handle(message, meta_id)
-                self.core.metrics.bytes_out.inc(reply.ByteSize())
-                yield reply
+            wait_s: float | None = self.first_message_timeout_s
+            while True:
+                message = await self._read(context, wait_s)
+                wait_s = None  # only the first message is due at once: a session may idle between steps
+                if message is grpc.aio.EOF:
+                    return
+                reply = await asyncio.get_running_loop().run_in_executor(self.pool, self._answer, message, meta_id)
+                await context.write(reply)
                 if reply.HasField("closed"):
                     return
         except Exception as exc:  # noqa: BLE001
-            self._abort(context, exc)
+            await self._abort(context, exc)
+
+    async def _read(self, context: grpc.aio.ServicerContext, wait_s: float | None):
+        try:
+            message = await asyncio.wait_for(context.read(), wait_s)
+        except TimeoutError:
+            raise AdmissionTimeoutError(
+                f"the Session stream sent no first message within {wait_s:g} s of opening: send Open (or Resume) "
+                f"as soon as the stream is open; silent streams are closed so they cannot hold the server") from None
+        if isinstance(message, Unparsable):
+            raise message.error
+        return message
+
+    def _answer(self, message: pb.ClientMessage, meta_id: str) -> pb.ServerMessage:
+        """One message's work, on the pool: it blocks while the model thread runs the step."""
+        self.core.metrics.bytes_in.inc(message.ByteSize())
+        reply = self._handle(message, meta_id)
+        self.core.metrics.bytes_out.inc(reply.ByteSize())
+        return reply
 
     def _handle(self, message: pb.ClientMessage, meta_id: str) -> pb.ServerMessage:
         kind = message.WhichOneof("kind")
         if kind == "open":
             o = message.open
             sid = _session_id(o.session_id, meta_id, allow_new=True)
-            result = self.core.open(self._settings(o, sid), list(o.prompt_ids), o.tree)
+            # The repeated fields go as they are (len() is free): the length check comes before any per-id work.
+            result = self.core.open(self._settings(o, sid), o.prompt_ids, o.tree)
             return pb.ServerMessage(opened=pb.Opened(
                 session_id=sid, first_token=result.next_token, committed_len=result.committed_len,
                 features=_features(result), timings=_timings(result), accepted=list(result.accepted)))
@@ -102,8 +186,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 policy = ResumePolicy(r.policy)
             except ValueError:
                 raise InvalidRequestError(f"unknown resume policy {r.policy}") from None
-            result = self.core.resume(sid, r.committed_len, r.committed_hash, list(r.committed_ids),
-                                      list(r.provisional_ids), policy, reopen)
+            result = self.core.resume(sid, r.committed_len, r.committed_hash, r.committed_ids,
+                                      r.provisional_ids, policy, reopen)
             return pb.ServerMessage(resumed=pb.Resumed(
                 session_id=sid, agreed=result.agreed, restored=result.restored, bonus_token=result.next_token,
                 committed_len=result.committed_len, features=_features(result), timings=_timings(result)))
@@ -141,27 +225,30 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         if not self.api_key:
             return
         meta = dict(context.invocation_metadata())
-        given = meta.get("x-api-key") or meta.get("authorization", "").removeprefix("Bearer ").strip()
+        scheme, _, token = meta.get("authorization", "").strip().partition(" ")
+        given = meta.get("x-api-key") or (token.strip() if scheme.lower() == "bearer" else "")  # RFC 7235: any case
         if not given:
             raise UnauthenticatedError("this server needs an API key: send call metadata "
                                        "'authorization: Bearer KEY' (or 'x-api-key: KEY')")
         if not hmac.compare_digest(given.encode(), self.api_key.encode()):
             raise UnauthenticatedError("the API key sent is not this server's")
 
-    def _abort(self, context: grpc.ServicerContext, exc: BaseException) -> None:
-        if not context.is_active():  # the client went away; nobody to tell
-            log.info("stream ended by the client: %s", exc)
+    async def _abort(self, context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+        if context.done():  # the client went away; nobody to tell
+            log.info("stream ended by the client: %s", printable(str(exc)))
             return
         code, message = _status_of(exc)
         self.core.metrics.errors.labels(code=code.name).inc()
         if code is grpc.StatusCode.INTERNAL:
-            log.exception("internal error: %s", exc)
+            log.error("internal error: %s", printable(str(exc)), exc_info=exc)
         else:
-            log.info("refused with %s: %s", code.name, message)
-        context.abort(code, message)
+            log.info("refused with %s: %s", code.name, printable(message))
+        await context.abort(code, message)
 
 
 def _session_id(in_message: str, in_metadata: str, allow_new: bool = False) -> str:
+    _check_session_id(in_message, "in the message")
+    _check_session_id(in_metadata, f"in the call metadata {SESSION_METADATA_KEY!r}")
     if in_message and in_metadata and in_message != in_metadata:
         raise InvalidRequestError(f"session id {in_message!r} in the message differs from {in_metadata!r} in "
                                   f"the call metadata {SESSION_METADATA_KEY!r}")
@@ -172,6 +259,16 @@ def _session_id(in_message: str, in_metadata: str, allow_new: bool = False) -> s
                                       f"{SESSION_METADATA_KEY!r}")
         sid = str(uuid.uuid4())
     return sid
+
+
+def _check_session_id(sid: str, where: str) -> None:
+    if len(sid) > MAX_SESSION_ID_CHARS:
+        raise InvalidRequestError(f"the session id {where} is {len(sid)} characters long; at most "
+                                  f"{MAX_SESSION_ID_CHARS} printable characters are allowed (a UUID is 36)")
+    bad = next((i for i, c in enumerate(sid) if not c.isprintable()), None)
+    if bad is not None:
+        raise InvalidRequestError(f"the session id {where} holds a non-printable character "
+                                  f"({printable(sid[bad])} at index {bad}); use printable characters only")
 
 
 def _features(result: StepResult) -> list[pb.Feature]:

@@ -1,0 +1,90 @@
+"""The gRPC side of the server: an asyncio gRPC server (grpc.aio) on its own event-loop thread.
+
+Why asyncio and not grpc's thread-per-call server: there, every open Session stream holds a worker thread
+for its whole life, even before it sends anything, so a handful of silent streams took every worker and
+Info (and every new session) queued behind them. Here a stream waiting for its next message is a suspended
+coroutine that holds no thread, Info is answered on the event loop at once, and only the work of one
+message (waiting for the model thread, encoding features) runs on a bounded thread pool, for as long as
+that message takes. Admission: a stream that sends no first message within ``first_message_timeout_s`` is
+closed (see ``VerifierServicer.Session``), so silent streams cannot pile up either.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+
+from .core import VerifierCore
+from .service import VerifierServicer, add_to_server
+
+if TYPE_CHECKING:
+    from .app import ServerConfig
+
+log = logging.getLogger("edgespec.server")
+
+
+class GrpcServer:
+    """A started gRPC server; ``port`` is the one it listens on."""
+
+    def __init__(self, config: "ServerConfig", core: VerifierCore):
+        workers = config.grpc_workers or config.max_sessions + 8
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="edgespec-grpc")
+        self._servicer = VerifierServicer(core, config.api_key, self._pool, config.first_message_timeout_s)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="edgespec-grpc-loop", daemon=True)
+        self._thread.start()
+        try:
+            self._server, self.port = self._on_loop(self._start(config))
+        except BaseException:
+            self._end_loop()
+            raise
+
+    async def _start(self, config: "ServerConfig") -> tuple[grpc.aio.Server, int]:
+        ping_ms = int(config.keepalive_min_ping_s * 1000)
+        options = [
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.max_send_message_length", config.max_message_bytes),
+            # Clients ping every few seconds to notice a dead link; allow it, even with no call open.
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", ping_ms),
+            ("grpc.http2.min_ping_interval_without_data_ms", ping_ms),
+            ("grpc.http2.max_pings_without_data", 0),
+            # The server pings too, so a client that vanished (blackhole) frees its stream.
+            ("grpc.keepalive_time_ms", 20_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+        ]
+        server = grpc.aio.server(options=options)
+        add_to_server(self._servicer, server)
+        where = f"{config.host}:{config.port}"
+        if config.tls:
+            creds = grpc.ssl_server_credentials([(Path(config.tls_key).read_bytes(),
+                                                  Path(config.tls_cert).read_bytes())])
+            port = server.add_secure_port(where, creds)
+        else:
+            port = server.add_insecure_port(where)
+        if port == 0:
+            raise OSError(f"could not listen for gRPC on {where} (port in use?)")
+        await server.start()
+        return server, port
+
+    def stop(self, grace: float) -> None:
+        """Refuse new calls, give calls in flight up to `grace` seconds, then end the loop and the pool."""
+        try:
+            self._on_loop(self._server.stop(grace), timeout=grace + 30)
+        finally:
+            self._end_loop()
+
+    def _on_loop(self, coroutine, timeout: float | None = 60.0):
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    def _end_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self._loop.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
