@@ -1,68 +1,64 @@
-"""Token events to text a caller can show as it comes.
+"""The generation loop's events to tokens and text a caller can show as they come.
 
-``TextStreamer`` turns the loop's events into text deltas that never need taking
-back: it holds text that may still change (an unfinished UTF-8 sequence, the
-start of what could be a stop string, and, when asked, provisional offline
-tokens that a rollback may drop) until it is settled.
+``SettledTokens`` passes on the tokens that will not be taken back: under the
+``rollback`` policy, offline tokens wait until the target has judged them (a
+Resume may drop them; a RetractEvent says which). ``TextStreamer`` puts those
+tokens through the shared ``TextStream`` (incremental decoding, UTF-8 and stop
+string hold-back), so the Python client shows text exactly as the local API does.
 """
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from .commit import first_stop
-from .generation import LinkEvent, RetractEvent, TokenEvent, TokenOrigin
+from edgespec.shared.text_stream import TextStream
+
+from .generation import RetractEvent, TokenEvent, TokenOrigin
+
+
+class SettledTokens:
+    """Events in, token ids that no rollback can withdraw out."""
+
+    def __init__(self, hold_offline: bool = True):
+        self.hold_offline = hold_offline  # True under `rollback`: offline tokens may still be dropped
+        self._held: list[int] = []  # offline tokens waiting for the target's verdict
+        self._held_from = 0  # output index of the first held token
+
+    def feed(self, event) -> list[int]:
+        """Tokens settled by this event, in order (often none)."""
+        if isinstance(event, TokenEvent):
+            if self.hold_offline and event.origin is TokenOrigin.OFFLINE:
+                if not self._held:
+                    self._held_from = event.index
+                self._held.append(event.token)
+                return []
+            settled, self._held = [*self._held, event.token], []  # a verified token: what came before stands
+            return settled
+        if isinstance(event, RetractEvent):  # a rollback withdraws offline tokens only, and those were held
+            del self._held[max(0, event.index - self._held_from):]
+        return []
+
+    def finish(self) -> list[int]:
+        """Tokens still held when the generation ended: the link never came back to judge them, so they stay."""
+        rest, self._held = self._held, []
+        return rest
 
 
 class TextStreamer:
+    """Events in, text deltas that never need taking back out."""
+
     def __init__(self, decode: Callable[[Sequence[int]], str], stops: Sequence[str] = (), hold_offline: bool = True):
-        self.decode = decode
-        self.stops = [s for s in stops if s]
-        self.hold_offline = hold_offline  # True under `rollback`: offline tokens may still be dropped
-        self.tokens: list[int] = []
-        self.origins: list[TokenOrigin] = []
-        self.shown = ""  # text already handed out
+        self._tokens = SettledTokens(hold_offline)
+        self._text = TextStream(decode, stops)
 
-    def _settled_tokens(self) -> int:
-        n = len(self.tokens)
-        if self.hold_offline:
-            while n and self.origins[n - 1] is TokenOrigin.OFFLINE:
-                n -= 1
-        return n
-
-    def _text(self, final: bool) -> str:
-        text = self.decode(self.tokens if final else self.tokens[: self._settled_tokens()])
-        cut = first_stop(text, self.stops)
-        if cut is not None:
-            return text[:cut]
-        if final:
-            return text
-        text = text.rstrip("\ufffd")  # an unfinished multi-byte character
-        hold = max((len(s) - 1 for s in self.stops), default=0)
-        return text[: len(text) - hold] if hold else text
-
-    def _delta(self, final: bool) -> str:
-        text = self._text(final)
-        if not text.startswith(self.shown):  # cannot happen for settled text; show what is new and go on
-            common = len(next((self.shown[:i] for i in range(len(self.shown), -1, -1)
-                               if text.startswith(self.shown[:i])), ""))
-            self.shown = self.shown[:common]
-        delta = text[len(self.shown):]
-        self.shown = text if len(text) >= len(self.shown) else self.shown
-        return delta
+    @property
+    def stopped(self) -> bool:
+        """A stop string was reached: the text ends before it."""
+        return self._text.stopped
 
     def feed(self, event) -> str:
         """Text newly settled by this event ('' if none)."""
-        if isinstance(event, TokenEvent):
-            self.tokens.append(event.token)
-            self.origins.append(event.origin)
-        elif isinstance(event, RetractEvent):
-            del self.tokens[event.index:]
-            del self.origins[event.index:]
-            return ""
-        elif isinstance(event, LinkEvent):
-            return ""
-        return self._delta(final=False)
+        return "".join(self._text.push(t) for t in self._tokens.feed(event))
 
     def finish(self) -> str:
         """The rest of the text once the generation ended."""
-        return self._delta(final=True)
+        return "".join(self._text.push(t) for t in self._tokens.finish()) + self._text.finish()

@@ -25,11 +25,17 @@ class GenerationRequest:
     max_new_tokens: int = 16  # most tokens to generate
     sampling: SamplingConfig = SamplingConfig()  # greedy unless temperature > 0
     seed: int | None = None  # None = a fresh random seed
-    stop_at_eos: bool = True  # stop after the target's end-of-sequence token (which is not yielded)
+    stop_at_eos: bool = True  # stop after the target's end-of-sequence token (yielded last: it was generated)
 
 
-def generate(target: TargetModel, scheduler: ModelScheduler, request: GenerationRequest) -> Iterator[int]:
-    """Yield generated token ids one by one."""
+@dataclass(frozen=True)
+class DecodedToken:
+    id: int  # the token generated
+    logits: torch.Tensor  # [V] float32: the target's raw logits it was drawn from (for logprobs)
+
+
+def generate(target: TargetModel, scheduler: ModelScheduler, request: GenerationRequest) -> Iterator[DecodedToken]:
+    """Yield generated tokens one by one."""
     generator = torch.Generator()
     if request.seed is None:
         generator.seed()
@@ -41,9 +47,9 @@ def generate(target: TargetModel, scheduler: ModelScheduler, request: Generation
         for _ in range(request.max_new_tokens):
             out = scheduler.prefill(kv, ids)  # batched with every other session's work
             token = next_token(out.logits[-1], request.sampling, generator)
+            yield DecodedToken(token, out.logits[-1])
             if request.stop_at_eos and token in target.eos_ids:
                 return
-            yield token
             ids = [token]
     finally:
         kv.close()

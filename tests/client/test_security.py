@@ -57,3 +57,20 @@ def test_missing_key_is_refused_with_a_clear_message(secure_server, certificate,
 def test_plaintext_to_a_tls_server_fails_as_unreachable(secure_server, tiny_model_dir):
     with pytest.raises(LinkDownError, match="cannot reach"):
         _client(secure_server, tiny_model_dir, api_key="s3cret", connect_timeout_s=0.5)
+
+
+def test_the_key_is_read_from_any_case_of_bearer_and_from_x_api_key(secure_server, certificate):
+    """The gRPC side reads the key with the same helper as both HTTP APIs (shared.auth)."""
+    import grpc
+
+    from edgespec.proto.edgespec.v1 import pb, pb_grpc
+
+    creds = grpc.ssl_channel_credentials(certificate[0].read_bytes())
+    with grpc.secure_channel(secure_server.address, creds) as channel:
+        stub = pb_grpc.VerifierStub(channel)
+        for metadata in ((("authorization", "bearer s3cret"),), (("authorization", "BEARER s3cret"),),
+                         (("x-api-key", "s3cret"),)):
+            assert stub.Info(pb.InfoRequest(), metadata=metadata, timeout=10).vocab_size > 0, metadata
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Info(pb.InfoRequest(), metadata=(("authorization", "Bearer wrong"),), timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED and "not this server's" in err.value.details()

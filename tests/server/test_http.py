@@ -1,11 +1,15 @@
 """The HTTP side: health, Prometheus metrics, and the OpenAI-compatible plain API driven by the openai client."""
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
+import time
+
 import httpx
 import pytest
 
 from edgespec.proto.edgespec.v1 import pb
-from edgespec.server.text_stream import TextStream
 from edgespec.shared.tree import ROOT, DraftTree, encode_tree
 
 
@@ -13,6 +17,33 @@ from edgespec.shared.tree import ROOT, DraftTree, encode_tree
 def openai_client(tiny_server):
     openai = pytest.importorskip("openai")
     return openai.OpenAI(base_url=f"{tiny_server.http_url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture
+def model(tiny_server) -> str:
+    return tiny_server.core.target.name
+
+
+@contextlib.contextmanager
+def serving(state, core):
+    """build_http_app(state) with the tiny server's core, on a loopback port of its own."""
+    import uvicorn
+
+    from edgespec.server.http_api import build_http_app
+
+    state.core = core
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(build_http_app(state), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 def until_eos(ids: list[int], eos: int = 258) -> list[int]:
@@ -41,70 +72,186 @@ def test_metrics_count_verifications_and_bytes(tiny_server, open_stream, fingerp
     assert "edgespec_sessions" in values
 
 
-def test_completions_with_token_ids_equal_the_target_greedy_output(openai_client, greedy_reference, tiny_target):
+def test_completions_with_token_ids_equal_the_target_greedy_output(openai_client, model, greedy_reference,
+                                                                   tiny_target):
     prompt = [104, 105, 32, 116]
-    reply = openai_client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0)
-    truth = until_eos(greedy_reference(prompt, 24))
-    assert reply.usage.completion_tokens == len(truth) and reply.usage.prompt_tokens == 4
+    reply = openai_client.completions.create(model=model, prompt=prompt, max_tokens=24, temperature=0)
+    out = greedy_reference(prompt, 24)
+    truth = until_eos(out)
+    # usage counts every token generated, the EOS that ended the text included
+    assert reply.usage.completion_tokens == min(len(truth) + 1, 24) and reply.usage.prompt_tokens == 4
     assert reply.choices[0].text == tiny_target.tokenizer.decode(truth, skip_special_tokens=True)
-    assert reply.choices[0].finish_reason == ("length" if len(truth) == 24 else "stop")
+    assert reply.choices[0].finish_reason == ("stop" if 258 in out else "length")
 
 
-def test_streamed_completion_equals_the_whole_one(openai_client):
-    kwargs = dict(model="tiny", prompt="def add(a, b):", max_tokens=20, temperature=0)
+def test_streamed_completion_equals_the_whole_one(openai_client, model):
+    kwargs = dict(model=model, prompt="def add(a, b):", max_tokens=20, temperature=0)
     whole = openai_client.completions.create(**kwargs).choices[0].text
     chunks = list(openai_client.completions.create(stream=True, **kwargs))
     assert "".join(c.choices[0].text for c in chunks) == whole
     assert chunks[-1].choices[0].finish_reason in ("length", "stop")
 
 
-def test_chat_completions_stream_and_whole(openai_client, tiny_target, greedy_reference):
+def test_chat_completions_stream_and_whole(openai_client, model, tiny_target, greedy_reference):
     messages = [{"role": "user", "content": "hello"}]
-    whole = openai_client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0)
+    whole = openai_client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0)
     text = tiny_target.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ids = tiny_target.tokenizer(text, add_special_tokens=False)["input_ids"]
     truth = until_eos(greedy_reference(ids, 12))
     assert whole.choices[0].message.content == tiny_target.tokenizer.decode(truth, skip_special_tokens=True)
-    stream = openai_client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, temperature=0,
+    stream = openai_client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0,
                                                    stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in stream) == whole.choices[0].message.content
 
 
-def test_sampled_completions_are_reproducible_by_seed(openai_client):
-    kwargs = dict(model="tiny", prompt=[1, 2, 3], max_tokens=16, temperature=1.0, top_p=0.9)
+def test_sampled_completions_are_reproducible_by_seed(openai_client, model):
+    kwargs = dict(model=model, prompt=[1, 2, 3], max_tokens=16, temperature=1.0, top_p=0.9)
     a = openai_client.completions.create(seed=5, **kwargs).choices[0].text
     b = openai_client.completions.create(seed=5, **kwargs).choices[0].text
     assert a == b
 
 
+def test_logprobs_are_the_targets_own(openai_client, model, tiny_target):
+    import torch
+
+    prompt = [104, 105, 32, 116]
+    reply = openai_client.completions.create(model=model, prompt=prompt, max_tokens=3, temperature=0, logprobs=2)
+    lp = reply.choices[0].logprobs
+    with torch.inference_mode():
+        logits = tiny_target.model(input_ids=torch.tensor([prompt])).logits[0, -1].float()
+    want = torch.log_softmax(logits, -1)
+    assert lp.token_logprobs[0] == pytest.approx(float(want.max()), abs=1e-4)
+    assert list(lp.top_logprobs[0].values()) == pytest.approx(want.topk(2).values.tolist(), abs=1e-4)
+
+
 def test_bad_api_requests_are_refused_with_a_reason(tiny_server):
     url = f"{tiny_server.http_url}/v1/completions"
     reply = httpx.post(url, json={"prompt": [999], "max_tokens": 2})
-    assert reply.status_code == 400 and "vocabulary" in reply.json()["detail"]
+    assert reply.status_code == 400 and "vocabulary" in reply.json()["error"]["message"]
     reply = httpx.post(url, json={"prompt": "x", "temperature": -1})
-    assert reply.status_code == 422
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "temperature"
+    reply = httpx.post(url, json={"prompt": "x", "n": 2, "max_tokens": 0})  # was a 422 in FastAPI's own shape
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "max_tokens"
 
 
-class ByteTokenizer:
-    """Decodes ids as UTF-8 bytes, like a byte-level BPE: a character may span tokens."""
-
-    def decode(self, ids, skip_special_tokens=True):
-        return bytes(ids).decode("utf-8", errors="replace")
-
-
-def test_text_stream_waits_for_whole_characters():
-    stream = TextStream(ByteTokenizer())
-    ids = list("añb".encode())
-    deltas = [stream.push(i) for i in ids]
-    assert deltas == ["a", "", "ñ", "b"] and stream.finish() == ""
+def test_an_unknown_model_name_is_404(tiny_server, model):
+    url = f"{tiny_server.http_url}/v1"
+    reply = httpx.post(f"{url}/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2})
+    assert reply.status_code == 404
+    assert reply.json()["error"]["code"] == "model_not_found" and model in reply.json()["error"]["message"]
+    assert httpx.get(f"{url}/models/{model}").json()["id"] == model
+    assert httpx.get(f"{url}/models/tiny").status_code == 404
 
 
-def test_text_stream_holds_back_a_possible_stop_string_and_cuts_at_it():
-    stream = TextStream(ByteTokenizer(), stop=["END"])
-    out = [stream.push(i) for i in b"xyEN"]
-    assert "".join(out) == "xy"  # "EN" might start "END"
-    assert stream.push(ord("D")) == "" and stream.stopped
-    assert stream.finish() == ""
-    stream = TextStream(ByteTokenizer(), stop=["END"])
-    out = [stream.push(i) for i in b"ENx"]
-    assert "".join(out) + stream.finish() == "ENx" and not stream.stopped
+def test_the_api_serves_under_the_served_model_name(tiny_server):
+    from edgespec.server.http_api import HttpState
+
+    with serving(HttpState(served_model_name="coder"), tiny_server.core) as url:
+        assert [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]] == ["coder"]
+        reply = httpx.post(f"{url}/v1/completions", json={"model": "coder", "prompt": "x", "max_tokens": 2})
+        assert reply.status_code == 200 and reply.json()["model"] == "coder"
+        reply = httpx.post(f"{url}/v1/completions", json={"model": tiny_server.core.target.name, "prompt": "x"})
+        assert reply.status_code == 404
+
+
+def test_a_4_mib_prompt_is_refused_before_it_is_tokenized(tiny_server):
+    """It was tokenized in full first: 6-9 s (21 s on a busy 2-core box) and hundreds of MB."""
+    url = f"{tiny_server.http_url}/v1"
+    prompt = "def f(x):\n    return x\n" * (4 * 1024 * 1024 // 24)
+    for path, body in (("completions", {"prompt": prompt}),
+                       ("chat/completions", {"messages": [{"role": "user", "content": prompt}]})):
+        t0 = time.perf_counter()
+        reply = httpx.post(f"{url}/{path}", json=body, timeout=60)
+        took = time.perf_counter() - t0
+        assert reply.status_code == 400 and reply.json()["error"]["code"] == "context_length_exceeded", reply.text
+        assert took < 2.0, f"refusing a 4 MiB prompt took {took:.1f} s"
+
+
+def test_a_prompt_just_over_the_context_is_refused_and_one_under_is_served(tiny_server):
+    url = f"{tiny_server.http_url}/v1/completions"
+    limit = tiny_server.core.limits.max_context_tokens
+    reply = httpx.post(url, json={"prompt": "a" * limit, "max_tokens": 1})
+    assert reply.status_code == 400 and reply.json()["error"]["code"] == "context_length_exceeded"
+    reply = httpx.post(url, json={"prompt": "a" * (limit - 1), "max_tokens": 5, "temperature": 0})
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 1  # clamped to the room left
+
+
+def test_a_body_over_the_limit_is_413_with_or_without_a_length(tiny_server):
+    from edgespec.server.http_api import HttpState
+
+    body = b'{"prompt": "' + b"x" * 2000 + b'"}'
+    with serving(HttpState(max_body_bytes=1000), tiny_server.core) as url:
+        reply = httpx.post(f"{url}/v1/completions", content=body)
+        assert reply.status_code == 413 and "1000 bytes" in reply.json()["error"]["message"]
+        reply = httpx.post(f"{url}/v1/completions", content=iter([body[:600], body[600:]]))  # chunked: no length
+        assert reply.status_code == 413
+        reply = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 1})
+        assert reply.status_code == 200
+
+
+def test_the_key_is_checked_before_anything_else(tiny_server):
+    from edgespec.server.http_api import HttpState
+
+    with serving(HttpState(api_key="s3cret"), tiny_server.core) as url:
+        bad_body = {"prompt": 5, "temperature": "hot"}
+        reply = httpx.post(f"{url}/v1/completions", json=bad_body)  # was a 422 listing the schema
+        assert reply.status_code == 401 and "API key" in reply.json()["error"]["message"]
+        assert httpx.post(f"{url}/v1/completions", content=b"x" * 100, headers={"x-api-key": "wrong"}).status_code == 401
+        assert httpx.get(f"{url}/v1/models").status_code == 401
+        for headers in ({"Authorization": "Bearer s3cret"}, {"authorization": "bearer s3cret"},
+                        {"Authorization": "BEARER  s3cret"}, {"x-api-key": "s3cret"}):
+            reply = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 1}, headers=headers)
+            assert reply.status_code == 200, headers
+        assert httpx.get(f"{url}/health").status_code == 200  # probes need no key
+        assert httpx.get(f"{url}/metrics").status_code == 200  # nor do scrapers, unless asked
+
+
+def test_metrics_can_ask_for_the_key(tiny_server):
+    from edgespec.server.http_api import HttpState
+
+    with serving(HttpState(api_key="s3cret", metrics_need_key=True), tiny_server.core) as url:
+        assert httpx.get(f"{url}/metrics").status_code == 401
+        reply = httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer s3cret"})
+        assert reply.status_code == 200 and "edgespec_sessions" in reply.text
+
+
+def test_a_non_streaming_generation_stops_when_its_caller_disconnects(tiny_server, monkeypatch):
+    scheduler = tiny_server.core.scheduler
+    steps = []
+    prefill = scheduler.prefill
+
+    def slow_prefill(*args, **kwargs):
+        steps.append(time.monotonic())
+        time.sleep(0.02)
+        return prefill(*args, **kwargs)
+
+    monkeypatch.setattr(scheduler, "prefill", slow_prefill)
+    body = {"prompt": "a", "max_tokens": 400, "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{tiny_server.http_url}/v1/completions", json=body, timeout=0.5)
+    time.sleep(0.5)
+    seen = len(steps)
+    time.sleep(0.5)
+    assert len(steps) == seen, "the generation kept running after its caller left"
+    assert seen < 100
+
+
+def test_a_streaming_generation_stops_when_its_caller_disconnects(tiny_server, monkeypatch):
+    scheduler = tiny_server.core.scheduler
+    steps = []
+    prefill = scheduler.prefill
+
+    def slow_prefill(*args, **kwargs):
+        steps.append(1)
+        time.sleep(0.02)
+        return prefill(*args, **kwargs)
+
+    monkeypatch.setattr(scheduler, "prefill", slow_prefill)
+    body = {"prompt": "a", "max_tokens": 400, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{tiny_server.http_url}/v1/completions", json=body) as reply:
+        for _ in zip(range(3), reply.iter_lines()):
+            pass
+    time.sleep(0.5)
+    seen = len(steps)
+    time.sleep(0.5)
+    assert len(steps) == seen and seen < 100

@@ -1,0 +1,282 @@
+"""Request bodies of /v1/completions and /v1/chat/completions, parsed and validated.
+
+Types are strict (a string is not a number, ``true`` is not 1) and NaN or
+infinity is no number at all. A field this API does not implement is refused
+with a 400 that names it, unless its value is the one that means "off" (a
+penalty of 0, no tools), which changes nothing. An unknown field is refused too:
+a caller whose option would be ignored should hear so.
+
+Defaults follow OpenAI and vLLM: temperature 1, top_p 1, n 1, a fresh random
+seed when none is given, 16 tokens for completions and the rest of the
+context for chat.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import OpenAIError, bad_request, unsupported
+
+MAX_N = 8  # choices per request; they are generated one after another
+MAX_STOPS = 16  # OpenAI allows 4; matching costs the same for any number, this bounds the automaton
+MAX_STOP_CHARS = 256  # characters per stop string
+MAX_COMPLETION_LOGPROBS = 5  # completions' `logprobs`, as OpenAI
+MAX_TOP_LOGPROBS = 20  # chat's `top_logprobs`, as OpenAI
+SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)  # int64 as OpenAI, or uint64 as the wire's seed
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus mass in (0, 1]; 1 = off
+    top_k: int = 0  # keep the k most probable tokens; 0 = off
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a request asks of generation, whichever endpoint it came to."""
+
+    max_tokens: int | None  # None: the endpoint's default
+    sampling: Sampling
+    seed: int | None  # None: a fresh random seed per choice
+    n: int  # choices
+    stop: tuple[str, ...]  # stop strings, none empty
+    top_logprobs: int | None  # None: no logprobs; k: the chosen token's logprob and the k most likely
+    stream: bool
+    include_usage: bool  # stream_options.include_usage: a last chunk with the usage
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+
+
+def _check_text(value: str, what: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} holds an unpaired UTF-16 surrogate, which is not text") from None
+    return value
+
+
+class _Common(_Strict):
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=-1)  # vLLM's extension; -1 and 0 mean off
+    n: int | None = Field(default=None, ge=1, le=MAX_N)
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    stop: tuple[str, ...] = ()
+    seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    user: str | None = None  # an end-user id for OpenAI's abuse monitoring; nothing to do here
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop(cls, value: Any) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+            raise ValueError("must be a string or a list of strings")
+        if len(value) > MAX_STOPS:
+            raise ValueError(f"takes at most {MAX_STOPS} strings, got {len(value)}")
+        for s in value:
+            if len(s) > MAX_STOP_CHARS:
+                raise ValueError(f"strings are at most {MAX_STOP_CHARS} characters, one has {len(s)}")
+            _check_text(s, "a stop string")
+        return tuple(s for s in value if s)
+
+    def _settings(self, max_tokens: int | None, top_logprobs: int | None) -> Settings:
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
+        top_k = self.top_k or 0
+        return Settings(max_tokens=max_tokens,
+                        sampling=Sampling(1.0 if self.temperature is None else self.temperature,
+                                          1.0 if self.top_p is None else self.top_p, max(0, top_k)),
+                        seed=self.seed, n=self.n or 1, stop=self.stop, top_logprobs=top_logprobs,
+                        stream=bool(self.stream),
+                        include_usage=bool(self.stream_options and self.stream_options.include_usage))
+
+
+class CompletionRequest(_Common):
+    prompt: str | tuple[int, ...]
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt(cls, value: Any) -> str | tuple[int, ...]:
+        if isinstance(value, list) and value and all(isinstance(p, (str, list)) for p in value):
+            if len(value) != 1:
+                raise ValueError(f"one prompt per request is supported, got {len(value)}")
+            value = value[0]
+        if isinstance(value, str):
+            if not value:
+                raise ValueError("is empty")
+            return _check_text(value, "the prompt")
+        if isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+            if not value:
+                raise ValueError("is an empty list of token ids")
+            return tuple(value)
+        raise ValueError("must be a string, a list of token ids, or a list holding one of either")
+
+    def settings(self) -> Settings:
+        return self._settings(self.max_tokens, self.logprobs)
+
+
+_MESSAGE_OFF = {"tool_calls", "function_call", "tool_call_id", "refusal", "audio", "annotations"}
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | None = None
+    name: str | None = None  # a participant's name; chat templates do not show it
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_tool_calls(cls, value: Any) -> Any:
+        # An assistant message given back as the openai library dumps it carries these as null.
+        if isinstance(value, dict) and _MESSAGE_OFF & set(value):
+            for field in _MESSAGE_OFF & set(value):
+                if value[field] not in (None, []):
+                    raise ValueError(f"'{field}' is not supported: this API has no tool calling, refusals or audio")
+            value = {k: v for k, v in value.items() if k not in _MESSAGE_OFF}
+        return value
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content(cls, value: Any) -> str | None:
+        if value is None or isinstance(value, str):
+            return value if value is None else _check_text(value, "the content")
+        if not isinstance(value, list):
+            raise ValueError("must be a string or a list of text parts")
+        texts = []
+        for j, part in enumerate(value):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise ValueError(f"part {j} is not a text part: only {{'type': 'text', 'text': ...}} parts are "
+                                 f"supported (no images or audio)")
+            if set(part) - {"type", "text"}:
+                raise ValueError(f"part {j} has fields other than 'type' and 'text'")
+            if not isinstance(part.get("text"), str):
+                raise ValueError(f"part {j}'s 'text' must be a string")
+            texts.append(_check_text(part["text"], f"part {j}"))
+        return "\n".join(texts)  # as vLLM joins text parts
+
+    def template_message(self) -> dict[str, str]:
+        """The message as a chat template takes it (templates know 'system', not OpenAI's newer 'developer')."""
+        role = "system" if self.role == "developer" else self.role
+        return {"role": role, "content": self.content or ""}
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    def settings(self) -> Settings:
+        for i, m in enumerate(self.messages):
+            if m.content is None and m.role != "assistant":
+                raise bad_request(f"a {m.role} message needs content", f"messages[{i}].content")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        top = (self.top_logprobs or 0) if self.logprobs else None
+        return self._settings(self.max_completion_tokens or self.max_tokens, top)
+
+
+# Fields this API does not implement, accepted only with the value that changes nothing.
+def _is_zero(v: Any) -> bool:
+    return v is None or (type(v) in (int, float) and v == 0)
+
+
+_OFF: dict[str, tuple[Any, str]] = {
+    "frequency_penalty": (_is_zero, "only 0 (no penalty)"),
+    "presence_penalty": (_is_zero, "only 0 (no penalty)"),
+    "logit_bias": (lambda v: v is None or v == {}, "only an empty map"),
+    "response_format": (lambda v: v is None or v == {"type": "text"}, "only {'type': 'text'} (no JSON mode)"),
+    "tools": (lambda v: v is None or v == [], "this API has no tool calling"),
+    "tool_choice": (lambda v: v is None or v == "none", "this API has no tool calling"),
+    "functions": (lambda v: v is None or v == [], "this API has no function calling"),
+    "function_call": (lambda v: v is None or v == "none", "this API has no function calling"),
+    "parallel_tool_calls": (lambda v: v is None or isinstance(v, bool), "this API has no tool calling"),
+    "echo": (lambda v: v is None or v is False, "the prompt is not echoed"),
+    "suffix": (lambda v: v is None or v == "", "no insertion after a suffix"),
+    "store": (lambda v: v is None or v is False, "nothing is stored"),
+    "metadata": (lambda v: v is None or v == {}, "nothing is stored"),
+    "modalities": (lambda v: v is None or v == ["text"], "only text"),
+    "service_tier": (lambda v: v is None or v in ("auto", "default"), "one tier only"),
+}
+
+
+def _refuse_features(body: dict[str, Any]) -> dict[str, Any]:
+    body = dict(body)
+    for field, (is_off, why) in _OFF.items():
+        if field in body:
+            if not is_off(body[field]):
+                raise unsupported(field, f"{why}; leave it out")
+            del body[field]
+    if "best_of" in body:  # best_of == n picks every choice generated: the same as leaving it out
+        best_of, n = body.pop("best_of"), body.get("n") or 1
+        if best_of is not None and not (type(best_of) is int and best_of == n):
+            raise unsupported("best_of", "only a value equal to n; leave it out")
+    return body
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or a 400 saying why it is not one."""
+    try:
+        body = json.loads(raw)
+    except UnicodeDecodeError:
+        raise bad_request("the request body is not UTF-8 text") from None
+    except json.JSONDecodeError as err:
+        raise bad_request(f"the request body is not valid JSON: {err.msg} (line {err.lineno}, column {err.colno})") \
+            from None
+    except RecursionError:
+        raise bad_request("the request body's JSON is nested too deeply") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    return body
+
+
+def parse_request(raw: bytes, model: type[CompletionRequest] | type[ChatCompletionRequest]):
+    """A validated request, or an OpenAIError (400) naming the first field that is wrong."""
+    body = _refuse_features(parse_json(raw))
+    try:
+        return model.model_validate(body)
+    except ValidationError as err:
+        raise _first_error(err) from None
+    except RecursionError:
+        raise bad_request("the request body is nested too deeply") from None
+
+
+def _param(loc: tuple) -> str | None:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(part, str) and part.isidentifier():
+            out += f".{part}" if out else part
+        else:
+            break  # a union member's tag ('list[int]'): what follows names a type, not a field
+    return out or None
+
+
+def _first_error(err: ValidationError) -> OpenAIError:
+    e = err.errors(include_url=False, include_input=False, include_context=False)[0]
+    param, kind, msg = _param(e["loc"]), e["type"], e["msg"].removeprefix("Value error, ")
+    if kind == "extra_forbidden":
+        return OpenAIError(400, f"Unrecognized request argument supplied: {param}", param,
+                           "unknown_parameter")
+    if kind == "missing":
+        return bad_request(f"'{param}' is required", param, "missing_required_parameter")
+    if kind.endswith("_type") or kind == "finite_number":
+        return bad_request(f"Invalid type for '{param}': {msg}", param, "invalid_type")
+    return bad_request(f"Invalid value for '{param}': {msg}", param, "invalid_value")

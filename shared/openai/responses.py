@@ -1,0 +1,168 @@
+"""Response bodies in OpenAI's shapes: whole answers, stream chunks, usage, logprobs.
+
+Streams end each choice with a chunk that carries its finish_reason; the last
+choice's also carries ``usage`` (an addition OpenAI clients ignore, which lets
+a plain SSE reader count tokens). With ``stream_options.include_usage`` a last
+chunk with no choices and the usage follows, as OpenAI sends it.
+A backend's extra (the client's per-generation metrics) travels in an
+``edgespec`` field: on a whole answer one object for n=1 and a list for n>1,
+on a stream with each choice's last chunk.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from .backend import GeneratedToken
+from .generate import Choice, ChoiceEnd, TextPiece
+
+LOGPROB_FLOOR = -9999.0  # as vLLM: -inf (a masked token) is no JSON number
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What every body of one answer shares."""
+
+    chat: bool
+    id: str
+    created: int
+    model: str
+
+    @classmethod
+    def new(cls, chat: bool, model: str) -> "Shape":
+        return cls(chat, ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24], int(time.time()), model)
+
+    def head(self, chunk: bool) -> dict[str, Any]:
+        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map, which byte-level BPE vocabularies are written in."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    chars, extra = dict(zip(keep, map(chr, keep))), 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+_BYTE_OF_CHAR = {c: b for b, c in _bytes_to_unicode().items()}
+
+
+class TokenTexts:
+    """A token's text and exact bytes, for logprobs (a byte token may be half a character)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self.byte_level = type(getattr(backend, "decoder", None)).__name__ == "ByteLevel"
+        self.special = set(getattr(tokenizer, "all_special_ids", ()))
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+
+    def piece(self, token: int) -> tuple[str, list[int]]:
+        if token not in self._cache:
+            self._cache[token] = self._piece(token)
+        return self._cache[token]
+
+    def _piece(self, token: int) -> tuple[str, list[int]]:
+        name = self.tokenizer.convert_ids_to_tokens(token)
+        if isinstance(name, str) and self.byte_level and token not in self.special \
+                and all(c in _BYTE_OF_CHAR for c in name):
+            raw = bytes(_BYTE_OF_CHAR[c] for c in name)
+            return raw.decode("utf-8", errors="replace"), list(raw)
+        text = self.tokenizer.decode([token]) if token not in self.special else str(name)
+        return text, list(text.encode("utf-8"))
+
+
+def _lp(value: float | None) -> float:
+    return max(LOGPROB_FLOOR, float(value)) if value is not None and value == value else LOGPROB_FLOOR
+
+
+def chat_logprobs(tokens: list[GeneratedToken], texts: TokenTexts) -> dict[str, Any]:
+    def entry(token: int, logprob: float | None) -> dict[str, Any]:
+        text, raw = texts.piece(token)
+        return {"token": text, "logprob": _lp(logprob), "bytes": raw}
+
+    return {"content": [{**entry(t.id, t.logprob), "top_logprobs": [entry(i, lp) for i, lp in t.top_logprobs]}
+                        for t in tokens], "refusal": None}
+
+
+def completion_logprobs(tokens: list[GeneratedToken], texts: TokenTexts, offset: int) -> dict[str, Any]:
+    """The legacy shape; text_offset counts from `offset`, the characters of this choice already sent."""
+    out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for t in tokens:
+        text, _ = texts.piece(t.id)
+        out["tokens"].append(text)
+        out["token_logprobs"].append(_lp(t.logprob))
+        out["top_logprobs"].append({texts.piece(i)[0]: _lp(lp) for i, lp in t.top_logprobs})
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def whole_body(shape: Shape, choices: list[Choice], prompt_tokens: int, texts: TokenTexts | None) -> dict[str, Any]:
+    """The answer of a non-streamed request; `texts` when logprobs were asked for."""
+    out = []
+    for c in choices:
+        if shape.chat:
+            choice: dict[str, Any] = {"index": c.index, "message": {"role": "assistant", "content": c.text},
+                                      "logprobs": chat_logprobs(c.tokens, texts) if texts else None}
+        else:
+            choice = {"index": c.index, "text": c.text,
+                      "logprobs": completion_logprobs(c.tokens, texts, 0) if texts else None}
+        choice["finish_reason"] = c.finish_reason
+        out.append(choice)
+    body = {**shape.head(chunk=False), "choices": out,
+            "usage": usage(prompt_tokens, sum(c.completion_tokens for c in choices))}
+    extras = [c.extra for c in choices]
+    if any(e is not None for e in extras):
+        body["edgespec"] = extras[0] if len(extras) == 1 else extras
+    return body
+
+
+def _chunk(shape: Shape, index: int, delta: dict[str, Any] | str, finish_reason: str | None = None,
+           logprobs: dict | None = None) -> dict[str, Any]:
+    if shape.chat:
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+    else:
+        choice = {"index": index, "text": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+    return {**shape.head(chunk=True), "choices": [choice]}
+
+
+def stream_chunks(shape: Shape, events: Iterator[TextPiece | ChoiceEnd], prompt_tokens: int, n: int,
+                  texts: TokenTexts | None, include_usage: bool) -> Iterator[dict[str, Any]]:
+    """Chunks of a streamed answer, as the events come."""
+    started: set[int] = set()
+    sent_chars = [0] * n  # per choice, for the legacy text_offset
+    completion_tokens = 0
+    for event in events:
+        if shape.chat and event.index not in started:
+            started.add(event.index)
+            yield _chunk(shape, event.index, {"role": "assistant", "content": ""})
+        if isinstance(event, TextPiece):
+            logprobs = None
+            if texts is not None:
+                logprobs = (chat_logprobs(event.tokens, texts) if shape.chat
+                            else completion_logprobs(event.tokens, texts, sent_chars[event.index]))
+            sent_chars[event.index] += len(event.text)
+            yield _chunk(shape, event.index, {"content": event.text} if shape.chat else event.text,
+                         logprobs=logprobs)
+            continue
+        completion_tokens += event.completion_tokens
+        last = _chunk(shape, event.index, {} if shape.chat else "", event.finish_reason)
+        if event.index == n - 1:
+            last["usage"] = usage(prompt_tokens, completion_tokens)
+        if event.extra is not None:
+            last["edgespec"] = event.extra
+        yield last
+    if include_usage:
+        yield {**shape.head(chunk=True), "choices": [], "usage": usage(prompt_tokens, completion_tokens)}

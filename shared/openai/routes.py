@@ -1,0 +1,133 @@
+"""The OpenAI-compatible app both APIs serve: /v1/models, /v1/completions, /v1/chat/completions.
+
+A request goes through the same steps on both sides:
+  1. ``ApiGate``: the API key, then the declared body size (before any parsing);
+  2. the body is read (counted against the limit) and validated (400 naming the field);
+  3. the backend is asked for (503 while it loads), the model name checked (404);
+  4. the prompt is measured, then tokenized, against the context (400);
+  5. the choices are generated: whole on a worker thread, cancelled if the
+     caller disconnects, or streamed as server-sent events.
+The app returned has no /health or /metrics: each side adds its own.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from .backend import Backend
+from .errors import install_error_handlers, json_response, model_not_found, unsupported
+from .gate import DEFAULT_MAX_BODY_BYTES, ApiGate, read_body, until_done_or_gone
+from .generate import Plan, events, whole
+from .prompts import chat_text, check_ids, encode_text
+from .requests import ChatCompletionRequest, CompletionRequest, Settings, parse_request
+from .responses import Shape, TokenTexts, stream_chunks, whole_body
+from .sse import frames
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy default; chat's is the rest of the context
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """How an API guards itself."""
+
+    api_key: str | None = None  # when set, every path but /health (and /metrics unless protected) needs it
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies get 413
+    metrics_need_key: bool = False  # /metrics asks for the key too (off: scrapers usually have none)
+
+
+def build_openai_app(title: str, get_backend: Callable[[], Backend], settings: ApiSettings = ApiSettings()
+                     ) -> FastAPI:
+    """The /v1 app; `get_backend` returns the backend or raises an OpenAIError (503 while loading)."""
+    app = FastAPI(title=title, docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(app)
+    open_paths = {"/health"} if settings.metrics_need_key else {"/health", "/metrics"}
+    app.add_middleware(ApiGate, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes,
+                       open_paths=frozenset(open_paths))
+    created = int(time.time())
+
+    def card(backend: Backend) -> dict:
+        return {"id": backend.name, "object": "model", "created": created, "owned_by": "edgespec",
+                "max_model_len": backend.max_context_tokens}
+
+    @app.get("/v1/models")
+    async def models():
+        return json_response({"object": "list", "data": [card(get_backend())]})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        backend = get_backend()
+        if model_id != backend.name:
+            raise model_not_found(model_id, backend.name)
+        return json_response(card(backend))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await _answer(request, CompletionRequest, get_backend, settings.max_body_bytes)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await _answer(request, ChatCompletionRequest, get_backend, settings.max_body_bytes)
+
+    return app
+
+
+async def _answer(request: Request, kind, get_backend: Callable[[], Backend], max_body_bytes: int):
+    chat = kind is ChatCompletionRequest
+    body = parse_request(await read_body(request, max_body_bytes), kind)
+    settings = body.settings()
+    backend = get_backend()
+    if body.model is not None and body.model != backend.name:
+        raise model_not_found(body.model, backend.name)
+    if settings.top_logprobs is not None and backend.logprobs_refusal:
+        raise unsupported("logprobs", backend.logprobs_refusal)
+    plan = await run_in_threadpool(_plan, backend, body, chat, settings)
+    backend.count_request("chat" if chat else "completions")
+    shape = Shape.new(chat, backend.name)
+    texts = TokenTexts(backend.tokenizer) if settings.top_logprobs is not None else None
+    if settings.stream:
+        return await _stream(backend, plan, shape, texts)
+    choices = await until_done_or_gone(request, lambda cancel: whole(backend, plan, cancel))
+    return json_response(whole_body(shape, choices, len(plan.prompt_ids), texts))
+
+
+def _plan(backend: Backend, body, chat: bool, settings: Settings) -> Plan:
+    limit = backend.max_context_tokens
+    if chat:
+        text = chat_text(backend.tokenizer, [m.template_message() for m in body.messages], limit)
+        ids = encode_text(text, backend.tokenizer, limit, "messages")
+    elif isinstance(body.prompt, str):
+        ids = encode_text(body.prompt, backend.tokenizer, limit, "prompt")
+    else:
+        ids = check_ids(body.prompt, backend.vocab_size, limit, "prompt")
+    room = limit - len(ids)  # >= 1: a prompt that fills the context was refused
+    default = (backend.default_chat_max_tokens or room) if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
+    return Plan(chat, tuple(ids), min(settings.max_tokens or default, room), settings)
+
+
+async def _stream(backend: Backend, plan: Plan, shape: Shape, texts: TokenTexts | None) -> StreamingResponse:
+    cancel = threading.Event()
+    chunks = stream_chunks(shape, events(backend, plan, cancel), len(plan.prompt_ids), plan.settings.n, texts,
+                           plan.settings.include_usage)
+    # The first chunk comes after the prefill: a failure before it still gets its own status code.
+    first = await run_in_threadpool(next, chunks, None)
+    sse = frames(itertools.chain([] if first is None else [first], chunks))
+
+    async def body():
+        try:
+            while (frame := await run_in_threadpool(next, sse, None)) is not None:
+                yield frame
+        finally:
+            # Done, or the caller left: stop generating. Closing the generator gives back what it holds
+            # (a KV slot, the client's generation and its server session), which may block on the
+            # network, so not on the event loop.
+            cancel.set()
+            threading.Thread(target=sse.close, name="edgespec-sse-close", daemon=True).start()
+
+    return StreamingResponse(body(), media_type="text/event-stream")

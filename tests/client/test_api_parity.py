@@ -1,0 +1,248 @@
+"""Both OpenAI-compatible APIs, driven by the real `openai` client: they answer alike and refuse alike.
+
+The server's plain API (the target alone) and the client's local API (speculative, against the same
+server) run in this process on real sockets. Greedy answers must be identical; sampling, defaults,
+n, stop strings, usage and every refusal must behave the same way on both.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+
+EOS_PROMPT = "cx"  # the tiny target's greedy continuation of it ends with EOS after 16 tokens
+
+
+class Apis:
+    def __init__(self, server, client, client_url: str):
+        self.server, self.client = server, client
+        self.model = server.core.target.name
+        self.urls = {"server": f"{server.http_url}/v1", "client": client_url}
+        self.sdk = {side: openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
+                    for side, url in self.urls.items()}
+
+    def both(self, call):
+        return {side: call(sdk) for side, sdk in self.sdk.items()}
+
+
+@pytest.fixture(scope="module")
+def apis(tiny_model_dir, tiny_drafter_dir):
+    import uvicorn
+
+    from edgespec.client.api import build_app
+    from edgespec.client.drafters.factory import DrafterOptions
+    from edgespec.client.edge_client import ClientConfig, EdgespecClient
+    from edgespec.client.link import LinkConfig
+    from edgespec.server.app import ServerConfig, start_server
+
+    server = start_server(ServerConfig(model=str(tiny_model_dir), dtype="float32", device="cpu",
+                                       max_context_tokens=512))
+    client = EdgespecClient(ClientConfig(LinkConfig(server.address),
+                                         DrafterOptions("independent", model=str(tiny_drafter_dir), dtype="float32"),
+                                         tokenizer=str(tiny_model_dir)))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    http = uvicorn.Server(uvicorn.Config(build_app(client), log_level="warning"))
+    thread = threading.Thread(target=http.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not http.started:
+        time.sleep(0.01)
+    yield Apis(server, client, f"http://127.0.0.1:{sock.getsockname()[1]}/v1")
+    http.should_exit = True
+    thread.join(timeout=10)
+    client.close()
+    server.stop(grace=1.0)
+
+
+def error_of(call) -> tuple[int, dict]:
+    with pytest.raises(openai.APIStatusError) as info:
+        call()
+    return info.value.status_code, info.value.body
+
+
+def test_greedy_completion_is_the_same_text_and_usage_on_both(apis):
+    got = apis.both(lambda sdk: sdk.completions.create(model=apis.model, prompt=EOS_PROMPT, max_tokens=40,
+                                                       temperature=0))
+    server, client = got["server"], got["client"]
+    assert server.choices[0].text == client.choices[0].text
+    assert server.choices[0].finish_reason == client.choices[0].finish_reason == "stop"  # EOS
+    # The EOS token was generated: both count it (the client used to count one more than the server).
+    assert server.usage.completion_tokens == client.usage.completion_tokens == 17
+    assert server.usage.prompt_tokens == client.usage.prompt_tokens == 2
+
+
+def test_greedy_chat_whole_and_streamed_are_the_same_on_both(apis):
+    messages = [{"role": "user", "content": "say hi"}]
+    whole = apis.both(lambda sdk: sdk.chat.completions.create(model=apis.model, messages=messages, max_tokens=20,
+                                                              temperature=0))
+    assert whole["server"].choices[0].message.content == whole["client"].choices[0].message.content
+    assert whole["server"].usage == whole["client"].usage
+    streamed = apis.both(lambda sdk: "".join(
+        c.choices[0].delta.content or "" for c in sdk.chat.completions.create(
+            model=apis.model, messages=messages, max_tokens=20, temperature=0, stream=True)))
+    assert streamed["server"] == streamed["client"] == whole["server"].choices[0].message.content
+
+
+def test_content_given_as_text_parts_is_the_same_as_a_string_on_both(apis):
+    def ask(sdk, content):
+        return sdk.chat.completions.create(model=apis.model, messages=[{"role": "user", "content": content}],
+                                           max_tokens=12, temperature=0).choices[0].message.content
+
+    parts = [{"type": "text", "text": "say"}, {"type": "text", "text": "hi"}]
+    got = apis.both(lambda sdk: (ask(sdk, parts), ask(sdk, "say\nhi")))
+    assert got["server"][0] == got["server"][1] == got["client"][0] == got["client"][1]
+
+
+def test_stop_strings_cut_alike_on_both(apis):
+    full = apis.sdk["server"].completions.create(model=apis.model, prompt=EOS_PROMPT, max_tokens=16,
+                                                 temperature=0).choices[0].text
+    stop = full[5:7]
+    assert stop and full.index(stop) >= 1
+    want = full[:full.index(stop)]
+    for stream in (False, True):
+        def ask(sdk):
+            out = sdk.completions.create(model=apis.model, prompt=EOS_PROMPT, max_tokens=16, temperature=0,
+                                         stop=[stop, "never-there"], stream=stream)
+            return "".join(c.choices[0].text for c in out) if stream else out.choices[0].text
+
+        assert apis.both(ask) == {"server": want, "client": want}
+    usage = apis.both(lambda sdk: sdk.completions.create(model=apis.model, prompt=EOS_PROMPT, max_tokens=16,
+                                                         temperature=0, stop=stop).usage)
+    assert usage["server"] == usage["client"]
+
+
+def test_n_choices_on_both(apis):
+    got = apis.both(lambda sdk: sdk.chat.completions.create(
+        model=apis.model, messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0, n=3))
+    for side, reply in got.items():
+        assert [c.index for c in reply.choices] == [0, 1, 2], side
+        assert len({c.message.content for c in reply.choices}) == 1, side  # greedy: the same answer three times
+    assert got["server"].choices[0].message.content == got["client"].choices[0].message.content
+    # usage counts every choice's tokens, the prompt once
+    assert got["server"].usage == got["client"].usage and got["server"].usage.completion_tokens % 3 == 0
+    chunks = apis.both(lambda sdk: list(sdk.completions.create(model=apis.model, prompt="ab", max_tokens=4,
+                                                                temperature=0, n=2, stream=True)))
+    for side, stream in chunks.items():
+        texts = ["".join(c.choices[0].text for c in stream if c.choices and c.choices[0].index == i) for i in (0, 1)]
+        assert texts[0] == texts[1] and texts[0], side
+
+
+def sampled(sdk, model, **kwargs) -> str:
+    return sdk.completions.create(model=model, prompt="def f(", max_tokens=24, **kwargs).choices[0].text
+
+
+def test_a_seed_makes_sampling_reproducible_and_no_seed_draws_a_fresh_one_on_both(apis):
+    for side, sdk in apis.sdk.items():
+        a, b = (sampled(sdk, apis.model, temperature=1.5, seed=7) for _ in range(2))
+        assert a == b, side
+        fresh = {sampled(sdk, apis.model, temperature=1.5) for _ in range(3)}
+        assert len(fresh) > 1, f"{side}: three unseeded samples were identical (a fixed seed?)"
+
+
+def test_the_default_temperature_is_1_on_both(apis):
+    for side, sdk in apis.sdk.items():
+        greedy = sampled(sdk, apis.model, temperature=0)
+        defaults = [sampled(sdk, apis.model, seed=s) for s in range(3)]
+        assert defaults == [sampled(sdk, apis.model, seed=s, temperature=1.0) for s in range(3)], side
+        assert any(d != greedy for d in defaults), side
+
+
+def test_top_k_1_is_greedy_on_both(apis):
+    for side, sdk in apis.sdk.items():
+        greedy = sampled(sdk, apis.model, temperature=0)
+        assert sampled(sdk, apis.model, temperature=1.5, seed=3, extra_body={"top_k": 1}) == greedy, side
+
+
+def test_logprobs_come_from_the_server_and_are_refused_by_the_client_by_name(apis):
+    server = apis.sdk["server"].chat.completions.create(
+        model=apis.model, messages=[{"role": "user", "content": "hi"}], max_tokens=6, temperature=0, logprobs=True,
+        top_logprobs=3)
+    content = server.choices[0].logprobs.content
+    assert len(content) == server.usage.completion_tokens
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].logprob >= entry.logprob  # greedy: the chosen token is the most likely
+    legacy = apis.sdk["server"].completions.create(model=apis.model, prompt="ab", max_tokens=5, temperature=0,
+                                                   logprobs=2)
+    lp = legacy.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == legacy.usage.completion_tokens
+    status, body = error_of(lambda: apis.sdk["client"].chat.completions.create(
+        model=apis.model, messages=[{"role": "user", "content": "hi"}], max_tokens=6, logprobs=True))
+    assert status == 400 and body["param"] == "logprobs" and "server's plain API" in body["message"]
+
+
+def test_include_usage_ends_the_stream_with_the_usage_on_both(apis):
+    def ask(sdk):
+        chunks = list(sdk.chat.completions.create(model=apis.model, messages=[{"role": "user", "content": "hi"}],
+                                                  max_tokens=6, temperature=0, stream=True,
+                                                  stream_options={"include_usage": True}))
+        return chunks[-1]
+
+    for side, last in apis.both(ask).items():
+        assert last.choices == [] and last.usage.completion_tokens >= 1, side
+
+
+# Every refusal is the same on both APIs: status, the field named, OpenAI's error shape.
+REFUSED = [
+    (dict(n=2, max_tokens=0), 400, "max_tokens"),
+    (dict(temperature=-1), 400, "temperature"),
+    (dict(temperature=2.5), 400, "temperature"),
+    (dict(top_p=0), 400, "top_p"),
+    (dict(n=99), 400, "n"),
+    (dict(seed="7"), 400, "seed"),
+    (dict(stop=["x"] * 17), 400, "stop"),
+    (dict(logit_bias={"1": 5}), 400, "logit_bias"),
+    (dict(frequency_penalty=0.5), 400, "frequency_penalty"),
+    (dict(presence_penalty=-1), 400, "presence_penalty"),
+    (dict(response_format={"type": "json_object"}), 400, "response_format"),
+    (dict(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
+    (dict(stream_options={"include_usage": True}), 400, "stream_options"),
+    (dict(extra_body={"min_tokens": 3}), 400, "min_tokens"),
+    (dict(model="gpt-4o"), 404, "model"),
+]
+
+
+@pytest.mark.parametrize("fields,status,param", REFUSED, ids=[r[2] + f"-{i}" for i, r in enumerate(REFUSED)])
+def test_refusals_are_the_same_on_both(apis, fields, status, param):
+    fields = {"model": apis.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **fields}
+    got = apis.both(lambda sdk: error_of(lambda: sdk.chat.completions.create(**fields)))
+    assert got["server"] == got["client"]
+    code, body = got["server"]
+    assert code == status and body["param"] == param and body["message"], body
+
+
+@pytest.mark.parametrize("fields,param", [(dict(echo=True), "echo"), (dict(best_of=3), "best_of"),
+                                          (dict(logprobs=6), "logprobs"), (dict(suffix="x"), "suffix"),
+                                          (dict(prompt=["a", "b"]), "prompt"), (dict(prompt=""), "prompt")])
+def test_completion_refusals_are_the_same_on_both(apis, fields, param):
+    fields = {"model": apis.model, "prompt": "hi", "max_tokens": 2, **fields}
+    got = apis.both(lambda sdk: error_of(lambda: sdk.completions.create(**fields)))
+    assert got["server"] == got["client"] and got["server"][0] == 400 and got["server"][1]["param"] == param
+
+
+def test_models_and_one_model_on_both(apis):
+    for side, url in apis.urls.items():
+        listed = apis.sdk[side].models.list()
+        assert [m.id for m in listed.data] == [apis.model], side
+        assert apis.sdk[side].models.retrieve(apis.model).id == apis.model
+        status, body = error_of(lambda: apis.sdk[side].models.retrieve("gpt-4o"))
+        assert status == 404 and body["code"] == "model_not_found", side
+
+
+def test_nan_wrong_types_and_bad_json_get_400_on_both(apis):
+    bodies = [b'{"prompt": "x", "temperature": NaN}', b'{"prompt": "x", "top_p": NaN}',
+              b'{"prompt": "x", "max_tokens": Infinity}', b'{"prompt": "x", "max_tokens": "5"}',
+              b'{"prompt": "x", "stream": 1}', b"[1, 2]", b"{not json", b'"\\ud800"', b"[" * 100000]
+    for url in apis.urls.values():
+        for raw in bodies:
+            r = httpx.post(f"{url}/completions", content=raw, headers={"content-type": "application/json"})
+            assert r.status_code == 400, (url, raw[:40], r.text)
+            assert r.json()["error"]["message"]
+        chat = {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}
+        r = httpx.post(f"{url}/chat/completions", json=chat)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content", r.text
