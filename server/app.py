@@ -105,7 +105,7 @@ def start_server(config: ServerConfig) -> ServerHandle:
     from .http_api import HttpState, build_http_app
     from .target import TargetModel
 
-    state = HttpState(api_key=config.api_key)
+    state = HttpState(api_key=config.api_key, served_model_name=config.served_model_name)
     http = _HttpThread(build_http_app(state), config) if config.http_port is not None else None
     try:
         t0 = time.monotonic()

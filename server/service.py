@@ -222,16 +222,11 @@ class VerifierServicer(pb_grpc.VerifierServicer):
 
     # --------------------------------------------------------------- helpers
     def _authenticate(self, context: grpc.ServicerContext) -> None:
-        if not self.api_key:
-            return
-        meta = dict(context.invocation_metadata())
-        scheme, _, token = meta.get("authorization", "").strip().partition(" ")
-        given = meta.get("x-api-key") or (token.strip() if scheme.lower() == "bearer" else "")  # RFC 7235: any case
-        if not given:
-            raise UnauthenticatedError("this server needs an API key: send call metadata "
-                                       "'authorization: Bearer KEY' (or 'x-api-key: KEY')")
-        if not hmac.compare_digest(given.encode(), self.api_key.encode()):
-            raise UnauthenticatedError("the API key sent is not this server's")
+        from edgespec.shared.auth import api_key_problem
+
+        problem = api_key_problem(dict(context.invocation_metadata()), self.api_key)
+        if problem is not None:
+            raise UnauthenticatedError(problem)
 
     async def _abort(self, context: grpc.aio.ServicerContext, exc: BaseException) -> None:
         if context.done():  # the client went away; nobody to tell
