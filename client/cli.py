@@ -138,7 +138,7 @@ def serve(args) -> int:
 
     link = LinkConfig(args.server, tls=args.tls, root_certificates=args.ca, api_key=args.api_key)
     slot = ClientSlot.load_in_background(lambda: client_from_args(args, args.server), args.drafter, link)
-    app = build_app(slot, default_max_tokens=args.max_tokens, policy=ResumePolicy[args.policy.upper()],
+    app = build_app(slot, policy=ResumePolicy[args.policy.upper()],
                     api_key=args.local_api_key)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                                            log_level=None))  # logging is configured above, not by uvicorn
