@@ -1,6 +1,8 @@
 """Draft trees: wire round trip, refusals, masks, positions, paths."""
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -99,3 +101,15 @@ def test_refused_trees():
         encode_tree(DraftTree((1 << 24,), (ROOT,)))
     with pytest.raises(InvalidTreeError, match="outside the vocabulary"):
         DraftTree((-1,), (ROOT,)).validate()
+
+
+def test_a_huge_input_is_refused_by_its_length_before_any_node_is_parsed():
+    data = bytes(4) * (1 << 24)  # 64 MiB: 16M nodes claimed
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidTreeError, match="16777216 nodes; the limit is 255"):
+            decode_tree(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 10  # no per-node list was built
