@@ -1,12 +1,7 @@
-"""Drafters by name. Learned drafters (eagle, moa, beagle) live in their own modules and plug in here.
-
-A drafter module outside this file provides ``from_options(options, server_info) -> Drafter``.
-"""
+"""Drafters by name: ngram, independent, the learned kinds (``learned_loading``), shipped checkpoints."""
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from edgespec.shared.errors import EdgespecError
 from edgespec.shared.models.registry import DEFAULT_DRAFTER
@@ -15,10 +10,8 @@ from .base import Drafter
 from .ngram import NgramConfig
 from .tree_builder import TreeShape
 
-# name -> module providing from_options(); ngram and independent are built here.
-PLUGIN_MODULES = {"eagle": "edgespec.client.drafters.eagle", "moa": "edgespec.client.drafters.moa",
-                  "beagle": "edgespec.client.drafters.beagle"}
 BUILTIN = ("ngram", "independent")
+LEARNED = {"eagle": "eagle", "moa": "moa-tli0", "beagle": "beagle"}  # kind -> shipped checkpoint it opens by default
 
 
 class UnknownDrafterError(EdgespecError, ValueError):
@@ -48,13 +41,7 @@ def _shipped() -> list[str]:
 
 
 def available_drafters() -> list[str]:
-    out = list(BUILTIN)
-    for name, module in PLUGIN_MODULES.items():
-        try:
-            if importlib.util.find_spec(module) is not None:
-                out.append(name)
-        except ModuleNotFoundError:
-            pass
+    out = [*BUILTIN, *LEARNED]
     return out + [n for n in _shipped() if n not in out]
 
 
@@ -69,20 +56,14 @@ def make_drafter(options: DrafterOptions, server_info=None) -> Drafter:
 
         return IndependentDrafter.from_pretrained(options.model, IndependentConfig(options.tree),
                                                   device=options.device, dtype=options.dtype)
-    if options.name not in PLUGIN_MODULES and options.name in _shipped():
+    if options.name not in LEARNED and options.name in _shipped():
         # a shipped checkpoint's name (e.g. "moa-tli0") picks its kind's drafter and that checkpoint
-        from dataclasses import replace
-
         from edgespec.shared.drafters.shipped import checkpoint_kind, resolve_checkpoint
 
         kind = checkpoint_kind(resolve_checkpoint(options.name))
         options = replace(options, name=kind, checkpoint=options.checkpoint or options.name)
-    module = PLUGIN_MODULES.get(options.name)
-    if module is None:
+    if options.name not in LEARNED:
         raise UnknownDrafterError(f"unknown drafter {options.name!r}; choose one of {', '.join(available_drafters())}")
-    try:
-        plugin = importlib.import_module(module)
-    except ModuleNotFoundError:
-        raise UnknownDrafterError(f"the {options.name!r} drafter is not installed in this build "
-                                  f"(no module {module}); choose one of {', '.join(available_drafters())}") from None
-    return plugin.from_options(options, server_info)
+    from .learned_loading import open_learned  # drafter models load only when one is asked for
+
+    return open_learned(replace(options, checkpoint=options.checkpoint or LEARNED[options.name]), server_info)

@@ -1,16 +1,16 @@
-"""Learned drafters (EAGLE, MoA) behind the client's ``Drafter`` interface.
+"""Learned drafters (EAGLE, MoA, Beagle) behind the client's ``Drafter`` interface.
 
-The drafting runtimes (``shared/drafters/eagle_drafter.py``, ``moa_drafter.py``) keep
-their own caches over the committed text and the target's features; this adapter keeps
-them in step with the generation loop:
+The drafting runtimes (``runtime.LearnedRuntime``: ``eagle_runtime``, ``moa_runtime``,
+``beagle_runtime``) keep their own caches over the committed text and the target's
+features; this adapter keeps them in step with the generation loop:
 
 - ``start`` / ``observe`` / ``resync`` hand them the committed tokens with the features
   the server sent (which lag one token behind the committed text);
 - ``propose`` grows an EAGLE-2 tree from their next-token distributions, in the
   runtime's (possibly reduced) draft vocabulary, and maps it to target ids;
 - ``generate_offline`` commits tokens without features: the runtime carries on from
-  its own predictions (EAGLE's predicted hidden state; MoA's token-only self-attention
-  and, for TLI, the target layers' own K/V).
+  its own predictions (EAGLE's predicted hidden state, Beagle's predicted state; MoA's
+  token-only self-attention and, for TLI, the target layers' own K/V).
 
 Whenever the loop's committed text and the runtime's disagree (a rollback, a resume,
 a verification that did not follow the last proposal), the runtime rolls back to the
@@ -27,7 +27,8 @@ from edgespec.shared.tree import ROOT, DraftTree
 
 from .base import Drafter, DraftRequest, FeatureNeeds, Verification
 from .independent import common_prefix
-from .tree_builder import TreeShape, build_tree
+from .runtime import LearnedRuntime
+from .tree_builder import Candidates, TreeShape, build_tree
 
 
 class MissingFeaturesError(EdgespecError):
@@ -39,24 +40,20 @@ class MissingFeaturesError(EdgespecError):
 class LearnedDrafter(Drafter):
     can_generate_offline = True
 
-    def __init__(self, name: str, runtime, needs: FeatureNeeds, tree: TreeShape = TreeShape()):
+    def __init__(self, name: str, runtime: LearnedRuntime, needs: FeatureNeeds, tree: TreeShape = TreeShape()):
         self.name = name
-        self.rt = runtime  # EagleDrafter or MoADrafter
+        self.rt = runtime
         self.needs = needs
         self.tree = tree
         ids = runtime.parts.vocab_ids
-        self._to_target = None if ids is None else ids.tolist()  # draft index -> target id
-
-    @property
-    def feature_name(self) -> str:
-        return "hidden" if self.needs.kind == 1 else "lsa"
+        self._to_target: list[int] | None = None if ids is None else ids.tolist()  # draft index -> target id
 
     def feature_request(self) -> FeatureNeeds:
         return self.needs
 
     # -- keeping the runtime in step ------------------------------------------------------------
     def _features(self, features: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
-        if not features or self.feature_name not in features:
+        if not features or self.rt.feature not in features:
             return None
         return {k: v.float() for k, v in features.items()}
 
@@ -64,7 +61,7 @@ class LearnedDrafter(Drafter):
         feats = self._features(features)
         if feats is None:
             raise MissingFeaturesError(
-                f"the {self.name!r} drafter needs the target's {self.feature_name!r} features, and the server's "
+                f"the {self.name!r} drafter needs the target's {self.rt.feature!r} features, and the server's "
                 f"Opened carried {sorted(features) or 'none'}: is the server too old, or did it refuse the feature "
                 f"request?")
         self.rt.reset()
@@ -84,7 +81,7 @@ class LearnedDrafter(Drafter):
         if feats is None:
             self._sync(committed)
             return
-        rows = feats[self.feature_name].shape[0]
+        rows = feats[self.rt.feature].shape[0]
         start = len(committed) - 1 - rows  # Resumed's features cover start .. len(committed) - 2
         keep = max(1, min(kept, start + 1, common_prefix(self.rt.tokens, committed)))
         self.rt.rollback(keep)
@@ -110,13 +107,12 @@ class LearnedDrafter(Drafter):
     @torch.inference_mode()
     def propose(self, request: DraftRequest) -> DraftTree:
         self._sync(request.committed)
-        node_of: dict[int, int] = {}  # candidate index -> runtime draft node
+        node_of = {ROOT: ROOT}  # candidate index -> runtime draft node
 
-        def expand(frontier: list[int], cands) -> torch.Tensor:
+        def expand(frontier: list[int], cands: Candidates) -> torch.Tensor:
             tokens = [self._target_id(cands.tokens[c]) for c in frontier]
-            parents = [-1 if cands.parents[c] == ROOT else node_of[cands.parents[c]] for c in frontier]
-            for c in frontier:
-                node_of[c] = len(node_of)
+            parents = [node_of[cands.parents[c]] for c in frontier]
+            node_of.update((c, len(self.rt.draft) + i) for i, c in enumerate(frontier))
             return self.rt.expand(tokens, parents)
 
         try:

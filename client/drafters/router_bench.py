@@ -122,23 +122,20 @@ def table(s: dict[str, dict], heads: dict[int, tuple], same: str) -> str:
 def open_routed_drafter(checkpoint: str, target: str, tree):
     """(LearnedDrafter, RoutedHead, checkpoint path, MoA server part or None) for a checkpoint with a router."""
     from edgespec.shared.drafters.checkpoint import DrafterCheckpointError
-    from edgespec.shared.drafters.loading import find_checkpoint, open_drafter
+    from edgespec.shared.drafters.loading import find_checkpoint
     from edgespec.shared.drafters.router import bind_router, load_router, router_path
     from edgespec.shared.drafters.shipped import resolve_checkpoint
 
-    from .base import FEATURE_LAST_HIDDEN, FEATURE_MOA, FeatureNeeds
-    from .learned import LearnedDrafter
+    from .learned_loading import learned_drafter, open_runtime
 
     ckpt = find_checkpoint(resolve_checkpoint(checkpoint))
     if not router_path(ckpt).is_file():
         raise DrafterCheckpointError(f"no router.safetensors beside {ckpt}: train one with `edgespec train fit "
                                      f"--kind eagle+router --init RUN` (or moa+router)")
-    runtime = open_drafter(ckpt, target)
+    runtime = open_runtime(ckpt, target)
     routed = bind_router(load_router(router_path(ckpt)), runtime.parts)
-    if ckpt.is_file():
-        return LearnedDrafter("eagle", runtime, FeatureNeeds(FEATURE_LAST_HIDDEN), tree), routed, ckpt, None
-    needs = FeatureNeeds(FEATURE_MOA, moa_server_part=ckpt.name, tli_layers=runtime.parts.tli)
-    return LearnedDrafter(f"moa-tli{runtime.parts.tli}", runtime, needs, tree), routed, ckpt, ckpt.name
+    part = None if ckpt.is_file() else ckpt.name
+    return learned_drafter(runtime, tree, part or ""), routed, ckpt, part
 
 
 def run(args) -> dict:

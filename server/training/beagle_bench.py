@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from ...shared.tree import ROOT
+
 RECIPES = (("eagle", {}), ("eagle unroll=k", {}), ("beagle early", {"stage": "early"}),
            ("beagle late", {"stage": "late"}))
 
@@ -72,7 +74,7 @@ def time_drafting(runtime, seq, prefix: int, depth: int, branch: int, repeats: i
         t0 = time.perf_counter()
         lp = runtime.root_logprobs()
         tokens = runtime.parts.to_target_ids(lp.topk(branch).indices).tolist()
-        level = runtime.expand(tokens, [-1] * branch)
+        level = runtime.expand(tokens, [ROOT] * branch)
         first = 0
         for _ in range(depth - 1):
             best = runtime.parts.to_target_ids(level[0].topk(branch).indices).tolist()
@@ -100,7 +102,7 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from edgespec.shared.drafters.loading import open_drafter
+    from edgespec.client.drafters.learned_loading import open_runtime
 
     from .features import FeatureStore
     from .fit import build_recipe
@@ -127,7 +129,7 @@ def main(argv=None) -> int:
             step_s = time_training(recipe, store, tmp / name.replace(" ", "-"), args.steps, args.batch_tokens,
                                    args.window)
             files = recipe.save_drafter(tmp / name.replace(" ", "-"))
-            runtime = open_drafter(files[0], target)
+            runtime = open_runtime(files[0], target)
             draft_s = time_drafting(runtime, seq, min(seq.tokens.shape[0] - 2, 120), args.depth, args.branch)
             rows.append((name, step_s, draft_s))
     base_step, base_draft = rows[0][1], rows[0][2]

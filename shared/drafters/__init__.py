@@ -1,9 +1,10 @@
-"""Learned drafter models (EAGLE-2 head, Mixture of Attentions) and their parts.
+"""Learned drafter models (EAGLE-2 head, Mixture of Attentions, Beagle), their masks and checkpoints.
 
-Models and checkpoints: ``eagle`` (EagleHead), ``moa`` (MoAClient + the server's
-``lsa.LayerSelfAttention``), ``checkpoint`` (safetensors files), ``vocab`` (reduced draft
-vocabulary). Drafting runtimes with their own caches, rollback and offline mode:
-``eagle_drafter.EagleDrafter``, ``moa_drafter.MoADrafter``; ``loading.open_drafter`` builds one
-from a checkpoint and the target. Pure mask functions: ``masks``. The target's frozen pieces
-(embedding, norm, LM head, TLI layers): ``target_parts``.
+Models: ``eagle`` (EagleHead), ``moa`` (MoAClient + the server's ``lsa.LayerSelfAttention``),
+``beagle`` (BeagleHead), ``router`` (CORAL's LM-head router), built from ``blocks``. Pure mask
+functions: ``masks``, ``beagle_masks``. The target's frozen pieces (embedding, norm, LM head,
+TLI layers): ``target_parts``. Checkpoints: ``checkpoint`` (safetensors files), ``shipped``
+(``checkpoints/<name>/`` by name), ``loading`` (a checkpoint's files; MoA's server part),
+``vocab`` (reduced draft vocabulary). The drafting runtimes run only on the client:
+``edgespec.client.drafters.runtime`` and its subclasses.
 """

@@ -95,27 +95,3 @@ def position_unrolled_mask(n: int, step: int, device=None) -> torch.Tensor:
     parts += [(p == r + k - 1) & (r >= 0) for k in range(2, step + 1)]
     return torch.cat(parts, dim=1)
 
-
-def tree_visibility(parents: list[int], n_fixed: int, prior: torch.Tensor | None = None) -> torch.Tensor:
-    """[k0 + k, n_fixed + k0 + k]: visibility of every draft row after appending k rows.
-
-    The cache holds n_fixed committed rows, then k0 draft rows whose visibility is
-    ``prior`` ([k0, n_fixed + k0]). ``parents[r]`` is the cache index of new row r's parent
-    (< n_fixed + k0 + r); any index < n_fixed (or -1) means "the committed prefix". A draft row sees
-    every committed row, its draft ancestors and itself.
-    """
-    k0 = 0 if prior is None else prior.shape[0]
-    k = len(parents)
-    vis = torch.zeros(k0 + k, n_fixed + k0 + k, dtype=torch.bool)
-    if prior is not None:
-        vis[:k0, :n_fixed + k0] = prior
-    for r, p in enumerate(parents):
-        row = k0 + r
-        if not -1 <= p < n_fixed + row:
-            raise ValueError(f"draft row {r} names parent {p}, which is not an earlier row of the cache")
-        if p >= n_fixed:
-            vis[row] |= vis[p - n_fixed]
-        else:
-            vis[row, :n_fixed] = True
-        vis[row, n_fixed + row] = True
-    return vis

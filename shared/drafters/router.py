@@ -242,7 +242,7 @@ def router_path(checkpoint: str | Path) -> Path:
 
 def attach_router_if_present(runtime, checkpoint: str | Path, enabled: bool = True) -> LMHeadRouter | None:
     """Attach the checkpoint's ``router.safetensors`` (if there is one and ``enabled``) to a drafting
-    runtime (``EagleDrafter`` or ``MoADrafter``); returns the router or None."""
+    runtime (the client's ``LearnedRuntime``); returns the router or None."""
     path = router_path(checkpoint)
     if not enabled or not path.is_file():
         return None

@@ -12,6 +12,7 @@ import torch
 
 from edgespec.server.training.fit import build_recipe
 from edgespec.server.training.trainer import TrainConfig, Trainer
+from edgespec.shared.tree import ROOT
 
 
 def cfg(**kw) -> TrainConfig:
@@ -91,7 +92,7 @@ def test_late_stage_step_i_is_what_drafting_computes_at_depth_i(early_run, draft
     drafter.commit(seq.tokens[:b + 1].tolist(), seq.hidden[:b])
     want = [drafter.root_logprobs()]
     for m in range(1, k):
-        want.append(drafter.expand([int(seq.tokens[b + m])], [m - 2])[0])
+        want.append(drafter.expand([int(seq.tokens[b + m])], [ROOT if m == 1 else m - 2])[0])
     for m in range(k):
         pred, _, rows = out["steps"][m]
         got = torch.log_softmax(rec.parts.logits(pred[(rows == b + m).nonzero()[0, 0]]), -1)
@@ -121,13 +122,13 @@ def test_recipe_options_and_init_are_checked(early_run, target, store, tmp_path)
 
 @pytest.fixture(scope="module")
 def drafter(early_run, target):
-    from edgespec.shared.drafters.beagle_drafter import BeagleDrafter
-    from edgespec.shared.drafters.loading import open_drafter
+    from edgespec.client.drafters.beagle_runtime import BeagleRuntime
+    from edgespec.client.drafters.learned_loading import open_runtime
 
     run, trainer, _ = early_run
     trainer.recipe.save_drafter(run)
-    d = open_drafter(run, target.model)
-    assert isinstance(d, BeagleDrafter)
+    d = open_runtime(run, target.model)
+    assert isinstance(d, BeagleRuntime)
     return d
 
 
@@ -147,12 +148,11 @@ def test_runtime_drafts_what_training_validates(drafter, seqs):
         drafter.reset()
         drafter.commit(seq.tokens[:root + 1].tolist(), seq.hidden[:root])
         lp = drafter.root_logprobs()
-        got, parent = [], -1
+        got = []
         for step in range(4):
             tok = int(lp.argmax()) if step == 0 else int(lp[0].argmax())
             got.append(tok)
-            lp = drafter.expand([tok], [parent])
-            parent += 1
+            lp = drafter.expand([tok], [ROOT if step == 0 else step - 1])
         assert got == [int(want[s][1][root]) for s in range(4)]
 
 
@@ -161,12 +161,12 @@ def test_siblings_do_not_see_each_other_and_batched_expand_equals_one_by_one(dra
     drafter.reset()
     drafter.commit(seq.tokens[:20].tolist(), seq.hidden[:19])
     a, b = drafter.root_logprobs().topk(2).indices.tolist()
-    batched = drafter.expand([a, b], [-1, -1])
+    batched = drafter.expand([a, b], [ROOT, ROOT])
     grand = drafter.expand([7, 9, 11], [0, 1, 2])  # children of both, and a chain inside one call
     drafter.clear_draft()
-    alone_b = drafter.expand([b], [-1])
+    alone_b = drafter.expand([b], [ROOT])
     drafter.clear_draft()
-    alone_a = drafter.expand([a], [-1])
+    alone_a = drafter.expand([a], [ROOT])
     child_a = drafter.expand([7], [0])
     grandchild = drafter.expand([11], [1])
     torch.testing.assert_close(batched[1], alone_b[0])
@@ -182,7 +182,7 @@ def test_offline_commit_uses_the_predicted_state_and_rollback_restores(drafter, 
     drafter.commit(seq.tokens[:16].tolist(), seq.hidden[:15])
     root = drafter.root_logprobs().clone()
     tok = int(root.argmax())
-    drafted = drafter.expand([tok], [-1])[0]
+    drafted = drafter.expand([tok], [ROOT])[0]
     drafter.commit([tok], None)  # offline: the root's predicted state stands in for the target's
     assert drafter.length == 17 and drafter.covered == 16
     torch.testing.assert_close(drafter.root_logprobs(), drafted)
@@ -197,14 +197,14 @@ def test_offline_commit_uses_the_predicted_state_and_rollback_restores(drafter, 
 
 
 def test_runtime_refuses_what_its_state_does_not_allow(drafter, seqs):
-    from edgespec.shared.drafters.eagle_drafter import DrafterStateError
+    from edgespec.client.drafters.runtime import DrafterStateError
 
     seq = seqs[0]
     drafter.reset()
     with pytest.raises(DrafterStateError, match="at least one token"):
         drafter.commit(seq.tokens[:3].tolist(), None)
     drafter.reset()
-    with pytest.raises(DrafterStateError, match="expected states of 4"):
+    with pytest.raises(DrafterStateError, match="expected features of 4"):
         drafter.commit(seq.tokens[:5].tolist(), seq.hidden[:3])
     with pytest.raises(DrafterStateError, match="'hidden'"):
         drafter.commit(seq.tokens[:5].tolist(), {"lsa": seq.hidden[:4]})
@@ -213,7 +213,7 @@ def test_runtime_refuses_what_its_state_does_not_allow(drafter, seqs):
 def test_checkpoint_round_trips_and_another_target_is_refused(early_run, target, store, tmp_path):
     from edgespec.shared.drafters.beagle import load_beagle
     from edgespec.shared.drafters.checkpoint import DrafterCheckpointError
-    from edgespec.shared.drafters.loading import open_drafter
+    from edgespec.client.drafters.learned_loading import open_runtime
     from edgespec.shared.drafters.shipped import checkpoint_kind
     from edgespec.shared.models.tiny import TinyConfig, tiny_model
 
@@ -222,10 +222,10 @@ def test_checkpoint_round_trips_and_another_target_is_refused(early_run, target,
     assert path.name == "beagle.safetensors" and checkpoint_kind(tmp_path) == checkpoint_kind(path) == "beagle"
     head, ids = load_beagle(path)
     assert ids.tolist() == rec.parts.vocab_ids.tolist() and head.config == rec.head.config
-    d = open_drafter(path, target.model)
+    d = open_runtime(path, target.model)
     assert d.parts.draft_vocab_size == 64
     with pytest.raises(DrafterCheckpointError, match="hidden_size"):
-        open_drafter(path, tiny_model(TinyConfig(hidden_size=32)))
+        open_runtime(path, tiny_model(TinyConfig(hidden_size=32)))
     from edgespec.shared.drafters.eagle import load_eagle
 
     with pytest.raises(DrafterCheckpointError, match="'beagle' drafter, not 'eagle'"):
@@ -273,7 +273,7 @@ def test_an_lm_head_router_plugs_into_the_beagle_runtime(drafter, seqs):
         drafter.attach_router(make(8, 1))  # one group of 8: only its tokens can be drafted
         routed = drafter.root_logprobs()
         assert 0 < int(torch.isfinite(routed).sum()) <= parts.draft_vocab_size // 8 + 1
-        assert torch.isfinite(drafter.expand([int(routed.argmax())], [-1])).sum() < parts.draft_vocab_size
+        assert torch.isfinite(drafter.expand([int(routed.argmax())], [ROOT])).sum() < parts.draft_vocab_size
     finally:
         drafter.attach_router(None)
     torch.testing.assert_close(drafter.root_logprobs(), full)

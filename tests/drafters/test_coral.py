@@ -106,10 +106,10 @@ def test_trained_drafter_opens_and_drafts_token_exact_over_grpc(target_greedy, c
     from edgespec.client.generation import GenerationConfig
     from edgespec.client.link import LinkConfig
     from edgespec.server.app import ServerConfig, start_server
-    from edgespec.shared.drafters.eagle_drafter import EagleDrafter
-    from edgespec.shared.drafters.loading import open_drafter
+    from edgespec.client.drafters.eagle_runtime import EagleRuntime
+    from edgespec.client.drafters.learned_loading import open_runtime
 
-    assert isinstance(open_drafter(checkpoint, target.model), EagleDrafter)
+    assert isinstance(open_runtime(checkpoint, target.model), EagleRuntime)
     server = start_server(ServerConfig(model=str(target_dir), http_port=None, device="cpu", dtype="float32"))
     options = DrafterOptions(name="eagle", checkpoint=str(checkpoint), target=str(target_dir), dtype="float32",
                              tree=TreeShape(**TREE_KW))

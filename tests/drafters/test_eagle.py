@@ -6,9 +6,11 @@ import torch
 
 from edgespec.server.training.eagle_recipe import unrolled_steps
 from edgespec.shared.drafters.eagle import EagleConfig, EagleHead, load_eagle, save_eagle
-from edgespec.shared.drafters.eagle_drafter import DrafterStateError, EagleDrafter
+from edgespec.client.drafters.eagle_runtime import EagleRuntime
+from edgespec.client.drafters.runtime import DrafterStateError
 from edgespec.shared.drafters.masks import causal_mask
 from edgespec.shared.drafters.target_parts import TargetParts
+from edgespec.shared.tree import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +30,7 @@ def head():
 def test_root_prediction_equals_teacher_forced_row(head, parts, seqs):
     seq = seqs[0]
     n = 30
-    d = EagleDrafter(head, parts)
+    d = EagleRuntime(head, parts)
     d.commit(seq.tokens[:n].tolist(), seq.hidden[:n - 1])
     with torch.no_grad():
         pred, _ = head(parts.embed(seq.tokens[1:n]), seq.hidden[:n - 1], torch.arange(n - 1), causal_mask(n - 1))
@@ -38,14 +40,14 @@ def test_root_prediction_equals_teacher_forced_row(head, parts, seqs):
 
 def test_chain_drafting_equals_unrolled_training_steps(head, parts, seqs):
     seq, n = seqs[1], 25
-    d = EagleDrafter(head, parts)
+    d = EagleRuntime(head, parts)
     d.commit(seq.tokens[:n].tolist(), seq.hidden[:n - 1])
     with torch.no_grad():
         steps = unrolled_steps(head, parts, seq.tokens[:n], seq.hidden[:n - 1], torch.arange(n), 4)
     tok = int(d.root_logprobs().argmax())
     assert tok == int(steps[0][1][-1])
     for s in range(1, 4):
-        lp = d.expand([tok], [-1 if s == 1 else s - 2])[0]
+        lp = d.expand([tok], [ROOT if s == 1 else s - 2])[0]
         expected = torch.log_softmax(parts.logits(steps[s][0][-1:]), -1)[0]
         torch.testing.assert_close(lp, expected, atol=1e-4, rtol=1e-4)
         tok = int(lp.argmax())
@@ -53,14 +55,14 @@ def test_chain_drafting_equals_unrolled_training_steps(head, parts, seqs):
 
 def test_tree_siblings_do_not_see_each_other(head, parts, seqs):
     seq, n = seqs[0], 20
-    d = EagleDrafter(head, parts)
+    d = EagleRuntime(head, parts)
     d.commit(seq.tokens[:n].tolist(), seq.hidden[:n - 1])
-    tree = d.expand([65, 66, 67], [-1, -1, 0])  # two children of the root, one grandchild under node 0
-    alone = EagleDrafter(head, parts)
+    tree = d.expand([65, 66, 67], [ROOT, ROOT, 0])  # two children of the root, one grandchild under node 0
+    alone = EagleRuntime(head, parts)
     alone.commit(seq.tokens[:n].tolist(), seq.hidden[:n - 1])
-    b = alone.expand([66], [-1])
+    b = alone.expand([66], [ROOT])
     alone.clear_draft()
-    a, c = alone.expand([65, 67], [-1, 0])
+    a, c = alone.expand([65, 67], [ROOT, 0])
     torch.testing.assert_close(tree[1], b[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(tree[2], c, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(tree[0], tree[1])
@@ -68,7 +70,7 @@ def test_tree_siblings_do_not_see_each_other(head, parts, seqs):
 
 def test_rollback_then_recommit_is_identical(head, parts, seqs):
     seq, n = seqs[2], 24
-    d = EagleDrafter(head, parts)
+    d = EagleRuntime(head, parts)
     d.commit(seq.tokens[:n].tolist(), seq.hidden[:n - 1])
     before = d.root_logprobs().clone()
     d.commit(seq.tokens[n:n + 3].tolist(), seq.hidden[n - 1:n + 2])
@@ -80,7 +82,7 @@ def test_rollback_then_recommit_is_identical(head, parts, seqs):
 
 def test_offline_generation_feeds_on_own_features(head, parts, seqs):
     seq, n = seqs[0], 16
-    d = EagleDrafter(head, parts)
+    d = EagleRuntime(head, parts)
     d.commit(seq.tokens[:n].tolist(), seq.hidden[:n - 1])
     with torch.no_grad():
         steps = unrolled_steps(head, parts, seq.tokens[:n], seq.hidden[:n - 1], torch.arange(n), 5)
@@ -98,7 +100,7 @@ def test_save_and_load_round_trip(head, parts, seqs, tmp_path):
     loaded, vocab = load_eagle(path)
     assert vocab is None and loaded.config == head.config
     seq, n = seqs[0], 12
-    a, b = EagleDrafter(head, parts), EagleDrafter(loaded, parts)
+    a, b = EagleRuntime(head, parts), EagleRuntime(loaded, parts)
     for d in (a, b):
         d.commit(seq.tokens[:n].tolist(), seq.hidden[:n - 1])
     torch.testing.assert_close(a.root_logprobs(), b.root_logprobs())
@@ -107,7 +109,7 @@ def test_save_and_load_round_trip(head, parts, seqs, tmp_path):
 def test_reduced_vocabulary_maps_back_to_target_ids(head, target, seqs):
     ids = torch.tensor([10, 32, 101, 258])
     parts = TargetParts(target.model, vocab_ids=ids, dtype=torch.float32)
-    d = EagleDrafter(head, parts)
+    d = EagleRuntime(head, parts)
     seq = seqs[0]
     d.commit(seq.tokens[:10].tolist(), seq.hidden[:9])
     lp = d.root_logprobs()
@@ -134,22 +136,22 @@ def test_parts_from_files_equal_parts_from_the_model(target, target_dir, seqs):
 
 def test_resume_replaces_rows_made_offline(head, parts, seqs):
     seq = seqs[1]
-    online = EagleDrafter(head, parts)
+    online = EagleRuntime(head, parts)
     online.commit(seq.tokens[:15].tolist(), seq.hidden[:14])
-    d = EagleDrafter(head, parts)
+    d = EagleRuntime(head, parts)
     d.commit(seq.tokens[:10].tolist(), seq.hidden[:9])
     d.commit(seq.tokens[10:14].tolist(), None)  # offline: rows from the head's own features
     d.commit(seq.tokens[14:15].tolist(), seq.hidden[9:14], features_from=9)
     torch.testing.assert_close(d.root_logprobs(), online.root_logprobs(), atol=1e-5, rtol=1e-5)
-    with pytest.raises(DrafterStateError, match="gap"):
+    with pytest.raises(DrafterStateError, match="do not fit"):
         d.commit([1], seq.hidden[:1], features_from=20)
 
 
 def test_out_of_vocabulary_tokens_are_refused(head, parts, seqs):
     from edgespec.shared.errors import InvalidTreeError
 
-    d = EagleDrafter(head, parts)
+    d = EagleRuntime(head, parts)
     d.commit(seqs[0].tokens[:8].tolist(), seqs[0].hidden[:7])
     with pytest.raises(InvalidTreeError, match="0..319"):
-        d.expand([5000], [-1])
-    assert d.length == 8 and len(d.area) == 0
+        d.expand([5000], [ROOT])
+    assert d.length == 8 and len(d.draft) == 0

@@ -87,8 +87,9 @@ def test_start_indexed_unroll_is_the_position_indexed_hass_mask(step):
 
 # -- the unrolled forward is what the drafter computes while decoding -------------------------------
 def test_unrolled_steps_equal_drafting_on_own_features(target, store, seqs):
+    from edgespec.client.drafters.eagle_runtime import EagleRuntime
     from edgespec.server.training.eagle_recipe import unrolled_steps
-    from edgespec.shared.drafters.eagle_drafter import EagleDrafter
+    from edgespec.shared.tree import ROOT
 
     rec = recipe("eagle+hass", target, store)
     head, parts = rec.head.eval(), rec.parts
@@ -98,10 +99,10 @@ def test_unrolled_steps_equal_drafting_on_own_features(target, store, seqs):
     with torch.no_grad():
         steps = unrolled_steps(head, parts, tokens, h[:n], torch.arange(n + 1), 3, detach=True, data_tokens=True)
     for m in (4, 11):  # committed c_0..c_m; the root row is start m - 1
-        d = EagleDrafter(head, parts)
+        d = EagleRuntime(head, parts)
         d.commit(tokens[:m + 1].tolist(), h[:m])
         got = [d.root_logprobs()]
-        got.append(d.expand([int(tokens[m + 1])], [-1])[0])  # step 2 reads the data token c_{m+1}
+        got.append(d.expand([int(tokens[m + 1])], [ROOT])[0])  # step 2 reads the data token c_{m+1}
         got.append(d.expand([int(tokens[m + 2])], [0])[0])
         for s in range(3):
             want = torch.log_softmax(parts.logits(steps[s][0][m - 1]).float(), -1)
@@ -277,15 +278,15 @@ def server(target_dir, checkpoints):
 @pytest.mark.parametrize("kind,tli", KINDS)
 def test_trained_drafter_opens_and_drafts_token_exact_over_grpc(target_greedy, kind, tli, server, target, target_dir, checkpoints):
     from edgespec.client.drafters.factory import DrafterOptions
+    from edgespec.client.drafters.learned_loading import open_runtime
     from edgespec.client.drafters.tree_builder import TreeShape
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
     from edgespec.client.generation import GenerationConfig
     from edgespec.client.link import LinkConfig
-    from edgespec.shared.drafters.loading import open_drafter
 
     base = kind.split("+")[0]
-    assert type(open_drafter(checkpoints[kind], target.model)).__name__ == ("EagleDrafter" if base == "eagle"
-                                                                             else "MoADrafter")
+    assert type(open_runtime(checkpoints[kind], target.model)).__name__ == ("EagleRuntime" if base == "eagle"
+                                                                             else "MoARuntime")
     options = DrafterOptions(name=base, checkpoint=str(checkpoints[kind]), target=str(target_dir), dtype="float32",
                              tree=TreeShape(**TREE_KW))
     client = EdgespecClient(ClientConfig(LinkConfig(server.address, min_deadline_s=0.5, connect_timeout_s=0.5),

@@ -6,8 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgespec.shared.drafters.masks import (bounded_mask, causal_mask, mixed_kv_mask, step_bounds,
-                                            tree_visibility, unrolled_mask)
+from edgespec.shared.drafters.masks import bounded_mask, causal_mask, mixed_kv_mask, step_bounds, unrolled_mask
 
 
 @settings(max_examples=60, deadline=None)
@@ -55,12 +54,3 @@ def test_unrolled_mask_sees_teacher_prefix_and_own_chain():
     with pytest.raises(ValueError):
         unrolled_mask(5, 1)
 
-
-def test_tree_visibility_ancestors_only():
-    # committed rows 0..2; nodes: 0 (root child), 1 (root child), 2 (child of 0), then later 3 (child of 2)
-    vis = tree_visibility([-1, -1, 3], 3)
-    assert vis.tolist() == [[1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 1, 0], [1, 1, 1, 1, 0, 1]]
-    more = tree_visibility([5], 3, vis)
-    assert more[-1].tolist() == [1, 1, 1, 1, 0, 1, 1]
-    with pytest.raises(ValueError, match="not an earlier row"):
-        tree_visibility([4], 3)

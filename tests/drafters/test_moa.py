@@ -6,8 +6,10 @@ import torch
 
 from edgespec.server.training.moa_recipe import moa_window
 from edgespec.shared.drafters.moa import MoAConfig, load_moa, new_moa, save_moa
-from edgespec.shared.drafters.moa_drafter import DrafterStateError, MoADrafter
+from edgespec.client.drafters.moa_runtime import MoARuntime
+from edgespec.client.drafters.runtime import DrafterStateError
 from edgespec.shared.drafters.target_parts import TargetParts
+from edgespec.shared.tree import ROOT
 
 
 def make(target, tli: int, seed: int = 5):
@@ -46,12 +48,12 @@ def window_logprobs(model, parts, seq, tokens, verified: int):
 def test_drafting_equals_training_forward(target, seqs, tli):
     model, parts = make(target, tli)
     seq, n = seqs[0], 28
-    d = MoADrafter(model.client, parts)
+    d = MoARuntime(model.client, parts)
     d.commit(seq.tokens[:n].tolist(), features(model, parts, seq, 0, n - 1))
     tokens = seq.tokens[:n].tolist()
     torch.testing.assert_close(d.root_logprobs(), window_logprobs(model, parts, seq, tokens, n - 1)[-1],
                                atol=1e-4, rtol=1e-4)
-    parent = -1
+    parent = ROOT
     for s in range(3):  # a chain of drafted tokens: memory stays at the verified prefix
         tok = 70 + s
         lp = d.expand([tok], [parent])[0]
@@ -64,15 +66,15 @@ def test_drafting_equals_training_forward(target, seqs, tli):
 def test_incremental_commits_equal_one_commit(target, seqs, tli):
     model, parts = make(target, tli)
     seq, n = seqs[1], 30
-    one = MoADrafter(model.client, parts)
+    one = MoARuntime(model.client, parts)
     one.commit(seq.tokens[:n].tolist(), features(model, parts, seq, 0, n - 1))
-    inc = MoADrafter(model.client, parts)
+    inc = MoARuntime(model.client, parts)
     inc.commit(seq.tokens[:10].tolist(), features(model, parts, seq, 0, 9))
     inc.commit(seq.tokens[10:12].tolist(), None)  # offline tokens, later verified
     inc.commit(seq.tokens[12:n].tolist(), features(model, parts, seq, 9, n - 1), features_from=9)
     torch.testing.assert_close(inc.root_logprobs(), one.root_logprobs(), atol=1e-4, rtol=1e-4)
     inc.rollback(20)
-    ref = MoADrafter(model.client, parts)
+    ref = MoARuntime(model.client, parts)
     ref.commit(seq.tokens[:20].tolist(), features(model, parts, seq, 0, 19))
     torch.testing.assert_close(inc.root_logprobs(), ref.root_logprobs(), atol=1e-4, rtol=1e-4)
 
@@ -101,7 +103,7 @@ def test_memory_past_the_bound_is_invisible(target, seqs):
 def test_offline_continuation(target, seqs, tli):
     model, parts = make(target, tli)
     seq, n = seqs[0], 12
-    d = MoADrafter(model.client, parts)
+    d = MoARuntime(model.client, parts)
     d.commit(seq.tokens[:n].tolist(), features(model, parts, seq, 0, n - 1))
     generated = []
     for _ in range(8):
@@ -110,9 +112,9 @@ def test_offline_continuation(target, seqs, tli):
         d.commit([tok], None)
     assert d.length == n + 8 and d.covered == n - 1
     # The same text drafted as one chain gives the same tokens: offline rows == draft rows.
-    chain = MoADrafter(model.client, parts)
+    chain = MoARuntime(model.client, parts)
     chain.commit(seq.tokens[:n].tolist(), features(model, parts, seq, 0, n - 1))
-    tok, parent, drafted = int(chain.root_logprobs().argmax()), -1, []
+    tok, parent, drafted = int(chain.root_logprobs().argmax()), ROOT, []
     for i in range(8):
         drafted.append(tok)
         tok = int(chain.expand([tok], [parent])[0].argmax())
@@ -122,7 +124,7 @@ def test_offline_continuation(target, seqs, tli):
 
 def test_bad_features_are_refused(target, seqs):
     model, parts = make(target, 1)
-    d = MoADrafter(model.client, parts)
+    d = MoARuntime(model.client, parts)
     seq = seqs[0]
     with pytest.raises(DrafterStateError, match="lag one"):
         d.commit(seq.tokens[:5].tolist(), features(model, parts, seq, 0, 5))
@@ -136,7 +138,7 @@ def test_checkpoint_has_server_and_client_parts(target, seqs, tmp_path):
     assert (out / "server.safetensors").is_file() and (out / "client.safetensors").is_file()
     back = load_moa(out)
     seq, n = seqs[0], 15
-    a, b = MoADrafter(model.client, parts), MoADrafter(back.client, parts)
+    a, b = MoARuntime(model.client, parts), MoARuntime(back.client, parts)
     a.commit(seq.tokens[:n].tolist(), features(model, parts, seq, 0, n - 1))
     b.commit(seq.tokens[:n].tolist(), features(back, parts, seq, 0, n - 1))
     torch.testing.assert_close(a.root_logprobs(), b.root_logprobs())
@@ -147,21 +149,21 @@ def test_resume_covers_offline_tokens(target, seqs, tli):
     """Offline tokens later confirmed by the server: covering them gives the all-online state."""
     model, parts = make(target, tli)
     seq = seqs[1]
-    online = MoADrafter(model.client, parts)
+    online = MoARuntime(model.client, parts)
     online.commit(seq.tokens[:15].tolist(), features(model, parts, seq, 0, 14))
-    d = MoADrafter(model.client, parts)
+    d = MoARuntime(model.client, parts)
     d.commit(seq.tokens[:10].tolist(), features(model, parts, seq, 0, 9))
     d.commit(seq.tokens[10:14].tolist(), None)  # offline
     d.commit(seq.tokens[14:15].tolist(), features(model, parts, seq, 9, 14), features_from=9)
     torch.testing.assert_close(d.root_logprobs(), online.root_logprobs(), atol=1e-4, rtol=1e-4)
     # A resume that covers only a later span leaves a gap of own rows; drafting and verification go on.
-    g = MoADrafter(model.client, parts)
+    g = MoARuntime(model.client, parts)
     g.commit(seq.tokens[:10].tolist(), features(model, parts, seq, 0, 9))
     g.commit(seq.tokens[10:14].tolist(), None)
     g.commit([], features(model, parts, seq, 11, 13), features_from=11)
     assert g.covered == 11 and g.own_pos == [9, 10, 13]
     g.commit(seq.tokens[14:16].tolist(), features(model, parts, seq, 13, 15))  # default: from the old root
     assert g.covered == 13 and g.own_pos == [9, 10, 15]
-    assert torch.isclose(g.expand([70, 71], [-1, 0]).exp().sum(-1), torch.ones(2)).all()
+    assert torch.isclose(g.expand([70, 71], [ROOT, 0]).exp().sum(-1), torch.ones(2)).all()
     with pytest.raises(DrafterStateError, match="do not fit"):
         g.commit([], features(model, parts, seq, 11, 12), features_from=11)

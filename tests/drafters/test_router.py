@@ -13,6 +13,7 @@ from edgespec.shared.drafters.router import (LMHeadRouter, RouterConfig, RouterM
                                              bind_router, contiguous_groups, frequency_groups, group_index,
                                              group_probabilities, load_router, restrict_to_groups, save_router)
 from edgespec.shared.drafters.target_parts import TargetParts
+from edgespec.shared.tree import ROOT
 
 
 def cfg(**kw) -> TrainConfig:
@@ -95,18 +96,18 @@ def test_routed_logits_equal_the_full_head_on_chosen_groups_and_minus_inf_elsewh
 
 def test_all_groups_chosen_drafts_exactly_like_the_full_head(target):
     from edgespec.shared.drafters.eagle import EagleConfig, EagleHead
-    from edgespec.shared.drafters.eagle_drafter import EagleDrafter
+    from edgespec.client.drafters.eagle_runtime import EagleRuntime
 
     parts = TargetParts(target.model, dtype=torch.float32)
     torch.manual_seed(0)
     head = EagleHead(EagleConfig(parts.shape.hidden_size, width=32, heads=4, mlp_hidden=64))
-    plain, routed = EagleDrafter(head, parts), EagleDrafter(head, parts)
+    plain, routed = EagleRuntime(head, parts), EagleRuntime(head, parts)
     routed.attach_router(random_router(parts, n_groups=4, top_g=4))
     ids = list(range(60, 72))
     for d in (plain, routed):
         d.commit(ids, torch.randn(len(ids) - 1, parts.shape.hidden_size, generator=torch.Generator().manual_seed(1)))
     torch.testing.assert_close(routed.root_logprobs(), plain.root_logprobs())
-    torch.testing.assert_close(routed.expand([70, 71], [-1, -1]), plain.expand([70, 71], [-1, -1]))
+    torch.testing.assert_close(routed.expand([70, 71], [ROOT, ROOT]), plain.expand([70, 71], [ROOT, ROOT]))
     routed.attach_router(random_router(parts, n_groups=8, top_g=1))
     lp = routed.root_logprobs()
     assert int(torch.isfinite(lp).sum()) == 40  # one group of 40 tokens, renormalised over it
@@ -181,18 +182,19 @@ def test_stage_two_lowers_the_router_loss_and_leaves_the_base_bit_identical(kind
 
 
 def test_the_saved_router_attaches_to_the_saved_drafter(stage1, target, store, tmp_path):
-    from edgespec.shared.drafters.loading import find_checkpoint, open_drafter
+    from edgespec.client.drafters.learned_loading import open_runtime
+    from edgespec.shared.drafters.loading import find_checkpoint
 
     rec = router_recipe("eagle", target, store, stage1["eagle"], tmp_path)
     Trainer(rec, store, tmp_path, cfg(steps=3)).fit()
     rec.save_drafter(tmp_path)
     ckpt = find_checkpoint(tmp_path)
-    runtime = open_drafter(ckpt, target.model, router=False)  # asked to ignore the router
+    runtime = open_runtime(ckpt, target.model, router=False)  # asked to ignore the router
     assert attach_router_if_present(runtime, ckpt, enabled=False) is None and runtime.routed is None
     router = attach_router_if_present(runtime, ckpt)
     assert router is not None and runtime.routed is not None
-    assert open_drafter(ckpt, target.model).routed is not None  # opening attaches it by default
-    other = open_drafter(find_checkpoint(stage1["eagle"]), target.model)  # no router beside it
+    assert open_runtime(ckpt, target.model).routed is not None  # opening attaches it by default
+    other = open_runtime(find_checkpoint(stage1["eagle"]), target.model)  # no router beside it
     assert attach_router_if_present(other, find_checkpoint(stage1["eagle"])) is None
 
 

@@ -91,15 +91,16 @@ def test_cli_end_to_end(target_dir, store, tmp_path):
 
 
 def test_a_trained_drafter_opens_for_drafting(target, store, seqs, tmp_path):
-    from edgespec.shared.drafters.eagle_drafter import EagleDrafter
-    from edgespec.shared.drafters.loading import open_drafter, open_moa_server_part
-    from edgespec.shared.drafters.moa_drafter import MoADrafter
+    from edgespec.client.drafters.eagle_runtime import EagleRuntime
+    from edgespec.client.drafters.learned_loading import open_runtime
+    from edgespec.client.drafters.moa_runtime import MoARuntime
+    from edgespec.shared.drafters.loading import open_moa_server_part
 
     rec = recipe("moa", target, store, tli=1, vocab=64)
     rec.save_drafter(tmp_path)
-    d = open_drafter(tmp_path, target.model)
+    d = open_runtime(tmp_path, target.model)
     lsa = open_moa_server_part(tmp_path).float()
-    assert isinstance(d, MoADrafter) and d.parts.draft_vocab_size == 64
+    assert isinstance(d, MoARuntime) and d.parts.draft_vocab_size == 64
     seq, n = seqs[0], 10
     e_kv = 32
     with torch.no_grad():
@@ -110,7 +111,7 @@ def test_a_trained_drafter_opens_for_drafting(target, store, seqs, tmp_path):
     assert top.shape == (3,) and bool((top < 320).all())
     eagle = recipe("eagle", target, store)
     eagle.save_drafter(tmp_path / "e")
-    assert isinstance(open_drafter(tmp_path / "e", target.model), EagleDrafter)
+    assert isinstance(open_runtime(tmp_path / "e", target.model), EagleRuntime)
 
 
 def test_reduced_vocabulary_is_kept_for_resumed_runs(store, tmp_path):
@@ -123,11 +124,11 @@ def test_reduced_vocabulary_is_kept_for_resumed_runs(store, tmp_path):
 
 
 def test_open_by_target_name_reads_only_the_parts(target, target_dir, store, seqs, tmp_path):
-    from edgespec.shared.drafters.loading import open_drafter
+    from edgespec.client.drafters.learned_loading import open_runtime
 
     recipe("eagle", target, store, vocab=64).save_drafter(tmp_path)
-    by_model = open_drafter(tmp_path, target.model)
-    by_files = open_drafter(tmp_path, str(target_dir))
+    by_model = open_runtime(tmp_path, target.model)
+    by_files = open_runtime(tmp_path, str(target_dir))
     seq = seqs[0]
     for d in (by_model, by_files):
         d.commit(seq.tokens[:12].tolist(), {"hidden": seq.hidden[:11]})
@@ -136,13 +137,13 @@ def test_open_by_target_name_reads_only_the_parts(target, target_dir, store, seq
 
 def test_a_drafter_for_another_target_is_refused(target, store, tmp_path):
     from edgespec.shared.drafters.checkpoint import DrafterCheckpointError
-    from edgespec.shared.drafters.loading import open_drafter
+    from edgespec.client.drafters.learned_loading import open_runtime
     from edgespec.shared.models.tiny import TinyConfig, tiny_model
 
     recipe("moa", target, store, tli=1).save_drafter(tmp_path)
     other = tiny_model(TinyConfig(num_layers=2))
     with pytest.raises(DrafterCheckpointError, match="num_layers"):
-        open_drafter(tmp_path, other)
+        open_runtime(tmp_path, other)
 
 
 def test_wall_clock_budget_stops_early_and_still_saves(target, store, tmp_path):

@@ -1,12 +1,8 @@
-"""MoA drafting state (client part): caches over committed tokens, draft trees, offline mode.
+"""MoA drafting, the client part: caches over committed tokens and draft nodes (``runtime`` has the use).
 
-    d = MoADrafter(client, parts)               # parts: embedding / norm / LM head (+ last N layers)
-    d.commit(prompt_ids + [first], features)    # features: {"lsa": [k, 2*E_kv], and for TLI = N
-                                                #  "tli_k", "tli_v": [N, k, E_kv]}, lagging one token
-    lp = d.root_logprobs(); lps = d.expand(tokens, parents); d.rollback(n)
-    d.commit([tok], None)                       # offline: no new memory; TLI layers use their own K/V
-    d.commit(tokens, features, features_from=p) # features of positions p.. (e.g. after a resume)
-    d.attach_router(router)                     # optional: CORAL's LM-head router (router.py); None detaches
+Features: {"lsa": [k, 2*E_kv], and for TLI = N "tli_k", "tli_v": [N, k, E_kv]}. ``parts`` holds
+the target's embedding / norm / LM head and its last N layers. Offline there is no new memory,
+and the TLI layers use their own K/V.
 
 Per committed token c_i at position i the drafter keeps: its Self-Attention K/V (token-only,
 never recomputed); when the server sent its features ("covered"), a Cross-Attention memory
@@ -16,16 +12,14 @@ RoPE positions, so covered and own rows may interleave (a resume can cover a lat
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-from .blocks import KV
-from .draft_area import DraftArea
-from .eagle_drafter import DrafterStateError
-from .moa import MoAClient
-from .router import LMHeadRouter, RoutedHead, routed_head_for
-from .target_parts import TargetParts
+from edgespec.shared.drafters.blocks import KV
+from edgespec.shared.drafters.moa import MoAClient
+from edgespec.shared.drafters.router import LMHeadRouter, RoutedHead
+from edgespec.shared.drafters.target_parts import TargetParts
+
+from .runtime import DrafterStateError, LearnedRuntime
 
 
 def _kv_rows(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -37,26 +31,26 @@ def _cat(a: KV | None, b: KV) -> KV:
     return b if a is None else a.cat(b)
 
 
-class MoADrafter:
+class MoARuntime(LearnedRuntime):
+    name = "MoA"
+    feature = "lsa"
+
     def __init__(self, client: MoAClient, parts: TargetParts):
         if parts.tli != client.config.tli:
             raise DrafterStateError(f"the client part was trained for TLI {client.config.tli} but the target "
                                     f"parts hold {parts.tli} layers")
-        self.client, self.parts = client.eval(), parts
-        self.routed: RoutedHead | None = None  # the LM head restricted to a router's groups, when attached
-        self.reset()
+        self.client = client.eval()
+        super().__init__(parts)
 
     @torch.no_grad()
     def attach_router(self, router: LMHeadRouter | RoutedHead | None) -> None:
-        """Draft with a router's chosen groups of the LM head (None: the full head again).
-        A RoutedHead already made for these parts is reused (no second copy of the head)."""
-        self.routed = routed_head_for(router, self.parts)
+        super().attach_router(router)
         if self.own_logits is not None:  # predictions made with the other head: make them again
             self.own_logits = self.tli_own = None
-            self._refresh_own()
+            self._carry_on()
 
     def reset(self) -> None:
-        self.tokens: list[int] = []
+        super().reset()
         self.x: torch.Tensor | None = None  # [n, W] Self-Attention inputs of committed tokens
         self.sa: KV | None = None  # [H, n, D]
         self.mem: KV | None = None  # Cross-Attention memory, one row per covered position
@@ -65,13 +59,11 @@ class MoADrafter:
         self.own_pos: list[int] = []  # uncovered committed positions (ascending; the root is last)
         self.tli_own: list[KV] | None = None  # per TLI layer, rows aligned with own_pos
         self.own_logits: torch.Tensor | None = None  # [len(own_pos), V']
-        self.area = DraftArea()
+
+    def clear_draft(self) -> None:
+        super().clear_draft()
         self.draft_sa: KV | None = None
         self.draft_tli: list[KV] | None = None
-
-    @property
-    def length(self) -> int:
-        return len(self.tokens)
 
     @property
     def covered(self) -> int:
@@ -79,34 +71,19 @@ class MoADrafter:
         return len(self.mem_pos)
 
     # -- committing -----------------------------------------------------------------------------
-    @torch.no_grad()
-    def commit(self, tokens: Sequence[int], features: dict[str, torch.Tensor] | None = None,
-               features_from: int | None = None) -> None:
-        """Append committed tokens, with the features of positions ``features_from``.. (default: the
-        previous last token, as after a verification), or None (offline)."""
-        self.clear_draft()
-        n0 = self.length
-        self.tokens += self.parts.check_tokens(tokens).tolist()
+    def _add_tokens(self, n0: int) -> None:
         pos = torch.arange(n0, self.length)
         x = self.client.sa_input(self.parts.embed(torch.tensor(self.tokens[n0:], dtype=torch.long)))
         self.x = x if self.x is None else torch.cat([self.x, x])
         self.sa = _cat(self.sa, self.client.sa_kv(x, pos))
         self.own_pos += list(range(n0, self.length))
-        if features is not None:
-            # By default the features start at the previous root: what a verification sends.
-            start = max(0, n0 - 1) if features_from is None else features_from
-            self._cover(features, start)
-        self._refresh_own()
 
     def _cover(self, features: dict[str, torch.Tensor], start: int) -> None:
-        lsa = features.get("lsa")
-        if lsa is None:
-            raise DrafterStateError(f"MoA needs the 'lsa' feature; got {sorted(features)}")
+        lsa = features["lsa"]
         k = lsa.shape[0]
         span = list(range(start, start + k))
-        if k and (span[-1] >= self.length - 1 or not set(span) <= set(self.own_pos)):
-            raise DrafterStateError(f"features of positions {start}..{start + k - 1} do not fit: features lag one "
-                                    f"token (the last of {self.length} committed has none) and positions already "
+        if not set(span) <= set(self.own_pos):
+            raise DrafterStateError(f"features of positions {start}..{start + k - 1} do not fit: positions already "
                                     f"covered cannot be covered again")
         self.mem = _cat(self.mem, self.client.memory(lsa, torch.tensor(span)))
         self.mem_pos += span
@@ -121,7 +98,7 @@ class MoADrafter:
         self.own_pos = [p for p in self.own_pos if p not in set(span)]
         self.own_logits = self.tli_own = None  # the memory changed: every own row is stale
 
-    def _refresh_own(self) -> None:
+    def _carry_on(self) -> None:
         """Predict the uncovered committed positions not predicted yet (always the root)."""
         done = 0 if self.own_logits is None else self.own_logits.shape[0]
         todo = self.own_pos[done:]
@@ -163,48 +140,11 @@ class MoADrafter:
         if tli_past is None:  # nothing committed in the TLI cache yet: only this call's rows
             tli_mask = tli_mask[:, tli_mask.shape[1] - x.shape[0]:]
         out, tli_new = self.parts.run_layers(act, pos, tli_mask, tli_past)
-        hidden = self.parts.norm(out.to(self.parts.head_weight.dtype))
-        return (self.parts.logits(hidden) if self.routed is None else self.routed.logits(hidden)), tli_new
+        return self._logits(self.parts.norm(out.to(self.parts.head_weight.dtype))), tli_new
 
-    # -- drafting -------------------------------------------------------------------------------
-    def root_logprobs(self) -> torch.Tensor:
-        """[V'] log-probabilities of the token after the last committed one."""
-        if self.own_logits is None or not self.length:
-            raise DrafterStateError("no prediction yet: commit at least one token")
-        return torch.log_softmax(self.own_logits[-1].float(), -1)
-
-    @torch.no_grad()
-    def expand(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
-        """Add draft nodes (target ids; parent -1 = the root, else an earlier node); returns [k, V']."""
-        if len(tokens) != len(parents):
-            raise DrafterStateError(f"{len(tokens)} draft tokens but {len(parents)} parents")
-        self.root_logprobs()
-        n = self.length
-        vis, depths = self.area.add(parents, n)
-        pos = torch.tensor([n - 1 + d for d in depths])
-        x = self.client.sa_input(self.parts.embed(self.parts.check_tokens(tokens)))
-        self.draft_sa = _cat(self.draft_sa, self.client.sa_kv(x, pos))
-        tli_past = self._tli_committed()
-        if tli_past is not None and self.draft_tli is not None:
-            tli_past = [c.cat(d) for c, d in zip(tli_past, self.draft_tli)]
-        mem_mask = torch.ones(len(tokens), self.covered, dtype=torch.bool)
-        logits, tli_new = self._predict(x, pos, self.sa.cat(self.draft_sa), vis, mem_mask, tli_past, vis)
-        if tli_new:
-            self.draft_tli = tli_new if self.draft_tli is None else [d.cat(t) for d, t in zip(self.draft_tli, tli_new)]
-        return torch.log_softmax(logits.float(), -1)
-
-    def clear_draft(self) -> None:
-        self.area.clear()
-        self.draft_sa = None
-        self.draft_tli = None
-
-    @torch.no_grad()
-    def rollback(self, length: int) -> None:
-        """Keep the first ``length`` committed tokens (and what the drafter derived from them)."""
-        if not 1 <= length <= self.length:
-            raise DrafterStateError(f"cannot roll back to {length} tokens: {self.length} are committed")
-        self.clear_draft()
-        self.tokens = self.tokens[:length]
+    def _forget(self, length: int) -> None:
+        if not length:
+            return self.reset()
         self.x, self.sa = self.x[:length], self.sa.take(slice(0, length))
         keep = [i for i, p in enumerate(self.mem_pos) if p < length - 1]
         if len(keep) < len(self.mem_pos):
@@ -216,4 +156,28 @@ class MoADrafter:
         covered = set(self.mem_pos)
         self.own_pos = [p for p in range(length) if p not in covered]
         self.own_logits = self.tli_own = None
-        self._refresh_own()
+        self._carry_on()
+
+    # -- drafting -------------------------------------------------------------------------------
+    def _check_ready(self) -> None:
+        if self.own_logits is None or not self.length:
+            raise DrafterStateError("no prediction yet: commit at least one token")
+
+    def _root_logprobs(self) -> torch.Tensor:
+        return torch.log_softmax(self.own_logits[-1].float(), -1)
+
+    def _fixed_rows(self) -> int:
+        return self.length
+
+    def _expand(self, ids: torch.Tensor, parents: list[int], depths: list[int], vis: torch.Tensor) -> torch.Tensor:
+        pos = torch.tensor([self.length - 1 + d for d in depths])
+        x = self.client.sa_input(self.parts.embed(ids))
+        self.draft_sa = _cat(self.draft_sa, self.client.sa_kv(x, pos))
+        tli_past = self._tli_committed()
+        if tli_past is not None and self.draft_tli is not None:
+            tli_past = [c.cat(d) for c, d in zip(tli_past, self.draft_tli)]
+        mem_mask = torch.ones(len(ids), self.covered, dtype=torch.bool)
+        logits, tli_new = self._predict(x, pos, self.sa.cat(self.draft_sa), vis, mem_mask, tli_past, vis)
+        if tli_new:
+            self.draft_tli = tli_new if self.draft_tli is None else [d.cat(t) for d, t in zip(self.draft_tli, tli_new)]
+        return torch.log_softmax(logits.float(), -1)
