@@ -79,7 +79,8 @@ class PlainRun:
         s = job.sampling
         request = GenerationRequest(job.prompt_ids, job.max_new_tokens, SamplingConfig(s.temperature, s.top_p, s.top_k),
                                     job.seed)
-        self._tokens = core.metrics.api_generation(generate(core.target, core.scheduler, request))
+        self._decoding = generate(core.target, core.scheduler, request)
+        self._tokens = core.metrics.api_generation(self._decoding)
         self.finish_reason = "length"
 
     def __iter__(self) -> Iterator[GeneratedToken]:
@@ -103,6 +104,7 @@ class PlainRun:
 
     def close(self) -> None:
         self._tokens.close()
+        self._decoding.close()  # gives its KV slot back now, not when the garbage collector gets to it
 
 
 def build_http_app(state: HttpState) -> FastAPI:

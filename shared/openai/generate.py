@@ -65,10 +65,12 @@ class Choice:
 
 def jobs(plan: Plan) -> list[GenerationJob]:
     s = plan.settings
-    base = secrets.randbits(64) if s.seed is None else s.seed % SEED_MODULUS
-    return [GenerationJob(plan.prompt_ids, plan.max_new_tokens, s.sampling,
-                          (base + i) % SEED_MODULUS if s.seed is not None else secrets.randbits(64),
-                          s.stop, s.top_logprobs) for i in range(s.n)]
+    if s.seed is None:
+        seeds = [secrets.randbits(64) for _ in range(s.n)]
+    else:
+        seeds = [(s.seed + i) % SEED_MODULUS for i in range(s.n)]
+    return [GenerationJob(plan.prompt_ids, plan.max_new_tokens, s.sampling, seed, s.stop, s.top_logprobs)
+            for seed in seeds]
 
 
 def choice_events(backend: Backend, job: GenerationJob, index: int,

@@ -190,3 +190,37 @@ def test_a_non_streaming_generation_stops_when_its_caller_disconnects(api, tiny_
     while len(tiny_server.core.store) and time.monotonic() < end:
         time.sleep(0.05)
     assert len(tiny_server.core.store) == 0  # the session was closed on the server
+
+
+def test_a_server_at_capacity_is_429(tiny_model_dir):
+    import queue
+
+    import grpc
+
+    from edgespec.client.api import build_app
+    from edgespec.client.drafters.factory import DrafterOptions
+    from edgespec.client.edge_client import ClientConfig, EdgespecClient
+    from edgespec.client.link import LinkConfig
+    from edgespec.proto.edgespec.v1 import pb, pb_grpc
+    from edgespec.server.app import ServerConfig, start_server
+
+    with start_server(ServerConfig(model=str(tiny_model_dir), http_port=None, device="cpu", dtype="float32",
+                                   max_sessions=1)) as server:
+        edge = EdgespecClient(ClientConfig(LinkConfig(server.address), DrafterOptions("ngram"),
+                                           tokenizer=str(tiny_model_dir)))
+        channel = grpc.insecure_channel(server.address)
+        requests: queue.Queue = queue.Queue()
+        replies = pb_grpc.VerifierStub(channel).Session(iter(requests.get, None))
+        requests.put(pb.ClientMessage(open=pb.Open(session_id="holder", prompt_ids=[1, 2],
+                                                   tokenizer_fingerprint=edge.info.tokenizer_fingerprint)))
+        assert next(replies).HasField("opened")  # the one session the server holds
+        try:
+            with serving(build_app(edge)) as url:
+                reply = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 2})
+                assert reply.status_code == 429, reply.text
+                assert "capacity" in reply.json()["error"]["message"]
+        finally:
+            requests.put(None)
+            replies.cancel()
+            channel.close()
+            edge.close()
