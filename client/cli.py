@@ -135,11 +135,19 @@ def serve(args) -> int:
     from .client_health import ClientSlot
     from .commit import ResumePolicy
     from .link import LinkConfig
+    from .metrics import ClientMetrics
+
+    metrics = ClientMetrics()  # /metrics; every generation feeds it once the client has loaded
+
+    def load():
+        client = client_from_args(args, args.server)
+        client.metrics, metrics.model_name = metrics, client.model_name
+        return client
 
     link = LinkConfig(args.server, tls=args.tls, root_certificates=args.ca, api_key=args.api_key)
-    slot = ClientSlot.load_in_background(lambda: client_from_args(args, args.server), args.drafter, link)
+    slot = ClientSlot.load_in_background(load, args.drafter, link)
     app = build_app(slot, policy=ResumePolicy[args.policy.upper()],
-                    api_key=args.local_api_key)
+                    api_key=args.local_api_key, metrics=metrics)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                                            log_level=None))  # logging is configured above, not by uvicorn
     logging.getLogger("edgespec.client.serve").info(

@@ -181,6 +181,8 @@ def convert(action: argparse.Action, raw: Any, where: str, from_env: bool = Fals
         return action.const if on else action.default
     if isinstance(action, argparse._CountAction):
         return _one(action, raw, where, int)
+    if action.nargs == 0:  # append_const and custom flag-only actions have no value to give
+        raise ConfigError(f"{where}: {action.option_strings[0]} can only be given on the command line")
     many = isinstance(action, (argparse._AppendAction, argparse._ExtendAction)) or action.nargs in ("+", "*") \
         or isinstance(action.nargs, int)
     if many:

@@ -12,6 +12,7 @@ import sys
 import time
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from edgespec.shared.logging_setup import JsonFormatter, configure_logging
 
@@ -22,15 +23,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_serve_health_and_json_logs(tiny_server, tiny_model_dir, tiny_drafter_dir, tmp_path):
+def test_serve_health_metrics_and_json_logs(tiny_server, tiny_model_dir, tiny_drafter_dir, tmp_path):
     port = _free_port()
-    env = dict(os.environ, OMP_NUM_THREADS="1", EDGESPEC_TEST_THREADS="1")
+    config = tmp_path / "client.yaml"  # settings from a file and the environment, as deployments give them
+    config.write_text(f"tokenizer: {tiny_model_dir}\nlog-format: json\nport: 1\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1", EDGESPEC_TEST_THREADS="1", EDGESPEC_DRAFTER="independent",
+               EDGESPEC_DRAFTER_MODEL=str(tiny_drafter_dir), EDGESPEC_CONFIG=str(config))
     err_path = tmp_path / "stderr.log"
     with open(err_path, "w") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "edgespec.shared.cli", "client", "serve", "--server", tiny_server.address,
-             "--drafter", "independent", "--drafter-model", str(tiny_drafter_dir), "--tokenizer", str(tiny_model_dir),
-             "--port", str(port), "--log-format", "json"],
+             "--port", str(port)],  # the command line wins over the file's port
             stdout=subprocess.PIPE, stderr=err, text=True, env=env)
     try:
         ready = proc.stdout.readline()  # printed once the port listens and the client has loaded
@@ -43,6 +46,18 @@ def test_serve_health_and_json_logs(tiny_server, tiny_model_dir, tiny_drafter_di
         done = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "def f(x):", "max_tokens": 6},
                           timeout=60)
         assert done.status_code == 200
+        scraped = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+        assert scraped.status_code == 200
+        samples = {(s.name, s.labels.get("position")): s for f in text_string_to_metric_families(scraped.text)
+                   for s in f.samples}
+        assert not any(name.endswith("_created") for name, _ in samples)
+        drafts = samples[("edgespec:spec_decode_num_drafts_total", None)]
+        assert drafts.value >= 1 and drafts.labels["model_name"] == body["model"] and drafts.labels["engine"] == "0"
+        assert samples[("edgespec:spec_decode_num_draft_tokens_total", None)].value >= drafts.value
+        for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds"):
+            assert samples[(f"edgespec:{name}_count", None)].value == 1, name
+        assert samples[("edgespec:num_requests_running", None)].value == 0
+        assert samples[("edgespec:generation_tokens_total", None)].value == done.json()["usage"]["completion_tokens"]
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
@@ -52,7 +67,7 @@ def test_serve_health_and_json_logs(tiny_server, tiny_model_dir, tiny_drafter_di
     ready_entry = next(e for e in entries if e["message"] == "client ready")
     assert ready_entry["drafter"] == "independent" and ready_entry["server"] == tiny_server.address
     gen = next(e for e in entries if e["message"] == "generation done")
-    assert gen["new_tokens"] >= 1 and gen["request_id"].startswith("cmpl-")
+    assert gen["new_tokens"] >= 1 and gen["calls"] >= 1  # extra= fields are kept
     assert any(e["logger"].startswith("uvicorn") for e in entries)  # uvicorn's own lines are JSON too
 
 
