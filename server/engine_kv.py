@@ -99,6 +99,9 @@ class SlotKV(SessionKV):
             self._release = weakref.finalize(self, self.pool.release, self.slot)
         return self.slot
 
+    def reserve(self) -> None:
+        self.ensure_slot()
+
     def __len__(self) -> int:
         return self.length
 

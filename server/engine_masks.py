@@ -45,7 +45,7 @@ def batch_attention_mask(parents: torch.Tensor, positions: torch.Tensor, past: t
     """Additive mask [B, 1, T, key_len]: 0 where a row may attend a key position, the dtype's minimum elsewhere.
 
     parents, positions: [B, T] long; past, n_rows: [B] long. Padding rows (row >= n_rows[b]) see
-    key 0 only, so their softmax stays finite; their outputs are never read.
+    the past and key 0, so their softmax stays finite; their outputs are never read.
     """
     b, t = parents.shape
     device = parents.device

@@ -91,6 +91,7 @@ class ModelScheduler:
 
     def forward(self, kv: SessionKV, work: Work) -> ForwardOutput:
         """Append work's rows to kv in the next batch; its rows' outputs, with the time it queued."""
+        kv.reserve()  # waiting for a free KV slot holds up this caller only, not the model thread
         item = _Forward(kv, work)
         self._submit(item)
         return item.future.result()
@@ -112,6 +113,11 @@ class ModelScheduler:
     def forward_tree(self, kv: SessionKV, root: int, tree: DraftTree) -> ForwardOutput:
         """[root] + nodes after the cached past (the committed tokens but the last). Rows: [1 + N]."""
         return self.forward(kv, Work.tree(root, tree, len(kv)))
+
+    def pending(self) -> int:
+        """Items waiting for the worker (not counting what it runs now)."""
+        with self._cv:
+            return len(self._queue)
 
     def close(self) -> None:
         """Finish queued work, then stop the worker."""

@@ -51,8 +51,8 @@ def rows_kv(keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], start:
     out = []
     for k, v in zip(keys, values):
         k, v = k[:, start:end], v[:, start:end]  # [H_kv, T, D]
-        t = k.shape[1]
-        out.append(torch.cat([k.transpose(0, 1).reshape(t, -1), v.transpose(0, 1).reshape(t, -1)], dim=-1))
+        h, t, d = k.shape
+        out.append(torch.cat([k.transpose(0, 1).reshape(t, h * d), v.transpose(0, 1).reshape(t, h * d)], dim=-1))
     return torch.stack(out, dim=1)
 
 
@@ -93,7 +93,7 @@ def keep_rows(cache, past_len: int, rows: Sequence[int]) -> None:
 
 def layer_kv(cache, start: int, end: int, batch_row: int = 0) -> torch.Tensor:
     """Per-token K|V of every layer of a DynamicCache for tokens [start, end): [T, L, 2*E_kv]."""
-    layers = _filled(cache)
+    layers = [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
     return rows_kv([layer.keys[batch_row] for layer in layers], [layer.values[batch_row] for layer in layers],
                    start, end)
 
@@ -122,6 +122,9 @@ class SessionKV(ABC):
     @abstractmethod
     def nbytes(self) -> int:
         """Memory this session holds (what memory caps count)."""
+
+    def reserve(self) -> None:
+        """Take what the next forward needs (a pool slot) now, on the caller's thread, not the model's."""
 
     def close(self) -> None:
         """Give the memory back now rather than when the object is collected."""

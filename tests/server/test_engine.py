@@ -1,0 +1,294 @@
+"""The engines on the tiny target: batched runs give exactly the tokens of one-at-a-time runs.
+
+Every test runs on each device (cpu, and cuda where there is one). "Batched" means many
+sessions' work in one forward on the KV pool; "alone" means the same sessions run one after
+the other; "generic" is the DynamicCache engine. Greedy runs are also checked against the
+target's own greedy decoding (no cache, full recompute).
+"""
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+import torch
+
+from edgespec.server.decoder import GenerationRequest, generate
+from edgespec.server.engine import GenericEngine, Work, batched_unsupported, build_engine
+from edgespec.server.engine_batched import BatchedEngine, PoolConfig
+from edgespec.server.engine_masks import batch_attention_mask
+from edgespec.server.errors import SessionCapError
+from edgespec.server.scheduler import ModelScheduler, SchedulerConfig
+from edgespec.server.session import ResumePolicy, SessionSettings, VerifierSession
+from edgespec.server.target import TargetModel
+from edgespec.shared.fingerprint import committed_hash
+from edgespec.shared.models.loading import load_model
+from edgespec.shared.tree import ROOT, DraftTree, full_attention_mask
+from edgespec.shared.verification import SamplingConfig
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+SMALL_CHUNKS = SchedulerConfig(prefill_chunk=8)  # long prompts go in several chunks, interleaved with others
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def target(request, tiny_model_dir) -> TargetModel:
+    return TargetModel(load_model(str(tiny_model_dir), device=request.param, dtype="float32"))
+
+
+class Held:
+    """Holds the scheduler's worker until `waiting` items have queued up behind it, so they share a batch."""
+
+    def __init__(self, scheduler: ModelScheduler, waiting: int):
+        self.scheduler, self.waiting = scheduler, waiting
+        self.running, self.gate = threading.Event(), threading.Event()
+        threading.Thread(target=scheduler.run, args=(self._hold,)).start()
+        self.running.wait()
+
+    def _hold(self) -> None:
+        self.running.set()
+        self.gate.wait()
+
+    def release(self) -> None:
+        while self.scheduler.pending() < self.waiting:
+            threading.Event().wait(0.005)
+        self.gate.set()
+
+
+def batched(target, slots: int = 8) -> BatchedEngine:
+    return BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_slots=slots, max_context_tokens=512))
+
+
+@torch.inference_mode()
+def greedy_continuation(target, ids: list[int], n: int) -> list[int]:
+    out = list(ids)
+    for _ in range(n):
+        out.append(int(target.model(input_ids=torch.tensor([out], device=target.device)).logits[0, -1].argmax()))
+    return out[len(ids):]
+
+
+def random_tree(rng: random.Random, truth: list[int], vocab: int = 300) -> DraftTree:
+    """A tree following `truth` for a random depth, with random siblings (greedy then accepts some)."""
+    tokens, parents, parent = [], [], ROOT
+    for depth in range(rng.randint(0, min(len(truth), 5))):
+        for _ in range(rng.randint(0, 2)):
+            tokens.append(rng.randrange(vocab))
+            parents.append(parent)
+        tokens.append(truth[depth])
+        parents.append(parent)
+        parent = len(tokens) - 1
+    for _ in range(rng.randint(0, 3)):
+        parents.append(rng.choice([ROOT] + list(range(len(tokens)))))
+        tokens.append(rng.randrange(vocab))
+    return DraftTree(tuple(tokens), tuple(parents)).validate()
+
+
+def run_session(target, scheduler, seed: int, sampling: SamplingConfig, truth: list[int] | None) -> list[int]:
+    """Open (a prompt of 3..40 tokens, some with a tree), 8 verifications of random trees, a resume with
+    a rollback; the session's committed tokens."""
+    rng = random.Random(seed)
+    prompt = [rng.randrange(256) for _ in range(rng.randint(3, 40))]
+    session = VerifierSession(SessionSettings(f"s{seed}", sampling, seed), target, scheduler, max_context_tokens=400)
+    follow = (lambda: truth[len(session.committed) - len(prompt):]) if truth else (lambda: [rng.randrange(300)] * 5)
+    session.open(prompt, random_tree(rng, truth or follow()) if seed % 2 else None)
+    for step in range(1, 9):
+        session.verify(step, len(session.committed), random_tree(rng, follow()))
+    confirmed = session.committed[:-3]
+    provisional = session.committed[-3:-1] + [rng.randrange(256)]
+    session.resume(len(confirmed), committed_hash(confirmed), provisional, ResumePolicy.ROLLBACK)
+    session.verify(100, len(session.committed), random_tree(rng, follow()))
+    return session.committed[len(prompt):]
+
+
+def run_all(target, scheduler, sampling: SamplingConfig, truths: dict[int, list[int]] | None,
+            together: bool) -> dict[int, list[int]]:
+    """Every seed's session, one after the other or all at once on threads (their first forwards in one batch)."""
+    seeds = range(6)
+    if not together:
+        return {s: run_session(target, scheduler, s, sampling, truths and truths[s]) for s in seeds}
+    out: dict[int, list[int]] = {}
+    held = Held(scheduler, len(seeds))
+
+    def one(seed: int) -> None:
+        out[seed] = run_session(target, scheduler, seed, sampling, truths and truths[seed])
+
+    threads = [threading.Thread(target=one, args=(s,)) for s in seeds]
+    for t in threads:
+        t.start()
+    held.release()
+    for t in threads:
+        t.join()
+    assert set(out) == set(seeds), "a session thread failed"
+    return out
+
+
+def greedy_truths(target) -> dict[int, list[int]]:
+    truths = {}
+    for seed in range(6):
+        rng = random.Random(seed)
+        prompt = [rng.randrange(256) for _ in range(rng.randint(3, 40))]
+        truths[seed] = greedy_continuation(target, prompt, 80)
+    return truths
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=0.9, top_p=0.95)],
+                         ids=["greedy", "sampling"])
+def test_batched_sessions_give_the_tokens_of_sessions_run_alone(target, sampling):
+    truths = greedy_truths(target) if sampling.greedy else None
+    results = {}
+    for name, engine, together in [("generic", GenericEngine(target), False), ("alone", batched(target), False),
+                                   ("batched", batched(target), True)]:
+        scheduler = ModelScheduler(engine, SMALL_CHUNKS)
+        try:
+            results[name] = run_all(target, scheduler, sampling, truths, together)
+        finally:
+            scheduler.close()
+        if together:
+            assert scheduler.stats.items > scheduler.stats.forwards, "no forward carried two sessions"
+    assert results["batched"] == results["alone"] == results["generic"]
+    if truths:  # and greedy verification is the target's own greedy decoding
+        for seed, committed in results["batched"].items():
+            assert committed == truths[seed][:len(committed)], seed
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=1.0, top_k=20)],
+                         ids=["greedy", "sampling"])
+def test_plain_api_batched_gives_the_tokens_of_requests_run_alone(target, sampling):
+    requests = [GenerationRequest(tuple(range(5 + 7 * i, 12 + 9 * i)), 12, sampling, seed=i, stop_at_eos=False)
+                for i in range(4)]
+
+    def alone(engine) -> list[list[int]]:
+        scheduler = ModelScheduler(engine, SMALL_CHUNKS)
+        try:
+            return [[t.id for t in generate(target, scheduler, r)] for r in requests]
+        finally:
+            scheduler.close()
+
+    def together(engine) -> list[list[int]]:
+        scheduler = ModelScheduler(engine, SMALL_CHUNKS)
+        out: list = [None] * len(requests)
+        held = Held(scheduler, len(requests))  # every request's prefill queues up, then one batch
+
+        def one(i: int) -> None:
+            out[i] = [t.id for t in generate(target, scheduler, requests[i])]
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(requests))]
+        for t in threads:
+            t.start()
+        held.release()
+        for t in threads:
+            t.join()
+        scheduler.close()
+        assert scheduler.stats.items > scheduler.stats.forwards
+        return out
+
+    reference = alone(GenericEngine(target))
+    assert alone(batched(target)) == reference
+    assert together(batched(target)) == reference
+    if sampling.greedy:
+        for r, got in zip(requests, reference):
+            assert got == greedy_continuation(target, list(r.prompt_ids), 12)
+
+
+def test_a_long_prefill_goes_in_chunks_behind_newer_work(target):
+    """A session's verification is answered while another session's long prompt is still being prefilled."""
+    scheduler = ModelScheduler(batched(target), SchedulerConfig(prefill_chunk=4))
+    try:
+        quick = VerifierSession(SessionSettings("quick"), target, scheduler, 400)
+        quick.open([1, 2, 3])
+        slow = VerifierSession(SessionSettings("slow"), target, scheduler, 400)
+        done: list[str] = []
+        held = Held(scheduler, 2)
+        a = threading.Thread(target=lambda: (slow.open(list(range(100))), done.append("slow")))
+        a.start()
+        while scheduler.pending() < 1:  # slow's first chunk queues first
+            threading.Event().wait(0.005)
+        b = threading.Thread(target=lambda: (quick.verify(1, 4, DraftTree((5,), (ROOT,))), done.append("quick")))
+        b.start()
+        held.release()
+        a.join()
+        b.join()
+        assert done == ["quick", "slow"]
+    finally:
+        scheduler.close()
+
+
+def test_pool_keeps_rows_in_place_and_slots_come_back(target):
+    engine = batched(target, slots=2)
+    engine.pool.wait_s = 0.2
+    scheduler = ModelScheduler(engine)
+    try:
+        address = engine.pool.kv.data_ptr()
+        first = VerifierSession(SessionSettings("a"), target, scheduler, 400)
+        first.open(list(range(30)))
+        for step in range(1, 6):
+            first.verify(step, len(first.committed), DraftTree((1, 2, 3), (ROOT, 0, ROOT)))
+        assert engine.pool.kv.data_ptr() == address  # nothing reallocated
+        assert first.kv_bytes == engine.pool.slot_bytes
+        second = VerifierSession(SessionSettings("b"), target, scheduler, 400)
+        second.open([4, 5])
+        third = VerifierSession(SessionSettings("c"), target, scheduler, 400)
+        with pytest.raises(SessionCapError, match="KV slots"):
+            third.open([6, 7])
+        del first  # a dropped session's slot comes back to the pool
+        third.open([6, 7])
+        second.kv.close()
+        assert engine.pool.free == 1
+    finally:
+        scheduler.close()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_batch_masks_equal_the_tree_masks(seed):
+    rng = random.Random(seed)
+    n = rng.randint(0, 40)
+    parents = tuple(rng.choice([ROOT] + list(range(i))) for i in range(n))
+    tree = DraftTree(tuple(range(n)), parents)
+    past = rng.randint(0, 30)
+    work = Work.tree(7, tree, past)
+    mask = batch_attention_mask(torch.tensor([work.parents]), torch.tensor([work.positions]), torch.tensor([past]),
+                                torch.tensor([len(work)]), past + len(work), torch.float32)
+    assert torch.equal(mask, full_attention_mask(tree, past))
+
+
+def test_batch_masks_of_padded_rows_and_chunk_then_tree():
+    tree = DraftTree((5, 6, 7), (ROOT, 0, ROOT))
+    chunk_tree = Work.chunk_tree([1, 2, 3], tree, past=2)  # rows 0-2 causal, nodes hang from row 2
+    chain = Work.chunk([9, 9], start=4)
+    t = len(chunk_tree)
+    pad = lambda v, fill: list(v) + [fill] * (t - len(v))  # noqa: E731
+    mask = batch_attention_mask(torch.tensor([pad(chunk_tree.parents, -1), pad(chain.parents, -1)]),
+                                torch.tensor([pad(chunk_tree.positions, 0), pad(chain.positions, 0)]),
+                                torch.tensor([2, 4]), torch.tensor([t, 2]), 12, torch.float32)
+    sees = (mask[:, 0] == 0).int().tolist()  # [B, T, 12]
+    assert sees[0][2] == [1, 1, 1, 1, 1] + [0] * 7  # the chunk's last row: past 2 + rows 0..2
+    assert sees[0][4] == [1, 1, 1, 1, 1, 1, 1] + [0] * 5  # node 1 (row 4): past, rows 0-2, node 0, itself
+    assert sees[0][5] == [1, 1, 1, 1, 1, 0, 0, 1] + [0] * 4  # node 2 hangs from row 2 too
+    assert sees[1][1] == [1, 1, 1, 1, 1, 1] + [0] * 6  # the chain's second row: past 4 + both rows
+    assert sees[1][3] == [1, 1, 1, 1] + [0] * 8  # a padding row sees the past (and key 0, were it empty)
+
+
+def test_engine_choice_by_architecture_and_device(target):
+    assert batched_unsupported(target) is None  # Qwen2, full attention
+    assert isinstance(build_engine(target, "generic"), GenericEngine)
+    assert isinstance(build_engine(target, "batched", PoolConfig(max_kv_bytes=1 << 30, max_slots=2,
+                                                                 max_context_tokens=64)), BatchedEngine)
+    auto = build_engine(target, "auto", PoolConfig(max_kv_bytes=1 << 30, max_slots=2, max_context_tokens=64))
+    assert auto.name == ("generic" if target.device.type == "cpu" else "batched")
+    with pytest.raises(ValueError, match="engine"):
+        build_engine(target, "paged")
+
+
+def test_sliding_window_models_take_the_generic_path(tmp_path):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from edgespec.shared.models.tiny import tiny_tokenizer
+
+    cfg = MistralConfig(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=1, sliding_window=16)
+    MistralForCausalLM(cfg).save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    target = TargetModel(load_model(str(tmp_path), device="cpu", dtype="float32"))
+    assert "sliding" in batched_unsupported(target)
+    assert build_engine(target, "auto").name == "generic"
+    with pytest.raises(ValueError, match="generic"):
+        build_engine(target, "batched")
