@@ -92,13 +92,9 @@ def test_names_labels_and_counts_follow_a_real_generation(server, tiny_model_dir
         ("edgespec:time_to_first_token_seconds_sum", ()), 0.0)
 
 
-def test_running_and_kv_usage_follow_an_open_session(server, tiny_model_dir):
+def test_running_and_kv_usage_follow_an_open_session(server, fingerprint):
     import grpc
 
-    from edgespec.shared.fingerprint import tokenizer_fingerprint
-    from edgespec.shared.models.loading import load_model
-
-    fingerprint = tokenizer_fingerprint(load_model(str(tiny_model_dir), device="cpu", dtype="float32").tokenizer)
     with grpc.insecure_channel(server.address) as channel, SessionStream(pb_grpc.VerifierStub(channel)) as stream:
         opened = stream.send(open=pb.Open(prompt_ids=list(range(3, 40)), tokenizer_fingerprint=fingerprint,
                                           max_new_tokens=8)).opened
