@@ -12,10 +12,16 @@ One online step:
   3. commit the accepted tokens and the bonus token
   4. hand the verification (and its features) to the drafter
   5. emit the new tokens; stop at EOS, max tokens or a stop string
-When the link dies (deadline passed or stream broken) the loop goes offline
-(DESIGN section 6): a drafter that can generate alone continues and its tokens
-are provisional; a background reconnector retries with backoff; once a channel
-is ready, Resume hands the provisional tokens to the target under the policy.
+When the link dies (deadline passed, stream broken, UNAVAILABLE) the loop goes
+offline (DESIGN section 6): a drafter that can generate alone continues and its
+tokens are provisional; a background reconnector retries with backoff; once a
+channel is ready, Resume hands the provisional tokens to the target under the
+policy. Every failure in a row (a failed connect, a Resume that failed on a
+fresh channel) lengthens the backoff until a verified answer comes, and once
+``offline_wait_s`` has passed without one the loop stops waiting: the output
+ends with what it has (``link_lost``). A server error (INTERNAL, a refusal)
+is not the link: the generation fails at once with ``GenerationFailedError``,
+which carries the server's message and the output so far.
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ from typing import Callable, Iterator, Sequence
 
 from edgespec.proto.edgespec.v1 import pb
 from edgespec.shared.codec import Codec, decode_frame, frame_shape
+from edgespec.shared.errors import EdgespecError
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.metrics import GenerationMetrics
 from edgespec.shared.tree import MAX_NODES, encode_tree
@@ -36,7 +43,7 @@ from edgespec.shared.tree import MAX_NODES, encode_tree
 from .commit import (Finish, ProtocolError, ResumePolicy, accepted_path, check_committed_len, finish_point,
                      resume_commit)
 from .drafters.base import FEATURE_NONE, Drafter, DraftRequest, OfflineUnsupportedError, Verification
-from .link import Link, LinkDownError, Reconnector, SessionStream
+from .link import Link, LinkDownError, Reconnector, ServerRefusedError, SessionStream
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +88,8 @@ class GenerationConfig:
     top_k: int = 0  # 0 = off
     seed: int = 0  # the server's sampling seed for this session
     resume_policy: ResumePolicy = ResumePolicy.ROLLBACK  # what happens to offline tokens on reconnect
-    offline_wait_s: float = 30.0  # how long to wait for the link when the drafter cannot go on alone
+    offline_wait_s: float = 30.0  # how long after the last verified answer to keep waiting for the link once
+    # the drafter cannot go on alone (the output is done offline, or an ngram drafter): then the output ends
     codec: Codec = Codec.INT8_OUTLIER  # activation codec for features (drafters that ask for them)
     zstd_level: int = 3  # zstd level over feature frames
     outlier_channels: int = 8  # float16 channels kept apart by INT8_OUTLIER
@@ -99,11 +107,24 @@ class GenerationConfig:
 class GenerationResult:
     token_ids: list[int]  # generated ids (EOS included when it ended the output)
     origins: list[TokenOrigin]  # one per generated id
-    finish_reason: str  # "stop", "length" or "link_lost"
+    finish_reason: str  # "stop", "length", "link_lost", or "error" (only in GenerationFailedError.result)
     metrics: GenerationMetrics
     session_id: str = ""
     detail: str = ""  # why it ended, when that needs saying (link lost, offline text kept)
     provisional: int = 0  # trailing output tokens never verified by the target
+
+
+class GenerationFailedError(EdgespecError):
+    """The server answered with an error that retrying will not fix (a refusal, a server-side bug) or an
+    answer that contradicts the request. Nothing generated is lost: ``result`` holds the output so far
+    (its ``provisional`` trailing tokens were never verified) and ``text`` its text; ``cause`` is the error."""
+
+    def __init__(self, cause: EdgespecError, result: GenerationResult, text: str):
+        unverified = f", the last {result.provisional} unverified" if result.provisional else ""
+        super().__init__(f"{cause} (the generation stopped after {len(result.token_ids)} tokens{unverified}; "
+                         f"they are in this error's .text and .result)")
+        self.grpc_code = cause.grpc_code
+        self.cause, self.result, self.text = cause, result, text
 
 
 @dataclass
@@ -149,7 +170,9 @@ class Generation:
         self.result: GenerationResult | None = None
         self._stream: SessionStream | None = None
         self._reconnector: Reconnector | None = None
-        self._offline_since = 0.0
+        self._verified_at = time.perf_counter()  # when the server last answered a request (or the start)
+        self._failures = 0  # consecutive failed tries since then: each earns a longer backoff
+        self._last_failure = ""  # what the last one was, for the detail when the link never comes back
         self._step = 0
         self._detail = ""
         self._lost = False
@@ -167,6 +190,7 @@ class Generation:
     # ------------------------------------------------------------------ loop
     def _run(self) -> Iterator[Event]:
         start = time.perf_counter()
+        failure: EdgespecError | None = None
         try:
             yield from self._open()
             while not self._done():
@@ -174,10 +198,15 @@ class Generation:
                     yield from self._online_step()
                 else:
                     yield from self._offline_step()
+        except (ServerRefusedError, ProtocolError) as err:  # the server's answer, not the link: no retry
+            failure = err
         finally:
             self._close()
             self.metrics.wall_s = time.perf_counter() - start
-            self._finalize()
+            self._finalize(failed=failure is not None)
+        if failure is not None:
+            log.info("session %s: failed: %s", self.session_id, failure)
+            raise GenerationFailedError(failure, self.result, self.tok.decode(self.result.token_ids)) from failure
 
     def _done(self) -> bool:
         s = self.state
@@ -212,6 +241,7 @@ class Generation:
                 raise LinkDownError(f"{err}; the {self.drafter.name!r} drafter cannot start without the server") from None
             yield from self._go_offline(err)
             return
+        self._verified()
         self.metrics.prefill_s = time.perf_counter() - t0
         self.link.first_round_trip_s = self.link.first_round_trip_s or self.metrics.prefill_s
         opened = answer.opened
@@ -259,6 +289,7 @@ class Generation:
         except LinkDownError as err:
             yield from self._go_offline(err)
             return
+        self._verified()
         v = answer.verified
         if v.step != self._step:
             raise ProtocolError(f"Verified answers step {v.step}, the client sent step {self._step}")
@@ -288,8 +319,9 @@ class Generation:
         yield from self._emit()
 
     def _wait_for_link(self) -> Iterator[Event]:
-        """Offline with nothing left to do alone: wait for the link, or end."""
-        left = self.config.offline_wait_s - (time.perf_counter() - self._offline_since)
+        """Offline with nothing left to do alone: wait for the link, or end once offline_wait_s has passed
+        since the last verified answer (failed Resumes do not restart that clock)."""
+        left = self.config.offline_wait_s - (time.perf_counter() - self._verified_at)
         channel = self._reconnector.take(max(0.0, left)) if self._reconnector else None
         if channel is not None:
             yield from self._resume(channel)
@@ -301,26 +333,32 @@ class Generation:
                 why = "the link stayed down"
             except OfflineUnsupportedError as err:
                 why = str(err)
-            self._detail = f"link to the server lost and not back within {self.config.offline_wait_s:.0f}s: {why}"
+            self._detail = (f"link to the server lost and not back within {self.config.offline_wait_s:g}s "
+                            f"(last failure: {self._last_failure}): {why}")
         else:
             self._detail = (f"the output was finished offline and the link did not come back within "
-                            f"{self.config.offline_wait_s:.0f}s, so its last {len(self.state.committed) - self.state.confirmed} "
-                            f"tokens stay unverified")
+                            f"{self.config.offline_wait_s:g}s (last failure: {self._last_failure}), so its last "
+                            f"{len(self.state.committed) - self.state.confirmed} tokens stay unverified")
 
     def _go_offline(self, err: Exception) -> Iterator[Event]:
-        log.info("session %s: link down (%s); going offline", self.session_id, err)
+        was_up = self._failures == 0  # the server answered since the last failure: the link just went down
+        self._failures += 1
+        self._last_failure = str(err)
+        log.info("session %s: link down (%s); going offline, failure %d in a row", self.session_id, err,
+                 self._failures)
         self.metrics.disconnects += 1
         if self._stream is not None:
             self._stream.close()
             self._stream = None
         self.link.close()
-        self._offline_since = time.perf_counter()
-        self._reconnector = self.link.reconnector()
-        yield LinkEvent(False, str(err))
+        self._reconnector = self.link.reconnector(self._failures)
+        if was_up:  # a Resume that failed again is the same outage, not a new one to announce
+            yield LinkEvent(False, str(err))
 
     def _resume(self, channel) -> Iterator[Event]:
         s, m = self.state, self.metrics
         self.link.adopt(channel)
+        self._failures = self._reconnector.attempts  # its failed connects count toward the next backoff
         self._reconnector = None
         provisional = s.committed[s.confirmed:]
         policy = self.config.resume_policy
@@ -334,6 +372,7 @@ class Generation:
         except LinkDownError as err:
             yield from self._go_offline(err)
             return
+        self._verified()
         r = answer.resumed
         new = resume_commit(s.committed, s.confirmed, r.agreed, r.bonus_token, policy)
         check_committed_len(len(new), r.committed_len, "Resumed")
@@ -359,6 +398,11 @@ class Generation:
         yield from self._emit()
 
     # --------------------------------------------------------------- helpers
+    def _verified(self) -> None:
+        """The server answered a request: the link works, the retry budget starts again."""
+        self._verified_at = time.perf_counter()
+        self._failures = 0
+
     def _commit(self, tokens: list[int], origins: list[TokenOrigin]) -> None:
         s = self.state
         s.committed.extend(int(t) for t in tokens)
@@ -414,12 +458,13 @@ class Generation:
             self._stream.close()
             self._stream = None
 
-    def _finalize(self) -> None:
+    def _finalize(self, failed: bool = False) -> None:
         s, m = self.state, self.metrics
         m.new_tokens = len(s.generated)
         m.offline_tokens = sum(o is TokenOrigin.OFFLINE for o in s.origins)
         m.online_tokens = m.new_tokens - m.offline_tokens
         reason = "link_lost" if self._lost and s.finish.reason is None else (s.finish.reason or "link_lost")
+        reason = "error" if failed else reason
         self.result = GenerationResult(list(s.generated), list(s.origins), reason, m, self.session_id,
                                        self._detail, len(s.committed) - s.confirmed)
 

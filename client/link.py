@@ -44,7 +44,8 @@ class SessionLostError(LinkDownError):
 
 
 class ServerRefusedError(EdgespecError):
-    """The server answered with an error that retrying will not fix (bad request, wrong tokenizer, no auth)."""
+    """The server answered with an error that retrying will not fix (bad request, wrong tokenizer, no auth,
+    a server-side bug): the request fails with the server's message."""
 
     grpc_code = "FAILED_PRECONDITION"
 
@@ -53,9 +54,11 @@ class ServerRefusedError(EdgespecError):
         self.grpc_code = code
 
 
-# Status codes that mean "the link or the server's process is in trouble": go offline, reconnect, resume.
-_LINK_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
-               grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
+# Status codes of the transport, or of a server (or proxy) that cannot take the call now: go offline,
+# reconnect, resume, within the retry budget. Every other code is the server's answer to the request itself
+# (INTERNAL, UNKNOWN: a server-side bug; INVALID_ARGUMENT, ...: a refusal): retrying would get it again, so
+# the request fails with the server's message instead of going offline in a loop.
+_LINK_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 # Status codes that mean "this session is gone on the server": resume rebuilds it.
 _SESSION_CODES = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ABORTED}
 
@@ -87,9 +90,10 @@ class LinkConfig:
     min_deadline_s: float = 1.0  # ... but at least this (scheduling noise on a busy laptop) ...
     max_deadline_s: float = 30.0  # ... and at most this
     rtt_window: int = 8  # recent Draft round trips the deadline looks at
-    backoff_initial_s: float = 0.1  # first wait between reconnect attempts
-    backoff_max_s: float = 5.0  # longest wait between reconnect attempts
-    backoff_multiplier: float = 2.0  # growth of the wait per failed attempt
+    backoff_initial_s: float = 0.1  # wait after the first failure (a failed connect, or a call that failed on a
+    # fresh connection) before the next try
+    backoff_max_s: float = 5.0  # longest wait between tries
+    backoff_multiplier: float = 2.0  # growth of the wait per consecutive failure (reset by a verified answer)
     backoff_jitter: float = 0.2  # +- this fraction of randomness, so clients do not retry in lockstep
     max_message_bytes: int = 64 << 20  # largest message sent or received
 
@@ -108,7 +112,7 @@ def draft_deadline(round_trips: Sequence[float], config: LinkConfig, fallback_s:
 
 
 def backoff_delay(attempt: int, config: LinkConfig, rng: random.Random) -> float:
-    """Wait before reconnect attempt `attempt` + 1 (attempt 0 is the first retry): exponential with jitter."""
+    """Wait after consecutive failure `attempt` + 1 (attempt 0: the first failure): exponential with jitter."""
     base = min(config.backoff_max_s, config.backoff_initial_s * config.backoff_multiplier ** attempt)
     return max(0.0, base * (1.0 + rng.uniform(-config.backoff_jitter, config.backoff_jitter)))
 
@@ -178,6 +182,7 @@ class SessionStream:
     def __init__(self, channel: grpc.Channel, config: LinkConfig, session_id: str):
         self._requests: queue.Queue = queue.Queue()
         self._answers: queue.Queue = queue.Queue()
+        self._ended = threading.Event()  # the reader saw the stream end: no answer can come any more
         self._call = pb_grpc.VerifierStub(channel).Session(
             self._outgoing(), metadata=call_metadata(config, session_id))
         self._reader = threading.Thread(target=self._read, name="edgespec-stream-reader", daemon=True)
@@ -200,11 +205,15 @@ class SessionStream:
             self._answers.put(err)
         except Exception as err:  # a broken channel can surface as other errors; the loop treats it as link loss
             self._answers.put(err)
+        finally:
+            self._ended.set()
 
     def request(self, message: pb.ClientMessage, timeout_s: float) -> pb.ServerMessage:
         """Send and wait for the answer; LinkDownError on timeout or a broken stream."""
         if self.closed:
             raise LinkDownError("the session stream is closed")
+        if self._ended.is_set() and self._answers.empty():  # e.g. Close after a refusal ended the stream
+            raise LinkDownError("the session stream has ended")
         self._requests.put(message)
         try:
             answer = self._answers.get(timeout=timeout_s)
@@ -226,19 +235,25 @@ class SessionStream:
 
 
 class Reconnector:
-    """Tries fresh channels in the background, with backoff, until one is ready (or it is cancelled)."""
+    """Tries fresh channels in the background, with backoff, until one is ready (or it is cancelled).
 
-    def __init__(self, config: LinkConfig, rng: random.Random | None = None):
+    ``failures`` counts the consecutive failures before it (failed connects, calls that failed on a fresh
+    channel): it first waits the backoff those earned, so a server that accepts connections but fails
+    every call is retried at a falling rate, not as fast as connects succeed."""
+
+    def __init__(self, config: LinkConfig, rng: random.Random | None = None, failures: int = 0):
         self.config = config
         self._rng = rng or random.Random()
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._channel: grpc.Channel | None = None
-        self.attempts = 0
+        self.attempts = failures  # consecutive failures, its own failed connects included
         self._thread = threading.Thread(target=self._run, name="edgespec-reconnect", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        if self.attempts:
+            self._stop.wait(backoff_delay(self.attempts - 1, self.config, self._rng))
         while not self._stop.is_set():
             channel = make_channel(self.config)
             if wait_ready(channel, self.config.connect_timeout_s):
@@ -249,8 +264,8 @@ class Reconnector:
                 self._ready.set()
                 return
             channel.close()
-            delay = backoff_delay(self.attempts, self.config, self._rng)
             self.attempts += 1
+            delay = backoff_delay(self.attempts - 1, self.config, self._rng)
             log.debug("reconnect attempt %d to %s failed; next in %.2fs", self.attempts, self.config.address, delay)
             self._stop.wait(delay)
 
@@ -306,8 +321,9 @@ class Link:
     def draft_deadline(self) -> float:
         return draft_deadline(self.round_trips, self.config, self.first_round_trip_s)
 
-    def reconnector(self) -> Reconnector:
-        return Reconnector(self.config, self.rng)
+    def reconnector(self, failures: int = 0) -> Reconnector:
+        """A Reconnector that starts after the backoff `failures` consecutive failures earned."""
+        return Reconnector(self.config, self.rng, failures)
 
     def close(self) -> None:
         if self.channel is not None:
