@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from edgespec.shared.errors import EdgespecError
-from edgespec.shared.tree import ROOT, DraftTree
+from edgespec.shared.tree import DraftTree
 
 from .base import Drafter, DraftRequest, FeatureNeeds, Verification
 from .independent import common_prefix
@@ -107,13 +107,13 @@ class LearnedDrafter(Drafter):
     @torch.inference_mode()
     def propose(self, request: DraftRequest) -> DraftTree:
         self._sync(request.committed)
-        node_of = {ROOT: ROOT}  # candidate index -> runtime draft node
+        fed: list[int] = []  # candidates fed to the runtime: its draft node i is candidate fed[i]
 
         def expand(frontier: list[int], cands: Candidates) -> torch.Tensor:
-            tokens = [self._target_id(cands.tokens[c]) for c in frontier]
-            parents = [node_of[cands.parents[c]] for c in frontier]
-            node_of.update((c, len(self.rt.draft) + i) for i, c in enumerate(frontier))
-            return self.rt.expand(tokens, parents)
+            k0 = len(fed)
+            fed.extend(frontier)
+            nodes = cands.subtree(fed)
+            return self.rt.expand([self._target_id(t) for t in nodes.tokens[k0:]], nodes.parents[k0:])
 
         try:
             tree, _ = build_tree(self.rt.root_logprobs(), expand, self.tree, request.max_nodes, request.max_depth)

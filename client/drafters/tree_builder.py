@@ -9,17 +9,19 @@ improbable) the best M candidates overall are kept. A child never scores above
 its parent (log-probabilities are <= 0), so the kept set is a connected tree.
 
 Only frontier candidates are ever fed to the drafter's model, so a drafter keeps
-KV for those alone; ``expand`` receives their indices in ``Candidates``.
+KV for those alone; ``expand`` receives their indices in ``Candidates``. Candidates
+are numbered the way ``DraftTree`` numbers nodes (parent ROOT = the last committed
+token), so the tree drafted and the nodes fed are both ``Candidates.subtree``.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
-from edgespec.shared.tree import ROOT, DraftTree
+from edgespec.shared.tree import MAX_NODES, ROOT, DraftTree
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,17 @@ class TreeShape:
             raise ValueError(f"min_prob must be in [0, 1), got {self.min_prob}")
 
 
+def subtree(tree: DraftTree, nodes: Sequence[int]) -> DraftTree:
+    """The nodes ``nodes`` of ``tree`` (each after its parent, which is among them or ROOT) as a tree
+    of their own, numbered in the order given. (It belongs beside DraftTree in shared/tree.py.)"""
+    where = {ROOT: ROOT}
+    for n, c in enumerate(nodes):
+        if tree.parents[c] not in where:
+            raise ValueError(f"node {c} is kept without its parent {tree.parents[c]}")
+        where[c] = n
+    return DraftTree(tuple(tree.tokens[c] for c in nodes), tuple(where[tree.parents[c]] for c in nodes))
+
+
 @dataclass
 class Candidates:
     """Every node considered so far; parents refer to earlier candidates (or ROOT)."""
@@ -67,13 +80,15 @@ class Candidates:
         self.depths.append(int(depth))
         return len(self.tokens) - 1
 
+    def tree(self) -> DraftTree:
+        return DraftTree(tuple(self.tokens), tuple(self.parents))
+
     def ancestors(self, i: int) -> list[int]:
         """Candidate indices from the depth-1 ancestor down to i (inclusive)."""
-        path = []
-        while i != ROOT:
-            path.append(i)
-            i = self.parents[i]
-        return path[::-1]
+        return self.tree().ancestors(i)
+
+    def subtree(self, nodes: Sequence[int]) -> DraftTree:
+        return subtree(self.tree(), nodes)
 
 
 # expand(frontier candidate indices, candidates) -> log-probabilities [len(frontier), V]
@@ -98,6 +113,8 @@ def build_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape,
             break
         if shape.prune_frontier:
             frontier = [c for c in frontier if cands.scores[c] >= floor]
+        if len(cands.tokens) + len(frontier) * shape.branch > MAX_NODES:
+            break  # candidate 255 would read as ROOT
         logprobs = expand(frontier, cands).float()  # [k, V]
         top_lp, top_tok = logprobs.topk(min(shape.branch, logprobs.shape[-1]), dim=-1)  # [k, B]
         layer = []
@@ -109,14 +126,7 @@ def build_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape,
 
 
 def select_tree(cands: Candidates, keep: int) -> DraftTree:
-    """The best `keep` candidates by score as a tree (ties go to the shallower, earlier node)."""
+    """The best `keep` candidates by score as a tree (ties go to the shallower, earlier node). A child
+    never scores above its parent with log-probabilities; scores that do (NaN) raise ValueError."""
     ranked = sorted(range(len(cands.tokens)), key=lambda i: (-cands.scores[i], cands.depths[i], i))
-    chosen = sorted(ranked[:keep])  # candidate order is depth order: parents first
-    where = {c: n for n, c in enumerate(chosen)}
-    parents = []
-    for c in chosen:
-        p = cands.parents[c]
-        if p != ROOT and p not in where:  # cannot happen with log-probabilities <= 0; guard against NaN
-            raise ValueError(f"candidate {c} was kept without its parent {p}: scores are not monotone")
-        parents.append(ROOT if p == ROOT else where[p])
-    return DraftTree(tuple(cands.tokens[c] for c in chosen), tuple(parents))
+    return cands.subtree(sorted(ranked[:keep]))  # candidate order is depth order: parents first

@@ -10,7 +10,7 @@ from edgespec.client.drafters.base import DraftRequest, OfflineUnsupportedError
 from edgespec.client.drafters.independent import IndependentConfig, IndependentDrafter, common_prefix
 from edgespec.client.drafters.ngram import NgramConfig, NgramDrafter, continuations, match_starts, trie_tree
 from edgespec.client.drafters.tree_builder import Candidates, TreeShape, build_tree, select_tree
-from edgespec.shared.tree import ROOT, DraftTree
+from edgespec.shared.tree import MAX_NODES, ROOT, DraftTree
 
 
 # ---------------------------------------------------------------- tree builder
@@ -91,6 +91,16 @@ def test_frontier_paths_below_min_prob_are_not_fed_unless_asked():
     expand, calls = _table_expand(table)
     build_tree(table[0], expand, TreeShape(branch=2, depth=4, max_nodes=8, min_prob=0.2, prune_frontier=False))
     assert [len(f) for f in calls] == [2, 2, 2]
+
+
+def test_candidates_keep_draft_tree_numbering():
+    # candidate indices are DraftTree node indices (255 = ROOT): a wide, deep tree stops before a 256th
+    table = _random_table(seed=1)
+    expand, _ = _table_expand(table)
+    tree, cands = build_tree(table[0], expand, TreeShape(branch=4, depth=30, max_nodes=200, min_prob=0.0))
+    assert len(cands.tokens) <= MAX_NODES and len(tree) == 200
+    cands.tree().validate()
+    tree.validate()
 
 
 def test_select_tree_refuses_non_monotone_scores():
