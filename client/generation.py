@@ -205,7 +205,7 @@ class Generation:
             self.metrics.wall_s = time.perf_counter() - start
             self._finalize(failed=failure is not None)
         if failure is not None:
-            log.info("session %s: failed: %s", self.session_id, failure)
+            log.info("session %s: failed: %r", self.session_id, str(failure))
             raise GenerationFailedError(failure, self.result, self.tok.decode(self.result.token_ids)) from failure
 
     def _done(self) -> bool:
@@ -344,7 +344,8 @@ class Generation:
         was_up = self._failures == 0  # the server answered since the last failure: the link just went down
         self._failures += 1
         self._last_failure = str(err)
-        log.info("session %s: link down (%s); going offline, failure %d in a row", self.session_id, err,
+        # %r: the text may quote the server, which must not be able to forge a line of this log
+        log.info("session %s: link down (%r); going offline, failure %d in a row", self.session_id, str(err),
                  self._failures)
         self.metrics.disconnects += 1
         if self._stream is not None:
