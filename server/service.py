@@ -11,7 +11,6 @@ INTERNAL with the exception logged.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import uuid
 from concurrent.futures import Executor

@@ -7,7 +7,7 @@ import pytest
 
 from edgespec.proto.edgespec.v1 import pb
 from edgespec.shared.fingerprint import committed_hash
-from edgespec.shared.tree import ROOT, DraftTree, encode_tree
+from edgespec.shared.tree import DraftTree, encode_tree
 
 LIVE = "live-session"
 PROMPT = [11, 12, 13, 14]
