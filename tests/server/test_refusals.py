@@ -143,7 +143,7 @@ def test_the_http_api_wants_the_key_too(guarded_server):
     assert httpx.get(f"{url}/health").status_code == 200  # probes need no key
     body = {"prompt": [1, 2], "max_tokens": 2, "temperature": 0}
     reply = httpx.post(f"{url}/v1/completions", json=body)
-    assert reply.status_code == 401 and "API key" in reply.json()["detail"]
+    assert reply.status_code == 401 and "API key" in reply.json()["error"]["message"]
     reply = httpx.post(f"{url}/v1/completions", json=body, headers={"Authorization": "Bearer s3cret"})
     assert reply.status_code == 200 and reply.json()["usage"]["prompt_tokens"] == 2
 
