@@ -109,6 +109,8 @@ def register(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1", help="serve: interface of the local API")
     p.add_argument("--port", type=int, default=DEFAULT_API_PORT, help="serve: port of the local API")
     p.add_argument("--local-api-key", default=None, help="serve: require this key from API callers")
+    p.add_argument("--metrics-need-key", action="store_true", help="serve: /metrics asks for --local-api-key too")
+    p.add_argument("--max-body-mb", type=float, default=8.0, help="serve: largest request body, MiB (413 past it)")
     p.add_argument("--log-format", choices=["text", "json"], default="text",
                    help="log lines as text or one JSON object a line (time, level, logger, message, "
                         "extra fields; no progress bars) on stderr")
@@ -147,7 +149,8 @@ def serve(args) -> int:
     link = LinkConfig(args.server, tls=args.tls, root_certificates=args.ca, api_key=args.api_key)
     slot = ClientSlot.load_in_background(load, args.drafter, link)
     app = build_app(slot, policy=ResumePolicy[args.policy.upper()],
-                    api_key=args.local_api_key, metrics=metrics)
+                    api_key=args.local_api_key, metrics=metrics, metrics_need_key=args.metrics_need_key,
+                    max_body_bytes=int(args.max_body_mb * (1 << 20)))
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                                            log_level=None))  # logging is configured above, not by uvicorn
     logging.getLogger("edgespec.client.serve").info(

@@ -48,6 +48,8 @@ class ServerConfig:
     first_message_timeout_s: float = 5.0  # a Session stream that sends no first message (Open, Resume) this
     # long after opening is closed with DEADLINE_EXCEEDED, so silent streams cannot pile up on the server
     keepalive_min_ping_s: float = 1.0  # clients may ping this often without data (they ping every 2 s)
+    max_body_bytes: int = 8 << 20  # HTTP request bodies larger than this get 413 before they are read
+    metrics_need_key: bool = False  # /metrics asks for api_key too (it names the model and the load)
 
     @property
     def tls(self) -> bool:
@@ -105,7 +107,8 @@ def start_server(config: ServerConfig) -> ServerHandle:
     from .http_api import HttpState, build_http_app
     from .target import TargetModel
 
-    state = HttpState(api_key=config.api_key, served_model_name=config.served_model_name)
+    state = HttpState(api_key=config.api_key, served_model_name=config.served_model_name,
+                      max_body_bytes=config.max_body_bytes, metrics_need_key=config.metrics_need_key)
     http = _HttpThread(build_http_app(state), config) if config.http_port is not None else None
     try:
         t0 = time.monotonic()

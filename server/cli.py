@@ -44,6 +44,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tls-key", "--ssl-keyfile", default=None, help="PEM private key")
     p.add_argument("--api-key", default=None, help="require this key in gRPC metadata and HTTP Authorization "
                                                    "(EDGESPEC_API_KEY keeps it out of the process list)")
+    p.add_argument("--metrics-need-key", action="store_true", help="/metrics asks for --api-key too")
+    p.add_argument("--max-body-mb", type=float, default=8.0, help="largest HTTP request body, MiB (413 past it)")
+    p.add_argument("--first-message-timeout", type=float, default=5.0,
+                   help="seconds a new Session stream may stay silent before it is closed")
     p.add_argument("--moa-server-part", action="append", default=[], metavar="NAME[=PATH]",
                    help="load a MoA server part: a shipped checkpoint's name (moa-tli0), or NAME=PATH of a "
                         "server.safetensors file or MoA checkpoint folder; repeatable")
@@ -81,6 +85,8 @@ def server_config(args: argparse.Namespace):
     """ServerConfig from parsed arguments."""
     from .app import ServerConfig
 
+    if args.first_message_timeout <= 0:
+        raise SystemExit("--first-message-timeout must be above 0 seconds (a stream needs time to send Open)")
     if bool(args.tls_cert) != bool(args.tls_key):
         raise SystemExit("--tls-cert and --tls-key go together (--ssl-certfile and --ssl-keyfile)")
     return ServerConfig(
@@ -89,7 +95,9 @@ def server_config(args: argparse.Namespace):
         trust_remote_code=args.trust_remote_code, max_sessions=args.max_sessions, session_ttl_s=args.session_ttl,
         max_kv_bytes=int(args.max_kv_gb * (1 << 30)), max_context_tokens=args.max_context,
         tls_cert=args.tls_cert, tls_key=args.tls_key, api_key=args.api_key,
-        moa_server_parts=_parts(args.moa_server_part), random_moa_parts=tuple(args.random_moa_part))
+        moa_server_parts=_parts(args.moa_server_part), random_moa_parts=tuple(args.random_moa_part),
+        metrics_need_key=args.metrics_need_key, max_body_bytes=int(args.max_body_mb * (1 << 20)),
+        first_message_timeout_s=args.first_message_timeout)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -74,3 +74,18 @@ def test_server_config_takes_the_vllm_spellings(tmp_path):
         server_config(build_parser().parse_args(["server"]))
     with pytest.raises(SystemExit, match="go together"):
         server_config(build_parser().parse_args(["server", "m", "--ssl-certfile", "c.pem"]))
+
+
+def test_http_guards_and_admission_reach_the_server_config():
+    from edgespec.server.cli import server_config
+    from edgespec.shared.cli import build_parser
+
+    args = build_parser().parse_args(["server", "m", "--metrics-need-key", "--max-body-mb", "0.5",
+                                      "--first-message-timeout", "2.5"])
+    config = server_config(args)
+    assert (config.metrics_need_key, config.max_body_bytes, config.first_message_timeout_s) == (True, 512 << 10, 2.5)
+    defaults = server_config(build_parser().parse_args(["server", "m"]))
+    assert (defaults.metrics_need_key, defaults.max_body_bytes, defaults.first_message_timeout_s) == (False, 8 << 20,
+                                                                                                       5.0)
+    with pytest.raises(SystemExit, match="first-message-timeout"):
+        server_config(build_parser().parse_args(["server", "m", "--first-message-timeout", "0"]))
