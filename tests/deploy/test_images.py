@@ -146,7 +146,9 @@ def test_entrypoint_passes_optional_settings_and_extra_flags():
     argv = entrypoint_argv("server", {"EDGESPEC_TLS_CERT": "/c.pem", "EDGESPEC_TLS_KEY": "/k.pem",
                                       "EDGESPEC_API_KEY": "s3cret"})
     assert_parses(argv)
-    assert argv[argv.index("--tls-cert") + 1] == "/c.pem" and argv[argv.index("--api-key") + 1] == "s3cret"
+    assert argv[argv.index("--tls-cert") + 1] == "/c.pem"
+    # The key stays in the environment, where edgespec reads it, not in the process list.
+    assert "--api-key" not in argv and "s3cret" not in argv
     extra = subprocess.run(["bash", str(ENTRYPOINT), "server", "--port", "6000"], capture_output=True, text=True,
                            env={**os.environ, "EDGESPEC_DRY_RUN": "1"}, timeout=30).stdout.splitlines()
     assert extra[-2:] == ["--port", "6000"]
@@ -194,7 +196,7 @@ class _Health(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.mark.parametrize("role,var,path", [("server", "EDGESPEC_HTTP_PORT", "/health"),
-                                           ("client", "EDGESPEC_CLIENT_PORT", "/v1/models")])
+                                           ("client", "EDGESPEC_CLIENT_PORT", "/health")])
 @pytest.mark.parametrize("status,healthy", [(200, True), (503, False)])
 def test_healthcheck_role_follows_the_http_side(role, var, path, status, healthy):
     handler = type("H", (_Health,), {"status": status, "path_ok": path})

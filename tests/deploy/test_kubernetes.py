@@ -142,7 +142,7 @@ def test_client_goes_through_the_proxy(k8s):
     svc = objects[("Service", "edgespec-verifier")]
     assert env["EDGESPEC_SERVER"] == f"{svc['metadata']['name']}.edgespec.svc.cluster.local:{svc['spec']['ports'][0]['port']}"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert client[probe]["httpGet"] == {"path": "/v1/models", "port": "http"}, probe
+        assert client[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
 
 
 def test_prometheus_scrapes_metrics_ports(deploy_dir, k8s):
