@@ -35,6 +35,8 @@ class ServerConfig:
     max_sessions: int = 64  # sessions held at once; Open past it gets RESOURCE_EXHAUSTED
     session_ttl_s: float = 600.0  # idle seconds before a session is dropped
     max_kv_bytes: int = 8 << 30  # KV memory of all sessions; least recently used go first past it
+    engine: str = "auto"  # "batched" (KV pool, one forward for all sessions), "generic" (DynamicCache per
+    # session), "auto" (batched on an accelerator for full-attention architectures, else generic)
     max_tree_nodes: int = 255  # most nodes per draft tree
     max_context_tokens: int = 0  # per session; 0 = the model's max positions (at most 32768)
     max_message_bytes: int = 64 << 20  # gRPC message size limit, both directions
@@ -120,7 +122,9 @@ def start_server(config: ServerConfig) -> ServerHandle:
         log.info("loaded target %s (%d layers, hidden %d, vocab %d) on %s in %s in %.1f s", target.name,
                  target.num_layers, target.hidden_size, target.vocab_size, target.device,
                  str(target.dtype).removeprefix("torch."), time.monotonic() - t0)
-        core = VerifierCore(target, _limits(config, support.max_context_tokens), _load_lsa_parts(config, target))
+        engine = _engine(config, target, support.max_context_tokens)
+        core = VerifierCore(target, _limits(config, support.max_context_tokens, engine),
+                            _load_lsa_parts(config, target), engine=engine)
         grpc_server, port = _start_grpc(config, core)
     except BaseException:
         if http:
@@ -133,10 +137,20 @@ def start_server(config: ServerConfig) -> ServerHandle:
     return handle
 
 
-def _limits(config: ServerConfig, context: int) -> CoreLimits:
+def _limits(config: ServerConfig, context: int, engine) -> CoreLimits:
     return CoreLimits(max_tree_nodes=min(config.max_tree_nodes, 255), max_context_tokens=context,
                       max_message_bytes=config.max_message_bytes,
-                      store=StoreLimits(config.max_sessions, config.session_ttl_s, config.max_kv_bytes))
+                      store=StoreLimits(config.max_sessions, config.session_ttl_s,
+                                        engine.session_kv_bytes(config.max_kv_bytes)))
+
+
+def _engine(config: ServerConfig, target, context: int):
+    """The engine (logged: which path runs); the batched one's KV pool is sized from max_kv_bytes."""
+    from .engine import build_engine
+    from .engine_batched import API_SLOTS, PoolConfig
+
+    pool = PoolConfig(config.max_kv_bytes, config.max_sessions + API_SLOTS, context, min(config.max_tree_nodes, 255))
+    return build_engine(target, config.engine, pool)
 
 
 def _load_lsa_parts(config: ServerConfig, target) -> dict:

@@ -107,6 +107,10 @@ class Engine(ABC):
     def describe(self) -> str:
         return self.name
 
+    def session_kv_bytes(self, budget: int) -> int:
+        """What the session store's memory cap should be, given the server's KV budget."""
+        return budget
+
 
 class GenericEngine(Engine):
     """One forward per item on the item's own DynamicCache: any architecture, no padding."""

@@ -28,12 +28,16 @@ from .errors import InvalidRequestError
 from .target import TargetModel
 
 
+API_SLOTS = 8  # slots a server adds to max_sessions for plain-API generations running at once
+
+
 @dataclass(frozen=True)
 class PoolConfig:
     """How big the KV pool is."""
 
     max_kv_bytes: int = 8 << 30  # memory of all slots together (ServerConfig.max_kv_bytes, --max-kv-gb)
-    max_slots: int = 72  # slots worth allocating: sessions + plain-API generations held at once
+    max_slots: int = 72  # slots worth allocating: sessions + plain-API generations held at once (a server
+    # asks for max_sessions + API_SLOTS)
     max_context_tokens: int = 4096  # tokens of one session's context (the slot adds a tree's rows to it)
     max_tree_nodes: int = 255  # nodes of the largest tree a slot must take behind its context
     key_bucket: int = 64  # keys read per row are rounded up to a multiple of this: few shapes to capture
@@ -49,9 +53,9 @@ class BatchedEngine(Engine):
         fit = KVPool.slots_for(config.max_kv_bytes, target.num_layers, target.num_kv_heads, target.head_dim,
                                slot_tokens, target.dtype)
         slots = min(config.max_slots, fit)
-        if slots < 1:
-            raise ValueError(f"the KV budget ({config.max_kv_bytes / 2**30:.2f} GiB) holds no slot of {slot_tokens} "
-                             f"tokens (and the scratch slot); raise --max-kv-gb or lower --max-context")
+        if slots < 2:
+            raise ValueError(f"the KV budget ({config.max_kv_bytes / 2**30:.2f} GiB) holds fewer than two slots of "
+                             f"{slot_tokens} tokens (and the scratch slot); raise --max-kv-gb or lower --max-context")
         self.pool = KVPool(target.num_layers, target.num_kv_heads, target.head_dim, slots, slot_tokens,
                            target.dtype, target.device)
         self.cache = PoolCache(self.pool, target.num_layers)
@@ -60,6 +64,11 @@ class BatchedEngine(Engine):
         p = self.pool
         return (f"batched (KV pool: {p.slots} slots x {p.slot_tokens} tokens, "
                 f"{p.kv.nbytes / 2**30:.2f} GiB on {p.kv.device})")
+
+    def session_kv_bytes(self, budget: int) -> int:
+        """Sessions report a whole slot each; the store evicts the least recently used past all slots but
+        one, so the next Open finds a free slot (it takes it before it joins the store)."""
+        return (self.pool.slots - 1) * self.pool.slot_bytes
 
     def new_kv(self) -> SlotKV:
         return SlotKV(self.pool)

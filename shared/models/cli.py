@@ -1,4 +1,4 @@
-"""`edgespec models list|prepare|tiny`."""
+"""`edgespec models list|prepare|tiny|random`."""
 from __future__ import annotations
 
 import argparse
@@ -17,6 +17,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     tp.add_argument("dir")
     tp.add_argument("--seed", type=int, default=0)
     tp.set_defaults(func=_tiny)
+    rp = msub.add_parser("random", help="write a random-weight model in a known model's shapes to DIR (timing "
+                                        "the server without the weights)")
+    rp.add_argument("dir")
+    rp.add_argument("--like", default="qwen2.5-coder-1.5b-instruct", help="registry model whose shapes to take")
+    rp.add_argument("--shape", default=None, help="another known shape instead (7b: Qwen2.5-7B)")
+    rp.add_argument("--layers", type=int, default=0, help="keep the widths, use this many layers (0 = all)")
+    rp.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float16, float32")
+    rp.add_argument("--seed", type=int, default=0)
+    rp.set_defaults(func=_random)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -47,4 +56,18 @@ def _tiny(args: argparse.Namespace) -> int:
 
     out = save_tiny_model(args.dir, TinyConfig(seed=args.seed))
     print(f"tiny model written to {out}")
+    return 0
+
+
+def _random(args: argparse.Namespace) -> int:
+    from ..device import parse_dtype
+    from .random_model import save_random_model, shape_of
+
+    try:
+        shape = shape_of(args.like, args.shape, args.layers)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    out = save_random_model(args.dir, args.like, shape, parse_dtype(args.dtype), args.seed)
+    print(f"random model like {args.like} ({shape.num_layers} layers, hidden {shape.hidden_size}, "
+          f"vocab {shape.vocab_size}) written to {out}")
     return 0

@@ -292,3 +292,26 @@ def test_sliding_window_models_take_the_generic_path(tmp_path):
     assert build_engine(target, "auto").name == "generic"
     with pytest.raises(ValueError, match="generic"):
         build_engine(target, "batched")
+
+
+def test_a_server_on_the_batched_engine_serves_sessions_and_evicts_for_slots(tiny_model_dir):
+    """--engine batched: the pool is sized from max_kv_bytes; past its slots, idle sessions are evicted
+    (least recently used first) so an Open always finds a slot, and Resume re-prefills the evicted one."""
+    from edgespec.server.app import ServerConfig, start_server
+    from edgespec.server.engine_kv import pool_slot_tokens
+
+    slot = 2 * 2 * 2 * pool_slot_tokens(64, 255) * 16 * 4  # layers x K,V x heads x tokens x head dim x 4 bytes
+    config = ServerConfig(model=str(tiny_model_dir), dtype="float32", device=DEVICES[-1], http_port=None,
+                          engine="batched", max_context_tokens=64, max_kv_bytes=4 * slot)  # 3 slots + scratch
+    with start_server(config) as handle:
+        core = handle.core
+        assert core.scheduler.engine.name == "batched" and core.scheduler.engine.pool.slots == 3
+        greedy = greedy_continuation(core.target, [1, 2, 3], 4)
+        for i in range(5):
+            opened = core.open(SessionSettings(f"s{i}"), [1, 2, 3])
+            assert opened.next_token == greedy[0]
+        assert len(core.store) == 2  # one slot kept free for the next Open
+        assert "s0" not in core.store
+        resumed = core.resume("s0", 4, committed_hash([1, 2, 3, greedy[0]]), [1, 2, 3, greedy[0]], greedy[1:3],
+                              ResumePolicy.ROLLBACK, SessionSettings("s0"))
+        assert not resumed.restored and resumed.agreed == 2 and resumed.next_token == greedy[3]
