@@ -15,7 +15,7 @@ of each kind, beside the inputs over the memory bound or SLOW_MS) under ``--out`
 Per input it times the call and takes the traced memory peak (tracemalloc:
 bytes objects and numpy arrays; torch's own allocator is not traced, and the
 process's peak RSS is reported beside it), and compares the peak with what the
-input claims: ``memory_bound``, a few times its claimed output as float32 plus
+input claims: ``memory_bound``, a few times its claimed size as float32 plus
 its own length. At the end the slowest inputs (the 64 slowest) are timed again
 untraced, best of 3, which tells a slow input from a moment of CPU contention on
 a shared machine.
@@ -328,6 +328,10 @@ def mutate_tree(data: bytes, corpus: Sequence[bytes], rng: random.Random) -> byt
 
 # ---- running ------------------------------------------------------------------------------------
 
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
 def claimed_output_bytes(frame: bytes) -> int:
     """The size a frame's header claims (codec.claimed_elements), as float32; 0 when no header can be read.
 
@@ -342,11 +346,13 @@ def claimed_output_bytes(frame: bytes) -> int:
 def memory_bound(data: bytes, claimed: int) -> int:
     """The most traced memory decoding one input may take: a few times its claimed size, its length, a constant.
 
-    Decoding holds the inflated payload (at most about the claimed float32 size:
-    2 bytes an element for FP16, 1 plus 4 a row for INT8), the float32 rows and
-    the dequantized values before they are scattered.
+    `claimed` is the claimed size as float32 (4 bytes an element). Decoding holds
+    the inflated payload (2 bytes an element for FP16, 1 plus 4 a row for INT8),
+    the float32 rows, the dequantized values before they are scattered, and for
+    INT8_OUTLIER a channel mask and its index (9 bytes a channel): at worst, one
+    row of many channels, 18 bytes an element, 4.5 times the claim.
     """
-    return 4 * claimed + 4 * len(data) + (1 << 20)
+    return 5 * claimed + 4 * len(data) + (1 << 20)
 
 
 @dataclass
@@ -393,11 +399,14 @@ def run_one(decode: Callable[[bytes], object], data: bytes,
             documented: type[Exception]) -> tuple[str, float, int, BaseException | None]:
     """(outcome, ms, traced peak bytes, exception): outcome is "decoded", "refused" or the exception's type.
 
-    Tracing starts and stops around the one call: left on, tracemalloc would slow
-    everything else (the mutators, hypothesis) and carry their traces along.
+    tracemalloc must be tracing (the peak is then what this call added to what was
+    live before it). fuzz() keeps it on for the whole run rather than starting and
+    stopping it per call: on CPython 3.11 each start/stop cycle leaks a few hundred
+    bytes, which would make the process's own peak RSS meaningless after 10**6 inputs.
     """
     error: BaseException | None = None
-    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    tracemalloc.reset_peak()
     t0 = time.perf_counter_ns()
     try:
         decode(data)
@@ -406,10 +415,8 @@ def run_one(decode: Callable[[bytes], object], data: bytes,
         outcome = "refused"
     except Exception as exc:  # the point of fuzzing: anything else is a finding, kept and reported
         outcome, error = type(exc).__name__, exc
-    finally:
-        ms = (time.perf_counter_ns() - t0) / 1e6
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
+    ms = (time.perf_counter_ns() - t0) / 1e6
+    peak = max(0, tracemalloc.get_traced_memory()[1] - base)
     return outcome, ms, peak, error
 
 
@@ -453,20 +460,25 @@ def fuzz(name: str, inputs: int, make: Callable[[int], tuple[bytes, Callable[[by
     """Feed `inputs` inputs from make(i) -> (data, decoder, note) to their decoders and tally them."""
     tally = Tally(name, documented)
     start = time.monotonic()
-    for i in range(inputs):
-        data, decode, note = make(i)
-        outcome, ms, peak, error = run_one(decode, data, documented)
-        bound = memory_bound(data, claimed(data))
-        tally.add(i, data, decode, outcome, ms, peak, bound)
-        if kind := finding(outcome, ms, peak, bound):
-            save_finding(out, tally, kind, data, f"{note}: {outcome}, {ms:.2f} ms, {peak:,} bytes traced, "
-                                                 f"bound {bound:,}", error)
-        if progress_every and (i + 1) % progress_every == 0:
-            rate = (i + 1) / (time.monotonic() - start)
-            print(f"{name}: {i + 1:,} inputs, {sum(tally.undocumented.values())} undocumented, "
-                  f"{tally.over_ms} over {SLOW_MS:.0f} ms, {rate:,.0f}/s", file=sys.stderr, flush=True)
-        if time_limit and time.monotonic() - start > time_limit:
-            break
+    tracemalloc.start()
+    try:
+        for i in range(inputs):
+            data, decode, note = make(i)
+            outcome, ms, peak, error = run_one(decode, data, documented)
+            bound = memory_bound(data, claimed(data))
+            tally.add(i, data, decode, outcome, ms, peak, bound)
+            if kind := finding(outcome, ms, peak, bound):
+                save_finding(out, tally, kind, data, f"{note}: {outcome}, {ms:.2f} ms, {peak:,} bytes traced, "
+                                                     f"bound {bound:,}", error)
+            if progress_every and (i + 1) % progress_every == 0:
+                rate = (i + 1) / (time.monotonic() - start)
+                print(f"{name}: {i + 1:,} inputs, {sum(tally.undocumented.values())} undocumented, "
+                      f"{tally.over_ms} over {SLOW_MS:.0f} ms, {tally.over_bound} over the memory bound, "
+                      f"peak RSS {peak_rss_mib():,.0f} MiB, {rate:,.0f}/s", file=sys.stderr, flush=True)
+            if time_limit and time.monotonic() - start > time_limit:
+                break
+    finally:
+        tracemalloc.stop()
     tally.seconds = time.monotonic() - start
     retimed = [retime(decode, data) for _, _, data, decode in tally.slowest]
     tally.retimed_ms = max(retimed, default=0.0)
@@ -505,13 +517,9 @@ def markdown(tallies: Sequence[Tally], rss_before_mib: float, rss_peak_mib: floa
                      f"{slowest:.2f} / {t.retimed_ms:.2f} | {t.over_ms} / {t.retimed_over_ms} | {t.peak_bytes / 2**20:.2f} | "
                      f"{t.peak_ratio:.2f} ({t.over_bound} over) | {t.seconds:,.0f} |")
     lines.append(f"\npeak RSS of the process: {rss_peak_mib:,.0f} MiB ({rss_before_mib:,.0f} MiB before the first "
-                 f"input: torch, the corpora, the bombs); bound = 4 x claimed output as float32 + 4 x input "
+                 f"input: torch, the corpora, the bombs); bound = 5 x claimed size as float32 + 4 x input "
                  f"length + 1 MiB")
     return "\n".join(lines)
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
 def main(argv: list[str] | None = None) -> int:

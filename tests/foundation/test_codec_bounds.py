@@ -47,7 +47,8 @@ def zstd_of_zeros(size: int, state_size: bool) -> bytes:
     cobj = zstandard.ZstdCompressor(level=3, write_content_size=state_size).compressobj(
         size=size if state_size else -1)
     chunk = bytes(1 << 20)
-    return b"".join(cobj.compress(chunk) for _ in range(size // len(chunk))) + cobj.flush()
+    parts = [cobj.compress(chunk[:min(len(chunk), size - done)]) for done in range(0, size, len(chunk))]
+    return b"".join(parts) + cobj.flush()
 
 
 def with_payload(valid: bytes, raw: bytes, level: int) -> bytes:
@@ -137,6 +138,21 @@ def test_an_8_kib_zstd_bomb_is_refused_without_inflating(state_size):
     with pytest.raises(FrameError, match="inflates to 268435456 bytes" if state_size else "does not state its content"):
         decode_frame(hostile)
     assert traced_peak(lambda: decode_frame(hostile)) < 1 << 20
+
+
+@pytest.mark.parametrize("shape", [(4, 1 << 20), (1, 1 << 22)], ids=["4 rows", "1 row"])
+@pytest.mark.parametrize("codec", list(Codec))
+def test_a_small_frame_honestly_claiming_a_big_tensor_costs_a_small_multiple_of_the_claim(codec, shape):
+    # All zeros compress ~1000:1, so a few KiB may claim 4M elements; that is a valid frame, and
+    # what bounds it is max_elements. Its traced peak stays under 5x the claim as float32 (the
+    # worst case is one INT8_OUTLIER row: payload, rows, dequantized values, channel mask and index).
+    rows, channels = shape
+    need = 2 * rows * channels if codec is Codec.FP16 else 4 * rows + rows * channels
+    honest = frame(codec, shape, zstd_of_zeros(need, state_size=True), level=3)
+    assert len(honest) < 64 << 10
+    out = decode_frame(honest)
+    assert out.shape == shape and not out.any()
+    assert traced_peak(lambda: decode_frame(honest)) < 5 * 4 * out.numel()
 
 
 def test_rows_without_channels_claim_their_scales_and_get_no_more():

@@ -11,6 +11,7 @@ failure shrinks and replays.
 from __future__ import annotations
 
 import random
+import tracemalloc
 from pathlib import Path
 from typing import Callable
 
@@ -35,7 +36,11 @@ FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCh
 
 def assert_documented_only(decode: Callable[[bytes], object], data: bytes, documented: type[Exception],
                            claimed: int) -> None:
-    outcome, ms, peak, error = run_one(decode, data, documented)
+    tracemalloc.start()  # per call: tracing the whole test would trace hypothesis too, and crawl
+    try:
+        outcome, ms, peak, error = run_one(decode, data, documented)
+    finally:
+        tracemalloc.stop()
     if error is not None:
         raise error  # hypothesis shrinks it and shows its traceback
     assert ms < HANG_MS, f"{ms:.0f} ms for a {len(data)}-byte input"
