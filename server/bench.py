@@ -1,24 +1,33 @@
-"""Server benchmark: verify latency against tree size and one plain decode step, and throughput
-with N concurrent sessions over real gRPC on loopback.
+"""Server benchmark: the engines side by side on one target, in one run.
 
-    python -m edgespec.server.bench --models qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct
+    edgespec models random --like qwen2.5-coder-1.5b-instruct /tmp/rnd-1.5b      # no weights needed
+    python -m edgespec.server.bench --models /tmp/rnd-1.5b --engines generic batched
 
-Latency: a session with a prompt of --context tokens verifies random trees of
-1..64 nodes (depth up to 6, as an EAGLE-2 tree would have); the figure is the
-server time per verification (forward, acceptance, KV bookkeeping), median of
---repeats, and its ratio to one plain decode step (one token on the same
-cache) measured in the same run.
+For each engine (``generic``: a DynamicCache per session, one forward each;
+``batched``: the KV pool, one forward for every session's work):
 
-Throughput: N client threads, each with its own session and stream, send
-trees of --tree-nodes nodes as fast as answers come back for --seconds; the
-figures are verifications per second over all sessions and the mean round
-trip. Drafts are random, so each verification commits one token: this measures
-the server's verification capacity, not a drafter's acceptance.
+- latency: one session at --context tokens; a plain decode step (one token)
+  and a verification per tree size (random trees, depth up to 6), median of
+  --repeats, in ms and as a multiple of the decode step;
+- throughput: N sessions (--sessions, 1/4/16/64) on threads, each verifying
+  random --tree-nodes trees as fast as answers come, for --seconds; the
+  figures are verifications per second and device-ms per verification (the
+  model thread's busy time, the device synchronised after each batch, over the
+  verifications done). Then the plain API (the server decoding alone) with N
+  generations at once: tokens per second and device-ms per token;
+- device-ms per committed token: random weights accept nothing, so the
+  acceptance length is a parameter (--tau, tokens committed per verification,
+  bonus included): tree verification costs device-ms per verification / tau,
+  the plain API its device-ms per token; their ratio is the speed-up on the
+  device at that tau.
+
+Each session's context is held at --context tokens (what a verification
+commits is dropped again), so every measurement runs at the same length.
+Ratios to the generic engine are measured in the same run.
 """
 from __future__ import annotations
 
 import argparse
-import queue
 import random
 import statistics
 import threading
@@ -28,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from edgespec.shared.tree import ROOT, DraftTree
+from edgespec.shared.verification import SamplingConfig
 
 
 def random_tree(rng: random.Random, nodes: int, vocab: int, max_depth: int = 6) -> DraftTree:
@@ -46,122 +56,218 @@ def random_tree(rng: random.Random, nodes: int, vocab: int, max_depth: int = 6) 
 
 @dataclass
 class LatencyRow:
-    model: str
+    engine: str
     nodes: int  # 0 = one plain decode step
     median_ms: float
-    ratio: float  # to the plain decode step
-
-
-def measure_latency(target, tree_sizes: list[int], context: int, repeats: int, seed: int = 0) -> list[LatencyRow]:
-    from .scheduler import ModelScheduler
-    from .session import SessionSettings, VerifierSession
-
-    rng = random.Random(seed)
-    scheduler = ModelScheduler()
-    try:
-        session = VerifierSession(SessionSettings("bench"), target, scheduler, max_context_tokens=1 << 20)
-        session.open([rng.randrange(min(1000, target.vocab_size)) for _ in range(context)])
-        decode = []
-        for _ in range(repeats + 1):  # the first pass warms up
-            cache_len = target.cache_len(session.cache)
-            t0 = time.perf_counter()
-            target.prefill(session.cache, [session.committed[-1]])
-            decode.append(time.perf_counter() - t0)
-            target.crop(session.cache, cache_len)
-        base = statistics.median(decode[1:])
-        rows = [LatencyRow(target.name, 0, base * 1e3, 1.0)]
-        step = 0
-        for nodes in tree_sizes:
-            times = []
-            for _ in range(repeats + 1):
-                step += 1
-                tree = random_tree(rng, nodes, target.vocab_size)
-                result = session.verify(step, len(session.committed), tree)
-                times.append(result.timings.total_ns / 1e9)
-            median = statistics.median(times[1:])
-            rows.append(LatencyRow(target.name, nodes, median * 1e3, median / base))
-        return rows
-    finally:
-        scheduler.close()
+    ratio: float  # to this engine's plain decode step
 
 
 @dataclass
 class ThroughputRow:
-    model: str
+    engine: str
     sessions: int
     verifications_per_s: float
-    mean_round_trip_ms: float
-    mean_queue_ms: float
+    verify_device_ms: float  # device time per verification
+    tokens_per_s: float  # plain API, all generations together
+    token_device_ms: float  # plain API: device time per generated token
+    batch: float  # mean items per forward (verification runs)
 
 
-def measure_throughput(handle, sessions: int, tree_nodes: int, seconds: float, context: int) -> ThroughputRow:
-    import grpc
+class Bench:
+    """One target, one engine, its scheduler, and sessions held at a fixed context."""
 
-    from edgespec.proto.edgespec.v1 import pb, pb_grpc
-    from edgespec.shared.tree import encode_tree
+    def __init__(self, target, engine, context: int, seed: int = 0):
+        from .scheduler import ModelScheduler
 
-    target = handle.core.target
-    counts = [0] * sessions
-    trips: list[float] = []
-    queues: list[float] = []
-    lock = threading.Lock()
-    start = threading.Barrier(sessions + 1)
-    stop = threading.Event()
+        self.target, self.engine, self.context = target, engine, context
+        self.scheduler = ModelScheduler(engine)
+        self.rng = random.Random(seed)
 
-    def client(i: int) -> None:
-        rng = random.Random(i)
-        with grpc.insecure_channel(handle.address) as channel:
-            requests: queue.Queue = queue.Queue()
-            replies = pb_grpc.VerifierStub(channel).Session(iter(requests.get, None))
-            sid = f"bench-{sessions}-{i}"
-            requests.put(pb.ClientMessage(open=pb.Open(
-                session_id=sid, prompt_ids=[rng.randrange(min(1000, target.vocab_size)) for _ in range(context)],
-                tokenizer_fingerprint=target.fingerprint)))
-            committed = next(replies).opened.committed_len
-            start.wait()
-            step = 0
+    def session(self, name: str):
+        from .session import SessionSettings, VerifierSession
+
+        s = VerifierSession(SessionSettings(name), self.target, self.scheduler, max_context_tokens=1 << 20)
+        s.open([self.rng.randrange(min(1000, self.target.vocab_size)) for _ in range(self.context)])
+        return s
+
+    @staticmethod
+    def verify_and_rewind(session, tree: DraftTree, rewind_to: int):
+        result = session.verify(session.steps + 1, len(session.committed), tree)
+        session.committed = session.committed[:rewind_to]  # hold the context: drop what was committed
+        session.kv.crop(rewind_to - 1)
+        return result
+
+    def decode_once(self) -> float:
+        """Seconds of one plain decode step (one token) on the latency session, its context held."""
+        s = self._latency_session()
+        t0 = time.perf_counter()
+        self.scheduler.run_job(self.scheduler.prefill(s.kv, [s.committed[-1]]), s.kv)
+        took = time.perf_counter() - t0
+        s.kv.crop(len(s.committed) - 1)
+        return took
+
+    def verify_once(self, nodes: int) -> float:
+        """Server seconds of one verification of a random tree of `nodes` nodes (forward, acceptance, KV)."""
+        s = self._latency_session()
+        tree = random_tree(self.rng, nodes, self.target.vocab_size)
+        return self.verify_and_rewind(s, tree, len(s.committed)).timings.total_ns / 1e9
+
+    def _latency_session(self):
+        if not hasattr(self, "_latency"):
+            self._latency = self.session("latency")
+        return self._latency
+
+    def throughput(self, sessions: int, tree_nodes: int, seconds: float) -> ThroughputRow:
+        opened: list = [None] * sessions
+        _on_threads(sessions, lambda i: opened.__setitem__(i, self.session(f"tp-{i}")))
+        vocab = self.target.vocab_size
+
+        def verify(i: int, stop: threading.Event, counts: list[int], ready: list[bool]) -> None:
+            rng, s = random.Random(i), opened[i]
+            n = len(s.committed)
+            ready[i] = True
             while not stop.is_set():
-                step += 1
-                tree = random_tree(rng, tree_nodes, target.vocab_size)
-                t0 = time.perf_counter()
-                requests.put(pb.ClientMessage(draft=pb.Draft(session_id=sid, step=step, committed_len=committed,
-                                                             tree=encode_tree(tree))))
-                v = next(replies).verified
-                trip = time.perf_counter() - t0
-                committed = v.committed_len
-                if not stop.is_set():
-                    counts[i] += 1
-                    with lock:
-                        trips.append(trip)
-                        queues.append(v.timings.queue_ns / 1e9)
-            requests.put(pb.ClientMessage(close=pb.Close(session_id=sid)))
-            next(replies)
-            requests.put(None)
+                self.verify_and_rewind(s, random_tree(rng, tree_nodes, vocab), n)
+                counts[i] += 1
 
-    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(sessions)]
+        verifications, verify_ns, s0 = self._window(sessions, seconds, verify)
+        batch = (self.scheduler.stats.items - s0.items) / max(1, self.scheduler.stats.forwards - s0.forwards)
+        for s in opened:
+            s.kv.close()
+        tokens, token_ns, _ = self._window(sessions, seconds, self._generate)
+        return ThroughputRow(self.engine.name, sessions, verifications / seconds, verify_ns / 1e6 / max(1, verifications),
+                             tokens / seconds, token_ns / 1e6 / max(1, tokens), batch)
+
+    def _generate(self, i: int, stop: threading.Event, counts: list[int], ready: list[bool]) -> None:
+        """A plain-API generation (the server decoding alone) until stopped, its context held."""
+        from .decoder import _step
+
+        rng = random.Random(1000 + i)
+        kv, greedy, gen = self.scheduler.new_kv(), SamplingConfig(), torch.Generator()
+        token, _ = self.scheduler.run_job(_step(self.scheduler, kv, [rng.randrange(min(1000, self.target.vocab_size))
+                                                                     for _ in range(self.context)], greedy, gen), kv)
+        ready[i] = True
+        while not stop.is_set():
+            token, _ = self.scheduler.run_job(_step(self.scheduler, kv, [token], greedy, gen), kv)
+            kv.crop(self.context)  # hold the context
+            counts[i] += 1
+        kv.close()
+
+    def _window(self, threads: int, seconds: float, work) -> tuple[int, int, object]:
+        """Run work(i, stop, counts, ready) on threads; (count, device ns) in a window of `seconds` that opens
+        once every thread is past its setup."""
+        from dataclasses import replace
+
+        counts, ready = [0] * threads, [False] * threads
+        stop = threading.Event()
+        runners = [threading.Thread(target=work, args=(i, stop, counts, ready), daemon=True) for i in range(threads)]
+        for r in runners:
+            r.start()
+        while not all(ready):
+            time.sleep(0.01)
+        time.sleep(min(1.0, seconds / 4))  # past the first batches' shapes
+        c0, s0 = sum(counts), replace(self.scheduler.stats)
+        time.sleep(seconds)
+        c1, busy = sum(counts), self.scheduler.stats.busy_ns - s0.busy_ns
+        stop.set()
+        for r in runners:
+            r.join()
+        return c1 - c0, busy, s0
+
+    def warm_up(self, seconds: float) -> None:
+        """Verify and decode for a while, unmeasured (first calls of each shape are slow)."""
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            self.verify_once(16)
+            self.decode_once()
+
+    def close(self) -> None:
+        if hasattr(self, "_latency"):
+            self._latency.kv.close()
+        self.scheduler.close()
+
+
+def measure_latency(benches: list[Bench], tree_sizes: list[int], repeats: int) -> list[LatencyRow]:
+    """Medians of `repeats`, the engines taking turns call by call: a machine's load (other processes on a
+    shared CPU) then weighs on all of them alike."""
+    decode = {b.engine.name: [] for b in benches}
+    for _ in range(repeats):
+        for b in benches:
+            decode[b.engine.name].append(b.decode_once())
+    base = {name: statistics.median(v) for name, v in decode.items()}
+    rows = [LatencyRow(name, 0, t * 1e3, 1.0) for name, t in base.items()]
+    for nodes in tree_sizes:
+        times = {b.engine.name: [] for b in benches}
+        for _ in range(repeats):
+            for b in benches:
+                times[b.engine.name].append(b.verify_once(nodes))
+        rows += [LatencyRow(name, nodes, statistics.median(v) * 1e3, statistics.median(v) / base[name])
+                 for name, v in times.items()]
+    return rows
+
+
+def _on_threads(n: int, fn) -> None:
+    threads = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
-    start.wait()
-    t0 = time.perf_counter()
-    time.sleep(seconds)
-    stop.set()
-    elapsed = time.perf_counter() - t0
     for t in threads:
         t.join()
-    return ThroughputRow(target.name, sessions, sum(counts) / elapsed,
-                         statistics.mean(trips) * 1e3 if trips else float("nan"),
-                         statistics.mean(queues) * 1e3 if queues else float("nan"))
+
+
+def print_report(name: str, latency: list[LatencyRow], throughput: list[ThroughputRow], taus: list[float],
+                 context: int, repeats: int, tree_nodes: int, seconds: float) -> None:
+    engines = list(dict.fromkeys(r.engine for r in latency + throughput))
+    base = engines[0]
+    print(f"\n## {name}: verify latency, one session (context {context}, median of {repeats}; "
+          f"x decode = multiple of the engine's own decode step)")
+    print("| tree nodes | " + " | ".join(f"{e} ms | x decode" for e in engines)
+          + "".join(f" | {e}/{base}" for e in engines[1:]) + " |")
+    print("|---:" * (1 + 2 * len(engines) + len(engines) - 1) + "|")
+    by = {(r.engine, r.nodes): r for r in latency}
+    for nodes in dict.fromkeys(r.nodes for r in latency):
+        label = "decode step" if nodes == 0 else str(nodes)
+        cells = [f"{by[e, nodes].median_ms:.1f} | {by[e, nodes].ratio:.2f}" for e in engines]
+        ratios = [f"{by[e, nodes].median_ms / by[base, nodes].median_ms:.2f}" for e in engines[1:]]
+        print(f"| {label} | " + " | ".join(cells + ratios) + " |")
+
+    tp = {(r.engine, r.sessions): r for r in throughput}
+    counts = list(dict.fromkeys(r.sessions for r in throughput))
+    print(f"\n## {name}: throughput ({tree_nodes}-node random trees; plain API = the server decoding alone; "
+          f"{seconds:g} s a point)")
+    print("| engine | sessions | verifications/s | device-ms / verification | mean batch | plain API tokens/s "
+          f"| device-ms / token | verifications/s vs {base} |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for e in engines:
+        for n in counts:
+            r = tp[e, n]
+            print(f"| {e} | {n} | {r.verifications_per_s:.2f} | {r.verify_device_ms:.1f} | {r.batch:.1f} "
+                  f"| {r.tokens_per_s:.2f} | {r.token_device_ms:.1f} "
+                  f"| {r.verifications_per_s / tp[base, n].verifications_per_s:.2f} |")
+
+    print(f"\n## {name}: device-ms per committed token (tau = tokens committed per verification, bonus included)")
+    print("| engine | sessions | plain API | " + " | ".join(f"tree, tau {t:g} | speed-up" for t in taus) + " |")
+    print("|---|---:|---:|" + "---:|---:|" * len(taus))
+    for e in engines:
+        for n in counts:
+            r = tp[e, n]
+            cells = [f"{r.verify_device_ms / t:.1f} | {r.token_device_ms * t / r.verify_device_ms:.2f}x" for t in taus]
+            print(f"| {e} | {n} | {r.token_device_ms:.1f} | " + " | ".join(cells) + " |")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=["qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"])
+    parser.add_argument("--models", nargs="+", default=["qwen2.5-coder-1.5b-instruct"],
+                        help="registry names or model folders (e.g. from `edgespec models random`)")
+    parser.add_argument("--engines", nargs="+", default=["generic", "batched"], choices=["generic", "batched"],
+                        help="the first is the baseline of the ratios")
     parser.add_argument("--tree-sizes", nargs="+", type=int, default=[1, 4, 8, 16, 32, 64])
-    parser.add_argument("--sessions", nargs="+", type=int, default=[1, 2, 4, 8])
-    parser.add_argument("--context", type=int, default=256, help="prompt tokens before the trees")
+    parser.add_argument("--sessions", nargs="+", type=int, default=[1, 4, 16, 64])
+    parser.add_argument("--tau", nargs="+", type=float, default=[1, 3, 5], help="acceptance lengths to cost at")
+    parser.add_argument("--context", type=int, default=256, help="tokens of context every session holds")
     parser.add_argument("--repeats", type=int, default=10, help="verifications per tree size (median)")
     parser.add_argument("--tree-nodes", type=int, default=16, help="tree size in the throughput runs")
-    parser.add_argument("--seconds", type=float, default=20.0, help="length of each throughput run")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each throughput window")
+    parser.add_argument("--warmup", type=float, default=5.0, help="seconds of unmeasured work per engine first")
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
@@ -169,34 +275,36 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from .app import ServerConfig, start_server
+    from edgespec.shared.models.loading import load_model
 
-    latency: list[LatencyRow] = []
-    throughput: list[ThroughputRow] = []
+    from .engine import build_engine
+    from .engine_batched import PoolConfig
+    from .target import TargetModel
+
     for name in args.models:
-        with start_server(ServerConfig(model=name, device=args.device, dtype=args.dtype, http_port=None,
-                                       max_sessions=max(args.sessions) + 1)) as handle:
-            target = handle.core.target
-            print(f"# {name} on {target.device} ({str(target.dtype).removeprefix('torch.')}), "
-                  f"torch threads {torch.get_num_threads()}", flush=True)
-            latency += measure_latency(target, args.tree_sizes, args.context, args.repeats)
-            for n in args.sessions:
-                throughput.append(measure_throughput(handle, n, args.tree_nodes, args.seconds, args.context))
-                print(f"  {n} sessions: {throughput[-1].verifications_per_s:.2f} verifications/s", flush=True)
-
-    print(f"\nVerify latency (context {args.context} tokens, median of {args.repeats}; "
-          f"nodes 0 = one plain decode step)")
-    print("| model | tree nodes | verify ms | x decode step |")
-    print("|---|---:|---:|---:|")
-    for row in latency:
-        label = "decode step" if row.nodes == 0 else str(row.nodes)
-        print(f"| {row.model} | {label} | {row.median_ms:.1f} | {row.ratio:.2f} |")
-    print(f"\nThroughput over gRPC loopback ({args.tree_nodes}-node random trees, {args.seconds:g} s a run)")
-    print("| model | sessions | verifications/s | mean round trip ms | mean queue ms |")
-    print("|---|---:|---:|---:|---:|")
-    for row in throughput:
-        print(f"| {row.model} | {row.sessions} | {row.verifications_per_s:.2f} | {row.mean_round_trip_ms:.1f} "
-              f"| {row.mean_queue_ms:.1f} |")
+        target = TargetModel(load_model(name, device=args.device, dtype=args.dtype))
+        pool = PoolConfig(max_kv_bytes=1 << 50, max_slots=max(args.sessions) + 2,
+                          max_context_tokens=args.context + 8, max_tree_nodes=max(args.tree_sizes + [args.tree_nodes]))
+        print(f"# {target.name} on {target.device} ({str(target.dtype).removeprefix('torch.')}), "
+              f"torch threads {torch.get_num_threads()}", flush=True)
+        benches = [Bench(target, build_engine(target, kind, pool), args.context) for kind in args.engines]
+        try:
+            for b in benches:
+                print(f"engine {b.engine.name}: {b.engine.describe()}", flush=True)
+                b.warm_up(args.warmup)
+            latency = measure_latency(benches, args.tree_sizes, args.repeats)
+            throughput: list[ThroughputRow] = []
+            for n in args.sessions:  # engines in turn at each session count
+                for b in benches:
+                    throughput.append(b.throughput(n, args.tree_nodes, args.seconds))
+                    r = throughput[-1]
+                    print(f"  {r.engine}, {n} sessions: {r.verifications_per_s:.2f} verifications/s, "
+                          f"plain API {r.tokens_per_s:.2f} tokens/s", flush=True)
+        finally:
+            for b in benches:
+                b.close()
+        print_report(target.name, latency, throughput, args.tau, args.context, args.repeats, args.tree_nodes,
+                     args.seconds)
     return 0
 
 

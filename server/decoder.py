@@ -45,11 +45,17 @@ def generate(target: TargetModel, scheduler: ModelScheduler, request: Generation
     ids: Sequence[int] = request.prompt_ids
     try:
         for _ in range(request.max_new_tokens):
-            out = scheduler.prefill(kv, ids)  # batched with every other session's work
-            token = next_token(out.logits[-1], request.sampling, generator)
-            yield DecodedToken(token, out.logits[-1])
+            token, logits = scheduler.run_job(_step(scheduler, kv, ids, request.sampling, generator), kv)
+            yield DecodedToken(token, logits)
             if request.stop_at_eos and token in target.eos_ids:
                 return
             ids = [token]
     finally:
         kv.close()
+
+
+def _step(scheduler: ModelScheduler, kv, ids: Sequence[int], sampling: SamplingConfig, generator: torch.Generator):
+    """One step as a scheduler job: the forward batched with every other session's work, the draw on the
+    model thread too; (token, its logits [V])."""
+    out = yield from scheduler.prefill(kv, ids)
+    return next_token(out.logits[-1], sampling, generator), out.logits[-1]

@@ -1,18 +1,23 @@
 """ModelScheduler: the one place the target's forward passes run.
 
-One worker thread owns the model. Callers (a session's stream, a plain-API
-request) hand it work and wait:
+One worker thread owns the model and runs every job's tensor work, so two
+threads never compete for the weights, the KV or the CPU's thread pool. A job
+is a generator: it yields the forwards it needs, ``(kv, work)``, gets each
+one's ``ForwardOutput`` back, and returns its answer:
 
-- ``forward(kv, work)``: tokens for one session's KV. The worker gathers every
-  forward waiting in the queue into one batch for the engine, oldest first,
-  under a token budget, so no caller waits more than one batch behind a newer
-  one. Prompts go in chunks (``prefill``), each chunk queued behind the work
-  that arrived meanwhile, so a long prompt cannot stall the other sessions.
-- ``run(fn)``: any other job that needs the model alone, in arrival order.
+    def verify_job():
+        out = yield from scheduler.forward_tree(kv, root, tree)
+        ...acceptance, keep the accepted rows...
+        return answer
 
-What a caller does with its rows (acceptance, keeping the accepted KV) runs on
-the caller's thread: it touches only its own session's KV, which no other
-batch reads. The wait in the queue is reported as ``queue_ns`` in the wire's
+    answer = scheduler.run_job(verify_job())  # the caller waits
+
+The worker gathers every job waiting on a forward into one batch for the
+engine, oldest first, under a token budget, so no job waits more than one
+batch behind a newer one. A job's next forward queues behind the work that
+arrived meanwhile: a long prompt goes in chunks (``prefill``) and cannot stall
+the other sessions. ``run(fn)`` runs any other function on the worker, in
+arrival order. The wait for the batch is reported as ``queue_ns`` in the wire's
 Timings.
 """
 from __future__ import annotations
@@ -22,7 +27,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Generator, Sequence, TypeVar
 
 import torch
 
@@ -32,6 +37,7 @@ from edgespec.shared.tree import DraftTree
 from .engine import Engine, ForwardOutput, Work
 
 T = TypeVar("T")
+Job = Generator[tuple[SessionKV, Work], ForwardOutput, T]  # yields forwards, returns its answer
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,7 @@ class SchedulerConfig:
     """How forwards are batched."""
 
     max_batch_tokens: int = 2048  # tokens one forward computes (padding included); the oldest item always runs
-    max_batch_items: int = 64  # sessions in one forward
+    max_batch_items: int = 64  # jobs in one forward
     prefill_chunk: int = 512  # a prompt goes in chunks of this many tokens, each queued behind newer work
 
 
@@ -53,18 +59,14 @@ class SchedulerStats:
     busy_ns: int = 0  # time inside the engine (a CUDA device is synchronised at the end of each batch)
 
 
-class _Forward:
-    def __init__(self, kv: SessionKV, work: Work):
-        self.kv, self.work = kv, work
-        self.future: Future = Future()
-        self.submitted = time.perf_counter_ns()
+class _Item:
+    """A queued job (waiting to start, or for a forward) or a plain call."""
 
-
-class _Call:
-    def __init__(self, fn: Callable, args: tuple, kwargs: dict):
-        self.fn, self.args, self.kwargs = fn, args, kwargs
+    def __init__(self, job: Job | None = None, call: Callable | None = None):
+        self.job, self.call = job, call
         self.future: Future = Future()
-        self.submitted = time.perf_counter_ns()
+        self.waiting: tuple[SessionKV, Work] | None = None  # the forward the job asked for
+        self.since = time.perf_counter_ns()  # queued (or asked for its forward) at
 
 
 class ModelScheduler:
@@ -72,7 +74,7 @@ class ModelScheduler:
         self.engine = engine
         self.config = config
         self.stats = SchedulerStats()
-        self._queue: deque = deque()
+        self._queue: deque[_Item] = deque()
         self._cv = threading.Condition()
         self._closed = False
         self._worker = threading.Thread(target=self._loop, name="edgespec-model", daemon=True)
@@ -81,38 +83,54 @@ class ModelScheduler:
     # ------------------------------------------------------------- callers
     def run(self, fn: Callable[..., T], *args, **kwargs) -> tuple[T, int]:
         """Run fn on the model thread; return (its result, nanoseconds it waited in the queue)."""
-        call = _Call(fn, args, kwargs)
-        self._submit(call)
-        started, result = call.future.result()
-        return result, started - call.submitted
+        item = _Item(call=lambda: fn(*args, **kwargs))
+        self._submit(item)
+        started, result = item.future.result()
+        return result, started - item.since
+
+    def run_job(self, job: Job[T], kv: SessionKV | None = None) -> T:
+        """Run a job on the model thread, its forwards batched with other jobs'; wait for its answer.
+
+        kv: the KV the job feeds, to take its pool slot here first: waiting for a free slot then holds up
+        this caller only, never the model thread.
+        """
+        if kv is not None:
+            kv.reserve()
+        item = _Item(job=job)
+        self._submit(item)
+        return item.future.result()
 
     def new_kv(self) -> SessionKV:
         return self.engine.new_kv()
 
-    def forward(self, kv: SessionKV, work: Work) -> ForwardOutput:
-        """Append work's rows to kv in the next batch; its rows' outputs, with the time it queued."""
-        kv.reserve()  # waiting for a free KV slot holds up this caller only, not the model thread
-        item = _Forward(kv, work)
-        self._submit(item)
-        return item.future.result()
+    # Forwards, for jobs: `out = yield from scheduler.forward(kv, work)`.
+    @staticmethod
+    def forward(kv: SessionKV, work: Work) -> Job[ForwardOutput]:
+        """Append work's rows to kv in the next batch; their outputs."""
+        return (yield kv, work)
 
-    def prefill(self, kv: SessionKV, ids: Sequence[int]) -> ForwardOutput:
+    def prefill(self, kv: SessionKV, ids: Sequence[int]) -> Job[ForwardOutput]:
         """Causal ids after what kv holds, in chunks; hidden of every row, logits of the last: [1, V]."""
         chunks = self._chunks(ids)
-        outs = [self.forward(kv, Work.chunk(c, len(kv), logits=i == len(chunks) - 1)) for i, c in enumerate(chunks)]
+        outs = []
+        for i, chunk in enumerate(chunks):
+            outs.append((yield kv, Work.chunk(chunk, len(kv), logits=i == len(chunks) - 1)))
         return _joined(outs)
 
-    def prefill_tree(self, kv: SessionKV, ids: Sequence[int], tree: DraftTree) -> ForwardOutput:
+    def prefill_tree(self, kv: SessionKV, ids: Sequence[int], tree: DraftTree) -> Job[ForwardOutput]:
         """ids (causal, in chunks) with a tree hung from ids[-1]. hidden: every row [len(ids) + N];
         logits: the rows of [ids[-1]] + nodes [1 + N]."""
         chunks = self._chunks(ids)
-        outs = [self.forward(kv, Work.chunk(c, len(kv), logits=False)) for c in chunks[:-1]]
-        outs.append(self.forward(kv, Work.chunk_tree(chunks[-1], tree, len(kv))))
+        outs = []
+        for chunk in chunks[:-1]:
+            outs.append((yield kv, Work.chunk(chunk, len(kv), logits=False)))
+        outs.append((yield kv, Work.chunk_tree(chunks[-1], tree, len(kv))))
         return _joined(outs)
 
-    def forward_tree(self, kv: SessionKV, root: int, tree: DraftTree) -> ForwardOutput:
+    @staticmethod
+    def forward_tree(kv: SessionKV, root: int, tree: DraftTree) -> Job[ForwardOutput]:
         """[root] + nodes after the cached past (the committed tokens but the last). Rows: [1 + N]."""
-        return self.forward(kv, Work.tree(root, tree, len(kv)))
+        return (yield kv, Work.tree(root, tree, len(kv)))
 
     def pending(self) -> int:
         """Items waiting for the worker (not counting what it runs now)."""
@@ -128,7 +146,7 @@ class ModelScheduler:
             self._worker.join()
 
     # -------------------------------------------------------------- worker
-    def _submit(self, item) -> None:
+    def _submit(self, item: _Item) -> None:
         with self._cv:
             if self._closed:
                 raise RuntimeError("the model scheduler is closed")
@@ -138,49 +156,81 @@ class ModelScheduler:
     def _chunks(self, ids: Sequence[int]) -> list[list[int]]:
         size = self.config.prefill_chunk
         ids = list(ids)
-        return [ids[i:i + size] for i in range(0, len(ids), size)] or [[]]
+        return [ids[i:i + size] for i in range(0, len(ids), size)]
 
-    def _next(self) -> list:
-        """The oldest item, and the forwards right behind it while they fit the budget."""
+    def _advance(self, item: _Item, value: ForwardOutput | None) -> bool:
+        """Run item's job on to its next forward (True) or to its end (False: the future is set)."""
+        try:
+            kv, work = item.job.send(value)
+        except StopIteration as done:
+            item.future.set_result(done.value)
+            return False
+        except BaseException as exc:  # noqa: BLE001 - the caller gets it
+            item.future.set_exception(exc)
+            return False
+        item.waiting, item.since = (kv, work), time.perf_counter_ns()
+        return True
+
+    def _next(self) -> list[_Item]:
+        """A call alone, or a batch: the oldest jobs waiting on a forward while they fit the budget."""
         with self._cv:
             self._cv.wait_for(lambda: self._queue or self._closed)
-            if not self._queue:
-                return []
-            first = self._queue.popleft()
-            if isinstance(first, _Call):
-                return [first]
-            batch = [first]
-            while self._queue and isinstance(self._queue[0], _Forward) and len(batch) < self.config.max_batch_items:
-                works = [f.work for f in batch] + [self._queue[0].work]
-                if self.engine.cost(works) > self.config.max_batch_tokens:
+            batch: list[_Item] = []
+            while self._queue:
+                item = self._queue[0]
+                if item.call is not None:
+                    if not batch:
+                        self._queue.popleft()
+                        return [item]
+                    break
+                if item.waiting is None:  # a job not started yet: run it to its first forward
+                    if not self._start(item):
+                        continue
+                works = [i.waiting[1] for i in batch] + [item.waiting[1]]
+                if batch and (len(works) > self.config.max_batch_items
+                              or self.engine.cost(works) > self.config.max_batch_tokens):
                     break
                 batch.append(self._queue.popleft())
             return batch
 
+    def _start(self, item: _Item) -> bool:
+        """Start a queued job (under the lock: a job only builds its first forward before it yields it);
+        drop it from the queue when it ended without one."""
+        if self._advance(item, None):
+            return True
+        self._queue.popleft()
+        return False
+
     def _loop(self) -> None:
         while batch := self._next():
             started = time.perf_counter_ns()
-            if isinstance(batch[0], _Call):
-                call = batch[0]
+            if batch[0].call is not None:
+                item = batch[0]
                 try:
-                    call.future.set_result((started, call.fn(*call.args, **call.kwargs)))
+                    item.future.set_result((started, item.call()))
                 except BaseException as exc:  # noqa: BLE001 - the caller gets it
-                    call.future.set_exception(exc)
+                    item.future.set_exception(exc)
                 continue
             try:
-                outs = self.engine.run([(f.kv, f.work) for f in batch])
+                outs = self.engine.run([i.waiting for i in batch])
                 _sync(self.engine)
-            except BaseException as exc:  # noqa: BLE001 - every caller in the batch gets it
-                for f in batch:
-                    f.future.set_exception(exc)
+            except BaseException as exc:  # noqa: BLE001 - every job in the batch gets it
+                for item in batch:
+                    item.job.close()
+                    item.future.set_exception(exc)
                 continue
             busy = time.perf_counter_ns() - started
             s = self.stats
             s.forwards, s.items, s.busy_ns = s.forwards + 1, s.items + len(batch), s.busy_ns + busy
-            s.tokens += sum(len(f.work) for f in batch)
-            for f, out in zip(batch, outs):
-                out.queue_ns = started - f.submitted
-                f.future.set_result(out)
+            s.tokens += sum(len(i.waiting[1]) for i in batch)
+            again = []
+            for item, out in zip(batch, outs):
+                out.queue_ns = started - item.since
+                if self._advance(item, out):
+                    again.append(item)  # its next forward queues behind what arrived meanwhile
+            if again:
+                with self._cv:
+                    self._queue.extend(again)
 
 
 def _sync(engine: Engine) -> None:

@@ -5,10 +5,11 @@
 - ``resume``: roll back to what the client confirmed (or re-prefill it), verify
   the client's provisional tokens as one chain, and commit under a policy.
 
-Forwards run in the scheduler's batches (``ModelScheduler.forward``, with
-every other session's work); acceptance, KV bookkeeping on the session's own
-KV and feature encoding run on the caller's thread, so the model is free for
-other sessions.
+Each operation is a job on the scheduler's model thread (``ModelScheduler.run_job``):
+its forwards ride in batches with every other session's work, and acceptance
+and KV bookkeeping run there too, so one thread does all the tensor work.
+Feature encoding runs on the caller's thread so the model is free for other
+sessions.
 """
 from __future__ import annotations
 
@@ -115,13 +116,13 @@ class VerifierSession:
 
     def _open_job(self, prompt: list[int], tree: DraftTree | None) -> _ModelStep:
         if tree is None:
-            out = self.scheduler.prefill(self.kv, prompt)
+            out = yield from self.scheduler.prefill(self.kv, prompt)
             t1 = time.perf_counter_ns()
             first = next_token(out.logits[-1], self.settings.sampling, self.generator)
             self.committed = prompt + [first]
             kv = self._kv_rows(0, len(prompt))
             return _ModelStep(first, (), 0, out.hidden, kv, out.forward_ns, time.perf_counter_ns() - t1, out.queue_ns)
-        out = self.scheduler.prefill_tree(self.kv, prompt, tree)
+        out = yield from self.scheduler.prefill_tree(self.kv, prompt, tree)
         t1 = time.perf_counter_ns()
         outcome = verify_tree(tree, out.logits, self.settings.sampling, self.generator)
         past = len(prompt) - 1
@@ -150,7 +151,7 @@ class VerifierSession:
 
     def _verify_job(self, tree: DraftTree) -> _ModelStep:
         past = len(self.committed) - 1
-        out = self.scheduler.forward_tree(self.kv, self.committed[-1], tree)
+        out = yield from self.scheduler.forward_tree(self.kv, self.committed[-1], tree)
         t1 = time.perf_counter_ns()
         outcome = verify_tree(tree, out.logits, self.settings.sampling, self.generator)
         rows = [0] + [i + 1 for i in outcome.accepted]
@@ -178,10 +179,13 @@ class VerifierSession:
             raise InvalidRequestError("Resume.committed_hash is not the sha256 of Resume.committed_ids "
                                       "(uint32 little endian); the client's state is inconsistent")
 
-        self.kv.crop(0)
-        if len(committed_ids) > 1:
-            self.scheduler.prefill(self.kv, list(committed_ids[:-1]))
-        self.committed = list(committed_ids)
+        def job():
+            self.kv.crop(0)
+            if len(committed_ids) > 1:
+                yield from self.scheduler.prefill(self.kv, list(committed_ids[:-1]))
+            self.committed = list(committed_ids)
+
+        self.scheduler.run_job(job(), self.kv)
 
     def resume(self, confirmed_len: int, confirmed_hash: bytes, provisional: Sequence[int],
                policy: ResumePolicy) -> StepResult:
@@ -200,7 +204,7 @@ class VerifierSession:
         past = confirmed_len - 1
         self.kv.crop(past)
         chain = DraftTree.chain(provisional)
-        out = self.scheduler.forward_tree(self.kv, self.committed[-1], chain)
+        out = yield from self.scheduler.forward_tree(self.kv, self.committed[-1], chain)
         t1 = time.perf_counter_ns()
         outcome: VerifyOutcome = verify_tree(chain, out.logits, self.settings.sampling, self.generator)
         agreed = len(outcome.accepted)
@@ -221,7 +225,7 @@ class VerifierSession:
     # ------------------------------------------------------------- helpers
     def _run(self, job, *args) -> StepResult:
         start = time.perf_counter_ns()
-        step = job(*args)  # on this thread: its forwards wait for the scheduler's batches
+        step = self.scheduler.run_job(job(*args), self.kv)  # on the model thread, batched with other sessions
         queue_ns = step.queue_ns
         t0 = time.perf_counter_ns()
         features = export_features(self.settings.features, step.hidden, step.kv)

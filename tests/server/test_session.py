@@ -92,7 +92,8 @@ def fresh_next_logits(target, ids: list[int]) -> torch.Tensor:
 def session_next_logits(session) -> torch.Tensor:
     """The next-token logits the session's KV gives for its committed text (KV left as it was): [V] on the CPU."""
     past = len(session.committed) - 1
-    out = session.scheduler.forward_tree(session.kv, session.committed[-1], DraftTree((), ()))
+    scheduler = session.scheduler
+    out = scheduler.run_job(scheduler.forward_tree(session.kv, session.committed[-1], DraftTree((), ())), session.kv)
     session.kv.crop(past)
     return out.logits[0].cpu()
 
