@@ -7,25 +7,18 @@ tested on its own.
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from edgespec.shared.errors import EdgespecError
 from edgespec.shared.tree import ROOT, DraftTree
+from edgespec.shared.wire import ResumePolicy
 
 
 class ProtocolError(EdgespecError):
     """The server's answer contradicts the request (wrong step, accepted nodes not a path, lengths off)."""
 
     grpc_code = "INTERNAL"
-
-
-class ResumePolicy(enum.IntEnum):
-    """Same numbers as the wire's ResumePolicy."""
-
-    KEEP = 0  # the offline text stands
-    ROLLBACK = 1  # drop from the first disagreement; the text is then exactly the target's
 
 
 def accepted_path(tree: DraftTree, accepted: Sequence[int]) -> list[int]:

@@ -39,10 +39,10 @@ from edgespec.shared.errors import EdgespecError
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.metrics import GenerationMetrics
 from edgespec.shared.tree import MAX_NODES, encode_tree
+from edgespec.shared.wire import FeatureKind, ResumePolicy
 
-from .commit import (Finish, ProtocolError, ResumePolicy, accepted_path, check_committed_len, finish_point,
-                     resume_commit)
-from .drafters.base import FEATURE_NONE, Drafter, DraftRequest, OfflineUnsupportedError, Verification
+from .commit import Finish, ProtocolError, accepted_path, check_committed_len, finish_point, resume_commit
+from .drafters.base import Drafter, DraftRequest, OfflineUnsupportedError, Verification
 from .link import Link, LinkDownError, Reconnector, ServerRefusedError, SessionStream
 
 log = logging.getLogger(__name__)
@@ -221,7 +221,7 @@ class Generation:
         t0 = time.perf_counter()
         s = self.state
         tree, message = None, self._open_msg
-        if self.config.draft_on_open and self.drafter.feature_request().kind == FEATURE_NONE:
+        if self.config.draft_on_open and self.drafter.feature_request().kind is FeatureKind.NONE:
             tree = self.drafter.propose(DraftRequest(tuple(s.committed), self.max_tree_nodes,
                                                      max(0, self.config.max_new_tokens - 1)))
             self.metrics.draft_s += time.perf_counter() - t0

@@ -24,11 +24,9 @@ import grpc
 
 from edgespec.proto.edgespec.v1 import pb, pb_grpc
 from edgespec.shared.errors import EdgespecError
+from edgespec.shared.wire import API_KEY_METADATA_KEY, SESSION_METADATA_KEY
 
 log = logging.getLogger(__name__)
-
-SESSION_METADATA_KEY = "x-edgespec-session"
-API_KEY_METADATA_KEY = "authorization"  # value "Bearer <key>"
 
 
 class LinkDownError(EdgespecError):

@@ -9,23 +9,15 @@ Kinds (the wire's FeatureKind):
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 import torch
 
 from edgespec.shared.codec import ActivationCodec
 from edgespec.shared.drafters.lsa import LayerSelfAttention
+from edgespec.shared.wire import FeatureKind
 
 from .errors import InvalidRequestError
-
-
-class FeatureKind(enum.IntEnum):
-    """Same numbers as the wire's ``edgespec.v1.FeatureKind``."""
-
-    NONE = 0
-    LAST_HIDDEN = 1
-    MOA = 2
 
 
 @dataclass(frozen=True)

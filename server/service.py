@@ -24,15 +24,15 @@ from edgespec.shared import __version__
 from edgespec.shared.codec import ActivationCodec, Codec
 from edgespec.shared.errors import EdgespecError, FrameError, TokenizerMismatchError
 from edgespec.shared.verification import SamplingConfig
+from edgespec.shared.wire import SESSION_METADATA_KEY, FeatureKind, ResumePolicy
 
 from .core import VerifierCore
 from .errors import AdmissionTimeoutError, InvalidRequestError, UnauthenticatedError, printable
-from .features import FeatureKind, FeatureSpec, check_feature_request
-from .session import ResumePolicy, SessionSettings, StepResult
+from .features import FeatureSpec, check_feature_request
+from .session import SessionSettings, StepResult
 
 log = logging.getLogger("edgespec.server")
 
-SESSION_METADATA_KEY = "x-edgespec-session"
 MAX_SESSION_ID_CHARS = 128  # longer ids are refused: an id is echoed in errors, which must stay deliverable
 # Status details travel in a header (grpc-message) that the peer caps at 8 KiB after percent-encoding
 # (3 bytes per non-ASCII byte); past this many UTF-8 bytes a message is cut so the refusal still arrives.

@@ -13,7 +13,6 @@ sessions.
 """
 from __future__ import annotations
 
-import enum
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,18 +23,12 @@ import torch
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.tree import DraftTree
 from edgespec.shared.verification import SamplingConfig, VerifyOutcome, next_token, verify_tree
+from edgespec.shared.wire import ResumePolicy
 
 from .errors import InvalidRequestError, StaleStateError
 from .features import FeatureSpec, export_features
 from .scheduler import ModelScheduler
 from .target import TargetModel
-
-
-class ResumePolicy(enum.IntEnum):
-    """Same numbers as the wire's ``edgespec.v1.ResumePolicy``."""
-
-    KEEP = 0  # every provisional token stands
-    ROLLBACK = 1  # drop from the first disagreement; the target's token goes there
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ made of it; the loop never needs to know which drafter it drives. Words:
 
 - committed: prompt + generated token ids the client holds as settled; the last
   one is the root the next tree hangs from.
-- features: decoded target activations by name ("hidden", "lsa", "tli_k",
-  "tli_v"). They lag one token: they cover every committed token except the last.
+- features: decoded target activations by name (``edgespec.shared.wire``: HIDDEN,
+  LSA, TLI_K, TLI_V). They lag one token: they cover every committed token except the last.
   Opened brings the prompt's, Verified those of the tree root and the accepted
   nodes, Resumed those from (confirmed length - 1) up to the new last token.
 
@@ -23,11 +23,7 @@ import torch
 
 from edgespec.shared.errors import EdgespecError
 from edgespec.shared.tree import DraftTree
-
-# Same numbers as the wire's edgespec.v1.FeatureKind (kept here so drafters need no protobuf import).
-FEATURE_NONE = 0
-FEATURE_LAST_HIDDEN = 1
-FEATURE_MOA = 2
+from edgespec.shared.wire import FeatureKind
 
 
 class OfflineUnsupportedError(EdgespecError):
@@ -40,7 +36,7 @@ class OfflineUnsupportedError(EdgespecError):
 class FeatureNeeds:
     """What the drafter asks the server to send back per verified token (the wire's FeatureRequest)."""
 
-    kind: int = FEATURE_NONE  # FEATURE_NONE, FEATURE_LAST_HIDDEN or FEATURE_MOA
+    kind: FeatureKind = FeatureKind.NONE  # which features, if any
     moa_server_part: str = ""  # MoA: name of the Layer Self-Attention weights on the server
     tli_layers: int = 0  # MoA: Target Layer Inference depth N
 

@@ -1,6 +1,6 @@
 """Beagle drafting: the states' memory over committed tokens and draft nodes (``runtime`` has the use).
 
-Features are the target's states ("hidden", [k, E]); offline the drafter's own predicted
+Features are the target's states (``wire.HIDDEN``, [k, E]); offline the drafter's own predicted
 state of a position stands in for the target's.
 
 Memory layout while drafting: [committed states 0..rows-1 ; the root's predicted state at
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from edgespec.shared import wire
 from edgespec.shared.drafters.beagle import BeagleHead, Memory, cat_memory, take_memory
 from edgespec.shared.drafters.target_parts import TargetParts
 
@@ -20,7 +21,7 @@ from .runtime import RowsRuntime
 
 class BeagleRuntime(RowsRuntime):
     name = "Beagle"
-    feature = "hidden"
+    feature = wire.HIDDEN
     batch_in_call_parents = False  # a node's parent's predicted state must be in the memory first
 
     def __init__(self, head: BeagleHead, parts: TargetParts):

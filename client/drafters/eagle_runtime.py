@@ -1,6 +1,6 @@
 """EAGLE drafting: the head's cache over committed tokens and draft nodes (``runtime`` has the use).
 
-Features are the target's last hidden states ("hidden", [k, E]). Row r of the head's cache is
+Features are the target's last hidden states (``wire.HIDDEN``, [k, E]). Row r of the head's cache is
 (f_r, c_{r+1}) at position r and predicts f_{r+1}; offline that prediction stands in for the
 target's feature of the next row.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from edgespec.shared import wire
 from edgespec.shared.drafters.blocks import KV
 from edgespec.shared.drafters.eagle import EagleHead
 from edgespec.shared.drafters.masks import causal_mask
@@ -23,7 +24,7 @@ def _cat(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
 
 class EagleRuntime(RowsRuntime):
     name = "EAGLE"
-    feature = "hidden"
+    feature = wire.HIDDEN
     batch_in_call_parents = False  # a node's input is its parent's predicted feature
 
     def __init__(self, head: EagleHead, parts: TargetParts):

@@ -24,8 +24,9 @@ from edgespec.shared.drafters.router import attach_router_if_present
 from edgespec.shared.drafters.shipped import checkpoint_kind, file_kind, read_card, resolve_checkpoint
 from edgespec.shared.drafters.target_parts import TargetParts, load_target_parts
 from edgespec.shared.errors import TokenizerMismatchError
+from edgespec.shared.wire import FeatureKind
 
-from .base import FEATURE_LAST_HIDDEN, FEATURE_MOA, FeatureNeeds
+from .base import FeatureNeeds
 from .beagle_runtime import BeagleRuntime
 from .eagle_runtime import EagleRuntime
 from .learned import LearnedDrafter
@@ -83,8 +84,8 @@ def learned_drafter(runtime: LearnedRuntime, tree: TreeShape, moa_server_part: s
     """The client's ``Drafter`` over a runtime; MoA's features come from the server part ``moa_server_part``."""
     if isinstance(runtime, MoARuntime):
         tli = runtime.parts.tli
-        return LearnedDrafter(f"moa-tli{tli}", runtime, FeatureNeeds(FEATURE_MOA, moa_server_part, tli), tree)
-    return LearnedDrafter(runtime.name.lower(), runtime, FeatureNeeds(FEATURE_LAST_HIDDEN), tree)
+        return LearnedDrafter(f"moa-tli{tli}", runtime, FeatureNeeds(FeatureKind.MOA, moa_server_part, tli), tree)
+    return LearnedDrafter(runtime.name.lower(), runtime, FeatureNeeds(FeatureKind.LAST_HIDDEN), tree)
 
 
 def _dtype(name: str | None) -> torch.dtype:

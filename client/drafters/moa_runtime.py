@@ -1,7 +1,7 @@
 """MoA drafting, the client part: caches over committed tokens and draft nodes (``runtime`` has the use).
 
-Features: {"lsa": [k, 2*E_kv], and for TLI = N "tli_k", "tli_v": [N, k, E_kv]}. ``parts`` holds
-the target's embedding / norm / LM head and its last N layers. Offline there is no new memory,
+Features, by ``edgespec.shared.wire`` name: {LSA: [k, 2*E_kv], and for TLI = N TLI_K, TLI_V: [N, k, E_kv]}.
+``parts`` holds the target's embedding / norm / LM head and its last N layers. Offline there is no new memory,
 and the TLI layers use their own K/V.
 
 Per committed token c_i at position i the drafter keeps: its Self-Attention K/V (token-only,
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from edgespec.shared import wire
 from edgespec.shared.drafters.blocks import KV
 from edgespec.shared.drafters.moa import MoAClient
 from edgespec.shared.drafters.router import LMHeadRouter, RoutedHead
@@ -33,7 +34,7 @@ def _cat(a: KV | None, b: KV) -> KV:
 
 class MoARuntime(LearnedRuntime):
     name = "MoA"
-    feature = "lsa"
+    feature = wire.LSA
 
     def __init__(self, client: MoAClient, parts: TargetParts):
         if parts.tli != client.config.tli:
@@ -79,7 +80,7 @@ class MoARuntime(LearnedRuntime):
         self.own_pos += list(range(n0, self.length))
 
     def _cover(self, features: dict[str, torch.Tensor], start: int) -> None:
-        lsa = features["lsa"]
+        lsa = features[wire.LSA]
         k = lsa.shape[0]
         span = list(range(start, start + k))
         if not set(span) <= set(self.own_pos):
@@ -88,10 +89,11 @@ class MoARuntime(LearnedRuntime):
         self.mem = _cat(self.mem, self.client.memory(lsa, torch.tensor(span)))
         self.mem_pos += span
         if self.parts.tli:
-            tk, tv = features.get("tli_k"), features.get("tli_v")
+            tk, tv = features.get(wire.TLI_K), features.get(wire.TLI_V)
             n_tli = self.parts.tli
             if tk is None or tv is None or tk.shape[:2] != (n_tli, k) or tv.shape[:2] != (n_tli, k):
-                raise DrafterStateError(f"TLI {n_tli} needs 'tli_k' and 'tli_v' of shape [{n_tli}, {k}, E_kv]")
+                raise DrafterStateError(f"TLI {n_tli} needs {wire.TLI_K!r} and {wire.TLI_V!r} of shape "
+                                        f"[{n_tli}, {k}, E_kv]")
             heads, dt = self.parts.shape.kv_heads, self.parts.head_weight.dtype
             new = [KV(_kv_rows(tk[i].to(dt), heads), _kv_rows(tv[i].to(dt), heads)) for i in range(n_tli)]
             self.tli_server = new if self.tli_server is None else [o.cat(w) for o, w in zip(self.tli_server, new)]

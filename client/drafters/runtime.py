@@ -48,7 +48,7 @@ class DrafterStateError(EdgespecError, ValueError):
 
 class LearnedRuntime(abc.ABC):
     name: ClassVar[str]  # in messages: "EAGLE", "MoA", "Beagle"
-    feature: ClassVar[str]  # the wire's feature it cannot work without ("hidden", "lsa")
+    feature: ClassVar[str]  # the wire's feature it cannot work without (wire.HIDDEN, wire.LSA)
     batch_in_call_parents: ClassVar[bool] = True  # one forward may hold a node and its parent
 
     def __init__(self, parts: TargetParts):

@@ -1,0 +1,38 @@
+"""The names and numbers of the wire contract (``proto/edgespec/v1``) that both sides write in code.
+
+Each is defined here once, as plain Python, so that the drafters, the generation
+loop and the server's domain code name them without importing protobuf; a test
+holds every one of them equal to the ``.proto`` (enum names and numbers, and the
+names its comments fix). ``Codec`` lives with the activation codec
+(``edgespec.shared.codec``), which is the one module that reads its frames.
+"""
+from __future__ import annotations
+
+import enum
+
+
+class ResumePolicy(enum.IntEnum):
+    """``edgespec.v1.ResumePolicy``: what happens to the client's offline tokens on Resume."""
+
+    KEEP = 0  # every provisional token stands; the target continues from the offline text
+    ROLLBACK = 1  # drop from the first disagreement; the target's token goes there (the text is the target's)
+
+
+class FeatureKind(enum.IntEnum):
+    """``edgespec.v1.FeatureKind``: what the server sends back per verified token."""
+
+    NONE = 0  # token ids only (ngram, independent)
+    LAST_HIDDEN = 1  # HIDDEN (EAGLE, Beagle)
+    MOA = 2  # LSA, and for TLI = N also TLI_K and TLI_V
+
+
+# Feature names (``edgespec.v1.Feature.name``): the tensors a verification's answer carries.
+HIDDEN = "hidden"  # [n, E]: the target's final-norm output per token
+LSA = "lsa"  # [n, 2*E_kv]: MoA's Layer Self-Attention over every layer's K|V, per token
+TLI_K = "tli_k"  # [N, n, E_kv]: keys of the target's last N layers (MoA with TLI = N)
+TLI_V = "tli_v"  # [N, n, E_kv]: values of the same layers
+FEATURE_NAMES = (HIDDEN, LSA, TLI_K, TLI_V)
+
+# Call metadata.
+SESSION_METADATA_KEY = "x-edgespec-session"  # the session id on every Session stream, so a proxy can route it
+API_KEY_METADATA_KEY = "authorization"  # "Bearer <key>", on every call to a server started with an API key
