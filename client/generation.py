@@ -261,13 +261,7 @@ class Generation:
         s, m = self.state, self.metrics
         tokens = accepted_path(tree, accepted)
         check_committed_len(len(s.committed) + len(tokens) + 1, committed_len, what)
-        m.num_drafts += 1
-        m.num_draft_tokens += len(tree)
-        m.num_accepted_tokens += len(tokens)
-        for depth in range(len(tokens)):
-            if depth == len(m.accepted_per_position):
-                m.accepted_per_position.append(0)
-            m.accepted_per_position[depth] += 1
+        m.observe_draft(len(tree), len(tokens))
         self._commit(tokens + [bonus], [TokenOrigin.ACCEPTED] * len(tokens) + [TokenOrigin.BONUS])
         return tokens
 

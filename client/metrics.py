@@ -59,7 +59,7 @@ class ClientMetrics:
     def observe(self, result: GenerationResult) -> None:
         """A generation's own counters (the spec-decode counters come from these alone)."""
         m = result.metrics
-        self.spec_decode.observe(m.num_drafts, m.num_draft_tokens, m.accepted_per_position)
+        self.spec_decode.observe(m)
         self.prompt_tokens.inc(m.prompt_tokens)
         self.generation_tokens.inc(m.new_tokens)
         for seconds in m.round_trips_s:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from edgespec.shared.metrics import SpecDecodeStats
 from edgespec.shared.prom import PREFIX, STEP_BUCKETS, Exposition, SpecDecodeCounters, request_histograms
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ class ServerMetrics:
         self.ttft.observe(t.total_ns / 1e9)
         self.queue_time.observe(t.queue_ns / 1e9)
         if tree_nodes:
-            self.spec_decode.observe_path(tree_nodes, len(result.accepted))
+            self._observe_draft(tree_nodes, len(result.accepted))
         with self._mutex:
             self._opened_at[session_id] = time.monotonic() - t.total_ns / 1e9
 
@@ -104,7 +105,13 @@ class ServerMetrics:
         self.verify_latency.observe(t.total_ns / 1e9)
         self.verify_time.observe(t.total_ns / 1e9)
         self.queue_time.observe(t.queue_ns / 1e9)
-        self.spec_decode.observe_path(tree_nodes, accepted)
+        self._observe_draft(tree_nodes, accepted)
+
+    def _observe_draft(self, tree_nodes: int, accepted: int) -> None:
+        """One verified tree; its per-position counts come from the stats type, as the client's do."""
+        stats = SpecDecodeStats()
+        stats.observe_draft(tree_nodes, accepted)
+        self.spec_decode.observe(stats)
 
     def resumed(self, session_id: str, restored: bool, result: "StepResult") -> None:
         self.resumes.labels(restored=str(restored).lower()).inc()

@@ -1,4 +1,5 @@
-"""Per-generation metrics: one dataclass, apart from any sink (logs, Prometheus, reports).
+"""Metrics types, apart from any sink (logs, Prometheus, reports): spec-decode stats and one generation's
+counters, which hold them.
 
 Words, as vLLM uses them:
 - a *draft* is one tree sent for verification; *draft tokens* are its nodes;
@@ -17,18 +18,43 @@ from dataclasses import asdict, dataclass, field
 
 
 @dataclass
-class GenerationMetrics:
-    """Counters of one generation. Times are seconds of wall clock on the client."""
+class SpecDecodeStats:
+    """vLLM's spec-decode stats (``SpecDecodingStats``): the drafts verified and how deep each was accepted.
+
+    The one place that counts acceptance per position; the generation loop and the server's
+    metrics observe drafts here, and the Prometheus sink (``edgespec.shared.prom``) reads it."""
+
+    num_drafts: int = 0  # trees sent for verification (verifications)
+    num_draft_tokens: int = 0  # nodes in those trees
+    num_accepted_tokens: int = 0  # nodes the target accepted
+    accepted_per_position: list[int] = field(default_factory=list)  # [i]: drafts accepted to depth i+1 or deeper
+
+    def observe_draft(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """One verified tree of num_draft_tokens nodes whose accepted path is num_accepted_tokens long."""
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        per_pos = self.accepted_per_position
+        per_pos.extend([0] * (num_accepted_tokens - len(per_pos)))
+        for position in range(num_accepted_tokens):
+            per_pos[position] += 1
+
+    @property
+    def acceptance_length(self) -> float:
+        """tau: tokens committed per verification, bonus included (0 when nothing was verified)."""
+        return (self.num_accepted_tokens + self.num_drafts) / self.num_drafts if self.num_drafts else 0.0
+
+
+@dataclass
+class GenerationMetrics(SpecDecodeStats):
+    """Counters of one generation (its drafts counted by ``SpecDecodeStats``). Times are seconds of wall
+    clock on the client."""
 
     drafter: str = ""  # drafter name ("ngram", "independent", ...)
     prompt_tokens: int = 0  # length of the prompt in tokens
     new_tokens: int = 0  # tokens in the final output (after stop/EOS/max truncation and rollbacks)
     online_tokens: int = 0  # output tokens that the target verified or produced
     offline_tokens: int = 0  # output tokens generated offline and kept unverified (provisional or `keep`)
-    num_drafts: int = 0  # trees sent for verification (verifications)
-    num_draft_tokens: int = 0  # nodes in those trees
-    num_accepted_tokens: int = 0  # nodes the target accepted
-    accepted_per_position: list[int] = field(default_factory=list)  # accepted count at depth 1, 2, ...
     calls: int = 0  # prefill + verifications + resumes
     bytes_up: int = 0  # client -> server, serialized messages
     bytes_down: int = 0  # server -> client, serialized messages
@@ -43,11 +69,6 @@ class GenerationMetrics:
     disconnects: int = 0  # times the link was found dead
     resumes: int = 0  # successful Resumes
     rolled_back_tokens: int = 0  # provisional tokens dropped by `rollback`
-
-    @property
-    def acceptance_length(self) -> float:
-        """tau: tokens committed per verification, bonus included (0 when nothing was verified)."""
-        return (self.num_accepted_tokens + self.num_drafts) / self.num_drafts if self.num_drafts else 0.0
 
     @property
     def tokens_per_s(self) -> float:

@@ -20,10 +20,12 @@ edgespec's own ``edgespec_*`` series keep their labels as they were.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
+
+from .metrics import SpecDecodeStats
 
 PREFIX = "edgespec:"
 ENGINE = "0"  # vLLM labels every series with its engine index; one process here is one engine
@@ -50,18 +52,14 @@ class SpecDecodeCounters:
         self.accepted_per_pos = Counter(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
                                         "Accepted tokens per draft position.", ["position"], registry=registry)
 
-    def observe(self, drafts: int, draft_tokens: int, accepted_per_position: Sequence[int]) -> None:
-        """Add verifications: accepted_per_position[i] = drafts accepted to depth i+1 or deeper."""
-        self.drafts.inc(drafts)
-        self.draft_tokens.inc(draft_tokens)
-        self.accepted_tokens.inc(sum(accepted_per_position))
-        for position, count in enumerate(accepted_per_position):
+    def observe(self, stats: SpecDecodeStats) -> None:
+        """Add verifications, as counted by the stats type."""
+        self.drafts.inc(stats.num_drafts)
+        self.draft_tokens.inc(stats.num_draft_tokens)
+        self.accepted_tokens.inc(stats.num_accepted_tokens)
+        for position, count in enumerate(stats.accepted_per_position):
             if count:
                 self.accepted_per_pos.labels(position=str(position)).inc(count)
-
-    def observe_path(self, draft_tokens: int, accepted: int) -> None:
-        """One verified tree whose accepted path is `accepted` nodes long."""
-        self.observe(1, draft_tokens, [1] * accepted)
 
 
 def request_histograms(registry: CollectorRegistry) -> tuple[Histogram, Histogram, Histogram]:
