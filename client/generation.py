@@ -1,5 +1,9 @@
 """The generation loop: Open, then draft / verify / commit until EOS, max tokens or a stop string.
 
+The loop talks to the target through a ``Verifier`` (``verifier.py``) in domain
+types only: it never sees a protobuf message or a socket, so the same loop runs
+over gRPC and against a verifier in this process (``in_process.py``).
+
 Iterating a ``Generation`` yields events as they happen: ``TokenEvent`` (a new
 output token and where it came from), ``RetractEvent`` (a rollback withdrew the
 last emitted tokens) and ``LinkEvent`` (the link went down or came back). When
@@ -27,23 +31,20 @@ from __future__ import annotations
 
 import enum
 import logging
-import math
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from edgespec.proto.edgespec.v1 import pb
-from edgespec.shared.codec import Codec, decode_frame, frame_shape
+from edgespec.shared.codec import Codec
 from edgespec.shared.errors import EdgespecError
-from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.metrics import GenerationMetrics
-from edgespec.shared.tree import MAX_NODES, encode_tree
+from edgespec.shared.tree import MAX_NODES, DraftTree
 from edgespec.shared.wire import FeatureKind, ResumePolicy
 
 from .commit import Finish, ProtocolError, accepted_path, check_committed_len, finish_point, resume_commit
 from .drafters.base import Drafter, DraftRequest, OfflineUnsupportedError, Verification
-from .link import Link, LinkDownError, Reconnector, ServerRefusedError, SessionStream
+from .verifier import LinkDownError, ServerRefusedError, SessionSpec, Verdict, Verifier
 
 log = logging.getLogger(__name__)
 
@@ -136,10 +137,6 @@ class TokenizerInfo:
     decode: Callable[[Sequence[int]], str]  # ids -> text (for stop strings)
 
 
-def decode_features(features: Sequence[pb.Feature]) -> dict:
-    return {f.name: decode_frame(f.frame) for f in features}
-
-
 @dataclass
 class _State:
     committed: list[int]  # prompt + generated
@@ -158,25 +155,23 @@ class _State:
 class Generation:
     """One generation session; iterate it for events, then read ``result``."""
 
-    def __init__(self, link: Link, drafter: Drafter, prompt_ids: Sequence[int], config: GenerationConfig,
+    def __init__(self, verifier: Verifier, drafter: Drafter, prompt_ids: Sequence[int], config: GenerationConfig,
                  tokenizer: TokenizerInfo, max_tree_nodes: int = MAX_NODES):
         if not prompt_ids:
             raise ValueError("the prompt is empty: give at least one token")
-        self.link, self.drafter, self.config, self.tok = link, drafter, config, tokenizer
+        self.verifier, self.drafter, self.config, self.tok = verifier, drafter, config, tokenizer
         self.max_tree_nodes = max_tree_nodes
         self.session_id = str(uuid.uuid4())
         self.state = _State(list(prompt_ids), len(prompt_ids), confirmed=len(prompt_ids))
         self.metrics = GenerationMetrics(drafter=drafter.name, prompt_tokens=len(prompt_ids))
         self.result: GenerationResult | None = None
-        self._stream: SessionStream | None = None
-        self._reconnector: Reconnector | None = None
+        self._online = False  # the verifier answered on the current stream: draft; else offline
         self._verified_at = time.perf_counter()  # when the server last answered a request (or the start)
         self._failures = 0  # consecutive failed tries since then: each earns a longer backoff
         self._last_failure = ""  # what the last one was, for the detail when the link never comes back
         self._step = 0
         self._detail = ""
         self._lost = False
-        self._open_msg = self._make_open()
 
     def __iter__(self) -> Iterator[Event]:
         return self._run()
@@ -194,7 +189,7 @@ class Generation:
         try:
             yield from self._open()
             while not self._done():
-                if self._stream is not None:
+                if self._online:
                     yield from self._online_step()
                 else:
                     yield from self._offline_step()
@@ -215,27 +210,19 @@ class Generation:
         if s.finish.reason is None:
             return False
         has_provisional = len(s.committed) > s.confirmed
-        return not has_provisional or self.config.resume_policy is ResumePolicy.KEEP or self._stream is not None
+        return not has_provisional or self.config.resume_policy is ResumePolicy.KEEP or self._online
 
     def _open(self) -> Iterator[Event]:
         t0 = time.perf_counter()
         s = self.state
-        tree, message = None, self._open_msg
+        tree = None
         if self.config.draft_on_open and self.drafter.feature_request().kind is FeatureKind.NONE:
             tree = self.drafter.propose(DraftRequest(tuple(s.committed), self.max_tree_nodes,
                                                      max(0, self.config.max_new_tokens - 1)))
             self.metrics.draft_s += time.perf_counter() - t0
-            if len(tree):
-                message = pb.Open()
-                message.CopyFrom(self._open_msg)  # the stored Open (also Resume's reopen) stays tree-less
-                message.tree = encode_tree(tree)
-            else:
-                tree = None
+            tree = tree if len(tree) else None  # an empty tree asks for the prefill alone
         try:
-            if self.link.channel is None:
-                self.link.connect()
-            self._stream = self.link.stream(self.session_id)
-            answer = self._call(pb.ClientMessage(open=message), self.link.config.open_timeout_s, "opened")
+            verdict = self.verifier.open(self._session_spec(), tree)
         except LinkDownError as err:
             if not self.drafter.can_generate_offline:
                 raise LinkDownError(f"{err}; the {self.drafter.name!r} drafter cannot start without the server") from None
@@ -243,26 +230,21 @@ class Generation:
             return
         self._verified()
         self.metrics.prefill_s = time.perf_counter() - t0
-        self.link.first_round_trip_s = self.link.first_round_trip_s or self.metrics.prefill_s
-        opened = answer.opened
-        if tree is None and len(opened.accepted):
-            raise ProtocolError("Opened lists accepted nodes but the Open carried no tree")
-        tokens = self._take_verdict(tree, opened.accepted, opened.first_token, opened.committed_len, "Opened") \
-            if tree is not None else []
-        if tree is None:
-            check_committed_len(s.prompt_len + 1, opened.committed_len, "Opened")
-            self._commit([opened.first_token], [TokenOrigin.BONUS])
-        self.drafter.start(s.committed[: s.prompt_len + len(tokens)], opened.first_token,
-                           decode_features(opened.features))
+        if tree is not None:
+            tokens = self._take_verdict(tree, verdict, "Opened")
+        else:
+            tokens = []
+            check_committed_len(s.prompt_len + 1, verdict.committed_len, "Opened")
+            self._commit([verdict.bonus_token], [TokenOrigin.BONUS])
+        self.drafter.start(s.committed[: s.prompt_len + len(tokens)], verdict.bonus_token, verdict.features)
         yield from self._emit()
 
-    def _take_verdict(self, tree, accepted: Sequence[int], bonus: int, committed_len: int, what: str) -> list[int]:
+    def _take_verdict(self, tree: DraftTree, verdict: Verdict, what: str) -> list[int]:
         """Count and commit a verified tree's accepted nodes and the bonus token; returns the accepted tokens."""
-        s, m = self.state, self.metrics
-        tokens = accepted_path(tree, accepted)
-        check_committed_len(len(s.committed) + len(tokens) + 1, committed_len, what)
-        m.observe_draft(len(tree), len(tokens))
-        self._commit(tokens + [bonus], [TokenOrigin.ACCEPTED] * len(tokens) + [TokenOrigin.BONUS])
+        tokens = accepted_path(tree, verdict.accepted)
+        check_committed_len(len(self.state.committed) + len(tokens) + 1, verdict.committed_len, what)
+        self.metrics.observe_draft(len(tree), len(tokens))
+        self._commit(tokens + [verdict.bonus_token], [TokenOrigin.ACCEPTED] * len(tokens) + [TokenOrigin.BONUS])
         return tokens
 
     def _online_step(self) -> Iterator[Event]:
@@ -272,34 +254,27 @@ class Generation:
         t0 = time.perf_counter()
         tree = self.drafter.propose(DraftRequest(tuple(s.committed), self.max_tree_nodes, max(0, remaining - 1)))
         m.draft_s += time.perf_counter() - t0
-        # 2. send it to the target
+        # 2. the target verifies it (within a deadline from recent round trips)
         self._step += 1
-        draft = pb.Draft(session_id=self.session_id, step=self._step, committed_len=len(s.committed),
-                         tree=encode_tree(tree))
         try:
-            t1 = time.perf_counter()
-            answer = self._call(pb.ClientMessage(draft=draft), self.link.draft_deadline(), "verified")
-            self.link.record(time.perf_counter() - t1)
+            verdict = self.verifier.verify(self._step, len(s.committed), tree)
         except LinkDownError as err:
             yield from self._go_offline(err)
             return
         self._verified()
-        v = answer.verified
-        if v.step != self._step:
-            raise ProtocolError(f"Verified answers step {v.step}, the client sent step {self._step}")
         # 3. commit accepted + bonus
-        m.verify_s += v.timings.total_ns / 1e9
-        self._take_verdict(tree, v.accepted, v.bonus_token, v.committed_len, "Verified")
+        m.verify_s += verdict.timings.total_ns / 1e9
+        self._take_verdict(tree, verdict, "Verified")
         # 4. the drafter observes the result
-        self.drafter.observe(Verification(tree, tuple(v.accepted), v.bonus_token, tuple(s.committed),
-                                          decode_features(v.features)))
+        self.drafter.observe(Verification(tree, verdict.accepted, verdict.bonus_token, tuple(s.committed),
+                                          verdict.features))
         # 5. emit
         yield from self._emit()
 
     def _offline_step(self) -> Iterator[Event]:
-        channel = self._reconnector.take(0.0) if self._reconnector else None
-        if channel is not None:
-            yield from self._resume(channel)
+        failures = self.verifier.reconnected(0.0)
+        if failures is not None:
+            yield from self._resume(failures)
             return
         s = self.state
         if s.finish.reason is not None or not self.drafter.can_generate_offline:
@@ -316,9 +291,9 @@ class Generation:
         """Offline with nothing left to do alone: wait for the link, or end once offline_wait_s has passed
         since the last verified answer (failed Resumes do not restart that clock)."""
         left = self.config.offline_wait_s - (time.perf_counter() - self._verified_at)
-        channel = self._reconnector.take(max(0.0, left)) if self._reconnector else None
-        if channel is not None:
-            yield from self._resume(channel)
+        failures = self.verifier.reconnected(max(0.0, left))
+        if failures is not None:
+            yield from self._resume(failures)
             return
         self._lost = True
         if self.state.finish.reason is None:
@@ -342,33 +317,22 @@ class Generation:
         log.info("session %s: link down (%r); going offline, failure %d in a row", self.session_id, str(err),
                  self._failures)
         self.metrics.disconnects += 1
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = None
-        self.link.close()
-        self._reconnector = self.link.reconnector(self._failures)
+        self._online = False
+        self.verifier.disconnect(self._failures)
         if was_up:  # a Resume that failed again is the same outage, not a new one to announce
             yield LinkEvent(False, str(err))
 
-    def _resume(self, channel) -> Iterator[Event]:
+    def _resume(self, failures: int) -> Iterator[Event]:
         s, m = self.state, self.metrics
-        self.link.adopt(channel)
-        self._failures = self._reconnector.attempts  # its failed connects count toward the next backoff
-        self._reconnector = None
+        self._failures = failures  # the reconnect's failed connects count toward the next backoff
         provisional = s.committed[s.confirmed:]
         policy = self.config.resume_policy
-        resume = pb.Resume(session_id=self.session_id, committed_len=s.confirmed,
-                           committed_hash=committed_hash(s.committed[: s.confirmed]),
-                           committed_ids=s.committed[: s.confirmed], provisional_ids=provisional,
-                           policy=int(policy), reopen=self._open_msg, step=self._step)
         try:
-            self._stream = self.link.stream(self.session_id)
-            answer = self._call(pb.ClientMessage(resume=resume), self.link.config.open_timeout_s, "resumed")
+            r = self.verifier.resume(s.committed[: s.confirmed], provisional, policy, self._step)
         except LinkDownError as err:
             yield from self._go_offline(err)
             return
         self._verified()
-        r = answer.resumed
         new = resume_commit(s.committed, s.confirmed, r.agreed, r.bonus_token, policy)
         check_committed_len(len(new), r.committed_len, "Resumed")
         m.resumes += 1
@@ -389,7 +353,7 @@ class Generation:
         del s.committed[kept:]
         del s.origins[gen_kept:]
         self._commit([r.bonus_token], [TokenOrigin.BONUS])
-        self.drafter.resync(tuple(s.committed), kept, decode_features(r.features))
+        self.drafter.resync(tuple(s.committed), kept, r.features)
         yield from self._emit()
 
     # --------------------------------------------------------------- helpers
@@ -397,6 +361,7 @@ class Generation:
         """The server answered a request: the link works, the retry budget starts again."""
         self._verified_at = time.perf_counter()
         self._failures = 0
+        self._online = True
 
     def _commit(self, tokens: list[int], origins: list[TokenOrigin]) -> None:
         s = self.state
@@ -419,42 +384,13 @@ class Generation:
             yield TokenEvent(gen[i], s.origins[i], i)
         s.emitted = fin.keep
 
-    def _call(self, message: pb.ClientMessage, timeout_s: float, expect: str) -> pb.ServerMessage:
-        if self._stream is None:
-            raise LinkDownError("not connected")
-        self.metrics.bytes_up += message.ByteSize()
-        t0 = time.perf_counter()
-        answer = self._stream.request(message, timeout_s)
-        self.metrics.round_trips_s.append(time.perf_counter() - t0)
-        self.metrics.bytes_down += answer.ByteSize()
-        if expect != "closed":
-            self.metrics.calls += 1
-        kind = answer.WhichOneof("kind")
-        if kind != expect:
-            raise ProtocolError(f"expected {expect!r} from the server, got {kind!r}")
-        self._count_features(getattr(answer, kind))
-        return answer
-
-    def _count_features(self, body) -> None:
-        for f in getattr(body, "features", ()):
-            self.metrics.feature_bytes += len(f.frame)
-            self.metrics.feature_raw_bytes += 2 * math.prod(frame_shape(f.frame))
-
     def _close(self) -> None:
-        if self._reconnector is not None:
-            self._reconnector.cancel()
-            self._reconnector = None
-        if self._stream is not None:
-            try:
-                self._call(pb.ClientMessage(close=pb.Close(session_id=self.session_id)),
-                           min(2.0, self.link.draft_deadline()), "closed")
-            except Exception as err:  # noqa: BLE001 - the output is complete; a lost Close only leaves a TTL
-                log.debug("Close failed: %s", err)
-            self._stream.close()
-            self._stream = None
+        self.verifier.close()
+        self._online = False
 
     def _finalize(self, failed: bool = False) -> None:
         s, m = self.state, self.metrics
+        m.add_traffic(self.verifier.traffic)
         m.new_tokens = len(s.generated)
         m.offline_tokens = sum(o is TokenOrigin.OFFLINE for o in s.origins)
         m.online_tokens = m.new_tokens - m.offline_tokens
@@ -463,12 +399,10 @@ class Generation:
         self.result = GenerationResult(list(s.generated), list(s.origins), reason, m, self.session_id,
                                        self._detail, len(s.committed) - s.confirmed)
 
-    def _make_open(self) -> pb.Open:
-        c, needs = self.config, self.drafter.feature_request()
-        return pb.Open(
-            session_id=self.session_id, prompt_ids=self.state.committed[: self.state.prompt_len],
-            sampling=pb.SamplingParams(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, seed=c.seed),
-            features=pb.FeatureRequest(kind=needs.kind, moa_server_part=needs.moa_server_part,
-                                       tli_layers=needs.tli_layers),
-            codec=pb.CodecChoice(codec=int(c.codec), zstd_level=c.zstd_level, outlier_channels=c.outlier_channels),
+    def _session_spec(self) -> SessionSpec:
+        c, s = self.config, self.state
+        return SessionSpec(
+            session_id=self.session_id, prompt_ids=tuple(s.committed[: s.prompt_len]),
+            features=self.drafter.feature_request(), temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
+            seed=c.seed, codec=c.codec, zstd_level=c.zstd_level, outlier_channels=c.outlier_channels,
             max_new_tokens=c.max_new_tokens, tokenizer_fingerprint=self.tok.fingerprint, drafter=self.drafter.name)

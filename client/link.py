@@ -1,5 +1,9 @@
 """The client's link to the verification server: channel, session stream, deadlines, reconnects.
 
+``GrpcTransport`` is the verifier's transport over it (``verifier.py`` builds the
+messages): one session's stream, its deadlines, and a Reconnector while the
+link is down.
+
 A dead link comes in two kinds and both must be found quickly:
 - reset: the connection errors at once; the stream's reader sees an RpcError.
 - blackhole: packets vanish and the socket stays open; nothing errors. A deadline
@@ -26,31 +30,9 @@ from edgespec.proto.edgespec.v1 import pb, pb_grpc
 from edgespec.shared.errors import EdgespecError
 from edgespec.shared.wire import API_KEY_METADATA_KEY, SESSION_METADATA_KEY
 
+from .verifier import LinkDownError, ServerRefusedError, SessionLostError
+
 log = logging.getLogger(__name__)
-
-
-class LinkDownError(EdgespecError):
-    """The server could not be reached, the stream broke, or an answer did not come in time."""
-
-    grpc_code = "UNAVAILABLE"
-
-
-class SessionLostError(LinkDownError):
-    """The server no longer knows the session (expired, evicted, other replica): Resume rebuilds it."""
-
-    grpc_code = "NOT_FOUND"
-
-
-class ServerRefusedError(EdgespecError):
-    """The server answered with an error that retrying will not fix (bad request, wrong tokenizer, no auth,
-    a server-side bug): the request fails with the server's message."""
-
-    grpc_code = "FAILED_PRECONDITION"
-
-    def __init__(self, message: str, code: str = "FAILED_PRECONDITION"):
-        super().__init__(message)
-        self.grpc_code = code
-
 
 # Status codes of the transport, or of a server (or proxy) that cannot take the call now: go offline,
 # reconnect, resume, within the retry budget. Every other code is the server's answer to the request itself
@@ -64,7 +46,11 @@ _SESSION_CODES = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ABORTED}
 def classify_rpc_error(err: grpc.RpcError) -> EdgespecError:
     """Map a gRPC failure to what the loop does about it."""
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
-    detail = err.details() if hasattr(err, "details") else str(err)
+    return classify_status(code, err.details() if hasattr(err, "details") else str(err))
+
+
+def classify_status(code: grpc.StatusCode, detail: str) -> EdgespecError:
+    """The error a call that ended with this status raises (the in-process transport maps the same way)."""
     if code in _SESSION_CODES:
         return SessionLostError(f"server lost the session ({code.name}): {detail}")
     if code in _LINK_CODES:
@@ -307,11 +293,6 @@ class Link:
             self.connect()
         return server_info(self.channel, self.config)
 
-    def stream(self, session_id: str) -> SessionStream:
-        if self.channel is None:
-            raise LinkDownError("not connected")
-        return SessionStream(self.channel, self.config, session_id)
-
     def record(self, seconds: float) -> None:
         self.round_trips.append(seconds)
         del self.round_trips[:-self.config.rtt_window]
@@ -319,15 +300,66 @@ class Link:
     def draft_deadline(self) -> float:
         return draft_deadline(self.round_trips, self.config, self.first_round_trip_s)
 
-    def reconnector(self, failures: int = 0) -> Reconnector:
-        """A Reconnector that starts after the backoff `failures` consecutive failures earned."""
-        return Reconnector(self.config, self.rng, failures)
-
     def close(self) -> None:
         if self.channel is not None:
             self.channel.close()
             self.channel = None
 
 
-def now() -> float:
-    return time.perf_counter()
+class GrpcTransport:
+    """One session's messages over the link (the verifier's ``Transport``): its Session stream, the deadline
+    of each message, and a Reconnector while the link is down. The link's channel and round-trip record are
+    the client's, shared by its sessions."""
+
+    def __init__(self, link: Link):
+        self.link = link
+        self._stream: SessionStream | None = None
+        self._reconnector: Reconnector | None = None
+
+    def start(self, session_id: str) -> None:
+        self._drop_stream()
+        if self.link.channel is None:
+            self.link.connect()
+        self._stream = SessionStream(self.link.channel, self.link.config, session_id)
+
+    def request(self, message: pb.ClientMessage) -> pb.ServerMessage:
+        if self._stream is None:
+            raise LinkDownError("not connected")
+        kind, link = message.WhichOneof("kind"), self.link
+        if kind in ("open", "resume"):  # may prefill a long prompt (on a CPU, slowly)
+            timeout_s = link.config.open_timeout_s
+        elif kind == "draft":  # a few times the recent round trips: a blackhole is found in about one
+            timeout_s = link.draft_deadline()
+        else:  # Close: no work for the model
+            timeout_s = min(2.0, link.draft_deadline())
+        t0 = time.perf_counter()
+        answer = self._stream.request(message, timeout_s)
+        if kind == "draft":
+            link.record(time.perf_counter() - t0)
+        elif kind == "open" and link.first_round_trip_s is None:  # the deadline's base until a Draft is timed
+            link.first_round_trip_s = time.perf_counter() - t0
+        return answer
+
+    def disconnect(self, failures: int) -> None:
+        self._drop_stream()
+        self.link.close()
+        self._reconnector = Reconnector(self.link.config, self.link.rng, failures)
+
+    def reconnected(self, timeout_s: float) -> int | None:
+        channel = self._reconnector.take(timeout_s) if self._reconnector else None
+        if channel is None:
+            return None
+        self.link.adopt(channel)
+        failures, self._reconnector = self._reconnector.attempts, None
+        return failures
+
+    def close(self) -> None:
+        if self._reconnector is not None:
+            self._reconnector.cancel()
+            self._reconnector = None
+        self._drop_stream()
+
+    def _drop_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None

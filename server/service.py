@@ -4,7 +4,7 @@ It runs on grpc.aio's event loop (see ``grpc_server.py``): Info is answered on
 the loop; each Session message's work, which blocks on the model thread, runs
 on a thread pool, so a stream waiting for its next message holds no thread.
 
-Errors are mapped to gRPC statuses in one place (``_status_of``): an
+Errors are mapped to gRPC statuses in one place (``status_of``): an
 ``EdgespecError`` carries its status in ``grpc_code``; anything else is
 INTERNAL with the exception logged.
 """
@@ -39,7 +39,7 @@ MAX_SESSION_ID_CHARS = 128  # longer ids are refused: an id is echoed in errors,
 MAX_DETAILS_BYTES = 2048
 
 
-def _status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, EdgespecError):
         return getattr(grpc.StatusCode, exc.grpc_code, grpc.StatusCode.INTERNAL), _deliverable(str(exc))
     return grpc.StatusCode.INTERNAL, _deliverable(
@@ -135,7 +135,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 wait_s = None  # only the first message is due at once: a session may idle between steps
                 if message is grpc.aio.EOF:
                     return
-                reply = await asyncio.get_running_loop().run_in_executor(self.pool, self._answer, message, meta_id)
+                reply = await asyncio.get_running_loop().run_in_executor(self.pool, self.answer, message, meta_id)
                 await context.write(reply)
                 if reply.HasField("closed"):
                     return
@@ -153,8 +153,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             raise message.error
         return message
 
-    def _answer(self, message: pb.ClientMessage, meta_id: str) -> pb.ServerMessage:
-        """One message's work, on the pool: it blocks while the model thread runs the step."""
+    def answer(self, message: pb.ClientMessage, meta_id: str) -> pb.ServerMessage:
+        """One Session message's work (meta_id: the session id in the stream's metadata). It blocks while the
+        model thread runs the step: the stream runs it on the pool; the client's in-process transport calls it."""
         self.core.metrics.bytes_in.inc(message.ByteSize())
         reply = self._handle(message, meta_id)
         self.core.metrics.bytes_out.inc(reply.ByteSize())
@@ -231,13 +232,17 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         if context.done():  # the client went away; nobody to tell
             log.info("stream ended by the client: %s", printable(str(exc)))
             return
-        code, message = _status_of(exc)
+        await context.abort(*self.refused(exc))
+
+    def refused(self, exc: BaseException) -> tuple[grpc.StatusCode, str]:
+        """The status a call ends with for this error, counted and logged (once per call)."""
+        code, message = status_of(exc)
         self.core.metrics.errors.labels(code=code.name).inc()
         if code is grpc.StatusCode.INTERNAL:
             log.error("internal error: %s", printable(str(exc)), exc_info=exc)
         else:
             log.info("refused with %s: %s", code.name, printable(message))
-        await context.abort(code, message)
+        return code, message
 
 
 def _session_id(in_message: str, in_metadata: str, allow_new: bool = False) -> str:

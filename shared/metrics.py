@@ -1,5 +1,5 @@
-"""Metrics types, apart from any sink (logs, Prometheus, reports): spec-decode stats and one generation's
-counters, which hold them.
+"""Metrics types, apart from any sink (logs, Prometheus, reports): spec-decode stats, link traffic, and
+one generation's counters, which hold both.
 
 Words, as vLLM uses them:
 - a *draft* is one tree sent for verification; *draft tokens* are its nodes;
@@ -46,21 +46,35 @@ class SpecDecodeStats:
 
 
 @dataclass
-class GenerationMetrics(SpecDecodeStats):
-    """Counters of one generation (its drafts counted by ``SpecDecodeStats``). Times are seconds of wall
-    clock on the client."""
+class LinkTraffic:
+    """What one session's messages cost on the link, as the client's verifier counts them."""
 
-    drafter: str = ""  # drafter name ("ngram", "independent", ...)
-    prompt_tokens: int = 0  # length of the prompt in tokens
-    new_tokens: int = 0  # tokens in the final output (after stop/EOS/max truncation and rollbacks)
-    online_tokens: int = 0  # output tokens that the target verified or produced
-    offline_tokens: int = 0  # output tokens generated offline and kept unverified (provisional or `keep`)
     calls: int = 0  # prefill + verifications + resumes
     bytes_up: int = 0  # client -> server, serialized messages
     bytes_down: int = 0  # server -> client, serialized messages
     feature_bytes: int = 0  # of bytes_down: the encoded activation frames
     feature_raw_bytes: int = 0  # the same activations as plain float16 (what they would cost unencoded)
     round_trips_s: list[float] = field(default_factory=list)  # request-to-answer time of every call
+
+    def add_traffic(self, other: "LinkTraffic") -> None:
+        self.calls += other.calls
+        self.bytes_up += other.bytes_up
+        self.bytes_down += other.bytes_down
+        self.feature_bytes += other.feature_bytes
+        self.feature_raw_bytes += other.feature_raw_bytes
+        self.round_trips_s += other.round_trips_s
+
+
+@dataclass
+class GenerationMetrics(SpecDecodeStats, LinkTraffic):
+    """Counters of one generation: its drafts (``SpecDecodeStats``), its messages (``LinkTraffic``) and the
+    rest. Times are seconds of wall clock on the client."""
+
+    drafter: str = ""  # drafter name ("ngram", "independent", ...)
+    prompt_tokens: int = 0  # length of the prompt in tokens
+    new_tokens: int = 0  # tokens in the final output (after stop/EOS/max truncation and rollbacks)
+    online_tokens: int = 0  # output tokens that the target verified or produced
+    offline_tokens: int = 0  # output tokens generated offline and kept unverified (provisional or `keep`)
     draft_s: float = 0.0  # time the drafter spent proposing trees
     verify_s: float = 0.0  # server's own time on verifications (Timings.total_ns), summed
     offline_s: float = 0.0  # time spent generating offline

@@ -1,0 +1,232 @@
+"""The verifier as the generation loop sees it: open, verify, resume, close, on domain types.
+
+This is the client's mirror of ``edgespec.server.service``: the one place where a
+session's requests become protobuf messages and the answers come back as
+dataclasses (features decoded by name, the server's timings), and where what
+crosses the link is counted. How a message reaches the server is a
+``Transport``'s business: ``GrpcTransport`` (``link.py``) sends it on a gRPC
+Session stream; ``InProcessTransport`` (``in_process.py``) hands it to the
+servicer of a ``VerifierCore`` in this process, with no sockets.
+
+Both transports fail the same way, and the loop acts on the kind of error:
+- ``LinkDownError``: the link is the problem (no answer in time, a broken stream,
+  UNAVAILABLE): go offline, reconnect, resume.
+- ``SessionLostError`` (a ``LinkDownError``): the server no longer holds the
+  session: Resume rebuilds it.
+- ``ServerRefusedError``: the server's answer to the request itself (a refusal,
+  a server-side bug): retrying would get it again.
+- ``ProtocolError`` (``commit.py``): an answer that contradicts the request.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence
+
+import torch
+
+from edgespec.proto.edgespec.v1 import pb
+from edgespec.shared.codec import Codec, decode_frame, frame_shape
+from edgespec.shared.errors import EdgespecError
+from edgespec.shared.fingerprint import committed_hash
+from edgespec.shared.metrics import LinkTraffic
+from edgespec.shared.tree import DraftTree, encode_tree
+from edgespec.shared.wire import ResumePolicy
+
+from .commit import ProtocolError
+from .drafters.base import FeatureNeeds
+
+log = logging.getLogger(__name__)
+
+
+class LinkDownError(EdgespecError):
+    """The server could not be reached, the stream broke, or an answer did not come in time."""
+
+    grpc_code = "UNAVAILABLE"
+
+
+class SessionLostError(LinkDownError):
+    """The server no longer knows the session (expired, evicted, other replica): Resume rebuilds it."""
+
+    grpc_code = "NOT_FOUND"
+
+
+class ServerRefusedError(EdgespecError):
+    """The server answered with an error that retrying will not fix (bad request, wrong tokenizer, no auth,
+    a server-side bug): the request fails with the server's message."""
+
+    grpc_code = "FAILED_PRECONDITION"
+
+    def __init__(self, message: str, code: str = "FAILED_PRECONDITION"):
+        super().__init__(message)
+        self.grpc_code = code
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """What Open fixes for the whole session; Resume sends it again so a server that lost the session can
+    rebuild it."""
+
+    session_id: str  # chosen by the client (a UUID)
+    prompt_ids: tuple[int, ...]  # the prompt's token ids
+    features: FeatureNeeds = FeatureNeeds()  # what the drafter needs back per verified token
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus mass, 1 = off
+    top_k: int = 0  # 0 = off
+    seed: int = 0  # the server's sampling seed for this session
+    codec: Codec = Codec.INT8_OUTLIER  # activation codec of the features
+    zstd_level: int = 3  # zstd level over feature frames
+    outlier_channels: int = 8  # float16 channels kept apart by INT8_OUTLIER
+    max_new_tokens: int = 0  # the most tokens the session will ask for
+    tokenizer_fingerprint: str = ""  # the client's tokenizer: the server refuses one that is not its own
+    drafter: str = ""  # the drafter's name, for the server's logs and metrics
+
+
+@dataclass(frozen=True)
+class ServerTimings:
+    """The server's own time on one message, in nanoseconds."""
+
+    queue_ns: int = 0  # waiting for the model (other sessions' forward passes)
+    forward_ns: int = 0  # the target's forward pass
+    verify_ns: int = 0  # acceptance decision and KV bookkeeping
+    encode_ns: int = 0  # feature extraction and encoding
+    total_ns: int = 0  # everything the server spent on the message
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The target's answer to Open, Draft or Resume, in vLLM's words (accepted tokens, bonus token)."""
+
+    bonus_token: int  # the target's own token after the accepted ones (Open's first token, Resume's next one)
+    committed_len: int  # the session's committed length after this answer, bonus token included
+    accepted: tuple[int, ...] = ()  # Open with a tree, Draft: the accepted node indices, root to leaf
+    agreed: int = 0  # Resume: leading provisional tokens equal to the target's own choice
+    restored: bool = True  # Resume: False when the server had lost the session and re-prefilled it
+    features: Mapping[str, torch.Tensor] = field(default_factory=dict)  # decoded, by wire name (``shared.wire``)
+    timings: ServerTimings = ServerTimings()  # the server's time on it
+
+
+class Transport(Protocol):
+    """How one session's messages reach the verifier, and how the link comes back after it failed."""
+
+    def start(self, session_id: str) -> None:
+        """A new stream for the session (Open and Resume come first on one); connects if there is no link."""
+
+    def request(self, message: pb.ClientMessage) -> pb.ServerMessage:
+        """Send one message and wait for its one answer, within the deadline its kind gets."""
+
+    def disconnect(self, failures: int) -> None:
+        """The link failed (``failures`` times in a row): drop it and reconnect in the background, after the
+        backoff those failures earned."""
+
+    def reconnected(self, timeout_s: float) -> int | None:
+        """Wait up to timeout_s for the background reconnect: None while the link is down; once it is back,
+        the consecutive failures so far (its own failed connects included)."""
+
+    def close(self) -> None:
+        """Drop the stream and stop reconnecting."""
+
+
+class Verifier:
+    """One session with the target's verifier, over a transport. Each call raises the errors listed above."""
+
+    def __init__(self, transport: Transport):
+        self.transport = transport
+        self.traffic = LinkTraffic()  # every message of the session, failed ones included
+        self._open: pb.Open | None = None  # the session's Open without a tree: Resume carries it as reopen
+        self._streaming = False  # a stream was started and not dropped since
+
+    def open(self, session: SessionSpec, tree: DraftTree | None = None) -> Verdict:
+        """Prefill the prompt (and verify a tree hung from its last token in the same pass)."""
+        self._open = _open_message(session)  # without the tree: a rebuilt session starts from the prompt
+        self._start(session.session_id)
+        opened = self._call(pb.ClientMessage(open=_open_message(session, tree)), "opened")
+        if tree is None and len(opened.accepted):
+            raise ProtocolError("Opened lists accepted nodes but the Open carried no tree")
+        return _verdict(opened, opened.first_token, accepted=opened.accepted)
+
+    def verify(self, step: int, committed_len: int, tree: DraftTree) -> Verdict:
+        """Verify a tree hung from the last of committed_len committed tokens."""
+        draft = pb.Draft(session_id=self._open.session_id, step=step, committed_len=committed_len,
+                         tree=encode_tree(tree))
+        verified = self._call(pb.ClientMessage(draft=draft), "verified")
+        if verified.step != step:
+            raise ProtocolError(f"Verified answers step {verified.step}, the client sent step {step}")
+        return _verdict(verified, verified.bonus_token, accepted=verified.accepted)
+
+    def resume(self, confirmed: Sequence[int], provisional: Sequence[int], policy: ResumePolicy,
+               step: int) -> Verdict:
+        """On a new stream: the server restores the session to the confirmed ids (or rebuilds it from them),
+        verifies the provisional ones as a chain and commits under the policy."""
+        resume = pb.Resume(session_id=self._open.session_id, committed_len=len(confirmed),
+                           committed_hash=committed_hash(list(confirmed)), committed_ids=confirmed,
+                           provisional_ids=provisional, policy=int(policy), reopen=self._open, step=step)
+        self._start(self._open.session_id)
+        resumed = self._call(pb.ClientMessage(resume=resume), "resumed")
+        return _verdict(resumed, resumed.bonus_token, agreed=resumed.agreed, restored=resumed.restored)
+
+    def close(self) -> None:
+        """End the session: Close it on the server while a stream is up, then drop the link's session state.
+        Best effort: a Close that is lost only leaves the session to the server's idle TTL."""
+        if self._streaming:
+            try:
+                self._call(pb.ClientMessage(close=pb.Close(session_id=self._open.session_id)), "closed")
+            except Exception as err:  # noqa: BLE001 - the output is complete whatever happens here
+                log.debug("Close failed: %s", err)
+        self._streaming = False
+        self.transport.close()
+
+    def disconnect(self, failures: int) -> None:
+        """The link failed: see ``Transport.disconnect``."""
+        self._streaming = False
+        self.transport.disconnect(failures)
+
+    def reconnected(self, timeout_s: float) -> int | None:
+        """See ``Transport.reconnected``."""
+        return self.transport.reconnected(timeout_s)
+
+    def _start(self, session_id: str) -> None:
+        self.transport.start(session_id)
+        self._streaming = True
+
+    def _call(self, message: pb.ClientMessage, expect: str):
+        """Send, count, check the answer's kind; returns the answer's body (``Opened``, ``Verified``, ...)."""
+        t = self.traffic
+        t.bytes_up += message.ByteSize()
+        t0 = time.perf_counter()
+        answer = self.transport.request(message)
+        t.round_trips_s.append(time.perf_counter() - t0)
+        t.bytes_down += answer.ByteSize()
+        if expect != "closed":  # a Close is no work for the model
+            t.calls += 1
+        kind = answer.WhichOneof("kind")
+        if kind != expect:
+            raise ProtocolError(f"expected {expect!r} from the server, got {kind!r}")
+        body = getattr(answer, kind)
+        for f in getattr(body, "features", ()):
+            t.feature_bytes += len(f.frame)
+            t.feature_raw_bytes += 2 * math.prod(frame_shape(f.frame))
+        return body
+
+
+def _open_message(s: SessionSpec, tree: DraftTree | None = None) -> pb.Open:
+    n = s.features
+    return pb.Open(
+        session_id=s.session_id, prompt_ids=s.prompt_ids,
+        sampling=pb.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed),
+        features=pb.FeatureRequest(kind=int(n.kind), moa_server_part=n.moa_server_part, tli_layers=n.tli_layers),
+        codec=pb.CodecChoice(codec=int(s.codec), zstd_level=s.zstd_level, outlier_channels=s.outlier_channels),
+        max_new_tokens=s.max_new_tokens, tokenizer_fingerprint=s.tokenizer_fingerprint, drafter=s.drafter,
+        tree=encode_tree(tree) if tree is not None else b"")
+
+
+def _verdict(body, bonus_token: int, accepted: Sequence[int] = (), agreed: int = 0,
+             restored: bool = True) -> Verdict:
+    """An Opened, Verified or Resumed as a Verdict (a Resume's chain has no nodes: it reports `agreed`)."""
+    t = body.timings
+    return Verdict(bonus_token=bonus_token, committed_len=body.committed_len, accepted=tuple(accepted),
+                   agreed=agreed, restored=restored,
+                   features={f.name: decode_frame(f.frame) for f in body.features},
+                   timings=ServerTimings(t.queue_ns, t.forward_ns, t.verify_ns, t.encode_ns, t.total_ns))

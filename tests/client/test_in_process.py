@@ -1,0 +1,201 @@
+"""The generation loop against a verifier in this process: a real VerifierCore over the tiny target, no sockets.
+
+The offline / resume state machine, step by step: the link fails exactly where a
+test says (before a request arrives, after the server handled it, for several
+tries in a row, from the start), and every output is checked token for token
+against the target's greedy output, the event stream replayed against it.
+"""
+from __future__ import annotations
+
+import pytest
+
+from edgespec.client.drafters.factory import DrafterOptions, make_drafter
+from edgespec.client.generation import (Generation, GenerationConfig, GenerationFailedError, LinkEvent,
+                                        RetractEvent, TokenEvent, TokenizerInfo, TokenOrigin)
+from edgespec.client.in_process import InProcessTransport
+from edgespec.client.verifier import LinkDownError, Verifier
+from edgespec.shared.wire import ResumePolicy
+
+PROMPT = "def add(a, b):\n    return a + b\n"
+
+
+@pytest.fixture(scope="module")
+def core(tiny_model_dir):
+    from edgespec.server.core import CoreLimits, VerifierCore
+    from edgespec.server.target import TargetModel
+    from edgespec.shared.models.loading import load_model
+
+    core = VerifierCore(TargetModel(load_model(str(tiny_model_dir), device="cpu", dtype="float32")), CoreLimits())
+    yield core
+    core.close_all()
+
+
+@pytest.fixture(scope="module")
+def drafters(tiny_drafter_dir):
+    """One drafter of each kind for the module, as a client keeps one across its generations."""
+    return {name: make_drafter(DrafterOptions(name=name, model=str(tiny_drafter_dir), dtype="float32"))
+            for name in ("ngram", "independent")}
+
+
+@pytest.fixture
+def start(core, drafters):
+    """start(drafter, fingerprint=None, **config) -> (Generation, InProcessTransport, prompt ids)."""
+    tok = core.target.tokenizer
+    ids = tok(PROMPT, add_special_tokens=False)["input_ids"]
+
+    def make(drafter: str = "independent", fingerprint: str | None = None, **config):
+        info = TokenizerInfo(fingerprint or core.target.fingerprint, set(),
+                             lambda t: tok.decode(list(t), skip_special_tokens=True))
+        transport = InProcessTransport(core)
+        config.setdefault("ignore_eos", True)
+        gen = Generation(Verifier(transport), drafters[drafter], ids, GenerationConfig(**config), info)
+        return gen, transport, ids
+
+    return make
+
+
+def replay(events) -> list[int]:
+    """Apply the events as a streaming caller would; checks indices on the way."""
+    out: list[int] = []
+    for e in events:
+        if isinstance(e, TokenEvent):
+            assert e.index == len(out)
+            out.append(e.token)
+        elif isinstance(e, RetractEvent):
+            assert e.index == len(out) - e.count
+            del out[e.index:]
+    return out
+
+
+def cut_at(gen, transport, at: int, offline: int | None) -> list:
+    """Iterate gen; cut the link once `at` tokens are out online; restore it after `offline` offline
+    tokens (None: never). Returns the events."""
+    events, seen, cut = [], 0, False
+    for e in gen:
+        events.append(e)
+        if isinstance(e, TokenEvent) and e.origin is not TokenOrigin.OFFLINE and e.index + 1 >= at and not cut:
+            transport.cut()
+            cut = True
+        if isinstance(e, TokenEvent) and e.origin is TokenOrigin.OFFLINE:
+            seen += 1
+            if offline is not None and seen >= offline:
+                transport.restore()
+    return events
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "independent"])
+def test_greedy_equals_target(start, tiny_target_f32, greedy, drafter):
+    gen, _, ids = start(drafter, max_new_tokens=40)
+    r = gen.run()
+    assert r.token_ids == greedy(tiny_target_f32, ids, 40, set())
+    m = r.metrics
+    assert m.calls in (m.num_drafts, m.num_drafts + 1) and m.disconnects == 0
+    assert m.bytes_up > 0 and m.bytes_down > 0 and len(m.round_trips_s) == m.calls + 1  # + the Close
+
+
+@pytest.mark.parametrize("policy", [ResumePolicy.ROLLBACK, ResumePolicy.KEEP], ids=["rollback", "keep"])
+def test_resume_after_an_outage(start, tiny_target_f32, greedy, policy):
+    gen, transport, ids = start(max_new_tokens=40, resume_policy=policy)
+    events = cut_at(gen, transport, at=5, offline=4)
+    r = gen.result
+    assert replay(events) == r.token_ids and len(r.token_ids) == 40
+    offline = [e for e in events if isinstance(e, TokenEvent) and e.origin is TokenOrigin.OFFLINE]
+    assert len(offline) >= 4 and r.metrics.disconnects == 1 and r.metrics.resumes == 1
+    back = [e for e in events if isinstance(e, LinkEvent) and e.online]
+    assert len(back) == 1 and "session kept" in back[0].detail
+    if policy is ResumePolicy.ROLLBACK:  # exactly the target's text, whatever the drafter made offline
+        assert r.token_ids == greedy(tiny_target_f32, ids, 40, set())
+        assert r.metrics.offline_tokens == 0 and r.provisional == 0
+    else:  # the offline text stands where it was emitted; the target continues from it
+        assert not any(isinstance(e, RetractEvent) for e in events)
+        for e in offline:
+            assert r.token_ids[e.index] == e.token
+        k = offline[-1].index + 1
+        assert r.token_ids[:5] == greedy(tiny_target_f32, ids, 5, set())
+        assert r.token_ids[k:] == greedy(tiny_target_f32, ids + r.token_ids[:k], 40 - k, set())
+
+
+@pytest.mark.parametrize("answered", [False, True])
+def test_a_draft_lost_on_the_way_there_or_back(start, tiny_target_f32, greedy, answered):
+    """The link fails on one Draft: before the server saw it, or after it verified it and moved the session
+    on (only its answer was lost). Resume finds the session either way and the output is unchanged."""
+    gen, transport, ids = start(max_new_tokens=30)
+    events = []
+    for e in gen:
+        events.append(e)
+        if isinstance(e, TokenEvent) and e.index == 6:
+            transport.fail_next(answered=answered)
+    r = gen.result
+    assert r.token_ids == greedy(tiny_target_f32, ids, 30, set()) and replay(events) == r.token_ids
+    assert r.metrics.disconnects == 1 and r.metrics.resumes == 1
+    link = [e for e in events if isinstance(e, LinkEvent)]
+    assert [e.online for e in link] == [False, True] and "session kept" in link[1].detail
+
+
+def test_failed_resumes_are_one_outage(start, tiny_target_f32, greedy):
+    """A Draft and then two Resumes fail in a row: one outage announced once, three failures counted."""
+    gen, transport, ids = start(max_new_tokens=30)
+    events = []
+    for e in gen:
+        events.append(e)
+        if isinstance(e, TokenEvent) and e.index == 4:
+            transport.fail_next(3)
+    r = gen.result
+    assert r.token_ids == greedy(tiny_target_f32, ids, 30, set()) and replay(events) == r.token_ids
+    assert [e.online for e in events if isinstance(e, LinkEvent)] == [False, True]
+    assert r.metrics.disconnects == 3 and r.metrics.resumes == 1
+
+
+def test_session_lost_on_the_server_is_rebuilt(start, core, tiny_target_f32, greedy):
+    gen, _, ids = start(max_new_tokens=30)
+    events = []
+    for e in gen:
+        events.append(e)
+        if isinstance(e, TokenEvent) and e.index == 8 and not any(isinstance(x, LinkEvent) for x in events):
+            core.close(gen.session_id)
+    r = gen.result
+    assert r.token_ids == greedy(tiny_target_f32, ids, 30, set()) and replay(events) == r.token_ids
+    back = [e for e in events if isinstance(e, LinkEvent) and e.online]
+    assert len(back) == 1 and "re-prefilled" in back[0].detail
+
+
+def test_offline_from_the_start_then_the_server_appears(start, tiny_target_f32, greedy):
+    """Open never arrives: the drafter generates from the prompt; Resume then builds the session from it."""
+    gen, transport, ids = start(max_new_tokens=20)
+    transport.cut()
+    events = []
+    for e in gen:
+        events.append(e)
+        if isinstance(e, TokenEvent) and e.index == 3:
+            transport.restore()
+    r = gen.result
+    assert r.token_ids == greedy(tiny_target_f32, ids, 20, set()) and replay(events) == r.token_ids
+    assert events[0] == LinkEvent(False, events[0].detail) and r.metrics.resumes == 1
+    back = [e for e in events if isinstance(e, LinkEvent) and e.online]
+    assert "re-prefilled" in back[0].detail and "agreed with" in back[0].detail
+
+
+def test_the_link_never_comes_back(start, tiny_target_f32, greedy):
+    """Rollback with the output finished offline: the loop waits offline_wait_s, then ends with its text."""
+    gen, transport, ids = start(max_new_tokens=15, offline_wait_s=0.2)
+    events = cut_at(gen, transport, at=4, offline=None)
+    r = gen.result
+    assert len(r.token_ids) == 15 and r.provisional > 0 and "stay unverified" in r.detail
+    assert replay(events) == r.token_ids
+    verified = 15 - r.provisional
+    assert r.token_ids[:verified] == greedy(tiny_target_f32, ids, verified, set())
+
+
+def test_ngram_cannot_start_without_the_server(start):
+    gen, transport, _ = start("ngram", max_new_tokens=10)
+    transport.cut()
+    with pytest.raises(LinkDownError, match="cannot start without the server"):
+        gen.run()
+
+
+def test_a_refusal_fails_the_generation_with_the_servers_message(start):
+    gen, _, _ = start("ngram", fingerprint="0" * 64, max_new_tokens=10)
+    with pytest.raises(GenerationFailedError) as info:
+        gen.run()
+    assert info.value.grpc_code == "FAILED_PRECONDITION" and "tokenizer fingerprint" in str(info.value)
+    assert info.value.result.token_ids == [] and info.value.result.finish_reason == "error"
