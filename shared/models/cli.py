@@ -21,7 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                         "the server without the weights)")
     rp.add_argument("dir")
     rp.add_argument("--like", default="qwen2.5-coder-1.5b-instruct", help="registry model whose shapes to take")
-    rp.add_argument("--shape", default=None, help="another known shape instead (7b: Qwen2.5-7B)")
+    rp.add_argument("--shape", default=None, help="another known shape instead (7b: Qwen2.5-7B; small: a "
+                                                  "4-layer, 512-wide one for CPU timing)")
     rp.add_argument("--layers", type=int, default=0, help="keep the widths, use this many layers (0 = all)")
     rp.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float16, float32")
     rp.add_argument("--seed", type=int, default=0)

@@ -3,6 +3,7 @@
     edgespec models random --like qwen2.5-coder-1.5b-instruct DIR            # the 1.5B's shapes
     edgespec models random --like qwen2.5-coder-1.5b-instruct DIR --shape 7b  # Qwen2.5-7B's
     edgespec models random --like qwen2.5-coder-1.5b-instruct DIR --layers 4  # 1.5B widths, 4 layers
+    edgespec models random DIR --shape small --dtype float32                  # a CPU bench in minutes
 
 A forward's cost depends on shapes, not on weights, so verification and decode
 timings of a random model stand for the real one's (acceptance does not: random
@@ -41,6 +42,9 @@ SHAPES: dict[str, Shape] = {
     "qwen2.5-coder-1.5b-instruct": Shape(1536, 28, 12, 2, 8960, 151936, True),
     "qwen2.5-coder-0.5b-instruct": Shape(896, 24, 14, 2, 4864, 151936, True),
     "7b": Shape(3584, 28, 28, 4, 18944, 152064, False),
+    # A small decoder of the same family for timing engines on a CPU in minutes: the ratios between engines,
+    # not the absolute figures, are what it is for.
+    "small": Shape(512, 4, 8, 2, 1536, 32000, False),
 }
 
 
