@@ -100,6 +100,9 @@ class Engine(ABC):
     def run(self, items: Sequence[tuple[SessionKV, Work]]) -> list[ForwardOutput]:
         """Append each item's rows to its KV; one output per item. Callers serialise calls."""
 
+    def check(self, kv: SessionKV, work: Work) -> None:
+        """Refuse a work item that cannot run (before it joins a batch, so it fails alone)."""
+
     def cost(self, items: Sequence[Work]) -> int:
         """Tokens a forward over these items computes (what the scheduler's budget counts)."""
         return sum(len(w) for w in items)

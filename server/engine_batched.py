@@ -73,6 +73,11 @@ class BatchedEngine(Engine):
     def new_kv(self) -> SlotKV:
         return SlotKV(self.pool)
 
+    def check(self, kv: SessionKV, work: Work) -> None:
+        if len(kv) + len(work) > self.pool.slot_tokens:
+            raise InvalidRequestError(f"a session would hold {len(kv) + len(work)} tokens of KV; a slot holds "
+                                      f"{self.pool.slot_tokens}")
+
     def cost(self, items: Sequence[Work]) -> int:
         return len(items) * max((len(w) for w in items), default=0)  # padded rows are computed too
 
@@ -86,9 +91,7 @@ class BatchedEngine(Engine):
         assert len(set(slots)) == len(slots), "one session's work twice in one batch"
         past = [len(kv) for kv in kvs]
         sizes = [len(w) for w in works]
-        end = max(p + n for p, n in zip(past, sizes))
-        if end > pool.slot_tokens:
-            raise InvalidRequestError(f"a session would hold {end} tokens of KV; a slot holds {pool.slot_tokens}")
+        end = max(p + n for p, n in zip(past, sizes))  # items were checked (``check``) before they queued
         b, t = len(items), max(sizes)
         key_len = min(round_up(end, self.config.key_bucket), pool.slot_tokens)
 

@@ -162,10 +162,12 @@ class ModelScheduler:
         """Run item's job on to its next forward (True) or to its end (False: the future is set)."""
         try:
             kv, work = item.job.send(value)
+            self.engine.check(kv, work)
         except StopIteration as done:
             item.future.set_result(done.value)
             return False
-        except BaseException as exc:  # noqa: BLE001 - the caller gets it
+        except BaseException as exc:  # noqa: BLE001 - the caller gets it, the batch goes on without it
+            item.job.close()
             item.future.set_exception(exc)
             return False
         item.waiting, item.since = (kv, work), time.perf_counter_ns()

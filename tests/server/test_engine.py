@@ -315,3 +315,34 @@ def test_a_server_on_the_batched_engine_serves_sessions_and_evicts_for_slots(tin
         resumed = core.resume("s0", 4, committed_hash([1, 2, 3, greedy[0]]), [1, 2, 3, greedy[0]], greedy[1:3],
                               ResumePolicy.ROLLBACK, SessionSettings("s0"))
         assert not resumed.restored and resumed.agreed == 2 and resumed.next_token == greedy[3]
+
+
+def test_a_refused_work_item_fails_alone(target):
+    """Work a session's slot cannot hold is refused before it joins a batch; the batch's others go on."""
+    from edgespec.server.errors import InvalidRequestError
+
+    scheduler = ModelScheduler(batched(target))
+    try:
+        big, small = scheduler.new_kv(), scheduler.new_kv()
+        held = Held(scheduler, 2)
+        errors, outs = [], []
+        too_long = threading.Thread(target=lambda: _catch(errors, lambda: scheduler.run_job(
+            scheduler.forward(big, Work.chunk(list(range(2000)), 0)), big)))
+        fine = threading.Thread(target=lambda: outs.append(scheduler.run_job(
+            scheduler.forward(small, Work.chunk([1, 2, 3], 0)), small)))
+        too_long.start()
+        fine.start()
+        held.release()
+        too_long.join()
+        fine.join()
+        assert isinstance(errors[0], InvalidRequestError) and len(big) == 0
+        assert outs[0].logits.shape[0] == 1 and len(small) == 3
+    finally:
+        scheduler.close()
+
+
+def _catch(errors: list, fn) -> None:
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the test looks at it
+        errors.append(exc)
