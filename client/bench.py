@@ -220,7 +220,7 @@ def run_benchmark(target_name: str, drafter_name: str, n_humaneval: int, n_mtben
                   learned: dict[str, tuple[str, bool]] | None = None, partial=None) -> list[Run]:
     from edgespec.server.app import ServerConfig, start_server
     from edgespec.shared.models import load_model
-    from edgespec.shared.prompts import humaneval_prompts, mtbench_first_turns
+    from edgespec.netem.bench.prompt_sets import humaneval_prompts, mtbench_first_turns
 
     from .drafters.factory import DrafterOptions
     from .drafters.independent import IndependentConfig, IndependentDrafter

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     from edgespec.server.app import ServerConfig, start_server
     from edgespec.shared.models import load_model
     from edgespec.shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
-    from edgespec.shared.prompts import humaneval_prompts, mtbench_first_turns
+    from edgespec.netem.bench.prompt_sets import humaneval_prompts, mtbench_first_turns
 
     from .drafters.factory import DrafterOptions
     from .drafters.independent import IndependentConfig, IndependentDrafter

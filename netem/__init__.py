@@ -6,4 +6,6 @@
 - tc.py: the same profiles with tc/netem on real Linux hosts (apply, lab of two namespaces)
 - measure.py: probe traffic that measures a link (round trips, throughput)
 - cli.py: `edgespec netem ...`
+- bench/: every benchmark (`edgespec bench NAME`): the experiments under emulated networks and the
+  micro-benchmarks, with their shared pieces (prompt sets, server process, records, report)
 """

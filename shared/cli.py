@@ -18,7 +18,7 @@ SUBCOMMANDS: dict[str, str] = {
     "client": "edgespec.client.cli",
     "demo": "edgespec.client.demo",
     "netem": "edgespec.netem.cli",
-    "bench": "edgespec.netem.bench_cli",
+    "bench": "edgespec.netem.bench.cli",
     "train": "edgespec.server.training.cli",
 }
 

@@ -178,7 +178,7 @@ def run_trees(drafter, prompt: list[int], continuation: list[int], tally: Tally)
 def main(argv: list[str] | None = None) -> int:
     from edgespec.shared.models import load_model
     from edgespec.shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
-    from edgespec.shared.prompts import humaneval_prompts, mtbench_first_turns
+    from edgespec.netem.bench.prompt_sets import humaneval_prompts, mtbench_first_turns
 
     from ..edge_client import chat_prompt_ids, eos_ids
     from .independent import IndependentConfig, IndependentDrafter

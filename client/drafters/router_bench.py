@@ -140,7 +140,7 @@ def open_routed_drafter(checkpoint: str, target: str, tree):
 
 def run(args) -> dict:
     from edgespec.server.app import ServerConfig, start_server
-    from edgespec.shared.prompts import humaneval_prompts, mtbench_first_turns
+    from edgespec.netem.bench.prompt_sets import humaneval_prompts, mtbench_first_turns
 
     from ..edge_client import ClientConfig, EdgespecClient, chat_prompt_ids, load_tokenizer
     from ..generation import GenerationConfig

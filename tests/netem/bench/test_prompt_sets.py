@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from edgespec.shared.prompts import PromptSetError, edgespec_home, humaneval_prompts, load_prompts, mtbench_first_turns
+from edgespec.netem.bench.prompt_sets import PromptSetError, edgespec_home, humaneval_prompts, load_prompts, mtbench_first_turns
 
 
 def test_humaneval_first_prompts_in_task_order():

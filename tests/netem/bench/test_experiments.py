@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from edgespec.netem.experiments import BenchConfig, run
-from edgespec.netem.harness_report import write_report
+from edgespec.netem.bench.experiments import BenchConfig, run
+from edgespec.netem.bench.report import write_report
 
 pytestmark = pytest.mark.slow
 

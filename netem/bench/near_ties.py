@@ -7,7 +7,7 @@ answers part ways. Both are the target's greedy answer to within its own arithme
 finds, for every prompt of a `disconnect` run where the answer at B = never is not the target's own,
 the first token where they part, and prints the target's two best logits there in float32.
 
-    python -m edgespec.netem.near_ties netem/results/disconnect.jsonl
+    edgespec bench near-ties netem/results/disconnect.jsonl
 """
 from __future__ import annotations
 
@@ -49,18 +49,19 @@ def divergences(rows: list[dict], encode, system: str = "independent") -> list[D
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("jsonl", type=Path, help="a disconnect run's JSON lines")
     parser.add_argument("--system", default="independent", help="the drafter whose uncut answers to compare")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ..client.edge_client import chat_prompt_ids
-    from ..shared.models.loading import load_model
+    from ...client.edge_client import chat_prompt_ids
+    from ...shared.models.loading import load_model
     from .experiments import load_prompts
-    from .harness import read_jsonl
+    from .records import read_jsonl
 
     rows = read_jsonl(args.jsonl)
     settings = rows[0]["env"]["settings"]
@@ -85,6 +86,3 @@ def main(argv: list[str] | None = None) -> int:
               f"{float(top.values[0] - top.values[1]):.3f} |")
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

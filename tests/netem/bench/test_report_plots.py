@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from edgespec.netem.harness_report import bars, grouped_bars, write_report
+from edgespec.netem.bench.plots import bars, grouped_bars
+from edgespec.netem.bench.report import write_report
 
 ENV = {"commit": "abc1234", "time": "2026-01-01T00:00:00", "machine": {"cpu": "test cpu", "cores": 2, "gpu": None},
        "settings": {"prompt_sets": ["humaneval"], "limit": 3, "model": "t", "drafter_model": "d",

@@ -1,6 +1,6 @@
 """Codec benchmark on real activations of a target model.
 
-    python -m edgespec.shared.codec_benchmark --model qwen2.5-coder-1.5b-instruct
+    edgespec bench activation-codec --model qwen2.5-coder-1.5b-instruct
 
 Runs the target over a few real prompts (chat-formatted coding questions with
 source code from the standard library inside, a few hundred tokens each),
@@ -9,7 +9,8 @@ LM-head input, E per token) and the K|V of every layer (2*E_kv*L per token),
 and prints, for each codec, outlier count K and zstd level, bytes per token, the share of fp16's
 bytes, the relative L2 error and the encode/decode time. Frames are measured
 both as one frame per prompt (what Open sends) and as 4-token frames (a
-typical verification).
+typical verification). `edgespec bench codec OUT` runs the same as an experiment (400 tokens a prompt,
+JSON lines and the report).
 """
 from __future__ import annotations
 
@@ -19,20 +20,21 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
-import torch
-
-from .codec import Codec, decode_frame, encode_frame, relative_error
-
 PROMPTS = [
     ("Explain what this function does and suggest one improvement.", "textwrap", "dedent"),
     ("Write unit tests with pytest for this function.", "shlex", "quote"),
     ("Rewrite this function with type hints and a docstring.", "json", "dumps"),
     ("Find a bug or an edge case this code does not handle.", "fnmatch", "translate"),
 ]
-# (codec, zstd level, outlier channels K)
-SETTINGS = [(Codec.FP16, level, 0) for level in (0, 1, 3, 9)] + [
-    (Codec.INT8, level, 0) for level in (0, 1, 3, 9)] + [
-    (Codec.INT8_OUTLIER, level, k) for k in (8, 32) for level in (0, 1, 3, 9)]
+
+
+def settings() -> list[tuple]:
+    """(codec, zstd level, outlier channels K) of every row."""
+    from ...shared.codec import Codec
+
+    return [(Codec.FP16, level, 0) for level in (0, 1, 3, 9)] + [
+        (Codec.INT8, level, 0) for level in (0, 1, 3, 9)] + [
+        (Codec.INT8_OUTLIER, level, k) for k in (8, 32) for level in (0, 1, 3, 9)]
 
 
 @dataclass
@@ -62,28 +64,34 @@ def real_prompts(tokenizer, max_tokens: int) -> list[list[int]]:
     return out
 
 
-@torch.no_grad()
-def activations(model, prompts: list[list[int]]) -> dict[str, list[torch.Tensor]]:
+def activations(model, prompts: list[list[int]]) -> dict[str, list]:
     """Per prompt: 'hidden' [T, E] and 'kv' [T, L, 2*E_kv], in the model's dtype."""
+    import torch
+
     hidden, kv = [], []
-    for ids in prompts:
-        out = model(torch.tensor([ids], device=model.device), use_cache=True, output_hidden_states=True)
-        hidden.append(out.hidden_states[-1][0].cpu())
-        layers = []
-        for layer in out.past_key_values.layers:
-            k = layer.keys[0].transpose(0, 1).flatten(1)  # [T, kv_heads*head_dim]
-            v = layer.values[0].transpose(0, 1).flatten(1)
-            layers.append(torch.cat([k, v], dim=-1))
-        kv.append(torch.stack(layers, dim=1).cpu())
+    with torch.no_grad():
+        for ids in prompts:
+            out = model(torch.tensor([ids], device=model.device), use_cache=True, output_hidden_states=True)
+            hidden.append(out.hidden_states[-1][0].cpu())
+            layers = []
+            for layer in out.past_key_values.layers:
+                k = layer.keys[0].transpose(0, 1).flatten(1)  # [T, kv_heads*head_dim]
+                v = layer.values[0].transpose(0, 1).flatten(1)
+                layers.append(torch.cat([k, v], dim=-1))
+            kv.append(torch.stack(layers, dim=1).cpu())
     return {"hidden": hidden, "kv": kv}
 
 
-def measure(name: str, tensors: list[torch.Tensor], frame_tokens: int | None) -> list[Row]:
+def measure(name: str, tensors: list, frame_tokens: int | None) -> list[Row]:
+    import torch
+
+    from ...shared.codec import Codec, decode_frame, encode_frame
+
     frames = [t if frame_tokens is None else c for t in tensors
               for c in (torch.split(t, frame_tokens) if frame_tokens else [t])]
     tokens = sum(t.shape[0] for t in tensors)
     rows, fp16_bytes = [], None
-    for codec, level, outliers in SETTINGS:
+    for codec, level, outliers in settings():
         size, err_num, err_den, enc, dec = 0, 0.0, 0.0, 0.0, 0.0
         for f in frames:
             t0 = time.perf_counter()
@@ -112,14 +120,14 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     parser.add_argument("--max-tokens", type=int, default=400, help="tokens per prompt")
     parser.add_argument("--json", help="also write the rows as JSON lines here")
-    args = parser.parse_args(argv)
 
-    from .models.loading import load_model
+
+def run(args: argparse.Namespace) -> int:
+    from ...shared.models.loading import load_model
 
     loaded = load_model(args.model)
     prompts = real_prompts(loaded.tokenizer, args.max_tokens)
@@ -136,7 +144,3 @@ def main(argv: list[str] | None = None) -> int:
             for r in rows:
                 f.write(json.dumps(asdict(r)) + "\n")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,8 +1,33 @@
-"""`edgespec bench EXPERIMENT` and `edgespec bench report DIR`."""
+"""`edgespec bench NAME`: every benchmark of edgespec.
+
+Experiments (experiments.py) start their own server process and relays, append one JSON line per
+generation to OUT/EXPERIMENT.jsonl and write OUT/report.md with plots: `speed`, `link`, `disconnect`,
+`codec`; `report` writes the report again from what is there.
+
+Micro-benchmarks print Markdown tables; each is one module of this package with ``add_arguments(parser)``
+and ``run(args)``. They import torch inside ``run``, so that building this parser (`edgespec --help`)
+stays fast.
+"""
 from __future__ import annotations
 
 import argparse
+import importlib
 from pathlib import Path
+
+# command -> one line of help
+EXPERIMENTS: dict[str, str] = {
+    "speed": "drafters against the plain API on an ideal link",
+    "link": "drafters under network profiles, beside the plain API and the small model alone",
+    "disconnect": "HumanEval pass@1 when the link is cut after B new tokens",
+    "codec": "the activation codec on a target's real activations, as JSON lines",
+    "report": "write OUT/report.md again from OUT's JSON lines",
+}
+
+# command -> (module of this package, one line of help)
+MICRO_BENCHMARKS: dict[str, tuple[str, str]] = {
+    "activation-codec": ("activation_codec", "the activation codec on a target's real activations: bytes, error, time"),
+    "near-ties": ("near_ties", "where a disconnect run's uncut answers part from the target's own (bf16 near ties)"),
+}
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -25,11 +50,21 @@ def _limits(text: str) -> tuple[int, dict[str, int]]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="run experiments: speed, link, disconnect, codec; write JSON lines and a report",
-                       description="Each experiment starts its own server process (and relays), runs the prompt "
-                                   "sets, appends one JSON line per generation to OUT/EXPERIMENT.jsonl and writes "
-                                   "OUT/report.md with plots.")
-    p.add_argument("experiment", choices=["speed", "link", "disconnect", "codec", "report"])
+    p = sub.add_parser("bench", help="benchmarks: experiments under emulated networks (speed, link, disconnect, "
+                                     "codec, report) and micro-benchmarks",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    benchmarks = p.add_subparsers(dest="benchmark", metavar="NAME", required=True)
+    for name, help_text in EXPERIMENTS.items():
+        _add_experiment(benchmarks, name, help_text)
+    for name, (module, help_text) in MICRO_BENCHMARKS.items():
+        _add_micro_benchmark(benchmarks, name, module, help_text)
+
+
+def _add_experiment(benchmarks: argparse._SubParsersAction, name: str, help_text: str) -> None:
+    p = benchmarks.add_parser(name, help=help_text,
+                              description="Each experiment starts its own server process (and relays), runs the "
+                                          "prompt sets, appends one JSON line per generation to "
+                                          "OUT/EXPERIMENT.jsonl and writes OUT/report.md with plots.")
     p.add_argument("out", nargs="?", default="runs/bench", help="output folder (default runs/bench)")
     p.add_argument("--model", default=None, help="target (default qwen2.5-coder-1.5b-instruct)")
     p.add_argument("--drafter-model", default=None, help="small model (default qwen2.5-coder-0.5b-instruct)")
@@ -47,18 +82,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--readme", default=None,
                    help="report: also put the report's tables into this Markdown file, between the lines "
                         "'<!-- edgespec-bench:begin -->' and '<!-- edgespec-bench:end -->'")
-    p.set_defaults(func=_run)
+    p.set_defaults(func=_run_experiment, experiment=name)
 
 
-def _run(args: argparse.Namespace) -> int:
+def _add_micro_benchmark(benchmarks: argparse._SubParsersAction, name: str, module: str, help_text: str) -> None:
+    code = importlib.import_module(f"{__package__}.{module}")
+    p = benchmarks.add_parser(name, help=help_text, description=code.__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    code.add_arguments(p)
+    p.set_defaults(func=code.run)
+
+
+def _run_experiment(args: argparse.Namespace) -> int:
     import shlex
     import sys
 
-    from .harness_report import splice_readme, write_report
+    from .report import splice_readme, write_report
 
     out = Path(args.out)
     if args.experiment != "report":
-        from ..shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
+        from ...shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
         from .experiments import BenchConfig, run
 
         if args.fresh:

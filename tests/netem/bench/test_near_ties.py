@@ -1,5 +1,5 @@
 """Finding where an uncut speculative answer parts from the target's own."""
-from edgespec.netem.near_ties import Divergence, divergences, first_difference
+from edgespec.netem.bench.near_ties import Divergence, divergences, first_difference
 
 
 def test_first_difference():

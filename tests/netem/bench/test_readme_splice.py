@@ -3,8 +3,8 @@ import argparse
 
 import pytest
 
-from edgespec.netem.bench_cli import _limits
-from edgespec.netem.harness_report import BEGIN, END, splice_readme
+from edgespec.netem.bench.cli import _limits
+from edgespec.netem.bench.report import BEGIN, END, splice_readme
 
 
 def test_splice_replaces_only_the_marked_section_and_links_plots(tmp_path):

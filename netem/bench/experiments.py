@@ -16,8 +16,10 @@ from typing import Callable, Iterable
 
 from tqdm import tqdm
 
-from ..shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
-from .harness import JsonLines, ServerProcess, environment, relayed
+from ...shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
+from .loopback import relayed
+from .records import JsonLines, environment
+from .server_process import ServerProcess
 
 EXPERIMENTS = ("speed", "link", "disconnect", "codec")
 
@@ -55,12 +57,12 @@ class Prompt:
 
 
 def load_prompts(sets: Iterable[str], limit: int, set_limits: dict | None = None) -> list[Prompt]:
-    from ..shared import prompts
+    from . import prompt_sets
 
     out: list[Prompt] = []
     problems = None
     for name in sets:
-        for item in prompts.load_prompts(name, (set_limits or {}).get(name, limit)):
+        for item in prompt_sets.load_prompts(name, (set_limits or {}).get(name, limit)):
             problem = None
             if name == "humaneval":
                 if problems is None:
@@ -83,7 +85,7 @@ def run(config: BenchConfig) -> Path:
         return sink.path
     if sink.path.exists():
         # A run that stopped half way goes on where it stopped (`--fresh` starts over).
-        from .harness import read_jsonl
+        from .records import read_jsonl
 
         sink.done = {_key(r) for r in read_jsonl(sink.path)}
     sets = ("humaneval",) if config.experiment == "disconnect" else config.prompt_sets
@@ -114,9 +116,9 @@ class _Bar:
 
 def _client(address: str, drafter: str, config: BenchConfig, tokenizer=None, instance=None):
     """A client of `drafter`; `instance`: an already loaded drafter of that name to reuse."""
-    from ..client.drafters.factory import DrafterOptions
-    from ..client.edge_client import ClientConfig, EdgespecClient
-    from ..client.link import LinkConfig
+    from ...client.drafters.factory import DrafterOptions
+    from ...client.edge_client import ClientConfig, EdgespecClient
+    from ...client.link import LinkConfig
 
     options = DrafterOptions(name=drafter, model=config.drafter_model, target=config.model)
     return EdgespecClient(ClientConfig(LinkConfig(address), options, tokenizer=config.drafter_model),
@@ -126,7 +128,7 @@ def _client(address: str, drafter: str, config: BenchConfig, tokenizer=None, ins
 def _generate(client, prompt: Prompt, config: BenchConfig, on_token: Callable[[int], None] | None = None,
               stop: tuple[str, ...] = (), offline_wait_s: float = 30.0):
     """One generation through the client; on_token(n) after the n-th output token."""
-    from ..client.generation import GenerationConfig, RetractEvent, TokenEvent
+    from ...client.generation import GenerationConfig, RetractEvent, TokenEvent
 
     ids = client.encode_chat(prompt.messages)
     gen = client.generation(ids, GenerationConfig(max_new_tokens=config.max_new_tokens, stop=stop,
@@ -220,7 +222,7 @@ def _speed(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], si
 
 
 def _link(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sink: JsonLines) -> None:
-    from ..shared.models.loading import load_model
+    from ...shared.models.loading import load_model
 
     small = load_model(config.drafter_model, device="cpu")
     per_profile = len(config.drafters) + 1
@@ -265,14 +267,14 @@ def _link(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sin
 
 
 def _chat_ids(tokenizer, prompt: Prompt) -> list[int]:
-    from ..client.edge_client import chat_prompt_ids
+    from ...client.edge_client import chat_prompt_ids
 
     return chat_prompt_ids(tokenizer, prompt.messages)
 
 
 def _disconnect(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sink: JsonLines) -> None:
-    from ..client.edge_client import load_tokenizer
-    from .harness_sandbox import score_response
+    from ...client.edge_client import load_tokenizer
+    from .sandbox import score_response
 
     stop = tuple(config.humaneval_stop)
     # Prompt by prompt (every B and the target's own answer), so a run stopped half way has whole rows.
@@ -322,8 +324,8 @@ def _disconnect(config: BenchConfig, server: ServerProcess, prompts: list[Prompt
 
 
 def _codec(config: BenchConfig, sink: JsonLines) -> None:
-    from ..shared import codec_benchmark as cb
-    from ..shared.models.loading import load_model
+    from ...shared.models.loading import load_model
+    from . import activation_codec as cb
 
     loaded = load_model(config.model)
     prompts = cb.real_prompts(loaded.tokenizer, 400)

@@ -1,5 +1,4 @@
-"""What every experiment needs: a server process of its own, a relay in front of
-it, the environment record, and JSON-lines output.
+"""`edgespec server` in a child process: the server an experiment runs against.
 
 An experiment never reuses a server a person left running: it starts
 `edgespec server` as a child process, waits for its "listening" line, and
@@ -7,10 +6,7 @@ stops it (SIGTERM, then SIGKILL) when done.
 """
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import platform
 import re
 import signal
 import subprocess
@@ -19,7 +15,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 _LISTENING = re.compile(r"edgespec server listening grpc=(\S+) http=(\S+)")
 
@@ -94,62 +89,3 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def split_address(address: str) -> tuple[str, int]:
-    host, port = address.rsplit(":", 1)
-    return host, int(port)
-
-
-@contextlib.contextmanager
-def relayed(address: str, profile_name: str | None, seed: int = 0) -> Iterator[tuple[str, object | None]]:
-    """Yield (address to connect to, relay or None). No profile = direct connection."""
-    if profile_name is None:
-        yield address, None
-        return
-    from .profile import load_profile
-    from .relay_thread import RelayThread
-
-    with RelayThread(load_profile(profile_name), upstream=split_address(address), seed=seed) as relay:
-        yield relay.target, relay
-
-
-def environment(settings: dict) -> dict:
-    """Where and how a run happened: commit, machine, library versions, settings."""
-    import torch
-    import transformers
-
-    root = Path(__file__).resolve().parents[1]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
-                            text=True).stdout.strip() or "unknown"
-    dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True,
-                                text=True).stdout.strip())
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return {"commit": commit + ("+dirty" if dirty else ""), "machine": {
-        "cpu": cpu, "cores": os.cpu_count(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "settings": settings}
-
-
-class JsonLines:
-    """Append one JSON object a line; every record carries the run's environment."""
-
-    def __init__(self, path: Path, env: dict):
-        self.path = path
-        self.env = env
-        self.done: set[tuple] = set()  # keys of generations an earlier, stopped run already wrote
-        path.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(self, record: dict) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps({**record, "env": self.env}) + "\n")
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]

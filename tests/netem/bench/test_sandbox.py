@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.netem.harness_sandbox import SandboxLimits, run_program, score_humaneval, score_response
+from edgespec.netem.bench.sandbox import SandboxLimits, run_program, score_humaneval, score_response
 
 PROBLEM = {
     "task_id": "edgespec/0",

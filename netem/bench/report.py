@@ -1,4 +1,4 @@
-"""Turn experiment JSON lines into a Markdown report with PNG plots.
+"""Turn experiment JSON lines into a Markdown report (its plots: plots.py), and put it into the README.
 
 Aggregates are over generations: tokens/s is total new tokens over total wall
 time (a long answer weighs more than a short one, as for a user reading them);
@@ -7,11 +7,10 @@ acceptance length is total committed tokens over total verifications.
 from __future__ import annotations
 
 import os
-from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 
-from .harness import read_jsonl
+from .plots import draw_plots
+from .records import group_by, read_jsonl
 
 
 def _agg(rows: list[dict]) -> dict:
@@ -30,19 +29,12 @@ def _agg(rows: list[dict]) -> dict:
             "rtt": {p: rtts[min(len(rtts) - 1, int(p / 100 * len(rtts)))] for p in (50, 90, 99)} if rtts else None}
 
 
-def _group(rows: list[dict], *keys: str) -> dict[tuple, list[dict]]:
-    out: dict[tuple, list[dict]] = defaultdict(list)
-    for r in rows:
-        out[tuple(r.get(k) for k in keys)].append(r)
-    return dict(out)
-
-
 def _fmt(x, spec: str = ".2f") -> str:
     return "–" if x is None else format(x, spec)
 
 
 def speed_section(rows: list[dict]) -> str:
-    groups = _group(rows, "system")
+    groups = group_by(rows, "system")
     base = _agg(groups.get(("plain-api",), []))["tok_s"]
     lines = ["| system | generations | new tokens | tokens/s | acceptance length | speedup vs plain decoding |",
              "|---|---|---|---|---|---|"]
@@ -56,8 +48,8 @@ def speed_section(rows: list[dict]) -> str:
 def link_section(rows: list[dict]) -> str:
     lines = ["| profile | system | tokens/s | vs plain API | acceptance length | calls / 100 tokens | "
              "bytes up / token | bytes down / token | RTT p50 / p90 / p99 ms |", "|---|---|---|---|---|---|---|---|---|"]
-    for (profile,), prow in sorted(_group(rows, "profile").items()):
-        groups = _group(prow, "system")
+    for (profile,), prow in sorted(group_by(rows, "profile").items()):
+        groups = group_by(prow, "system")
         base = _agg(groups.get(("plain-api",), []))["tok_s"]
         for (system,), rs in sorted(groups.items()):
             a = _agg(rs)
@@ -74,8 +66,8 @@ def _by_set(rows: list[dict]) -> str:
     sets = sorted({r["set"] for r in rows})
     lines = ["| profile | system | " + " | ".join(f"{s}: tokens/s (acceptance length)" for s in sets) + " |",
              "|---|---|" + "---|" * len(sets)]
-    for (profile, system), rs in sorted(_group(rows, "profile", "system").items()):
-        by = _group(rs, "set")
+    for (profile, system), rs in sorted(group_by(rows, "profile", "system").items()):
+        by = group_by(rs, "set")
         cells = []
         for name in sets:
             a = _agg(by.get((name,), []))
@@ -89,7 +81,7 @@ def disconnect_section(rows: list[dict]) -> str:
              "answer = the target's own |", "|---|---|---|---|---|---|"]
     own = {r["prompt_id"]: r["text"] for r in rows if r["system"] == "target"}
     key = lambda kv: (kv[0][0] == "target", kv[0][0], float("inf") if kv[0][1] is None else kv[0][1])  # noqa: E731
-    for (drafter, cut), rs in sorted(_group(rows, "system", "cut_after").items(), key=key):
+    for (drafter, cut), rs in sorted(group_by(rows, "system", "cut_after").items(), key=key):
         n = len(rs)
         ok = sum(r["passed"] for r in rs)
         low = sum(r["passed_stop_at_cut"] for r in rs)
@@ -103,140 +95,10 @@ def disconnect_section(rows: list[dict]) -> str:
 
 
 def codec_section(rows: list[dict]) -> str:
-    from ..shared.codec_benchmark import Row, markdown
+    from .activation_codec import Row, markdown
 
     fields = Row.__dataclass_fields__
     return markdown([Row(**{k: r[k] for k in fields}) for r in rows])
-
-
-@dataclass(frozen=True)
-class Bar:
-    """One bar of a grouped plot: a system's aggregate on one profile, with its spread."""
-
-    profile: str  # the group on the x axis
-    system: str  # the bar's colour within the group
-    value: float  # the same aggregate as the report's tables (totals over generations)
-    low: float  # 95 % bootstrap interval of that aggregate, resampling generations
-    high: float
-    n: int  # generations behind it
-
-
-# Aggregates of the plots as functions of column sums, so a bootstrap resample is one matrix sum.
-PLOTTED = {
-    "tokens_per_s": (("new_tokens", "wall_s"), lambda t: t["new_tokens"] / t["wall_s"]),
-    "calls_per_100_tokens": (("calls", "new_tokens"), lambda t: 100 * t["calls"] / t["new_tokens"]),
-    "bytes_per_token": (("bytes_up", "bytes_down", "new_tokens"),
-                        lambda t: (t["bytes_up"] + t["bytes_down"]) / t["new_tokens"]),
-}
-
-
-def bars(rows: list[dict], metric: str, resamples: int = 2000, seed: int = 0) -> list[Bar]:
-    """Per profile and system: the aggregate and its 95 % bootstrap interval over generations."""
-    import numpy as np
-
-    columns, value = PLOTTED[metric]
-    rng = np.random.default_rng(seed)  # the same figure from the same results
-    out = []
-    groups = _group(rows, "profile", "system")
-    profiles = list(dict.fromkeys(profile for profile, _ in groups))  # as the experiment ran them
-    for (profile, system), rs in sorted(groups.items(), key=lambda kv: (profiles.index(kv[0][0]), str(kv[0][1]))):
-        table = np.array([[float(r.get(c) or 0.0) for c in columns] for r in rs])
-        with np.errstate(divide="ignore", invalid="ignore"):
-            whole = value(dict(zip(columns, table.sum(axis=0))))
-            picks = table[rng.integers(0, len(rs), (resamples, len(rs)))].sum(axis=1)
-            spread = np.asarray(value(dict(zip(columns, picks.T))), dtype=float)
-        spread = spread[np.isfinite(spread)]
-        if not np.isfinite(whole):
-            continue  # no tokens or no time: nothing to draw
-        low, high = np.percentile(spread, [2.5, 97.5]) if spread.size else (whole, whole)
-        out.append(Bar(str(profile), str(system), float(whole), float(min(low, whole)), float(max(high, whole)),
-                       len(rs)))
-    return out
-
-
-def grouped_bars(ax, data: list[Bar], ylabel: str) -> None:
-    """Profiles along x, one bar per system in each (same colour everywhere), error bars, n on top."""
-    profiles = list(dict.fromkeys(b.profile for b in data))
-    colours = {s: f"C{i}" for i, s in enumerate(sorted({b.system for b in data}))}
-    for p, profile in enumerate(profiles):
-        here = [b for b in data if b.profile == profile]  # centred on the profile's tick, whatever is there
-        width = 0.8 / max(len(here), 2)
-        for i, b in enumerate(here):
-            x = p + (i - (len(here) - 1) / 2) * width
-            ax.bar(x, b.value, width, color=colours[b.system], label=b.system,
-                   yerr=[[b.value - b.low], [b.high - b.value]], capsize=2, error_kw={"elinewidth": 0.8})
-            ax.annotate(f"n={b.n}", (x, b.high), xytext=(0, 2), textcoords="offset points", ha="center",
-                        fontsize=6)
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles))
-    ax.legend(unique.values(), unique.keys(), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_xticks(range(len(profiles)), profiles)
-    ax.set_xlabel("network profile")
-    ax.set_ylabel(ylabel)
-
-
-def _plots(out: Path, data: dict[str, list[dict]]) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    made = []
-
-    def bar(name: str, title: str, ylabel: str, rows: list[dict], metric: str) -> None:
-        data = bars(rows, metric)
-        if not data:
-            return
-        groups = len({b.profile for b in data})
-        fig, ax = plt.subplots(figsize=(max(6, groups * 1.6), 3.8))
-        grouped_bars(ax, data, ylabel)
-        ax.set_title(f"{title}\n(bars: 95 % bootstrap interval over generations; n = generations)", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
-        made.append(name)
-
-    gen = data.get("link", []) + data.get("speed", [])
-    if gen:
-        bar("tokens_per_s.png", "tokens/s by profile and system", "tokens/s", gen, "tokens_per_s")
-        bar("calls_per_100_tokens.png", "calls to the server per 100 tokens", "calls", gen, "calls_per_100_tokens")
-        bar("bytes_per_token.png", "bytes per token (up + down)", "bytes", gen, "bytes_per_token")
-        taus = defaultdict(list)
-        for r in gen:
-            if r.get("num_drafts"):
-                taus[r["system"]].append(r["acceptance_length"])
-        if taus:
-            fig, ax = plt.subplots(figsize=(6, 3.5))
-            for system, values in sorted(taus.items()):
-                ax.hist(values, bins=20, alpha=0.6, label=system)
-            ax.set_xlabel("acceptance length per generation")
-            ax.set_ylabel("generations")
-            ax.legend()
-            fig.tight_layout()
-            fig.savefig(out / "acceptance_length.png", dpi=110)
-            plt.close(fig)
-            made.append("acceptance_length.png")
-    if data.get("disconnect"):
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        for (drafter,), rs in sorted(_group(data["disconnect"], "system").items()):
-            if drafter == "target":
-                ax.axhline(sum(r["passed"] for r in rs) / len(rs), color="grey", ls=":", label="target alone")
-                continue
-            by_cut = _group(rs, "cut_after")
-            cuts = sorted((c for (c,) in by_cut if c is not None))
-            xs = [str(c) for c in cuts] + (["never"] if (None,) in by_cut else [])
-            keys = [(c,) for c in cuts] + ([(None,)] if (None,) in by_cut else [])
-            ax.plot(xs, [sum(r["passed"] for r in by_cut[k]) / len(by_cut[k]) for k in keys], marker="o", label=drafter)
-            ax.plot(xs, [sum(r["passed_stop_at_cut"] for r in by_cut[k]) / len(by_cut[k]) for k in keys],
-                    ls="--", marker="x", label=f"{drafter}: stop at the cut")
-        ax.set_xlabel("link cut after B new tokens")
-        ax.set_ylabel("HumanEval pass@1")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "disconnect_success.png", dpi=110)
-        plt.close(fig)
-        made.append("disconnect_success.png")
-    return made
 
 
 SECTIONS = {"speed": ("Speed on an ideal link", speed_section), "link": ("Under emulated networks", link_section),
@@ -281,7 +143,7 @@ def write_report(out: Path) -> Path:
                   f"{', GPU ' + env['machine']['gpu'] if env['machine']['gpu'] else ', no GPU'}), {_times(rows)}; "
                   f"target `{s['model']}`, small model `{s['drafter_model']}`, prompts: {counts}, "
                   f"max {s['max_new_tokens']} new tokens" + _stop_note(name, s) + ".", "", section(rows), ""]
-    plots = _plots(out, data)
+    plots = draw_plots(out, data)
     if plots:
         parts += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     path = out / "report.md"

@@ -1,0 +1,44 @@
+"""Servers and links on this machine: the verification server in this process for the micro-benchmarks,
+the link their clients reach it by, and a relay in front of an address for the experiments."""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def loopback_server(model: str, **settings) -> Iterator:
+    """A verification server in this process on loopback (gRPC only, on the CPU), stopped on exit;
+    `settings` are further ServerConfig fields."""
+    from ...server.app import ServerConfig, start_server
+
+    handle = start_server(ServerConfig(model=model, http_port=None, device="cpu", **settings))
+    try:
+        yield handle
+    finally:
+        handle.stop(grace=1.0)
+
+
+def patient_link(address: str):
+    """The link of a benchmark's clients: deadlines long enough that a busy CPU does not look like a dead link."""
+    from ...client.link import LinkConfig
+
+    return LinkConfig(address, max_deadline_s=600, min_deadline_s=60)
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, port = address.rsplit(":", 1)
+    return host, int(port)
+
+
+@contextlib.contextmanager
+def relayed(address: str, profile_name: str | None, seed: int = 0) -> Iterator[tuple[str, object | None]]:
+    """Yield (address to connect to, relay or None). No profile = direct connection."""
+    if profile_name is None:
+        yield address, None
+        return
+    from ..profile import load_profile
+    from ..relay_thread import RelayThread
+
+    with RelayThread(load_profile(profile_name), upstream=split_address(address), seed=seed) as relay:
+        yield relay.target, relay

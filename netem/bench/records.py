@@ -1,0 +1,60 @@
+"""A run's records: the environment it ran in, and one JSON object a line per measurement."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import time
+from collections import defaultdict
+from pathlib import Path
+
+
+def environment(settings: dict) -> dict:
+    """Where and how a run happened: commit, machine, library versions, settings."""
+    import torch
+    import transformers
+
+    root = Path(__file__).resolve().parents[2]  # the checkout: netem/bench/ is two levels down
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True,
+                                text=True).stdout.strip())
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {"commit": commit + ("+dirty" if dirty else ""), "machine": {
+        "cpu": cpu, "cores": os.cpu_count(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "settings": settings}
+
+
+class JsonLines:
+    """Append one JSON object a line; every record carries the run's environment."""
+
+    def __init__(self, path: Path, env: dict):
+        self.path = path
+        self.env = env
+        self.done: set[tuple] = set()  # keys of generations an earlier, stopped run already wrote
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, record: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps({**record, "env": self.env}) + "\n")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def group_by(rows: list[dict], *keys: str) -> dict[tuple, list[dict]]:
+    """Rows by the values of `keys`, in the order the groups first appear."""
+    out: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        out[tuple(r.get(k) for k in keys)].append(r)
+    return dict(out)
