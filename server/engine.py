@@ -164,27 +164,41 @@ def batched_unsupported(target: TargetModel) -> str | None:
     return None
 
 
+def choose_engine(why_not: str | None, device_type: str, fit: int, wanted: int, slot_tokens: int,
+                  slot_bytes: int) -> tuple[str, str]:
+    """auto's choice and its reason. fit: slots the KV budget holds; wanted: slots the server asks for."""
+    if why_not:
+        return "generic", why_not
+    if device_type == "cpu":
+        return "generic", "CPU device"
+    if fit < wanted:
+        need = (wanted + 1) * slot_bytes / 2**30  # the scratch slot too
+        return "generic", (f"the KV budget holds {fit} of the {wanted} slots of {slot_tokens} tokens wanted; "
+                           f"--max-kv-gb {need:.1f}, or a lower --max-context or --max-sessions, lets the batched "
+                           f"engine run")
+    return "batched", f"{device_type} device, {wanted} KV slots of {slot_tokens} tokens"
+
+
 def build_engine(target: TargetModel, kind: str = "auto", pool=None) -> Engine:
     """The engine for `kind` ("auto", "batched", "generic"); pool: a ``PoolConfig`` for the batched one.
 
-    auto: batched on an accelerator when the architecture allows it; generic on a CPU, where one
-    session's verification is not faster on the pool (the server bench measures both).
+    auto: batched on an accelerator when the architecture allows it and the KV budget holds every slot
+    the server wants (a slot reserves a whole context, so a short budget would evict sessions that a
+    DynamicCache, sized by use, keeps); generic otherwise, and on a CPU, where one session's verification
+    is 4-10% slower on the pool (the server bench measures both).
     """
+    from .engine_batched import BatchedEngine, PoolConfig
+
     if kind not in ENGINES:
         raise ValueError(f"unknown engine {kind!r}; choose one of {ENGINES}")
+    pool = pool or PoolConfig()
     why_not = batched_unsupported(target)
     if kind == "batched" and why_not:
         raise ValueError(f"--engine batched cannot run {target.name}: {why_not}; use --engine generic")
+    reason = "asked for"
     if kind == "auto":
-        kind = "generic" if why_not or target.device.type == "cpu" else "batched"
-        reason = why_not or ("CPU device" if kind == "generic" else f"{target.device.type} device")
-    else:
-        reason = "asked for"
-    if kind == "generic":
-        engine: Engine = GenericEngine(target)
-    else:
-        from .engine_batched import BatchedEngine, PoolConfig
-
-        engine = BatchedEngine(target, pool or PoolConfig())
+        fit, slot_tokens, slot_bytes = BatchedEngine.slots_that_fit(target, pool)
+        kind, reason = choose_engine(why_not, target.device.type, fit, pool.max_slots, slot_tokens, slot_bytes)
+    engine: Engine = GenericEngine(target) if kind == "generic" else BatchedEngine(target, pool)
     log.info("engine: %s (%s)", engine.describe(), reason)
     return engine

@@ -49,9 +49,7 @@ class BatchedEngine(Engine):
     def __init__(self, target: TargetModel, config: PoolConfig = PoolConfig()):
         super().__init__(target)
         self.config = config
-        slot_tokens = pool_slot_tokens(config.max_context_tokens, config.max_tree_nodes, config.key_bucket)
-        fit = KVPool.slots_for(config.max_kv_bytes, target.num_layers, target.num_kv_heads, target.head_dim,
-                               slot_tokens, target.dtype)
+        fit, slot_tokens, _ = self.slots_that_fit(target, config)
         slots = min(config.max_slots, fit)
         if slots < 2:
             raise ValueError(f"the KV budget ({config.max_kv_bytes / 2**30:.2f} GiB) holds fewer than two slots of "
@@ -59,6 +57,14 @@ class BatchedEngine(Engine):
         self.pool = KVPool(target.num_layers, target.num_kv_heads, target.head_dim, slots, slot_tokens,
                            target.dtype, target.device)
         self.cache = PoolCache(self.pool, target.num_layers)
+
+    @staticmethod
+    def slots_that_fit(target: TargetModel, config: PoolConfig) -> tuple[int, int, int]:
+        """(slots the budget holds, tokens a slot holds, bytes a slot takes)."""
+        slot_tokens = pool_slot_tokens(config.max_context_tokens, config.max_tree_nodes, config.key_bucket)
+        slot_bytes = KVPool.bytes_per_slot(target.num_layers, target.num_kv_heads, target.head_dim, slot_tokens,
+                                           target.dtype)
+        return max(0, config.max_kv_bytes // slot_bytes - 1), slot_tokens, slot_bytes
 
     def describe(self) -> str:
         p = self.pool

@@ -51,11 +51,9 @@ class KVPool:
         self._cv = threading.Condition(threading.RLock())  # re-entrant: a finaliser may run inside acquire
 
     @staticmethod
-    def slots_for(budget_bytes: int, num_layers: int, kv_heads: int, head_dim: int, slot_tokens: int,
-                  dtype: torch.dtype) -> int:
-        """How many slots of slot_tokens fit in budget_bytes (the scratch slot included)."""
-        per_slot = 2 * num_layers * kv_heads * slot_tokens * head_dim * torch.empty((), dtype=dtype).element_size()
-        return max(0, budget_bytes // per_slot - 1)
+    def bytes_per_slot(num_layers: int, kv_heads: int, head_dim: int, slot_tokens: int, dtype: torch.dtype) -> int:
+        """Keys and values of every layer for slot_tokens tokens."""
+        return 2 * num_layers * kv_heads * slot_tokens * head_dim * torch.empty((), dtype=dtype).element_size()
 
     @property
     def free(self) -> int:

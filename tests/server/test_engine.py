@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from edgespec.server.decoder import GenerationRequest, generate
-from edgespec.server.engine import GenericEngine, Work, batched_unsupported, build_engine
+from edgespec.server.engine import GenericEngine, Work, batched_unsupported, build_engine, choose_engine
 from edgespec.server.engine_batched import BatchedEngine, PoolConfig
 from edgespec.server.engine_masks import batch_attention_mask
 from edgespec.server.errors import SessionCapError
@@ -276,6 +276,11 @@ def test_engine_choice_by_architecture_and_device(target):
     assert auto.name == ("generic" if target.device.type == "cpu" else "batched")
     with pytest.raises(ValueError, match="engine"):
         build_engine(target, "paged")
+    assert choose_engine(None, "cuda", 72, 72, 4352, 1 << 27)[0] == "batched"
+    assert choose_engine(None, "cpu", 72, 72, 4352, 1 << 27)[0] == "generic"
+    assert choose_engine("sliding window", "cuda", 72, 72, 4352, 1 << 27)[0] == "generic"
+    kind, why = choose_engine(None, "cuda", 7, 72, 33024, 1 << 30)  # a whole context a slot: the budget is short
+    assert kind == "generic" and "--max-kv-gb 73.0" in why
 
 
 def test_sliding_window_models_take_the_generic_path(tmp_path):
