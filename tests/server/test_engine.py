@@ -351,3 +351,39 @@ def _catch(errors: list, fn) -> None:
         fn()
     except Exception as exc:  # noqa: BLE001 - the test looks at it
         errors.append(exc)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "phi3", "mistral"])
+def test_other_full_attention_architectures_verify_exactly_on_the_pool(arch, tmp_path):
+    """The pool's Cache stands in for DynamicCache in each family the batched engine takes (Mistral with its
+    window off, as ``architectures`` runs it): greedy trees commit the model's own greedy decoding."""
+    import transformers
+
+    from edgespec.server.architectures import adapt_for_tree_verification
+    from edgespec.shared.models.tiny import tiny_tokenizer
+
+    names = {"llama": "Llama", "qwen3": "Qwen3", "phi3": "Phi3", "mistral": "Mistral"}
+    config_cls = getattr(transformers, f"{names[arch]}Config")
+    model_cls = getattr(transformers, f"{names[arch]}ForCausalLM")
+    cfg = config_cls(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                     initializer_range=0.25, pad_token_id=256, bos_token_id=256, eos_token_id=258)
+    torch.manual_seed(0)
+    model_cls(cfg).save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path), device=DEVICES[-1], dtype="float32")
+    adapt_for_tree_verification(loaded.model, 256)
+    target = TargetModel(loaded)
+    assert batched_unsupported(target) is None
+    truth = greedy_continuation(target, [5, 6, 7, 8], 40)
+    for engine in (GenericEngine(target), batched(target)):
+        scheduler = ModelScheduler(engine)
+        try:
+            session = VerifierSession(SessionSettings("a"), target, scheduler, 256)
+            session.open([5, 6, 7, 8])
+            rng = random.Random(1)
+            for step in range(1, 8):
+                session.verify(step, len(session.committed), random_tree(rng, truth[len(session.committed) - 4:]))
+            assert session.committed[4:] == truth[:len(session.committed) - 4], engine.name
+        finally:
+            scheduler.close()
