@@ -92,7 +92,7 @@ class IndependentConfig:
     tree: TreeShape = TreeShape()  # EAGLE-2 tree shape
     draft_vocab: int = 0  # draft over the N most frequent target ids (0 = the full vocabulary); a token
     # outside the list is never drafted, which stays lossless but lowers tau on prose (measured: 32k ids cost
-    # more acceptance than their cheaper head saved; see independent_bench)
+    # more acceptance than their cheaper head saved; see `edgespec bench independent`)
     int8_weights: bool = True  # from_pretrained stores Linear weights (and the LM head) as int8 per channel
     # when the model loads in 16 bits on a CPU (the default); an explicit float32 asks for full precision
     prefill_float: bool = True  # with int8 weights, keep the 16-bit ones too for passes of many tokens (the

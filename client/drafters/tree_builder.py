@@ -27,7 +27,7 @@ from edgespec.shared.tree import MAX_NODES, ROOT, DraftTree
 @dataclass(frozen=True)
 class TreeShape:
     """EAGLE-2 settings. Defaults measured on a 2-core CPU with the 0.5B (int8) drafting for the 1.5B
-    target (``python -m edgespec.client.drafters.independent_bench``, 3 HumanEval + 3 MT-Bench prompts,
+    target (``edgespec bench independent``, 3 HumanEval + 3 MT-Bench prompts,
     est. tokens/s 1.26 for 3x12x24@0.05 against 1.52 for 2x12x16@0.15): on a CPU a drafter pass costs
     more with every extra frontier token and the verifier pays for every extra node, so a narrow,
     deep tree that stops once its best path is improbable beats a wide one. Where to stop: one more
@@ -35,7 +35,7 @@ class TreeShape:
     only above the cycle's own rate (~5 tokens/s x 80 ms = 0.4). Measured on 4 + 4 prompts, 48 tokens:
     min_prob 0.15 / 0.25 / 0.35 / 0.45 -> 6.13 / 5.32 / 4.84 / 4.23 drafter passes per tree, tau 5.37 /
     5.08 / 5.01 / 4.64, i.e. 6.1 / 6.2 / 6.45 / 6.4 tokens/s at 80 ms a pass and 390 ms a verification.
-    End to end (``python -m edgespec.client.bench``, 20 HumanEval + 20 MT-Bench, 32 tokens): 0.35 gave
+    End to end (``edgespec bench drafting``, 20 HumanEval + 20 MT-Bench, 32 tokens): 0.35 gave
     1.34x transformers' assisted generation at tau 4.82 (below its 5.04), 0.2 gave 1.33x at tau 5.27:
     0.2 keeps the speed and drafts longer than the chains it is compared with."""
 

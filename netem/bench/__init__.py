@@ -9,5 +9,7 @@ Shared pieces:
 - sandbox.py: HumanEval answers scored in a sandboxed subprocess
 
 Experiments under emulated networks: experiments.py (speed, link, disconnect, codec).
-Micro-benchmarks, a module each: activation_codec.py, near_ties.py.
+Micro-benchmarks, a module each: drafting.py (every drafter against plain decoding and transformers'
+assisted generation), tree_sweep.py, independent.py, router.py, beagle.py, activation_codec.py,
+near_ties.py.
 """

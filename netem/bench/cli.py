@@ -25,6 +25,11 @@ EXPERIMENTS: dict[str, str] = {
 
 # command -> (module of this package, one line of help)
 MICRO_BENCHMARKS: dict[str, tuple[str, str]] = {
+    "drafting": ("drafting", "every drafter against plain decoding and transformers' assisted generation"),
+    "tree-sweep": ("tree_sweep", "EAGLE-2 tree shapes for the independent drafter, through a server"),
+    "independent": ("independent", "the independent drafter alone: pass costs, trees against the target's text"),
+    "router": ("router", "a learned drafter with and without its LM-head router"),
+    "beagle": ("beagle", "Beagle's training stages and drafting against EAGLE's, per step"),
     "activation-codec": ("activation_codec", "the activation codec on a target's real activations: bytes, error, time"),
     "near-ties": ("near_ties", "where a disconnect run's uncut answers part from the target's own (bf16 near ties)"),
 }
@@ -90,7 +95,7 @@ def _add_micro_benchmark(benchmarks: argparse._SubParsersAction, name: str, modu
     p = benchmarks.add_parser(name, help=help_text, description=code.__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     code.add_arguments(p)
-    p.set_defaults(func=code.run)
+    p.set_defaults(func=code.run, parser=p)  # parser: for the checks that argparse cannot make (p.error)
 
 
 def _run_experiment(args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ case "$1" in
      moa+router=$F/moa+$F/moa-router ;;
  bench)  # tokens/s, tau and per-position acceptance of every trained drafter, with and without its router, one run
    F=runs/fit8
-   python -m edgespec.client.bench --humaneval 20 --mtbench 20 --max-tokens 16 --threads 2 --methods target \
+   edgespec bench drafting --humaneval 20 --mtbench 20 --max-tokens 16 --threads 2 --methods target \
      --learned EAGLE=$F/eagle --learned EAGLE+router=$F/eagle-router \
      --learned EAGLE+HASS=$F/eagle-hass --learned EAGLE+HASS+router=$F/eagle-hass-router \
      --learned EAGLE+CORAL=$F/eagle-coral --learned MoA=$F/moa --learned MoA+router=$F/moa-router \

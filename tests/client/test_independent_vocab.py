@@ -6,11 +6,11 @@ import torch
 
 from edgespec.client.drafters.base import DraftRequest
 from edgespec.client.drafters.independent import IndependentConfig, IndependentDrafter
-from edgespec.client.drafters.independent_bench import accepted_length
 from edgespec.client.drafters.independent_vocab import (SHIPPED_DIR, count_vocab, draft_vocab_ids, load_vocab,
                                                         save_vocab, special_ids, vocab_file_name)
 from edgespec.client.drafters.tree_builder import TreeShape
 from edgespec.client.generation import GenerationConfig, TokenOrigin
+from edgespec.netem.bench.independent import accepted_length
 from edgespec.shared.tree import DraftTree
 
 SHAPE = TreeShape(branch=3, depth=4, max_nodes=30, min_prob=0.0)

@@ -46,12 +46,12 @@ def server(target_dir, checkpoints):
 
 @pytest.mark.parametrize("kind", ["eagle", "moa"])
 def test_drafting_with_the_router_is_token_exact(target_greedy, kind, server, target, target_dir, checkpoints):
-    from edgespec.client.drafters.router_bench import open_routed_drafter
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.drafters.tree_builder import TreeShape
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
     from edgespec.client.generation import GenerationConfig
     from edgespec.client.link import LinkConfig
+    from edgespec.netem.bench.router import open_routed_drafter
 
     drafter, routed, _, _ = open_routed_drafter(str(checkpoints[kind]), str(target_dir), TreeShape())
     drafter.rt.attach_router(routed)
@@ -70,18 +70,19 @@ def test_drafting_with_the_router_is_token_exact(target_greedy, kind, server, ta
 def test_router_benchmark_prints_both_modes(checkpoints, target_dir, tmp_path, capsys):
     import json
 
-    from edgespec.client.drafters import router_bench
+    from edgespec.netem.bench.router import MODES
+    from edgespec.shared.cli import build_parser
 
     out = tmp_path / "bench.json"
-    code = router_bench.main(["--checkpoint", str(checkpoints["eagle"]), "--target", str(target_dir),
-                              "--dtype", "float32", "--humaneval", "0", "--mtbench", "0", "--prompt", PROMPT,
-                              "--prompt", "Reverse a string in Python.", "--max-tokens", "24",
-                              "--head-repeat", "5", "--out", str(out)])
-    assert code == 0
+    args = build_parser().parse_args(["bench", "router", "--checkpoint", str(checkpoints["eagle"]), "--target",
+                                      str(target_dir), "--dtype", "float32", "--humaneval", "0", "--mtbench", "0",
+                                      "--prompt", PROMPT, "--prompt", "Reverse a string in Python.", "--max-tokens",
+                                      "24", "--head-repeat", "5", "--out", str(out)])
+    assert args.func(args) == 0
     printed = capsys.readouterr().out
     assert "| drafting ms per tree |" in printed and "| accepted at depth 1 per tree |" in printed
     report = json.loads(out.read_text())
     assert report["same_output"] == "2/2"  # verification is lossless with or without the router
-    for mode in router_bench.MODES:
+    for mode in MODES:
         s = report["summary"][mode]
         assert s["trees"] > 0 and s["draft_ms_per_tree"] > 0 and s["tau"] >= 1.0

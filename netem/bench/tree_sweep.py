@@ -1,6 +1,6 @@
 """Measure EAGLE-2 tree shapes for the independent drafter on this machine (how the defaults were picked).
 
-    python -m edgespec.client.tree_sweep --shapes 3x6x16@0.02,2x12x20@0.05 --humaneval 2 --mtbench 2
+    edgespec bench tree-sweep --shapes 3x6x16@0.02,2x12x20@0.05 --humaneval 2 --mtbench 2
 
 A shape is BxDxM@min_prob. One server on loopback, one client, the same prompts
 for every shape, shapes interleaved per prompt; prints tokens/s, tau, and the
@@ -11,11 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
-
 
 def parse_shape(text: str):
-    from .drafters.tree_builder import TreeShape
+    from ...client.drafters.tree_builder import TreeShape
 
     try:
         text, slash, feed = text.partition("/")
@@ -28,34 +26,34 @@ def parse_shape(text: str):
         raise argparse.ArgumentTypeError(f"shape {text!r} is not BxDxM[@min_prob][/all]: {err}") from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    from edgespec.server.app import ServerConfig, start_server
-    from edgespec.shared.models import load_model
-    from edgespec.shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
-    from edgespec.netem.bench.prompt_sets import humaneval_prompts, mtbench_first_turns
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ...shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
 
-    from .drafters.factory import DrafterOptions
-    from .drafters.independent import IndependentConfig, IndependentDrafter
-    from .edge_client import ClientConfig, EdgespecClient, chat_prompt_ids
-    from .generation import GenerationConfig
-    from .link import LinkConfig
-
-    p = argparse.ArgumentParser(prog="python -m edgespec.client.tree_sweep", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", required=True, help="comma-separated BxDxM[@min_prob]")
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--drafter-model", default=DEFAULT_DRAFTER)
     p.add_argument("--humaneval", type=int, default=2)
     p.add_argument("--mtbench", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=64)
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ...client.drafters.factory import DrafterOptions
+    from ...client.drafters.independent import IndependentConfig, IndependentDrafter
+    from ...client.edge_client import ClientConfig, EdgespecClient, chat_prompt_ids
+    from ...client.generation import GenerationConfig
+    from ...shared.models import load_model
+    from .loopback import loopback_server, patient_link
+    from .prompt_sets import humaneval_prompts, mtbench_first_turns
+
     shapes = [parse_shape(s) for s in args.shapes.split(",") if s]
     prompts = humaneval_prompts(args.humaneval) + mtbench_first_turns(args.mtbench)
     small = load_model(args.drafter_model, device="cpu")
-    server = start_server(ServerConfig(model=args.target, http_port=None, device="cpu"))
     totals = {s: [0, 0.0, 0, 0.0, 0.0] for s in shapes}  # tokens, seconds, calls, draft_s, verify_s
-    try:
-        link = LinkConfig(server.address, min_deadline_s=60, max_deadline_s=600)
+    with loopback_server(args.target) as server:
+        link = patient_link(server.address)
         clients = {s: EdgespecClient(ClientConfig(link, DrafterOptions("independent")), tokenizer=small.tokenizer,
                                      drafter=IndependentDrafter.from_model(small.model, IndependentConfig(s))) for s in shapes}
         warm = chat_prompt_ids(small.tokenizer, [{"role": "user", "content": "Say hello."}])
@@ -72,8 +70,6 @@ def main(argv: list[str] | None = None) -> int:
                 t[4] += m.verify_s
                 print(f"{prompt.id} B{s.branch} D{s.depth} M{s.max_nodes} p{s.min_prob}: "
                       f"{m.tokens_per_s:.2f} tok/s tau {m.acceptance_length:.2f}", file=sys.stderr, flush=True)
-    finally:
-        server.stop(grace=1.0)
     print(f"| B | D | M | min_prob | tokens/s | tokens per call | draft s/token | verify s/token |  ({torch.get_num_threads()} threads)")
     print("|---|---|---|---|---|---|---|---|")
     for s, (n, secs, calls, ds, vs) in totals.items():
@@ -81,6 +77,3 @@ def main(argv: list[str] | None = None) -> int:
               f"{ds / n:.3f} | {vs / n:.3f} |")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

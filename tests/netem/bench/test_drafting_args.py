@@ -1,7 +1,8 @@
-"""The drafting benchmark's own learned drafters: NAME=PATH[:no-router]."""
+"""`edgespec bench drafting`: its own learned drafters (NAME=PATH[:no-router]), the tree shape and what a
+run records of its arguments, the summary table."""
 import pytest
 
-from edgespec.client.bench import parse_learned
+from edgespec.netem.bench.drafting import parse_learned
 
 
 def test_learned_pairs_parse_with_the_router_switch():
@@ -16,13 +17,13 @@ def test_bad_learned_pairs_are_refused(bad):
 
 
 def _run(method, tokens, seconds, forwards, extra=None):
-    from edgespec.client.bench import Run
+    from edgespec.netem.bench.drafting import Run
 
     return Run(method, "p0", tokens, seconds, forwards, True, extra or {})
 
 
 def test_summary_keeps_learned_drafters_and_reports_per_position_acceptance():
-    from edgespec.client.bench import summarize, table
+    from edgespec.netem.bench.drafting import summarize, table
 
     extra = {"num_drafts": 4, "num_accepted_tokens": 6, "draft_s": 0.2, "verify_s": 0.4, "bytes_up": 100,
              "bytes_down": 20, "feature_bytes": 0, "feature_raw_bytes": 0}
@@ -38,3 +39,15 @@ def test_summary_keeps_learned_drafters_and_reports_per_position_acceptance():
     assert "accept_at" not in s["target"]
     text = table(s)
     assert "| eagle-hass | 5.00 | 2.50x |" in text and "0.88 / 0.38 / 0.12" in text
+
+
+def test_the_tree_shape_defaults_to_the_clients_and_a_run_records_the_shape_it_used():
+    from edgespec.client.drafters.tree_builder import TreeShape
+    from edgespec.netem.bench.drafting import recorded, tree_shape
+    from edgespec.shared.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "drafting", "--tree-min-prob", "0.35", "--methods", "target"])
+    assert tree_shape(args) == TreeShape(min_prob=0.35)
+    kept = recorded(args)
+    assert kept["tree_min_prob"] == 0.35 and kept["tree_branch"] == TreeShape().branch
+    assert kept["methods"] == "target" and "func" not in kept and "parser" not in kept

@@ -1,7 +1,7 @@
 """Per-step cost of Beagle's two training stages against EAGLE, and drafting cost, on one store.
 
-    python -m edgespec.server.training.beagle_bench --tiny
-    python -m edgespec.server.training.beagle_bench --target qwen2.5-coder-1.5b-instruct \\
+    edgespec bench beagle --tiny
+    edgespec bench beagle --target qwen2.5-coder-1.5b-instruct \\
         --features runs/features/qwen1.5b --width 384 --heads 6 --vocab 8192 --batch-tokens 1024
 
 Trains nothing to completion: it times ``--steps`` optimizer steps of each recipe (after two
@@ -19,21 +19,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
-from ...shared.tree import ROOT
-
 RECIPES = (("eagle", {}), ("eagle unroll=k", {}), ("beagle early", {"stage": "early"}),
            ("beagle late", {"stage": "late"}))
 
 
 def tiny_store(where: Path):
     """A 4-layer tiny target and a feature store of its own greedy responses (as the tests make)."""
-    from edgespec.shared.models import load_model
-    from edgespec.shared.models.tiny import TinyConfig, save_tiny_model
-
-    from .data import generate_batch
-    from .features import FeatureStore, extract_features
+    from ...server.training.data import generate_batch
+    from ...server.training.features import FeatureStore, extract_features
+    from ...shared.models import load_model
+    from ...shared.models.tiny import TinyConfig, save_tiny_model
 
     target_dir = save_tiny_model(where / "target", TinyConfig(num_layers=4, seed=0))
     target = load_model(str(target_dir), device="cpu", dtype="float32")
@@ -51,7 +46,7 @@ def tiny_store(where: Path):
 
 def time_training(recipe, store, run_dir: Path, steps: int, batch_tokens: int, window: int) -> float:
     """Median seconds per optimizer step."""
-    from .trainer import TrainConfig, Trainer
+    from ...server.training.trainer import TrainConfig, Trainer
 
     trainer = Trainer(recipe, store, run_dir, TrainConfig(steps=steps + 2, lr=1e-3, warmup=1,
                                                           batch_tokens=batch_tokens, window=window, seed=0))
@@ -64,29 +59,32 @@ def time_training(recipe, store, run_dir: Path, steps: int, batch_tokens: int, w
     return statistics.median(times)
 
 
-@torch.inference_mode()
 def time_drafting(runtime, seq, prefix: int, depth: int, branch: int, repeats: int = 20) -> float:
     """Median seconds to draft one tree: root distribution + ``depth`` levels of ``branch`` nodes."""
-    runtime.reset()
-    runtime.commit(seq.tokens[:prefix + 1].tolist(), seq.hidden[:prefix])
+    import torch
+
+    from ...shared.tree import ROOT
+
     times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        lp = runtime.root_logprobs()
-        tokens = runtime.parts.to_target_ids(lp.topk(branch).indices).tolist()
-        level = runtime.expand(tokens, [ROOT] * branch)
-        first = 0
-        for _ in range(depth - 1):
-            best = runtime.parts.to_target_ids(level[0].topk(branch).indices).tolist()
-            level = runtime.expand(best, [first] * branch)
-            first += branch
-        runtime.clear_draft()
-        times.append(time.perf_counter() - t0)
+    with torch.inference_mode():
+        runtime.reset()
+        runtime.commit(seq.tokens[:prefix + 1].tolist(), seq.hidden[:prefix])
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            lp = runtime.root_logprobs()
+            tokens = runtime.parts.to_target_ids(lp.topk(branch).indices).tolist()
+            level = runtime.expand(tokens, [ROOT] * branch)
+            first = 0
+            for _ in range(depth - 1):
+                best = runtime.parts.to_target_ids(level[0].topk(branch).indices).tolist()
+                level = runtime.expand(best, [first] * branch)
+                first += branch
+            runtime.clear_draft()
+            times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tiny", action="store_true", help="build a tiny target and store in a temporary folder")
     p.add_argument("--target", help="registry name or folder of the target")
     p.add_argument("--features", help="feature store folder")
@@ -100,12 +98,17 @@ def main(argv=None) -> int:
     p.add_argument("--depth", type=int, default=5, help="draft tree levels")
     p.add_argument("--branch", type=int, default=4, help="nodes per draft tree level")
     p.add_argument("--threads", type=int, default=1)
-    args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    from edgespec.client.drafters.learned_loading import open_runtime
 
-    from .features import FeatureStore
-    from .fit import build_recipe
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ...client.drafters.learned_loading import open_runtime
+    from ...server.training.features import FeatureStore
+    from ...server.training.fit import build_recipe
+
+    p = args.parser
+    torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -141,6 +144,3 @@ def main(argv=None) -> int:
               f"{draft_s / base_draft:>10.2f}")
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Micro-benchmark of the independent drafter: one pass, and whole trees against the target's greedy text.
 
-    python -m edgespec.client.drafters.independent_bench --humaneval 2 --mtbench 2 --max-tokens 48 \
+    edgespec bench independent --humaneval 2 --mtbench 2 --max-tokens 48 \
         --configs bf16:0:3x12x24@0.05,int8:0:3x12x24@0.05:int8 --threads 1
 
 1. Pass cost: the drafter's decoder over 1 and over 3 (a frontier) new tokens
@@ -23,16 +23,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-import torch
-
-from .tree_builder import TreeShape
-
 
 @dataclass(frozen=True)
 class BenchConfig:
     name: str  # label in the table
     vocab: int  # reduced draft vocabulary size (0 = full)
-    shape: TreeShape  # EAGLE-2 tree shape
+    shape: object  # EAGLE-2 tree shape (client.drafters.tree_builder.TreeShape)
     weights: str = "bf16"  # "bf16" (as loaded) or "int8" (weight-only int8 Linear layers)
 
 
@@ -47,7 +43,7 @@ class Tally:
 
 
 def parse_config(text: str) -> BenchConfig:
-    from edgespec.client.tree_sweep import parse_shape
+    from .tree_sweep import parse_shape
 
     try:
         name, vocab, shape, *weights = text.split(":")
@@ -70,71 +66,75 @@ def accepted_length(tree, continuation: list[int]) -> int:
     return depth
 
 
-@torch.inference_mode()
 def greedy_continuation(model, ids: list[int], max_new: int, eos: set[int]) -> list[int]:
+    import torch
     from transformers import DynamicCache
 
     cache, out, feed, pos = DynamicCache(), [], list(ids), 0
-    for _ in range(max_new):
-        logits = model(input_ids=torch.tensor([feed]), position_ids=torch.arange(pos, pos + len(feed))[None],
-                       past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
-        pos += len(feed)
-        out.append(int(logits.argmax()))
-        if out[-1] in eos:
-            break
-        feed = [out[-1]]
+    with torch.inference_mode():
+        for _ in range(max_new):
+            logits = model(input_ids=torch.tensor([feed]), position_ids=torch.arange(pos, pos + len(feed))[None],
+                           past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+            pos += len(feed)
+            out.append(int(logits.argmax()))
+            if out[-1] in eos:
+                break
+            feed = [out[-1]]
     return out
 
 
-@torch.inference_mode()
 def verify_cost(model, ids: list[int], nodes: int, repeats: int = 3) -> float:
     """Median seconds of a target forward over `nodes` + 1 tokens after ids (a tree verification's size)."""
+    import torch
     from transformers import DynamicCache
 
     cache = DynamicCache()
-    model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True, logits_to_keep=1)
     times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        model(input_ids=torch.tensor([ids[-nodes - 1:]]), past_key_values=cache, use_cache=True)
-        times.append(time.perf_counter() - t0)
-        cache.crop(-(nodes + 1))
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            model(input_ids=torch.tensor([ids[-nodes - 1:]]), past_key_values=cache, use_cache=True)
+            times.append(time.perf_counter() - t0)
+            cache.crop(-(nodes + 1))
     return statistics.median(times)
 
 
-@torch.inference_mode()
-def pass_costs(model, ids: list[int], vocab_ids: torch.Tensor | None, repeats: int = 5) -> dict[str, float]:
-    """Median ms of the decoder over 1 and 3 tokens after ids, and of the full and reduced LM head."""
+def pass_costs(model, ids: list[int], vocab_ids, repeats: int = 5) -> dict[str, float]:
+    """Median ms of the decoder over 1 and 3 tokens after ids, and of the full and reduced LM head
+    (vocab_ids: the reduced head's rows, a tensor, or None for the full head)."""
+    import torch
     from transformers import DynamicCache
 
-    from .int8_linear import head_rows
+    from ...client.drafters.int8_linear import head_rows
 
-    body, head = model.get_decoder(), model.get_output_embeddings()
-    reduced = head_rows(head, vocab_ids)
-    cache = DynamicCache()
-    body(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
-    out = {}
-    for k in (1, 3):
-        t_body, t_full, t_red = [], [], []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            h = body(input_ids=torch.tensor([ids[-k:]]), past_key_values=cache, use_cache=True).last_hidden_state[0]
-            t1 = time.perf_counter()
-            head(h)
-            t2 = time.perf_counter()
-            reduced(h)
-            t3 = time.perf_counter()
-            cache.crop(-k)
-            t_body.append(t1 - t0), t_full.append(t2 - t1), t_red.append(t3 - t2)
-        out[f"body x{k}"] = 1000 * statistics.median(t_body)
-        out[f"full head x{k}"] = 1000 * statistics.median(t_full)
-        out[f"reduced head x{k}"] = 1000 * statistics.median(t_red)
+    with torch.inference_mode():
+        body, head = model.get_decoder(), model.get_output_embeddings()
+        reduced = head_rows(head, vocab_ids)
+        cache = DynamicCache()
+        body(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+        out = {}
+        for k in (1, 3):
+            t_body, t_full, t_red = [], [], []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                h = body(input_ids=torch.tensor([ids[-k:]]), past_key_values=cache, use_cache=True).last_hidden_state[0]
+                t1 = time.perf_counter()
+                head(h)
+                t2 = time.perf_counter()
+                reduced(h)
+                t3 = time.perf_counter()
+                cache.crop(-k)
+                t_body.append(t1 - t0), t_full.append(t2 - t1), t_red.append(t3 - t2)
+            out[f"body x{k}"] = 1000 * statistics.median(t_body)
+            out[f"full head x{k}"] = 1000 * statistics.median(t_full)
+            out[f"reduced head x{k}"] = 1000 * statistics.median(t_red)
     return out
 
 
 def int8_model(model):
     """A copy of model with weight-only int8 Linear layers (what from_pretrained runs by default)."""
-    from .int8_linear import quantize_linears
+    from ...client.drafters.int8_linear import quantize_linears
 
     copied = copy.deepcopy(model)
     quantize_linears(copied)
@@ -143,7 +143,7 @@ def int8_model(model):
 
 def run_trees(drafter, prompt: list[int], continuation: list[int], tally: Tally) -> None:
     """Draft against the target's greedy continuation until it is used up."""
-    from .base import DraftRequest
+    from ...client.drafters.base import DraftRequest
 
     calls = [0]
     inner = drafter._hidden
@@ -175,17 +175,9 @@ def run_trees(drafter, prompt: list[int], continuation: list[int], tally: Tally)
         drafter.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    from edgespec.shared.models import load_model
-    from edgespec.shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
-    from edgespec.netem.bench.prompt_sets import humaneval_prompts, mtbench_first_turns
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ...shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
 
-    from ..edge_client import chat_prompt_ids, eos_ids
-    from .independent import IndependentConfig, IndependentDrafter
-    from .independent_vocab import draft_vocab_ids
-
-    p = argparse.ArgumentParser(prog="python -m edgespec.client.drafters.independent_bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", default="bf16:0:3x12x24@0.05,v32k:32768:3x12x24@0.05,int8:0:3x12x24@0.05:int8",
                    help="comma-separated NAME:VOCAB:BxDxM@min_prob[:bf16|int8]")
     p.add_argument("--drafter-model", default=DEFAULT_DRAFTER)
@@ -198,7 +190,17 @@ def main(argv: list[str] | None = None) -> int:
                         "wait on each other)")
     p.add_argument("--skip-pass", action="store_true", help="skip the per-pass dtype/head timings")
     p.add_argument("--skip-trees", action="store_true", help="skip the tree runs (no target needed)")
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ...client.drafters.independent import IndependentConfig, IndependentDrafter
+    from ...client.drafters.independent_vocab import draft_vocab_ids
+    from ...client.edge_client import chat_prompt_ids, eos_ids
+    from ...shared.models import load_model
+    from .prompt_sets import humaneval_prompts, mtbench_first_turns
+
     configs = [parse_config(c) for c in args.configs.split(",") if c]
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -250,6 +252,3 @@ def main(argv: list[str] | None = None) -> int:
               f"{1000 * t.draft_s / t.committed:.0f} | {1000 * verify:.0f} | {est:.2f} |", flush=True)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Benchmark: edgespec's drafters against plain decoding and transformers' own assisted generation.
 
-    python -m edgespec.client.bench --humaneval 20 --mtbench 20 --max-tokens 128
+    edgespec bench drafting --humaneval 20 --mtbench 20 --max-tokens 128
 
 All methods run in one process, one prompt at a time and every method on each
 prompt back to back (so a busy machine slows them alike), greedy, same prompts,
@@ -29,8 +29,6 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-import torch
-
 EDGESPEC = ("ngram", "independent", "eagle", "moa-tli0", "moa-tli1")
 LEARNED = EDGESPEC[2:]
 METHODS = ("target", "hf-assisted", "hf-lookup", *EDGESPEC)
@@ -52,7 +50,7 @@ class Run:
 class ForwardCounter:
     """Counts forward passes of a module (the target) with a hook."""
 
-    def __init__(self, module: torch.nn.Module):
+    def __init__(self, module):  # a torch.nn.Module
         self.count = 0
         self._handle = module.register_forward_hook(self._hook)
 
@@ -66,6 +64,7 @@ class ForwardCounter:
 def hf_generate(model, ids: list[int], max_new: int, eos: list[int], pad: int, counter: ForwardCounter,
                 **kwargs) -> tuple[list[int], float, int]:
     """Greedy generate() with the given extras; (new ids, seconds, target forwards)."""
+    import torch
     from transformers import GenerationConfig
 
     config = GenerationConfig(do_sample=False, max_new_tokens=max_new, eos_token_id=eos, pad_token_id=pad,
@@ -140,14 +139,9 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    from edgespec.shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ...shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
 
-    from .drafters.tree_builder import TreeShape
-
-    t = TreeShape()
-    p = argparse.ArgumentParser(prog="python -m edgespec.client.bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--drafter-model", default=DEFAULT_DRAFTER)
     p.add_argument("--humaneval", type=int, default=20, help="first N HumanEval prompts (default 20)")
@@ -155,10 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
     p.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for hf-lookup")
-    p.add_argument("--tree-branch", type=int, default=t.branch)
-    p.add_argument("--tree-depth", type=int, default=t.depth)
-    p.add_argument("--tree-nodes", type=int, default=t.max_nodes)
-    p.add_argument("--tree-min-prob", type=float, default=t.min_prob)
+    add_tree_arguments(p)
     p.add_argument("--checkpoints", default=None,
                    help="folder with learned drafter checkpoints named like the methods (default: the shipped ones)")
     p.add_argument("--learned", action="append", default=[], metavar="NAME=PATH[:no-router]",
@@ -166,7 +157,40 @@ def main(argv: list[str] | None = None) -> int:
                         "LM-head router) under NAME, e.g. eagle-hass=runs/fit8/eagle-hass; repeatable")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
     p.add_argument("--out", default=None, help="write every run and the summary as JSON here")
-    args = p.parse_args(argv)
+
+
+def add_tree_arguments(p: argparse.ArgumentParser) -> None:
+    """The EAGLE-2 tree shape, as `edgespec client` takes it."""
+    p.add_argument("--tree-branch", type=int, default=None,
+                   help="EAGLE-2 B: children per expanded node (None: the client's default, TreeShape's)")
+    p.add_argument("--tree-depth", type=int, default=None, help="EAGLE-2 D: deepest level drafted")
+    p.add_argument("--tree-nodes", type=int, default=None, help="EAGLE-2 M: nodes kept in a tree")
+    p.add_argument("--tree-min-prob", type=float, default=None,
+                   help="stop deepening once the best path's probability is below this")
+
+
+def tree_shape(args: argparse.Namespace):
+    """The TreeShape the tree arguments ask for; it is written back into args, so a run records the
+    shape it used."""
+    from ...client.drafters.tree_builder import TreeShape
+
+    given = {"branch": args.tree_branch, "depth": args.tree_depth, "max_nodes": args.tree_nodes,
+             "min_prob": args.tree_min_prob}
+    tree = TreeShape(**{k: v for k, v in given.items() if v is not None})
+    args.tree_branch, args.tree_depth, args.tree_nodes, args.tree_min_prob = (tree.branch, tree.depth, tree.max_nodes,
+                                                                              tree.min_prob)
+    return tree
+
+
+def recorded(args: argparse.Namespace) -> dict:
+    """The benchmark's own arguments, as a run's JSON keeps them (not the command line's handler and parser)."""
+    return {a.dest: getattr(args, a.dest) for a in args.parser._actions if a.dest != "help"}
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    p = args.parser
     try:
         learned = parse_learned(args.learned)
     except ValueError as exc:
@@ -177,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    tree = TreeShape(args.tree_branch, args.tree_depth, args.tree_nodes, args.tree_min_prob)
+    tree = tree_shape(args)
     # every prompt's runs as they finish: an interrupted hour-long run keeps what it measured
     with open(args.out + ".partial.jsonl", "w") if args.out else contextlib.nullcontext() as partial:
         runs = run_benchmark(args.target, args.drafter_model, args.humaneval, args.mtbench, args.max_tokens, methods,
@@ -190,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(summary, indent=1))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "summary": summary, "runs": [asdict(r) for r in runs]}, f, indent=1)
+            json.dump({"args": recorded(args), "summary": summary, "runs": [asdict(r) for r in runs]}, f, indent=1)
     return 0
 
 
@@ -218,16 +242,15 @@ def checkpoint_of(method: str, folder: str | None) -> str:
 def run_benchmark(target_name: str, drafter_name: str, n_humaneval: int, n_mtbench: int, max_new: int,
                   methods: list[str], tree, lookup_tokens: int, checkpoints: str | None = None,
                   learned: dict[str, tuple[str, bool]] | None = None, partial=None) -> list[Run]:
-    from edgespec.server.app import ServerConfig, start_server
-    from edgespec.shared.models import load_model
-    from edgespec.netem.bench.prompt_sets import humaneval_prompts, mtbench_first_turns
-
-    from .drafters.factory import DrafterOptions
-    from .drafters.independent import IndependentConfig, IndependentDrafter
-    from .drafters.ngram import NgramDrafter
-    from .edge_client import ClientConfig, EdgespecClient, chat_prompt_ids, eos_ids
-    from .generation import GenerationConfig
-    from .link import LinkConfig
+    from ...client.drafters.factory import DrafterOptions
+    from ...client.drafters.independent import IndependentConfig, IndependentDrafter
+    from ...client.drafters.ngram import NgramDrafter
+    from ...client.edge_client import ClientConfig, EdgespecClient, chat_prompt_ids, eos_ids
+    from ...client.generation import GenerationConfig
+    from ...shared.drafters.shipped import checkpoint_kind, resolve_checkpoint
+    from ...shared.models import load_model
+    from .loopback import loopback_server, patient_link
+    from .prompt_sets import humaneval_prompts, mtbench_first_turns
 
     prompts = (humaneval_prompts(n_humaneval) if n_humaneval else []) + \
               (mtbench_first_turns(n_mtbench) if n_mtbench else [])
@@ -239,18 +262,15 @@ def run_benchmark(target_name: str, drafter_name: str, n_humaneval: int, n_mtben
     eos = sorted(eos_ids(tok))
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
     counter = ForwardCounter(target.model)
-    server = None
+    server = contextlib.ExitStack()  # holds the server while there is one
     clients: dict[str, EdgespecClient] = {}
-    from edgespec.shared.drafters.shipped import checkpoint_kind, resolve_checkpoint
-
     learned = learned or {}
     kinds = {name: checkpoint_kind(resolve_checkpoint(path)) for name, (path, _) in learned.items()}
     wanted = [m for m in EDGESPEC if m in methods] + list(learned)
     if wanted:
         moa = {m: checkpoint_of(m, checkpoints) for m in wanted if m.startswith("moa") and m not in learned}
         moa.update({name: learned[name][0] for name, kind in kinds.items() if kind == "moa"})
-        server = start_server(ServerConfig(model=target_name, http_port=None, device="cpu", moa_server_parts=moa))
-        link = LinkConfig(server.address, max_deadline_s=600, min_deadline_s=60)  # a busy CPU must not look like a dead link
+        link = patient_link(server.enter_context(loopback_server(target_name, moa_server_parts=moa)).address)
         for m in wanted:
             if m == "ngram":
                 drafter = NgramDrafter()
@@ -307,10 +327,6 @@ def run_benchmark(target_name: str, drafter_name: str, n_humaneval: int, n_mtben
         counter.close()
         for c in clients.values():
             c.link.close()
-        if server is not None:
-            server.stop(grace=1.0)
+        server.close()
     return runs
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Benchmark: what CORAL's LM-head router saves in drafting time and costs in acceptance.
 
-    python -m edgespec.client.drafters.router_bench --checkpoint runs/eagle-router --humaneval 10 --mtbench 10
+    edgespec bench router --checkpoint runs/eagle-router --humaneval 10 --mtbench 10
 
 One drafter checkpoint with a ``router.safetensors`` beside it, one runtime, the router
 attached or not; every prompt is generated both ways back to back (alternating which goes
@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
+from .drafting import add_lists, add_tree_arguments, tree_shape
 
 MODES = ("full head", "router")
 
@@ -43,8 +43,6 @@ class ModeTotals:
         self.draft_s += m.draft_s
         self.wall_s += m.wall_s
         self.new_tokens += m.new_tokens
-        from edgespec.client.bench import add_lists
-
         self.per_position = add_lists([self.per_position, list(m.accepted_per_position)])
 
     def summary(self) -> dict:
@@ -58,14 +56,14 @@ class ModeTotals:
 def recording(routed):
     """The same routed head (sharing its group-ordered weight), keeping the first LM-head inputs it
     is asked about: real drafting rows for the head's own timing."""
-    from edgespec.shared.drafters.router import RoutedHead
+    from ...shared.drafters.router import RoutedHead
 
     class RecordingHead(RoutedHead):
         def __init__(self, inner: RoutedHead):
             self.__dict__.update(inner.__dict__)
-            self.rows: list[torch.Tensor] = []
+            self.rows: list = []  # torch.Tensor rows
 
-        def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        def logits(self, hidden):
             if len(self.rows) < 64:
                 self.rows.append(hidden.detach().clone())
             return super().logits(hidden)
@@ -84,14 +82,16 @@ def time_call(fn, repeat: int) -> float:
     return 1000 * sorted(times)[len(times) // 2]
 
 
-@torch.inference_mode()
-def head_timings(parts, routed, rows: torch.Tensor, sizes: tuple[int, ...], repeat: int) -> dict[int, tuple]:
-    """{rows per call: (full ms, routed ms)} of the LM head alone on real LM-head inputs."""
+def head_timings(parts, routed, rows, sizes: tuple[int, ...], repeat: int) -> dict[int, tuple]:
+    """{rows per call: (full ms, routed ms)} of the LM head alone on real LM-head inputs (rows: a tensor)."""
+    import torch
+
     out = {}
-    for t in sizes:
-        h = rows[:t]
-        full = time_call(lambda: torch.log_softmax(parts.logits(h).float(), -1), repeat)
-        out[t] = (full, time_call(lambda: routed.logprobs(h), repeat))
+    with torch.inference_mode():
+        for t in sizes:
+            h = rows[:t]
+            full = time_call(lambda: torch.log_softmax(parts.logits(h).float(), -1), repeat)
+            out[t] = (full, time_call(lambda: routed.logprobs(h), repeat))
     return out
 
 
@@ -121,12 +121,11 @@ def table(s: dict[str, dict], heads: dict[int, tuple], same: str) -> str:
 
 def open_routed_drafter(checkpoint: str, target: str, tree):
     """(LearnedDrafter, RoutedHead, checkpoint path, MoA server part or None) for a checkpoint with a router."""
-    from edgespec.shared.drafters.checkpoint import DrafterCheckpointError
-    from edgespec.shared.drafters.loading import find_checkpoint
-    from edgespec.shared.drafters.router import bind_router, load_router, router_path
-    from edgespec.shared.drafters.shipped import resolve_checkpoint
-
-    from .learned_loading import learned_drafter, open_runtime
+    from ...client.drafters.learned_loading import learned_drafter, open_runtime
+    from ...shared.drafters.checkpoint import DrafterCheckpointError
+    from ...shared.drafters.loading import find_checkpoint
+    from ...shared.drafters.router import bind_router, load_router, router_path
+    from ...shared.drafters.shipped import resolve_checkpoint
 
     ckpt = find_checkpoint(resolve_checkpoint(checkpoint))
     if not router_path(ckpt).is_file():
@@ -138,17 +137,17 @@ def open_routed_drafter(checkpoint: str, target: str, tree):
     return learned_drafter(runtime, tree, part or ""), routed, ckpt, part
 
 
-def run(args) -> dict:
-    from edgespec.server.app import ServerConfig, start_server
-    from edgespec.netem.bench.prompt_sets import humaneval_prompts, mtbench_first_turns
+def measure(args: argparse.Namespace) -> dict:
+    """Every prompt both ways, then the LM head alone; the figures as run() prints and writes them."""
+    import torch
 
-    from ..edge_client import ClientConfig, EdgespecClient, chat_prompt_ids, load_tokenizer
-    from ..generation import GenerationConfig
-    from ..link import LinkConfig
-    from .factory import DrafterOptions
-    from .tree_builder import TreeShape
+    from ...client.drafters.factory import DrafterOptions
+    from ...client.edge_client import ClientConfig, EdgespecClient, chat_prompt_ids, load_tokenizer
+    from ...client.generation import GenerationConfig
+    from .loopback import loopback_server, patient_link
+    from .prompt_sets import humaneval_prompts, mtbench_first_turns
 
-    tree = TreeShape(args.tree_branch, args.tree_depth, args.tree_nodes, args.tree_min_prob)
+    tree = tree_shape(args)
     drafter, routed, ckpt, moa_part = open_routed_drafter(args.checkpoint, args.target, tree)
     routed = recording(routed)
     messages = [p.messages() for p in (humaneval_prompts(args.humaneval) if args.humaneval else [])]
@@ -156,51 +155,45 @@ def run(args) -> dict:
     messages += [[{"role": "user", "content": text}] for text in args.prompt]
     if not messages:
         raise SystemExit("no prompts: give --humaneval N, --mtbench N or --prompt TEXT")
-    server = start_server(ServerConfig(model=args.target, http_port=None, device="cpu", dtype=args.dtype,
-                                       moa_server_parts={moa_part: str(ckpt)} if moa_part else {}))
-    tok = load_tokenizer(args.target)
-    client = None
-    try:
-        link = LinkConfig(server.address, max_deadline_s=600, min_deadline_s=60)  # a busy CPU is not a dead link
-        client = EdgespecClient(ClientConfig(link, DrafterOptions(drafter.name.split("-")[0])), tokenizer=tok,
-                                drafter=drafter)
-        config = GenerationConfig(max_new_tokens=args.max_tokens)
-        totals = {m: ModeTotals() for m in MODES}
-        same = 0
-        for i, msgs in enumerate(messages):
-            ids = chat_prompt_ids(tok, msgs)
-            outputs = {}
-            for mode in (MODES if i % 2 == 0 else MODES[::-1]):
-                drafter.rt.attach_router(routed if mode == "router" else None)
-                if i == 0:  # warm-up: first calls allocate and pick kernels
-                    client.generate(ids, GenerationConfig(max_new_tokens=4))
-                result = client.generate(ids, config)
-                totals[mode].add(result.metrics)
-                outputs[mode] = result.token_ids
-            same += outputs[MODES[0]] == outputs[MODES[1]]
-            print(f"[{i + 1}/{len(messages)}] " + ", ".join(
-                f"{m}: {totals[m].summary()['draft_ms_per_tree']:.1f} ms/tree, tau {totals[m].summary()['tau']:.2f}"
-                for m in MODES), file=sys.stderr, flush=True)
-        rows = torch.cat(routed.rows)  # LM-head inputs met while drafting: the head's timing runs on them
-        heads = head_timings(drafter.rt.parts, routed, rows, (1, min(tree.branch, rows.shape[0])), args.head_repeat)
-    finally:
-        if client is not None:
-            client.close()
-        server.stop(grace=1.0)
+    with loopback_server(args.target, dtype=args.dtype,
+                         moa_server_parts={moa_part: str(ckpt)} if moa_part else {}) as server:
+        tok = load_tokenizer(args.target)
+        client = None
+        try:
+            client = EdgespecClient(ClientConfig(patient_link(server.address),
+                                                 DrafterOptions(drafter.name.split("-")[0])),
+                                    tokenizer=tok, drafter=drafter)
+            config = GenerationConfig(max_new_tokens=args.max_tokens)
+            totals = {m: ModeTotals() for m in MODES}
+            same = 0
+            for i, msgs in enumerate(messages):
+                ids = chat_prompt_ids(tok, msgs)
+                outputs = {}
+                for mode in (MODES if i % 2 == 0 else MODES[::-1]):
+                    drafter.rt.attach_router(routed if mode == "router" else None)
+                    if i == 0:  # warm-up: first calls allocate and pick kernels
+                        client.generate(ids, GenerationConfig(max_new_tokens=4))
+                    result = client.generate(ids, config)
+                    totals[mode].add(result.metrics)
+                    outputs[mode] = result.token_ids
+                same += outputs[MODES[0]] == outputs[MODES[1]]
+                print(f"[{i + 1}/{len(messages)}] " + ", ".join(
+                    f"{m}: {totals[m].summary()['draft_ms_per_tree']:.1f} ms/tree, tau {totals[m].summary()['tau']:.2f}"
+                    for m in MODES), file=sys.stderr, flush=True)
+            rows = torch.cat(routed.rows)  # LM-head inputs met while drafting: the head's timing runs on them
+            heads = head_timings(drafter.rt.parts, routed, rows, (1, min(tree.branch, rows.shape[0])), args.head_repeat)
+        finally:
+            if client is not None:
+                client.close()
     summary = {m: totals[m].summary() for m in MODES}
     return {"checkpoint": str(ckpt), "prompts": len(messages), "router": routed.router.config.__dict__,
             "summary": summary, "head_ms": {str(t): list(v) for t, v in heads.items()},
             "same_output": f"{same}/{len(messages)}"}
 
 
-def main(argv: list[str] | None = None) -> int:
-    from edgespec.shared.models.registry import DEFAULT_TARGET
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ...shared.models.registry import DEFAULT_TARGET
 
-    from .tree_builder import TreeShape
-
-    t = TreeShape()
-    p = argparse.ArgumentParser(prog="python -m edgespec.client.drafters.router_bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="drafter checkpoint (file, folder or run) with router.safetensors")
     p.add_argument("--target", default=DEFAULT_TARGET, help="target model (registry name or folder)")
     p.add_argument("--dtype", default=None, help="the server's target dtype (default bfloat16)")
@@ -208,17 +201,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mtbench", type=int, default=5, help="first turns of the first N MT-Bench questions (default 5)")
     p.add_argument("--prompt", action="append", default=[], help="an extra user message (repeatable)")
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
-    p.add_argument("--tree-branch", type=int, default=t.branch)
-    p.add_argument("--tree-depth", type=int, default=t.depth)
-    p.add_argument("--tree-nodes", type=int, default=t.max_nodes)
-    p.add_argument("--tree-min-prob", type=float, default=t.min_prob)
+    add_tree_arguments(p)
     p.add_argument("--head-repeat", type=int, default=50, help="calls per LM-head timing (median kept)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = run(args)
+    report = measure(args)
     r = report["router"]
     print(f"\n{report['prompts']} prompts, {args.max_tokens} new tokens at most, greedy, {torch.get_num_threads()} "
           f"threads; router: {r['n_groups']} groups ({r['split']}), top {r['top_g']} computed; tree "
@@ -229,6 +223,3 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(json.dumps(report, indent=1))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
