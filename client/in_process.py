@@ -1,6 +1,6 @@
 """A verifier in this process: the loop's messages go to a ``VerifierCore`` with no sockets.
 
-``Verifier(InProcessTransport(core))`` has the interface of the gRPC-backed
+``Verifier(InProcessTransport(VerifierServicer(core)))`` has the interface of the gRPC-backed
 ``Verifier(GrpcTransport(link))``. The transport hands each message to the gRPC servicer's own handler
 (``VerifierServicer.answer``), so an answer is what the gRPC server would send,
 and a server error becomes the client error the gRPC transport raises for the
@@ -19,8 +19,6 @@ from __future__ import annotations
 import threading
 
 from edgespec.proto.edgespec.v1 import pb
-from edgespec.server.core import VerifierCore
-from edgespec.server.service import VerifierServicer
 
 from .link import classify_status
 from .verifier import LinkDownError
@@ -29,8 +27,10 @@ from .verifier import LinkDownError
 class InProcessTransport:
     """The verifier's ``Transport`` to a ``VerifierCore`` in this process."""
 
-    def __init__(self, core: VerifierCore):
-        self.servicer = VerifierServicer(core)
+    def __init__(self, servicer):
+        # The server's VerifierServicer over that core, built by the caller: the client package never imports
+        # the server's (tests/shared/test_layering.py).
+        self.servicer = servicer
         self._session_id: str | None = None  # the session of the stream started last (None: no stream)
         self._ended = False  # the server ended that stream with an error: like gRPC, it answers no more
         self._up = threading.Event()  # the link works (reconnecting waits on it)

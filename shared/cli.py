@@ -16,7 +16,7 @@ SUBCOMMANDS: dict[str, str] = {
     "models": "edgespec.shared.models.cli",
     "server": "edgespec.server.cli",
     "client": "edgespec.client.cli",
-    "demo": "edgespec.client.demo",
+    "demo": "edgespec.netem.demo",
     "netem": "edgespec.netem.cli",
     "bench": "edgespec.netem.bench.cli",
     "train": "edgespec.server.training.cli",

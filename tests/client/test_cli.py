@@ -40,13 +40,3 @@ def test_client_names_an_unreachable_server(tiny_model_dir):
     proc = _run(["client", "--server", "127.0.0.1:9", "--tokenizer", str(tiny_model_dir), "--prompt", "x"])
     assert proc.returncode == 1
     assert "cannot reach the edgespec server at 127.0.0.1:9" in proc.stderr
-
-
-def test_demo_runs_end_to_end_through_the_relay(tiny_model_dir):
-    from edgespec.client.demo import relay_available
-
-    proc = _run(["demo", "--target", str(tiny_model_dir), "--drafter-model", str(tiny_model_dir), "--max-tokens", "10",
-                 "--color", "never", "--prompt", "hi", "--profile", "4g"])
-    assert proc.returncode == 0, proc.stderr
-    assert ("relay (4g)" if relay_available() else "directly") in proc.stderr
-    assert "tok/s" in proc.stderr and "calls" in proc.stderr

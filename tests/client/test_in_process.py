@@ -40,13 +40,15 @@ def drafters(tiny_drafter_dir):
 @pytest.fixture
 def start(core, drafters):
     """start(drafter, fingerprint=None, **config) -> (Generation, InProcessTransport, prompt ids)."""
+    from edgespec.server.service import VerifierServicer
+
     tok = core.target.tokenizer
     ids = tok(PROMPT, add_special_tokens=False)["input_ids"]
 
     def make(drafter: str = "independent", fingerprint: str | None = None, **config):
         info = TokenizerInfo(fingerprint or core.target.fingerprint, set(),
                              lambda t: tok.decode(list(t), skip_special_tokens=True))
-        transport = InProcessTransport(core)
+        transport = InProcessTransport(VerifierServicer(core))
         config.setdefault("ignore_eos", True)
         gen = Generation(Verifier(transport), drafters[drafter], ids, GenerationConfig(**config), info)
         return gen, transport, ids

@@ -1,13 +1,13 @@
 """`edgespec demo`: a server and a client on this machine, one prompt end to end.
 
 The server runs the target in this process; the client reaches it through the
-network relay (``edgespec.netem``) shaped by a profile, when the relay is
-installed, else over plain loopback.
+network relay shaped by a profile (``--profile none``: over plain loopback).
+It lives in netem, beside the experiments, because it puts all three parts
+together: the server, the relay and the client.
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import sys
 from pathlib import Path
@@ -16,7 +16,7 @@ DEFAULT_PROMPT = "Write a Python function that returns the n-th Fibonacci number
 
 
 def register(subparsers) -> None:
-    from .cli import add_client_options
+    from ..client.cli import add_client_options
 
     p = subparsers.add_parser("demo", help="run a server and a client here, one prompt end to end",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -29,21 +29,13 @@ def register(subparsers) -> None:
     p.set_defaults(func=main, drafter="independent")
 
 
-def relay_available() -> bool:
-    try:
-        return importlib.util.find_spec("edgespec.netem.relay_thread") is not None
-    except ModuleNotFoundError:
-        return False
-
-
 def main(args) -> int:
-    from edgespec.server.app import ServerConfig, start_server
-    from edgespec.shared.models.registry import DEFAULT_TARGET
-
-    from .cli import client_from_args
-    from .commit import ResumePolicy
-    from .generation import GenerationConfig
-    from .render import TerminalPrinter, use_color
+    from ..client.cli import client_from_args
+    from ..client.commit import ResumePolicy
+    from ..client.generation import GenerationConfig
+    from ..client.render import TerminalPrinter, use_color
+    from ..server.app import ServerConfig, start_server
+    from ..shared.models.registry import DEFAULT_TARGET
 
     if not getattr(args, "verbose", False):  # the server's and relay's logs would interleave with the text
         for name in ("edgespec.server", "edgespec.netem"):
@@ -53,7 +45,7 @@ def main(args) -> int:
     # a MoA drafter's Layer Self-Attention runs on the server: load the part of the same name
     parts = {}
     if args.drafter.startswith("moa"):
-        from .drafters.moa import DEFAULT_CHECKPOINT
+        from ..client.drafters.moa import DEFAULT_CHECKPOINT
 
         moa = args.checkpoint or (DEFAULT_CHECKPOINT if args.drafter == "moa" else args.drafter)
         parts = {args.moa_server_part or Path(moa).name: moa}
@@ -61,16 +53,15 @@ def main(args) -> int:
     relay = None
     address = server.address
     try:
-        if args.profile != "none" and relay_available():
-            from edgespec.netem.profile import load_profile
-            from edgespec.netem.relay_thread import RelayThread
+        if args.profile != "none":
+            from .profile import load_profile
+            from .relay_thread import RelayThread
 
             relay = RelayThread(load_profile(args.profile), upstream=("127.0.0.1", server.port), seed=0).start()
             address = relay.target
             print(f"edgespec demo: client -> relay ({args.profile}) -> server at {server.address}", file=sys.stderr)
         else:
-            why = "no relay installed" if args.profile != "none" else "--profile none"
-            print(f"edgespec demo: client -> server at {server.address} directly ({why})", file=sys.stderr)
+            print(f"edgespec demo: client -> server at {server.address} directly (--profile none)", file=sys.stderr)
         client = client_from_args(args, address)
         try:
             ids = client.encode_chat([{"role": "user", "content": args.prompt}])
