@@ -9,7 +9,7 @@ Shared pieces:
 - sandbox.py: HumanEval answers scored in a sandboxed subprocess
 
 Experiments under emulated networks: experiments.py (speed, link, disconnect, codec).
-Micro-benchmarks, a module each: drafting.py (every drafter against plain decoding and transformers'
+Micro-benchmarks, a module each: server_engines.py (the server's engines), drafting.py (every drafter against plain decoding and transformers'
 assisted generation), tree_sweep.py, independent.py, router.py, beagle.py, activation_codec.py,
 near_ties.py.
 """

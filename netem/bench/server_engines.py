@@ -1,7 +1,7 @@
 """Server benchmark: the engines side by side on one target, in one run.
 
     edgespec models random --like qwen2.5-coder-1.5b-instruct /tmp/rnd-1.5b      # no weights needed
-    python -m edgespec.server.bench --models /tmp/rnd-1.5b --engines generic batched
+    edgespec bench server --models /tmp/rnd-1.5b --engines generic batched
 
 For each engine (``generic``: a DynamicCache per session, one forward each;
 ``batched``: the KV pool, one forward for every session's work):
@@ -34,14 +34,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-import torch
 
-from edgespec.shared.tree import ROOT, DraftTree
-from edgespec.shared.verification import SamplingConfig
+def random_tree(rng: random.Random, nodes: int, vocab: int, max_depth: int = 6):
+    """A random DraftTree of `nodes` nodes whose depth stays within max_depth."""
+    from ...shared.tree import ROOT, DraftTree
 
-
-def random_tree(rng: random.Random, nodes: int, vocab: int, max_depth: int = 6) -> DraftTree:
-    """A random tree of `nodes` nodes whose depth stays within max_depth."""
     tokens: list[int] = []
     parents: list[int] = []
     depth: list[int] = []
@@ -77,21 +74,21 @@ class Bench:
     """One target, one engine, its scheduler, and sessions held at a fixed context."""
 
     def __init__(self, target, engine, context: int, seed: int = 0):
-        from .scheduler import ModelScheduler
+        from ...server.scheduler import ModelScheduler
 
         self.target, self.engine, self.context = target, engine, context
         self.scheduler = ModelScheduler(engine)
         self.rng = random.Random(seed)
 
     def session(self, name: str):
-        from .session import SessionSettings, VerifierSession
+        from ...server.session import SessionSettings, VerifierSession
 
         s = VerifierSession(SessionSettings(name), self.target, self.scheduler, max_context_tokens=1 << 20)
         s.open([self.rng.randrange(min(1000, self.target.vocab_size)) for _ in range(self.context)])
         return s
 
     @staticmethod
-    def verify_and_rewind(session, tree: DraftTree, rewind_to: int):
+    def verify_and_rewind(session, tree, rewind_to: int):
         result = session.verify(session.steps + 1, len(session.committed), tree)
         session.committed = session.committed[:rewind_to]  # hold the context: drop what was committed
         session.kv.crop(rewind_to - 1)
@@ -140,7 +137,10 @@ class Bench:
 
     def _generate(self, i: int, stop: threading.Event, counts: list[int], ready: list[bool]) -> None:
         """A plain-API generation (the server decoding alone) until stopped, its context held."""
-        from .decoder import _step
+        import torch
+
+        from ...server.decoder import _step
+        from ...shared.verification import SamplingConfig
 
         rng = random.Random(1000 + i)
         kv, greedy, gen = self.scheduler.new_kv(), SamplingConfig(), torch.Generator()
@@ -254,8 +254,7 @@ def print_report(name: str, latency: list[LatencyRow], throughput: list[Throughp
             print(f"| {e} | {n} | {r.token_device_ms:.1f} | " + " | ".join(cells) + " |")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", nargs="+", default=["qwen2.5-coder-1.5b-instruct"],
                         help="registry names or model folders (e.g. from `edgespec models random`)")
     parser.add_argument("--engines", nargs="+", default=["generic", "batched"], choices=["generic", "batched"],
@@ -271,15 +270,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ...server.engine import build_engine
+    from ...server.engine_batched import PoolConfig
+    from ...server.target import TargetModel
+    from ...shared.models.loading import load_model
+
     if args.threads:
         torch.set_num_threads(args.threads)
-
-    from edgespec.shared.models.loading import load_model
-
-    from .engine import build_engine
-    from .engine_batched import PoolConfig
-    from .target import TargetModel
 
     for name in args.models:
         target = TargetModel(load_model(name, device=args.device, dtype=args.dtype))
@@ -307,6 +309,3 @@ def main(argv: list[str] | None = None) -> int:
                      args.seconds)
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
