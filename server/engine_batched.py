@@ -40,7 +40,10 @@ class PoolConfig:
     # asks for max_sessions + API_SLOTS)
     max_context_tokens: int = 4096  # tokens of one session's context (the slot adds a tree's rows to it)
     max_tree_nodes: int = 255  # nodes of the largest tree a slot must take behind its context
-    key_bucket: int = 64  # keys read per row are rounded up to a multiple of this: few shapes to capture
+    key_bucket: int = 64  # keys read per row are rounded up to a multiple of this: fewer shapes
+    shape_buckets: bool = False  # pad sessions, rows and keys up to powers of two, and read slots by index
+    # even for one session: a few fixed shapes, what CUDA-graph capture per (batch, tokens) bucket needs;
+    # off on a CPU, where the padding is computed for nothing
 
 
 class BatchedEngine(Engine):
@@ -85,7 +88,12 @@ class BatchedEngine(Engine):
                                       f"{self.pool.slot_tokens}")
 
     def cost(self, items: Sequence[Work]) -> int:
-        return len(items) * max((len(w) for w in items), default=0)  # padded rows are computed too
+        b, t = self._shape(len(items), max((len(w) for w in items), default=0))
+        return b * t  # padded rows are computed too
+
+    def _shape(self, b: int, t: int) -> tuple[int, int]:
+        """The batch's padded [B, T]."""
+        return (_pow2(b), _pow2(t)) if self.config.shape_buckets else (b, t)
 
     @torch.inference_mode()
     def run(self, items: Sequence[tuple[SessionKV, Work]]) -> list[ForwardOutput]:
@@ -98,12 +106,16 @@ class BatchedEngine(Engine):
         past = [len(kv) for kv in kvs]
         sizes = [len(w) for w in works]
         end = max(p + n for p, n in zip(past, sizes))  # items were checked (``check``) before they queued
-        b, t = len(items), max(sizes)
-        key_len = min(round_up(end, self.config.key_bucket), pool.slot_tokens)
+        b, t = self._shape(len(items), max(sizes))
+        key_len = _pow2(end) if self.config.shape_buckets else round_up(end, self.config.key_bucket)
+        key_len = min(key_len, pool.slot_tokens)
 
-        # One host-to-device copy: [B, 3T + 3] = ids | positions | parents | slot, past, rows
-        packed = torch.tensor([_padded(w.ids, t, 0) + _padded(w.positions, t, 0) + _padded(w.parents, t, -1)
-                               + [s, p, n] for w, s, p, n in zip(works, slots, past, sizes)], dtype=torch.long)
+        # One host-to-device copy: [B, 3T + 3] = ids | positions | parents | slot, past, rows; padding
+        # sessions have no rows and read the scratch slot
+        rows = [_padded(w.ids, t, 0) + _padded(w.positions, t, 0) + _padded(w.parents, t, -1) + [s, p, n]
+                for w, s, p, n in zip(works, slots, past, sizes)]
+        rows += [[0] * (2 * t) + [-1] * t + [pool.scratch, 0, 0]] * (b - len(items))
+        packed = torch.tensor(rows, dtype=torch.long)
         packed = packed.to(target.device)
         ids, positions, parents = packed[:, :t], packed[:, t:2 * t], packed[:, 2 * t:3 * t]  # [B, T] each
         slot_t, past_t, rows_t = packed[:, 3 * t], packed[:, 3 * t + 1], packed[:, 3 * t + 2]  # [B] each
@@ -112,8 +124,9 @@ class BatchedEngine(Engine):
         row = torch.arange(t, device=target.device).view(1, t)
         real = row < rows_t.view(b, 1)  # [B, T]: not padding
         write_slot = torch.where(real, slot_t.view(b, 1), pool.scratch)  # [B, T]
-        write_pos = torch.where(real, past_t.view(b, 1) + row, row)  # [B, T]
-        self.cache.plan = BatchPlan(slot_t, slots[0] if b == 1 else None, write_slot, write_pos, key_len)
+        write_pos = torch.where(real, past_t.view(b, 1) + row, row.clamp(max=pool.slot_tokens - 1))  # [B, T]
+        single = slots[0] if b == 1 and not self.config.shape_buckets else None
+        self.cache.plan = BatchPlan(slot_t, single, write_slot, write_pos, key_len)
         try:
             hidden = target.decode(ids, positions, mask, self.cache)  # [B, T, E]
         finally:
@@ -129,6 +142,10 @@ class BatchedEngine(Engine):
         forward_ns = time.perf_counter_ns() - t0
         return [ForwardOutput(hidden[i, :n], part, forward_ns, batch=b)
                 for i, (n, part) in enumerate(zip(sizes, logits.split(counts)))]
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
 
 
 def _padded(values: Sequence[int], length: int, fill: int) -> list[int]:

@@ -54,8 +54,9 @@ class Held:
         self.gate.set()
 
 
-def batched(target, slots: int = 8) -> BatchedEngine:
-    return BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_slots=slots, max_context_tokens=512))
+def batched(target, slots: int = 8, shape_buckets: bool = False) -> BatchedEngine:
+    return BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_slots=slots, max_context_tokens=512,
+                                            shape_buckets=shape_buckets))
 
 
 @torch.inference_mode()
@@ -136,7 +137,8 @@ def test_batched_sessions_give_the_tokens_of_sessions_run_alone(target, sampling
     truths = greedy_truths(target) if sampling.greedy else None
     results = {}
     for name, engine, together in [("generic", GenericEngine(target), False), ("alone", batched(target), False),
-                                   ("batched", batched(target), True)]:
+                                   ("batched", batched(target), True),
+                                   ("bucketed", batched(target, shape_buckets=True), True)]:
         scheduler = ModelScheduler(engine, SMALL_CHUNKS)
         try:
             results[name] = run_all(target, scheduler, sampling, truths, together)
@@ -144,7 +146,7 @@ def test_batched_sessions_give_the_tokens_of_sessions_run_alone(target, sampling
             scheduler.close()
         if together:
             assert scheduler.stats.items > scheduler.stats.forwards, "no forward carried two sessions"
-    assert results["batched"] == results["alone"] == results["generic"]
+    assert results["batched"] == results["bucketed"] == results["alone"] == results["generic"]
     if truths:  # and greedy verification is the target's own greedy decoding
         for seed, committed in results["batched"].items():
             assert committed == truths[seed][:len(committed)], seed
@@ -184,6 +186,7 @@ def test_plain_api_batched_gives_the_tokens_of_requests_run_alone(target, sampli
     reference = alone(GenericEngine(target))
     assert alone(batched(target)) == reference
     assert together(batched(target)) == reference
+    assert together(batched(target, shape_buckets=True)) == reference  # padded to power-of-two shapes
     if sampling.greedy:
         for r, got in zip(requests, reference):
             assert got == greedy_continuation(target, list(r.prompt_ids), 12)
