@@ -2,8 +2,9 @@
 
 All keys and values live in one tensor ``[L, 2, slots + 1, H_kv, S_max, D]``
 allocated at start from a memory budget; a session holds a slot (``SlotKV``)
-from its first forward until it is closed or dropped. The extra slot is
-scratch: padding rows of a batch write there.
+from its first job (taken on the caller's thread, ``reserve``) until it is
+closed or dropped. The extra slot is scratch: padding rows of a batch write
+there.
 
 A forward writes each batch row's new K/V at that row's own slot and
 positions, through ``PoolCache``, a transformers ``Cache`` the model calls
