@@ -30,8 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT,
                    help="HTTP port: /health, /metrics, plain API (0 = pick a free one, -1 = none)")
     p.add_argument("--device", default=None, help="cpu, cuda:0, ... (None: CUDA when present)")
-    p.add_argument("--dtype", default="bfloat16", choices=DTYPES,
-                   help="weights' dtype; auto = the checkpoint's own")
+    p.add_argument("--dtype", default=None, choices=DTYPES,
+                   help="weights' dtype; auto = the checkpoint's own; unset: bfloat16 on a GPU or a CPU that "
+                        "computes it natively (AVX512-BF16, AMX), float32 on other CPUs")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="run the model repository's own Python code (custom architectures)")
     p.add_argument("--max-sessions", type=int, default=64, help="sessions held at once")

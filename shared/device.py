@@ -1,4 +1,10 @@
-"""Device and dtype choice: CUDA when present, else CPU; bf16 by default."""
+"""Device and dtype choice: CUDA when present, else CPU; bf16 where the hardware computes it natively.
+
+A CPU without native bf16 (no AVX512-BF16 or AMX: many AVX2 laptops and servers) emulates
+bf16 matrix products: measured on a 2-core AVX2 EPYC, the 1.5B target took 1.9 s per decode step
+in bf16 against 0.39 s in float32. So the default there is float32, which also makes the target's
+greedy output exactly its float32 reference.
+"""
 from __future__ import annotations
 
 import torch
@@ -17,10 +23,26 @@ def pick_device(requested: str | None = None) -> torch.device:
     return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
 
 
-def parse_dtype(name: str | torch.dtype | None) -> torch.dtype:
-    """'bfloat16' / 'bf16' / 'float16' / 'float32' (or a torch.dtype) -> torch.dtype; None -> bfloat16."""
+def cpu_has_native_bf16() -> bool:
+    """True when oneDNN computes bf16 matrix products in hardware (AVX512-BF16, AMX)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a build without oneDNN: ask the dispatcher instead
+        return torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX")
+
+
+def default_dtype(device: torch.device | str | None = None) -> torch.dtype:
+    """bfloat16 on GPUs and CPUs that compute it natively, float32 on other CPUs (see the module note)."""
+    dev = torch.device(device) if device is not None else pick_device()
+    if dev.type == "cpu" and not cpu_has_native_bf16():
+        return torch.float32
+    return torch.bfloat16
+
+
+def parse_dtype(name: str | torch.dtype | None, device: torch.device | str | None = None) -> torch.dtype:
+    """'bfloat16' / 'bf16' / 'float16' / 'float32' (or a torch.dtype) -> torch.dtype; None -> default_dtype(device)."""
     if name is None:
-        return torch.bfloat16
+        return default_dtype(device)
     if isinstance(name, torch.dtype):
         return name
     try:

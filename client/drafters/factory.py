@@ -29,7 +29,7 @@ class DrafterOptions:
     moa_server_part: str | None = None  # MoA: the server part's name on the server (None: the checkpoint's name)
     router: bool = True  # learned drafters: use the checkpoint's LM-head router when it has one
     device: str | None = "cpu"  # where the drafter's model runs (the laptop: CPU)
-    dtype: str | None = None  # its dtype; None = bfloat16
+    dtype: str | None = None  # its dtype; None = default_dtype: bf16 where the hardware has it, else float32
     tree: TreeShape = TreeShape()  # EAGLE-2 tree shape for drafters with next-token distributions
     ngram: NgramConfig = NgramConfig()  # prompt lookup settings
 

@@ -39,7 +39,8 @@ def model_location(name_or_path: str) -> str:
 
 def load_model(name_or_path: str, device: str | None = None, dtype: str | torch.dtype | None = None,
                trust_remote_code: bool = False) -> LoadedModel:
-    """Model + tokenizer on `device` (default: CUDA if present, else CPU) in `dtype` (default bf16;
+    """Model + tokenizer on `device` (default: CUDA if present, else CPU) in `dtype` (default
+    ``default_dtype(device)``: bf16 where the hardware computes it natively, else float32;
     "auto": the checkpoint's own dtype, as its config records it).
 
     trust_remote_code lets a model repository run its own modelling code; off unless asked for,
@@ -53,7 +54,7 @@ def load_model(name_or_path: str, device: str | None = None, dtype: str | torch.
         config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code)
         dt = checkpoint_dtype(config)
     else:
-        dt = parse_dtype(dtype)
+        dt = parse_dtype(dtype, dev)
     tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(where, dtype=dt, trust_remote_code=trust_remote_code).to(dev).eval()
     name = resolve(name_or_path).name if not Path(name_or_path).is_dir() else Path(where).name

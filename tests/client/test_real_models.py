@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from edgespec.client.generation import GenerationConfig
+from support.servers import running_server
 
 pytestmark = pytest.mark.models
 
@@ -14,12 +15,9 @@ PROMPTS = ["Write a Python function that checks whether a string is a palindrome
 
 @pytest.fixture(scope="module")
 def real_server():
-    from edgespec.server.app import ServerConfig, start_server
-
     torch.set_num_threads(2)
-    handle = start_server(ServerConfig(model="qwen2.5-coder-1.5b-instruct", http_port=None, device="cpu"))
-    yield handle
-    handle.stop(grace=1.0)
+    with running_server("qwen2.5-coder-1.5b-instruct", http_port=None, dtype=None) as handle:  # the default dtype (default_dtype)
+        yield handle
 
 
 @torch.inference_mode()

@@ -97,8 +97,10 @@ def test_real_models_prepare_and_generate(name):
 
     from edgespec.shared.models.loading import load_model
 
+    from edgespec.shared.device import default_dtype
+
     loaded = load_model(name)
-    assert loaded.dtype == torch.bfloat16
+    assert loaded.dtype == default_dtype(loaded.device)
     tok = loaded.tokenizer
     prompt = tok.apply_chat_template([{"role": "user", "content": "Write a Python function that returns the square of x."}],
                                      tokenize=False, add_generation_prompt=True)
@@ -115,6 +117,16 @@ def test_a_gguf_that_cannot_be_loaded_is_one_clear_line(tmp_path):
     with pytest.raises(ModelPrepareError, match=r"transformers could not load broken.gguf: .*run prepare again") as info:
         prep.convert_gguf(bad, tmp_path / "out")
     assert "\n" not in str(info.value)
+
+
+def test_the_default_dtype_is_bf16_only_where_the_hardware_has_it():
+    from edgespec.shared.device import cpu_has_native_bf16, default_dtype, parse_dtype
+
+    assert default_dtype("cpu") == (torch.bfloat16 if cpu_has_native_bf16() else torch.float32)
+    assert parse_dtype(None, "cpu") == default_dtype("cpu")
+    assert parse_dtype("bf16", "cpu") == torch.bfloat16  # an explicit choice is kept
+    if torch.cuda.is_available():
+        assert default_dtype("cuda:0") == torch.bfloat16
 
 
 def test_gguf_loading_dependencies_are_runtime_dependencies():

@@ -5,17 +5,16 @@ import grpc
 import pytest
 import torch
 
-from edgespec.proto.edgespec.v1 import pb, pb_grpc
+from edgespec.proto.edgespec.v1 import pb
 from edgespec.shared.tree import ROOT, DraftTree, encode_tree
+from support.servers import running_server
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
 
 
 @pytest.mark.models
 def test_greedy_session_on_the_1_5b_equals_its_own_greedy_generation(open_stream):
-    from edgespec.server.app import ServerConfig, start_server
-
-    with start_server(ServerConfig(model=TARGET, http_port=None)) as server:
+    with running_server(TARGET, http_port=None, device=None, dtype=None) as server:  # the default dtype, on CUDA if present
         target = server.core.target
         messages = [{"role": "user", "content": "Write a Python function that checks whether a number is prime, with a docstring and comments."}]
         text = target.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -28,7 +27,7 @@ def test_greedy_session_on_the_1_5b_equals_its_own_greedy_generation(open_stream
         assert len(truth) == n + 4, "the model stopped early; pick a prompt with a longer answer"
 
         with grpc.insecure_channel(server.address) as channel:
-            stream = open_stream(on=pb_grpc.VerifierStub(channel))
+            stream = open_stream(on=channel)
             opened = stream.send(open=pb.Open(session_id="real-1", prompt_ids=prompt,
                                               tokenizer_fingerprint=target.fingerprint)).opened
             committed = [opened.first_token]
