@@ -204,7 +204,7 @@ class SessionStream:
         except queue.Empty:
             raise LinkDownError(f"no answer from the server within {timeout_s:.2f}s (link blackholed or server stuck)") from None
         if isinstance(answer, grpc.RpcError):
-            raise classify_rpc_error(answer)
+            raise classify_rpc_error(answer) from answer  # the server's status stays readable on __cause__
         if isinstance(answer, Exception):
             raise LinkDownError(f"session stream failed: {answer}")
         if answer is _END:

@@ -1,14 +1,22 @@
-"""Fixtures every test area may use: tiny random models, on disk and in memory.
+"""Fixtures every test area may use: tiny random models, on disk and in memory, and the shared test
+support (tests/support/: servers, clients, relays, Session streams, trained drafters, the CLI).
 
-Each area keeps its own fixtures in its own folder's conftest.py
-(tests/server, tests/client, tests/netem, ...).
+Each area keeps what only it needs in its own folder's conftest.py (tests/server, tests/client, ...).
 """
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+# tests/support is imported as `support` by the conftests and tests (pytest runs in importlib mode, which
+# puts no test folder on sys.path).
+sys.path.insert(0, str(Path(__file__).parent))
+
+pytest_plugins = ["support.servers", "support.clients", "support.drafters", "support.cli"]
 
 # Two cores on CI: one intra-op thread per test process keeps runs predictable
 # when several processes (server, client, relay) share the machine.

@@ -8,6 +8,7 @@ import time
 
 import httpx
 import pytest
+from support.servers import running_server
 
 
 @contextlib.contextmanager
@@ -202,10 +203,8 @@ def test_a_server_at_capacity_is_429(tiny_model_dir):
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
     from edgespec.client.link import LinkConfig
     from edgespec.proto.edgespec.v1 import pb, pb_grpc
-    from edgespec.server.app import ServerConfig, start_server
 
-    with start_server(ServerConfig(model=str(tiny_model_dir), http_port=None, device="cpu", dtype="float32",
-                                   max_sessions=1)) as server:
+    with running_server(tiny_model_dir, http_port=None, max_sessions=1) as server:
         edge = EdgespecClient(ClientConfig(LinkConfig(server.address), DrafterOptions("ngram"),
                                            tokenizer=str(tiny_model_dir)))
         channel = grpc.insecure_channel(server.address)

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from support.servers import running_server
 
 json_scalar = (st.none() | st.booleans() | st.integers(-(2 ** 70), 2 ** 70) | st.floats()
                | st.text(max_size=12) | st.sampled_from(["", "text", "none", "user", "\ud800"]))
@@ -83,24 +84,21 @@ def both(tiny_model_dir):
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
     from edgespec.client.link import LinkConfig
-    from edgespec.server.app import ServerConfig, start_server
 
-    server = start_server(ServerConfig(model=str(tiny_model_dir), dtype="float32", device="cpu",
-                                       max_context_tokens=256))
-    client = EdgespecClient(ClientConfig(LinkConfig(server.address), DrafterOptions("ngram"),
-                                         tokenizer=str(tiny_model_dir)))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    http = uvicorn.Server(uvicorn.Config(build_app(client), log_level="critical"))
-    thread = threading.Thread(target=http.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not http.started:
-        time.sleep(0.01)
-    yield Both(server, f"http://127.0.0.1:{sock.getsockname()[1]}/v1")
-    http.should_exit = True
-    thread.join(timeout=10)
-    client.close()
-    server.stop(grace=1.0)
+    with running_server(tiny_model_dir, max_context_tokens=256) as server:
+        client = EdgespecClient(ClientConfig(LinkConfig(server.address), DrafterOptions("ngram"),
+                                             tokenizer=str(tiny_model_dir)))
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        http = uvicorn.Server(uvicorn.Config(build_app(client), log_level="critical"))
+        thread = threading.Thread(target=http.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        while not http.started:
+            time.sleep(0.01)
+        yield Both(server, f"http://127.0.0.1:{sock.getsockname()[1]}/v1")
+        http.should_exit = True
+        thread.join(timeout=10)
+        client.close()
 
 
 def answer(both: Both, side: str, path: str, raw: bytes) -> tuple[int, str]:

@@ -105,26 +105,26 @@ def test_health_waits_out_an_unreachable_server_and_reports_a_failed_load(serve,
     assert r.status_code == 503 and "loading the client failed" in r.json()["error"]["message"]
 
 
-def test_health_follows_the_link_down_and_up(serve, proxy, make_client):
-    client = make_client(proxy.address, "ngram")
+def test_health_follows_the_link_down_and_up(serve, relay, make_client):
+    client = make_client(relay.target, "ngram")
     slot = ClientSlot.ready(client)
-    app = serve(slot, LinkProbe(LinkConfig(proxy.address), timeout_s=0.3, max_age_s=0.0))
+    app = serve(slot, LinkProbe(LinkConfig(relay.target), timeout_s=0.3, max_age_s=0.0))
     assert httpx.get(f"{app.url}/health").json()["link"] == "up"
-    proxy.reset()
+    relay.cut("reset")
     r = httpx.get(f"{app.url}/health")
     assert r.status_code == 200 and r.json()["link"] == "down"  # the client still serves (offline if it can)
-    proxy.restore()
+    relay.restore()
     assert _wait(lambda: httpx.get(f"{app.url}/health").json()["link"] == "up")
-    proxy.blackhole()  # packets vanish: the probe's deadline finds it
+    relay.cut("blackhole")  # packets vanish: the probe's deadline finds it
     assert httpx.get(f"{app.url}/health").json()["link"] == "down"
 
 
-def test_health_says_offline_while_a_generation_runs_without_the_link(serve, proxy, make_client):
-    client = make_client(proxy.address, "independent")
+def test_health_says_offline_while_a_generation_runs_without_the_link(serve, relay, make_client):
+    client = make_client(relay.target, "independent")
     slot = ClientSlot.ready(client)
-    app = serve(slot, LinkProbe(LinkConfig(proxy.address), timeout_s=0.3, max_age_s=0.0))
+    app = serve(slot, LinkProbe(LinkConfig(relay.target), timeout_s=0.3, max_age_s=0.0))
     client.generate(client.encode("warm"), GenerationConfig(max_new_tokens=2))
-    proxy.reset()
+    relay.cut("reset")
     done = {}
 
     def ask():
@@ -134,7 +134,7 @@ def test_health_says_offline_while_a_generation_runs_without_the_link(serve, pro
     t = threading.Thread(target=ask)
     t.start()
     seen = _wait(lambda: httpx.get(f"{app.url}/health").json()["link"] == "offline")
-    proxy.restore()
+    relay.restore()
     t.join(120)
     assert seen, "the health check never saw the generation go offline"
     assert done["r"].status_code == 200

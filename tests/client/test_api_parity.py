@@ -12,6 +12,7 @@ import time
 
 import httpx
 import pytest
+from support.servers import running_server
 
 openai = pytest.importorskip("openai")
 
@@ -38,25 +39,21 @@ def apis(tiny_model_dir, tiny_drafter_dir):
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
     from edgespec.client.link import LinkConfig
-    from edgespec.server.app import ServerConfig, start_server
 
-    server = start_server(ServerConfig(model=str(tiny_model_dir), dtype="float32", device="cpu",
-                                       max_context_tokens=512))
-    client = EdgespecClient(ClientConfig(LinkConfig(server.address),
-                                         DrafterOptions("independent", model=str(tiny_drafter_dir), dtype="float32"),
-                                         tokenizer=str(tiny_model_dir)))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    http = uvicorn.Server(uvicorn.Config(build_app(client), log_level="warning"))
-    thread = threading.Thread(target=http.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not http.started:
-        time.sleep(0.01)
-    yield Apis(server, client, f"http://127.0.0.1:{sock.getsockname()[1]}/v1")
-    http.should_exit = True
-    thread.join(timeout=10)
-    client.close()
-    server.stop(grace=1.0)
+    with running_server(tiny_model_dir, max_context_tokens=512) as server:
+        drafter = DrafterOptions("independent", model=str(tiny_drafter_dir), dtype="float32")
+        client = EdgespecClient(ClientConfig(LinkConfig(server.address), drafter, tokenizer=str(tiny_model_dir)))
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        http = uvicorn.Server(uvicorn.Config(build_app(client), log_level="warning"))
+        thread = threading.Thread(target=http.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        while not http.started:
+            time.sleep(0.01)
+        yield Apis(server, client, f"http://127.0.0.1:{sock.getsockname()[1]}/v1")
+        http.should_exit = True
+        thread.join(timeout=10)
+        client.close()
 
 
 def error_of(call) -> tuple[int, dict]:

@@ -12,9 +12,10 @@ import torch
 
 from edgespec.client.drafters.tree_builder import TreeShape
 from edgespec.client.generation import GenerationConfig
-from edgespec.server.app import ServerConfig, start_server
+from edgespec.server.app import start_server
 from edgespec.server.architectures import UnsupportedModelError, adapt_for_tree_verification
 from edgespec.shared.models.tiny import ARCHITECTURES, TinyConfig, tiny_model, tiny_tokenizer
+from support.servers import running_server, tiny_server_config
 
 PROMPT = "def add(a, b):\n    return a + b\n"
 
@@ -30,23 +31,12 @@ def _save(tmp_path_factory, arch: str, extra_eos: int | None = None):
 
 
 @pytest.fixture
-def client_for():
+def client_for(make_client):
     """client_for(address, model_dir, drafter, tree=None): a client whose tokenizer is the model's own
-    (transformers may pick a tokenizer class by architecture)."""
-    from edgespec.client.drafters.factory import DrafterOptions
-    from edgespec.client.edge_client import ClientConfig, EdgespecClient
-    from edgespec.client.link import LinkConfig
-
-    made = []
-
-    def make(address, model_dir, drafter="ngram", tree=None):
-        opts = DrafterOptions(name=drafter, model=str(model_dir), dtype="float32", **({"tree": tree} if tree else {}))
-        made.append(EdgespecClient(ClientConfig(LinkConfig(address), opts, tokenizer=str(model_dir))))
-        return made[-1]
-
-    yield make
-    for c in made:
-        c.close()
+    (transformers may pick a tokenizer class by architecture); the deadline of a link's default, as the
+    larger architectures verify slower than the tiny Qwen2."""
+    return lambda address, model_dir, drafter="ngram", tree=None: make_client(
+        address, drafter, drafter_dir=model_dir, tree=tree, tokenizer=model_dir, min_deadline_s=1.0)
 
 
 def _plain_greedy(model_dir, ids: list[int], n: int) -> list[int]:
@@ -64,8 +54,7 @@ def _plain_greedy(model_dir, ids: list[int], n: int) -> list[int]:
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
 def test_tree_verification_is_token_exact(tmp_path_factory, client_for, arch):
     model_dir = _save(tmp_path_factory, arch)
-    handle = start_server(ServerConfig(model=str(model_dir), http_port=None, device="cpu", dtype="float32"))
-    try:
+    with running_server(model_dir, http_port=None) as handle:
         # The target's own weights as drafter: deep trees are accepted, so the kept-rows path runs.
         client = client_for(handle.address, model_dir, "independent",
                             tree=TreeShape(branch=2, depth=5, max_nodes=12, min_prob=0.0))
@@ -74,24 +63,18 @@ def test_tree_verification_is_token_exact(tmp_path_factory, client_for, arch):
         assert result.token_ids == _plain_greedy(model_dir, ids, 40)
         assert result.metrics.acceptance_length > 2.0
         assert result.metrics.disconnects == 0
-    finally:
-        handle.stop(grace=0.5)
 
 
 def test_a_context_longer_than_the_sliding_window_is_refused_at_start(tmp_path_factory):
     model_dir = _save(tmp_path_factory, "mistral")
     with pytest.raises(UnsupportedModelError, match=r"sliding attention window of 4096 tokens.*at most 4096"):
-        start_server(ServerConfig(model=str(model_dir), http_port=None, device="cpu", dtype="float32",
-                                  max_context_tokens=8192))
+        start_server(tiny_server_config(model_dir, http_port=None, max_context_tokens=8192))
 
 
 def test_a_window_caps_the_context_the_server_announces(tmp_path_factory):
     model_dir = _save(tmp_path_factory, "gemma2")
-    handle = start_server(ServerConfig(model=str(model_dir), http_port=None, device="cpu", dtype="float32"))
-    try:
+    with running_server(model_dir, http_port=None) as handle:
         assert handle.core.limits.max_context_tokens == 4096
-    finally:
-        handle.stop(grace=0.5)
 
 
 def test_layers_that_are_not_attention_are_refused():
@@ -108,12 +91,9 @@ def test_the_client_stops_on_the_servers_second_eos(tmp_path_factory, client_for
     reference = _plain_greedy(plain_dir, ids, 30)
     stop_at = next(k for k in range(5, 30) if reference[k] not in reference[:k] and reference[k] != 258)
     model_dir = _save(tmp_path_factory, "qwen2", extra_eos=reference[stop_at])
-    handle = start_server(ServerConfig(model=str(model_dir), http_port=None, device="cpu", dtype="float32"))
-    try:
+    with running_server(model_dir, http_port=None) as handle:
         client = client_for(handle.address, model_dir)
         assert reference[stop_at] in client.tokens.eos_ids
         result = client.generate(ids, GenerationConfig(max_new_tokens=30))
         assert result.token_ids == reference[:stop_at + 1]
         assert result.finish_reason != "length"
-    finally:
-        handle.stop(grace=0.5)

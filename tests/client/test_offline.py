@@ -1,4 +1,4 @@
-"""The link cut mid-generation (blackhole and reset), through a real TCP relay in front of a real server.
+"""The link cut mid-generation (blackhole and reset), through netem's relay in front of a real server.
 
 Every test replays the event stream (tokens in, retractions out) and checks it
 equals the final output: no token lost or duplicated.
@@ -28,7 +28,7 @@ def replay(events) -> list[int]:
     return out
 
 
-def drive(gen, cuts, proxy, restore_after: int | None = 3, slow_offline_s: float = 0.01):
+def drive(gen, cuts, relay, restore_after: int | None = 3, slow_offline_s: float = 0.01):
     """Consume gen; at each output length in `cuts` apply the cut ("blackhole"/"reset"); restore the link
     once `restore_after` offline tokens came (None: never). A cut whose length was reached offline
     waits for an online token at that length or later. Returns the events."""
@@ -37,31 +37,31 @@ def drive(gen, cuts, proxy, restore_after: int | None = 3, slow_offline_s: float
     for e in gen:
         events.append(e)
         if isinstance(e, LinkEvent) and not e.online and restore_after == 0:
-            proxy.restore()
+            relay.restore()
         if isinstance(e, TokenEvent):
             n = e.index + 1
             due = [k for k in pending if k <= n]
             if due and e.origin is not TokenOrigin.OFFLINE:
                 n = min(due)
             if n in pending and e.origin is not TokenOrigin.OFFLINE:  # cut an online stretch
-                getattr(proxy, pending.pop(n))()
+                relay.cut(pending.pop(n))
             if e.origin is TokenOrigin.OFFLINE:
                 offline_seen += 1
                 time.sleep(slow_offline_s)  # let the reconnector work while offline tokens come
-                if restore_after is not None and offline_seen >= restore_after and proxy.mode != "pass":
-                    proxy.restore()
+                if restore_after is not None and offline_seen >= restore_after and relay.state != "up":
+                    relay.restore()
     return events
 
 
 @pytest.mark.parametrize("cut", ["blackhole", "reset"])
-def test_cut_for_good_completes_offline(tiny_server, proxy, make_client, tiny_target_f32, tiny_drafter_f32, greedy,
+def test_cut_for_good_completes_offline(tiny_server, relay, make_client, tiny_target_f32, tiny_drafter_f32, greedy,
                                         cut):
-    client = make_client(proxy.address, "independent")
+    client = make_client(relay.target, "independent")
     ids = client.encode(PROMPT)
     config = GenerationConfig(max_new_tokens=40, ignore_eos=True, resume_policy=ResumePolicy.KEEP)
     t0 = time.perf_counter()
     gen = client.generation(ids, config)
-    events = drive(gen, {6: cut}, proxy, restore_after=None, slow_offline_s=0)
+    events = drive(gen, {6: cut}, relay, restore_after=None, slow_offline_s=0)
     r = gen.result
     assert time.perf_counter() - t0 < 10  # the dead link was noticed in about a deadline, not minutes
     assert replay(events) == r.token_ids and len(r.token_ids) == 40
@@ -76,13 +76,13 @@ def test_cut_for_good_completes_offline(tiny_server, proxy, make_client, tiny_ta
 
 
 @pytest.mark.parametrize("cut", ["blackhole", "reset"])
-def test_resume_rollback_gives_exactly_the_targets_output(tiny_server, proxy, make_client, tiny_target_f32, greedy,
+def test_resume_rollback_gives_exactly_the_targets_output(tiny_server, relay, make_client, tiny_target_f32, greedy,
                                                           cut):
-    client = make_client(proxy.address, "independent")
+    client = make_client(relay.target, "independent")
     ids = client.encode(PROMPT)
     gen = client.generation(ids, GenerationConfig(max_new_tokens=50, ignore_eos=True,
                                                   resume_policy=ResumePolicy.ROLLBACK))
-    events = drive(gen, {5: cut}, proxy)
+    events = drive(gen, {5: cut}, relay)
     r = gen.result
     assert r.token_ids == greedy(tiny_target_f32, ids, 50, set())
     assert replay(events) == r.token_ids
@@ -92,12 +92,12 @@ def test_resume_rollback_gives_exactly_the_targets_output(tiny_server, proxy, ma
 
 
 @pytest.mark.parametrize("cut", ["blackhole", "reset"])
-def test_resume_keep_keeps_the_offline_text(tiny_server, proxy, make_client, tiny_target_f32, greedy, cut):
-    client = make_client(proxy.address, "independent")
+def test_resume_keep_keeps_the_offline_text(tiny_server, relay, make_client, tiny_target_f32, greedy, cut):
+    client = make_client(relay.target, "independent")
     ids = client.encode(PROMPT)
     gen = client.generation(ids, GenerationConfig(max_new_tokens=50, ignore_eos=True,
                                                   resume_policy=ResumePolicy.KEEP))
-    events = drive(gen, {5: cut}, proxy, restore_after=0, slow_offline_s=0.03)
+    events = drive(gen, {5: cut}, relay, restore_after=0, slow_offline_s=0.03)
     r = gen.result
     offline = [e for e in events if isinstance(e, TokenEvent) and e.origin is TokenOrigin.OFFLINE]
     assert offline and not any(isinstance(e, RetractEvent) for e in events)
@@ -111,39 +111,39 @@ def test_resume_keep_keeps_the_offline_text(tiny_server, proxy, make_client, tin
     assert r.metrics.resumes == 1
 
 
-def test_many_drops_rollback_still_exact(tiny_server, proxy, make_client, tiny_target_f32, greedy):
-    client = make_client(proxy.address, "independent")
+def test_many_drops_rollback_still_exact(tiny_server, relay, make_client, tiny_target_f32, greedy):
+    client = make_client(relay.target, "independent")
     ids = client.encode(PROMPT)
     gen = client.generation(ids, GenerationConfig(max_new_tokens=70, ignore_eos=True))
-    events = drive(gen, {3: "reset", 20: "blackhole", 40: "reset", 55: "blackhole"}, proxy, restore_after=2)
+    events = drive(gen, {3: "reset", 20: "blackhole", 40: "reset", 55: "blackhole"}, relay, restore_after=2)
     r = gen.result
     assert r.token_ids == greedy(tiny_target_f32, ids, 70, set())
     assert replay(events) == r.token_ids
     assert r.metrics.disconnects >= 4
 
 
-def test_offline_finish_under_rollback_waits_for_the_link(tiny_server, proxy, make_client, tiny_target_f32, greedy):
+def test_offline_finish_under_rollback_waits_for_the_link(tiny_server, relay, make_client, tiny_target_f32, greedy):
     """Offline generation reaches max tokens while the link is down; rollback still gets the target's text."""
-    client = make_client(proxy.address, "independent")
+    client = make_client(relay.target, "independent")
     ids = client.encode(PROMPT)
     gen = client.generation(ids, GenerationConfig(max_new_tokens=20, ignore_eos=True, offline_wait_s=20))
     events = []
     for e in gen:
         events.append(e)
         if isinstance(e, TokenEvent) and e.index == 3:
-            proxy.reset()
+            relay.cut("reset")
         if isinstance(e, TokenEvent) and e.index == 19 and e.origin is TokenOrigin.OFFLINE:
-            proxy.restore()  # only once offline generation is complete
+            relay.restore()  # only once offline generation is complete
     r = gen.result
     assert r.token_ids == greedy(tiny_target_f32, ids, 20, set())
     assert replay(events) == r.token_ids
 
 
-def test_rollback_without_link_keeps_offline_text_and_says_so(tiny_server, proxy, make_client):
-    client = make_client(proxy.address, "independent")
+def test_rollback_without_link_keeps_offline_text_and_says_so(tiny_server, relay, make_client):
+    client = make_client(relay.target, "independent")
     ids = client.encode(PROMPT)
     gen = client.generation(ids, GenerationConfig(max_new_tokens=15, ignore_eos=True, offline_wait_s=0.5))
-    events = drive(gen, {4: "reset"}, proxy, restore_after=None, slow_offline_s=0)
+    events = drive(gen, {4: "reset"}, relay, restore_after=None, slow_offline_s=0)
     r = gen.result
     assert len(r.token_ids) == 15 and r.provisional > 0
     assert "unverified" in r.detail
@@ -151,11 +151,11 @@ def test_rollback_without_link_keeps_offline_text_and_says_so(tiny_server, proxy
 
 
 @pytest.mark.parametrize("cut", ["blackhole", "reset"])
-def test_ngram_stops_and_says_why(tiny_server, proxy, make_client, tiny_target_f32, greedy, cut):
-    client = make_client(proxy.address, "ngram")
+def test_ngram_stops_and_says_why(tiny_server, relay, make_client, tiny_target_f32, greedy, cut):
+    client = make_client(relay.target, "ngram")
     ids = client.encode(PROMPT)
     gen = client.generation(ids, GenerationConfig(max_new_tokens=40, ignore_eos=True, offline_wait_s=0.5))
-    events = drive(gen, {6: cut}, proxy, restore_after=None)
+    events = drive(gen, {6: cut}, relay, restore_after=None)
     r = gen.result
     assert r.finish_reason == "link_lost"
     assert "cannot generate without the server" in r.detail
@@ -164,17 +164,17 @@ def test_ngram_stops_and_says_why(tiny_server, proxy, make_client, tiny_target_f
     assert replay(events) == r.token_ids
 
 
-def test_ngram_comes_back_when_the_link_does(tiny_server, proxy, make_client, tiny_target_f32, greedy):
-    client = make_client(proxy.address, "ngram")
+def test_ngram_comes_back_when_the_link_does(tiny_server, relay, make_client, tiny_target_f32, greedy):
+    client = make_client(relay.target, "ngram")
     ids = client.encode(PROMPT)
     gen = client.generation(ids, GenerationConfig(max_new_tokens=30, ignore_eos=True, offline_wait_s=10))
     events = []
     for e in gen:
         events.append(e)
         if isinstance(e, TokenEvent) and e.index == 5:
-            proxy.reset()
+            relay.cut("reset")
         if isinstance(e, LinkEvent) and not e.online:
-            proxy.restore()
+            relay.restore()
     r = gen.result
     assert r.token_ids == greedy(tiny_target_f32, ids, 30, set())
     assert r.metrics.resumes == 1

@@ -23,6 +23,7 @@ from edgespec.client.commit import ResumePolicy
 from edgespec.client.generation import GenerationConfig, GenerationFailedError, LinkEvent, TokenEvent
 from edgespec.client.link import LinkDownError, ServerRefusedError, SessionLostError, classify_rpc_error
 from edgespec.proto.edgespec.v1 import pb, pb_grpc
+from support.servers import running_server
 
 PROMPT = "def add(a, b):\n    return a + b\n"
 OFFLINE_WAIT_S = 2.0
@@ -133,11 +134,7 @@ def test_internal_mid_generation_fails_the_request_with_the_text_so_far(failing_
 def test_a_real_server_refusal_mid_generation_fails_with_the_text_so_far(tiny_model_dir, make_client,
                                                                          tiny_target_f32, greedy):
     """The real server refuses a Draft past its context limit: INVALID_ARGUMENT, the text so far kept."""
-    from edgespec.server.app import ServerConfig, start_server
-
-    config = ServerConfig(model=str(tiny_model_dir), http_port=None, device="cpu", dtype="float32",
-                          max_context_tokens=40)
-    with start_server(config) as handle:
+    with running_server(tiny_model_dir, http_port=None, max_context_tokens=40) as handle:
         client = make_client(handle.address, "ngram", **BACKOFF)
         ids = client.encode("abc abc abc")
         with pytest.raises(GenerationFailedError) as info:
@@ -190,10 +187,7 @@ def test_an_offline_drafter_finishes_offline_then_ends_with_its_text_unverified(
 def test_a_draining_real_server_ends_the_client_within_offline_wait(tiny_model_dir, make_client, tiny_target_f32,
                                                                     greedy):
     """The server drops the session and drains (UNAVAILABLE to every Resume) but never goes away."""
-    from edgespec.server.app import ServerConfig, start_server
-
-    with start_server(ServerConfig(model=str(tiny_model_dir), http_port=None, device="cpu",
-                                   dtype="float32")) as handle:
+    with running_server(tiny_model_dir, http_port=None) as handle:
         client = make_client(handle.address, "ngram", **BACKOFF)
         ids = client.encode(PROMPT)
         gen = client.generation(ids, GenerationConfig(max_new_tokens=60, ignore_eos=True,

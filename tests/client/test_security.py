@@ -10,6 +10,7 @@ from edgespec.client.drafters.factory import DrafterOptions
 from edgespec.client.edge_client import ClientConfig, EdgespecClient
 from edgespec.client.generation import GenerationConfig
 from edgespec.client.link import LinkConfig, LinkDownError, ServerRefusedError
+from support.servers import running_server
 
 
 @pytest.fixture(scope="module")
@@ -25,13 +26,10 @@ def certificate(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def secure_server(tiny_model_dir, certificate):
-    from edgespec.server.app import ServerConfig, start_server
-
     cert, key = certificate
-    handle = start_server(ServerConfig(model=str(tiny_model_dir), http_port=None, device="cpu", dtype="float32",
-                                       tls_cert=str(cert), tls_key=str(key), api_key="s3cret"))
-    yield handle
-    handle.stop(grace=1.0)
+    with running_server(tiny_model_dir, http_port=None, tls_cert=str(cert), tls_key=str(key),
+                        api_key="s3cret") as handle:
+        yield handle
 
 
 def _client(server, tiny_model_dir, **link):

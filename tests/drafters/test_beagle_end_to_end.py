@@ -4,60 +4,37 @@ output token-exact with the target's, offline continuation after the link is cut
 relay), and a rollback resume that ends exactly on the target's text."""
 from __future__ import annotations
 
-import json
-import time
-
 import pytest
-
-from edgespec.server.training.fit import build_recipe
-from edgespec.server.training.trainer import TrainConfig, Trainer
+from support.clients import edge_client
+from support.drafters import learned_options
+from support.relays import drive, relay_to
+from support.servers import running_server
 
 PROMPT = "Write a function that adds two numbers."
 
 
 @pytest.fixture(scope="module")
-def checkpoint(target, store, tmp_path_factory):
+def checkpoint(train_drafter):
     """A Beagle drafter: 100 early steps (inverse block attention), 30 late steps (simulated drafting).
     Width 64: the tiny target's text is nearly random, and a narrower drafter rarely guesses it."""
-    early = tmp_path_factory.mktemp("beagle-early")
-    late = tmp_path_factory.mktemp("beagle-late")
-    base = dict(lr=3e-3, warmup=5, batch_tokens=256, window=96, eval_every=10_000, eval_depth=4,
-                save_every=10_000, seed=0)
-    for run, steps, opts, init in ((early, 100, {"block": "3"}, None),
-                                   (late, 30, {"block": "3", "stage": "late"}, early)):
-        rec = build_recipe("beagle", target.model, store, width=64, heads=4, special_ids=(258,), options=opts,
-                           init=init)
-        Trainer(rec, store, run, TrainConfig(steps=steps, **base)).fit()
-    path = rec.save_drafter(late)[0]
-    (late / "card.json").write_text(json.dumps({"kind": "beagle", "target": store.meta["target"],
-                                                "tokenizer_fingerprint": store.meta["fingerprint"]}))
-    return path
+    early = train_drafter("beagle", steps=100, width=64, options={"block": "3"})
+    return train_drafter("beagle", steps=30, width=64, options={"block": "3", "stage": "late"}, init=early)
 
 
 @pytest.fixture(scope="module")
 def server(target_dir):
-    from edgespec.server.app import ServerConfig, start_server
-
-    handle = start_server(ServerConfig(model=str(target_dir), http_port=None, device="cpu", dtype="float32"))
-    yield handle
-    handle.stop(grace=1.0)
+    with running_server(target_dir, http_port=None) as handle:
+        yield handle
 
 
-def make_client(address, target_dir, checkpoint, **link):
-    from edgespec.client.drafters.factory import DrafterOptions
-    from edgespec.client.edge_client import ClientConfig, EdgespecClient
-    from edgespec.client.link import LinkConfig
-
-    link = {"min_deadline_s": 0.5, "connect_timeout_s": 0.5, "backoff_initial_s": 0.02, "backoff_max_s": 0.2,
-            **link}
-    options = DrafterOptions(name="beagle", checkpoint=str(checkpoint), target=str(target_dir), dtype="float32")
-    return EdgespecClient(ClientConfig(LinkConfig(address, **link), options, tokenizer=str(target_dir)))
+def learned_client(address, target_dir, checkpoint):
+    return edge_client(address, learned_options("beagle", checkpoint, target_dir), target_dir, min_deadline_s=0.5)
 
 
 def test_drafted_generation_equals_the_targets_greedy_output(target_greedy, server, target, target_dir, checkpoint):
     from edgespec.client.generation import GenerationConfig
 
-    client = make_client(server.address, target_dir, checkpoint)
+    client = learned_client(server.address, target_dir, checkpoint)
     try:
         assert client.drafter.name == "beagle"
         ids = client.encode(PROMPT)
@@ -71,30 +48,9 @@ def test_drafted_generation_equals_the_targets_greedy_output(target_greedy, serv
         client.close()
 
 
-def drive(gen, relay, cut_at: int, restore_after: int | None):
-    """Consume a generation; cut the relay after `cut_at` tokens, restore it after `restore_after`
-    offline tokens (None: never)."""
-    from edgespec.client.generation import TokenEvent, TokenOrigin
-
-    offline = 0
-    for e in gen:
-        if isinstance(e, TokenEvent):
-            if e.index + 1 == cut_at and e.origin is not TokenOrigin.OFFLINE and relay.state == "up":
-                relay.cut("blackhole")
-            if e.origin is TokenOrigin.OFFLINE:
-                offline += 1
-                time.sleep(0.02)
-                if restore_after is not None and offline >= restore_after:
-                    relay.restore()
-    return gen.result
-
-
 @pytest.fixture
 def relay(server):
-    from edgespec.netem.profile import load_profile
-    from edgespec.netem.relay_thread import RelayThread
-
-    with RelayThread(load_profile("ideal"), upstream=("127.0.0.1", server.port), seed=0) as r:
+    with relay_to(server) as r:
         yield r
 
 
@@ -102,7 +58,7 @@ def test_cut_link_completes_offline_and_rollback_resume_is_exact(target_greedy, 
     from edgespec.client.commit import ResumePolicy
     from edgespec.client.generation import GenerationConfig, TokenOrigin
 
-    client = make_client(relay.target, target_dir, checkpoint)
+    client = learned_client(relay.target, target_dir, checkpoint)
     try:
         ids = client.encode(PROMPT)
         keep = GenerationConfig(max_new_tokens=40, ignore_eos=True, resume_policy=ResumePolicy.KEEP)
@@ -114,7 +70,7 @@ def test_cut_link_completes_offline_and_rollback_resume_is_exact(target_greedy, 
     finally:
         client.close()
     relay.restore()
-    client = make_client(relay.target, target_dir, checkpoint)
+    client = learned_client(relay.target, target_dir, checkpoint)
     try:
         rollback = GenerationConfig(max_new_tokens=40, ignore_eos=True, resume_policy=ResumePolicy.ROLLBACK)
         r = drive(client.generation(ids, rollback), relay, cut_at=5, restore_after=4)

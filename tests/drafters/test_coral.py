@@ -3,10 +3,11 @@ options, a few steps lowering the loss (the alignment term included), and a trai
 drafting token-exact through a real server and client."""
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
+from support.clients import edge_client
+from support.drafters import learned_options
+from support.servers import running_server
 
 from edgespec.server.training.coral import aligned_step_features
 from edgespec.server.training.fit import build_recipe
@@ -88,39 +89,22 @@ TREE_KW = dict(branch=3, depth=8, max_nodes=24, min_prob=0.0)
 
 
 @pytest.fixture(scope="module")
-def checkpoint(target, store, tmp_path_factory):
-    run = tmp_path_factory.mktemp("eagle-coral")
-    rec = recipe(target, store)
-    Trainer(rec, store, run, cfg(steps=100, warmup=5, batch_tokens=256, eval_every=10_000,
-                                 save_every=10_000)).fit()
-    path = rec.save_drafter(run)[0]
-    (run / "card.json").write_text(json.dumps({"kind": "eagle", "target": store.meta["target"],
-                                               "tokenizer_fingerprint": store.meta["fingerprint"]}))
-    return path
+def checkpoint(train_drafter):
+    return train_drafter("eagle+coral", steps=100)
 
 
 def test_trained_drafter_opens_and_drafts_token_exact_over_grpc(target_greedy, checkpoint, target, target_dir):
-    from edgespec.client.drafters.factory import DrafterOptions
-    from edgespec.client.drafters.tree_builder import TreeShape
-    from edgespec.client.edge_client import ClientConfig, EdgespecClient
-    from edgespec.client.generation import GenerationConfig
-    from edgespec.client.link import LinkConfig
-    from edgespec.server.app import ServerConfig, start_server
     from edgespec.client.drafters.eagle_runtime import EagleRuntime
     from edgespec.client.drafters.learned_loading import open_runtime
+    from edgespec.client.drafters.tree_builder import TreeShape
+    from edgespec.client.generation import GenerationConfig
 
     assert isinstance(open_runtime(checkpoint, target.model), EagleRuntime)
-    server = start_server(ServerConfig(model=str(target_dir), http_port=None, device="cpu", dtype="float32"))
-    options = DrafterOptions(name="eagle", checkpoint=str(checkpoint), target=str(target_dir), dtype="float32",
-                             tree=TreeShape(**TREE_KW))
-    client = EdgespecClient(ClientConfig(LinkConfig(server.address, min_deadline_s=0.5, connect_timeout_s=0.5),
-                                         options, tokenizer=str(target_dir)))
-    try:
+    options = learned_options("eagle", checkpoint, target_dir, tree=TreeShape(**TREE_KW))
+    with running_server(target_dir, http_port=None) as server, \
+            edge_client(server.address, options, target_dir, min_deadline_s=0.5) as client:
         ids = client.encode(PROMPT)
         result = client.generate(ids, GenerationConfig(max_new_tokens=48, ignore_eos=True))
         assert result.token_ids == target_greedy(target.model, ids, 48)
         assert result.metrics.num_accepted_tokens > 0, "a trained drafter should get some drafts accepted"
         assert result.metrics.calls < 48
-    finally:
-        client.close()
-        server.stop(grace=1.0)

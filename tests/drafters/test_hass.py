@@ -11,6 +11,9 @@ import sys
 
 import pytest
 import torch
+from support.clients import edge_client
+from support.drafters import learned_options
+from support.servers import running_server
 
 from edgespec.server.training.fit import build_recipe
 from edgespec.server.training.recipes import RecipeOptionError
@@ -205,24 +208,8 @@ def test_a_few_steps_lower_the_loss(kind, tli, options, target, store, tmp_path)
         assert sum(logged[-5:]) < sum(logged[:5])
 
 
-@pytest.fixture
-def cli_in_process():
-    """Run `edgespec ...` in this process; drops the log handlers the command adds to the root logger."""
-    import logging
-
-    from edgespec.shared.cli import main
-
-    root = logging.getLogger()
-    before, level = list(root.handlers), root.level
-    yield main
-    for h in set(root.handlers) - set(before):
-        root.removeHandler(h)
-        h.close()
-    root.setLevel(level)
-
-
 def test_cli_trains_eagle_hass_then_stage_two_and_refuses_an_unknown_option(target_dir, store, tmp_path,
-                                                                            cli_in_process, capsys):
+                                                                            edgespec_in_process, capsys):
     base = ["train", "fit", "--target", str(target_dir), "--features", str(store.path), "--width", "32",
             "--heads", "4", "--batch-tokens", "128", "--eval-every", "5"]
     run = tmp_path / "run"
@@ -233,11 +220,11 @@ def test_cli_trains_eagle_hass_then_stage_two_and_refuses_an_unknown_option(targ
     card = json.loads((run / "card.json").read_text())
     assert card["recipe"] == "eagle+hass" and card["kind"] == "eagle" and (run / "eagle.safetensors").is_file()
     stage2 = tmp_path / "run2"
-    assert cli_in_process(base + ["--kind", "eagle+hass", "--out", str(stage2), "--steps", "2", "--init", str(run),
+    assert edgespec_in_process(base + ["--kind", "eagle+hass", "--out", str(stage2), "--steps", "2", "--init", str(run),
                                   "--opt", "stage=2"]) == 0
     assert "loss/topk" in (stage2 / "metrics.jsonl").read_text()
     capsys.readouterr()
-    assert cli_in_process(base + ["--kind", "eagle+hass", "--out", str(tmp_path / "bad"), "--steps", "1",
+    assert edgespec_in_process(base + ["--kind", "eagle+hass", "--out", str(tmp_path / "bad"), "--steps", "1",
                                   "--opt", "tempreature=3"]) == 1
     err = capsys.readouterr().err
     assert "has no option tempreature" in err and "topk_weight" in err
@@ -251,51 +238,29 @@ KINDS = [("eagle+hass", 0), ("moa+hass", 1)]
 
 
 @pytest.fixture(scope="module")
-def checkpoints(target, store, tmp_path_factory):
-    out = {}
-    for kind, tli in KINDS:
-        run = tmp_path_factory.mktemp(kind.replace("+", "-"))
-        rec = recipe(kind, target, store, tli, options={"topk_weight": "0.5"})
-        Trainer(rec, store, run, cfg(steps=100, lr=3e-3, warmup=5, batch_tokens=256, eval_every=10_000,
-                                     save_every=10_000)).fit()
-        files = rec.save_drafter(run)
-        (run / "card.json").write_text(json.dumps({"kind": rec.kind, "target": store.meta["target"],
-                                                   "tokenizer_fingerprint": store.meta["fingerprint"]}))
-        out[kind] = files[0] if rec.kind == "eagle" else files[0].parent
-    return out
+def checkpoints(train_drafter):
+    return {kind: train_drafter(kind, steps=100, tli=tli, options={"topk_weight": "0.5"}) for kind, tli in KINDS}
 
 
 @pytest.fixture(scope="module")
 def server(target_dir, checkpoints):
-    from edgespec.server.app import ServerConfig, start_server
-
-    handle = start_server(ServerConfig(model=str(target_dir), http_port=None, device="cpu", dtype="float32",
-                                       moa_server_parts={"moa-tli1": str(checkpoints["moa+hass"])}))
-    yield handle
-    handle.stop(grace=1.0)
+    with running_server(target_dir, http_port=None, moa_server_parts={"moa-tli1": str(checkpoints["moa+hass"])}) as handle:
+        yield handle
 
 
 @pytest.mark.parametrize("kind,tli", KINDS)
 def test_trained_drafter_opens_and_drafts_token_exact_over_grpc(target_greedy, kind, tli, server, target, target_dir, checkpoints):
-    from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.drafters.learned_loading import open_runtime
     from edgespec.client.drafters.tree_builder import TreeShape
-    from edgespec.client.edge_client import ClientConfig, EdgespecClient
     from edgespec.client.generation import GenerationConfig
-    from edgespec.client.link import LinkConfig
 
     base = kind.split("+")[0]
     assert type(open_runtime(checkpoints[kind], target.model)).__name__ == ("EagleRuntime" if base == "eagle"
                                                                              else "MoARuntime")
-    options = DrafterOptions(name=base, checkpoint=str(checkpoints[kind]), target=str(target_dir), dtype="float32",
-                             tree=TreeShape(**TREE_KW))
-    client = EdgespecClient(ClientConfig(LinkConfig(server.address, min_deadline_s=0.5, connect_timeout_s=0.5),
-                                         options, tokenizer=str(target_dir)))
-    try:
+    options = learned_options(base, checkpoints[kind], target_dir, tree=TreeShape(**TREE_KW))
+    with edge_client(server.address, options, target_dir, min_deadline_s=0.5) as client:
         ids = client.encode(PROMPT)
         result = client.generate(ids, GenerationConfig(max_new_tokens=48, ignore_eos=True))
         assert result.token_ids == target_greedy(target.model, ids, 48)
         assert result.metrics.num_accepted_tokens > 0, "a trained drafter should get some drafts accepted"
         assert result.metrics.calls < 48
-    finally:
-        client.close()

@@ -5,61 +5,39 @@ real relay, and the refusals a user can meet (wrong tokenizer, server part missi
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
-
-from edgespec.server.training.fit import build_recipe
-from edgespec.server.training.trainer import TrainConfig, Trainer
+from support.clients import edge_client
+from support.drafters import learned_options
+from support.relays import drive, relay_to
+from support.servers import running_server
 
 PROMPT = "Write a function that adds two numbers."
 KINDS = [("eagle", 0), ("moa", 0), ("moa", 1)]
 
 
 @pytest.fixture(scope="module")
-def checkpoints(target, store, tmp_path_factory):
+def checkpoints(train_drafter):
     """kind-tli -> checkpoint path, each trained 120 steps (enough to accept some drafts)."""
-    out = {}
-    for kind, tli in KINDS:
-        run = tmp_path_factory.mktemp(f"{kind}{tli}")
-        rec = build_recipe(kind, target.model, store, tli=tli, width=32, heads=4, vocab=0, special_ids=(258,))
-        cfg = TrainConfig(steps=120, lr=3e-3, warmup=5, batch_tokens=256, window=96, eval_every=10_000,
-                          eval_depth=4, save_every=10_000, seed=0)
-        Trainer(rec, store, run, cfg).fit()
-        files = rec.save_drafter(run)
-        (run / "card.json").write_text(json.dumps({"kind": kind, "target": store.meta["target"],
-                                                   "tokenizer_fingerprint": store.meta["fingerprint"]}))
-        out[f"{kind}-tli{tli}"] = files[0] if kind == "eagle" else files[0].parent
-    return out
+    return {f"{kind}-tli{tli}": train_drafter(kind, steps=120, tli=tli) for kind, tli in KINDS}
 
 
 @pytest.fixture(scope="module")
 def server(target_dir, checkpoints):
-    from edgespec.server.app import ServerConfig, start_server
-
     parts = {name: str(path) for name, path in checkpoints.items() if name.startswith("moa")}
-    handle = start_server(ServerConfig(model=str(target_dir), http_port=None, device="cpu", dtype="float32",
-                                       moa_server_parts=parts))
-    yield handle
-    handle.stop(grace=1.0)
+    with running_server(target_dir, http_port=None, moa_server_parts=parts) as handle:
+        yield handle
 
 
-def make_client(address, target_dir, checkpoint, kind, **link):
-    from edgespec.client.drafters.factory import DrafterOptions
-    from edgespec.client.edge_client import ClientConfig, EdgespecClient
-    from edgespec.client.link import LinkConfig
-
-    link = {"min_deadline_s": 0.5, "connect_timeout_s": 0.5, "backoff_initial_s": 0.02, "backoff_max_s": 0.2,
-            **link}
-    options = DrafterOptions(name=kind, checkpoint=str(checkpoint), target=str(target_dir), dtype="float32")
-    return EdgespecClient(ClientConfig(LinkConfig(address, **link), options, tokenizer=str(target_dir)))
+def learned_client(address, target_dir, checkpoint, kind):
+    return edge_client(address, learned_options(kind, checkpoint, target_dir), target_dir, min_deadline_s=0.5)
 
 
 @pytest.mark.parametrize("kind,tli", KINDS)
 def test_drafted_generation_equals_the_targets_greedy_output(target_greedy, kind, tli, server, target, target_dir, checkpoints):
     from edgespec.client.generation import GenerationConfig
 
-    client = make_client(server.address, target_dir, checkpoints[f"{kind}-tli{tli}"], kind)
+    client = learned_client(server.address, target_dir, checkpoints[f"{kind}-tli{tli}"], kind)
     try:
         assert client.drafter.name == ("eagle" if kind == "eagle" else f"moa-tli{tli}")
         ids = client.encode(PROMPT)
@@ -73,30 +51,9 @@ def test_drafted_generation_equals_the_targets_greedy_output(target_greedy, kind
         client.close()
 
 
-def drive(gen, relay, cut_at: int, restore_after: int | None):
-    """Consume a generation; cut the relay after `cut_at` tokens, restore it after `restore_after`
-    offline tokens (None: never)."""
-    from edgespec.client.generation import TokenEvent, TokenOrigin
-
-    offline = 0
-    for e in gen:
-        if isinstance(e, TokenEvent):
-            if e.index + 1 == cut_at and e.origin is not TokenOrigin.OFFLINE and relay.state == "up":
-                relay.cut("blackhole")
-            if e.origin is TokenOrigin.OFFLINE:
-                offline += 1
-                time.sleep(0.02)
-                if restore_after is not None and offline >= restore_after:
-                    relay.restore()
-    return gen.result
-
-
 @pytest.fixture
 def relay(server):
-    from edgespec.netem.profile import load_profile
-    from edgespec.netem.relay_thread import RelayThread
-
-    with RelayThread(load_profile("ideal"), upstream=("127.0.0.1", server.port), seed=0) as r:
+    with relay_to(server) as r:
         yield r
 
 
@@ -107,7 +64,7 @@ def test_cut_link_completes_offline_and_rollback_resume_is_exact(target_greedy, 
     from edgespec.client.generation import GenerationConfig, TokenOrigin
 
     ckpt = checkpoints[f"{kind}-tli{tli}"]
-    client = make_client(relay.target, target_dir, ckpt, kind)
+    client = learned_client(relay.target, target_dir, ckpt, kind)
     try:
         ids = client.encode(PROMPT)
         keep = GenerationConfig(max_new_tokens=40, ignore_eos=True, resume_policy=ResumePolicy.KEEP)
@@ -119,7 +76,7 @@ def test_cut_link_completes_offline_and_rollback_resume_is_exact(target_greedy, 
     finally:
         client.close()
     relay.restore()
-    client = make_client(relay.target, target_dir, ckpt, kind)
+    client = learned_client(relay.target, target_dir, ckpt, kind)
     try:
         rollback = GenerationConfig(max_new_tokens=40, ignore_eos=True, resume_policy=ResumePolicy.ROLLBACK)
         r = drive(client.generation(ids, rollback), relay, cut_at=5, restore_after=4)
@@ -139,7 +96,7 @@ def test_a_drafter_of_another_tokenizer_is_refused(server, target_dir, checkpoin
     shutil.copy(checkpoints["eagle-tli0"], moved / "eagle.safetensors")
     (moved / "card.json").write_text(json.dumps({"kind": "eagle", "tokenizer_fingerprint": "0" * 64}))
     with pytest.raises(TokenizerMismatchError, match="trained for a target with tokenizer"):
-        make_client(server.address, target_dir, moved, "eagle")
+        learned_client(server.address, target_dir, moved, "eagle")
 
 
 def test_moa_without_its_server_part_is_refused_with_the_fix(server, target_dir, checkpoints, tmp_path):
@@ -150,7 +107,7 @@ def test_moa_without_its_server_part_is_refused_with_the_fix(server, target_dir,
     other = tmp_path / "moa-other"
     shutil.copytree(checkpoints["moa-tli0"], other)
     with pytest.raises(DrafterCheckpointError, match="--moa-server-part moa-other"):
-        make_client(server.address, target_dir, other, "moa")
+        learned_client(server.address, target_dir, other, "moa")
 
 
 def test_unknown_checkpoint_names_the_shipped_ones():

@@ -5,43 +5,25 @@ greedy output token-exact with the target's. And the router benchmark's command 
 from __future__ import annotations
 
 import pytest
-
-from edgespec.server.training.fit import build_recipe
-from edgespec.server.training.trainer import TrainConfig, Trainer
+from support.servers import running_server
 
 PROMPT = "Write a function that adds two numbers."
 ROUTER_OPTS = {"n_groups": "8", "top_g": "3", "router_hidden": "32"}
 
 
-def train(kind, target, store, run, steps, **kw):
-    rec = build_recipe(kind, target.model, store, width=32, heads=4, special_ids=(258,), run_dir=run, **kw)
-    cfg = TrainConfig(steps=steps, lr=3e-3, warmup=5, batch_tokens=256, window=96, eval_every=10_000,
-                      eval_depth=4, save_every=10_000, seed=0)
-    Trainer(rec, store, run, cfg).fit()
-    return rec.save_drafter(run)
-
-
 @pytest.fixture(scope="module")
-def checkpoints(target, store, tmp_path_factory):
-    """kind -> checkpoint (eagle file / MoA folder) with router.safetensors beside it."""
-    out = {}
-    for kind in ("eagle", "moa"):
-        base = tmp_path_factory.mktemp(f"{kind}-base")
-        train(kind, target, store, base, 100)
-        routed = tmp_path_factory.mktemp(f"{kind}-router")
-        files = train(f"{kind}+router", target, store, routed, 60, options=ROUTER_OPTS, init=base)
-        out[kind] = files[0] if kind == "eagle" else files[0].parent
-    return out
+def checkpoints(train_drafter):
+    """kind -> checkpoint (eagle file / MoA folder) with router.safetensors beside it: the base drafter
+    trained 100 steps, then its router 60 steps with the base frozen."""
+    return {kind: train_drafter(f"{kind}+router", steps=60, options=ROUTER_OPTS,
+                                init=train_drafter(kind, steps=100))
+            for kind in ("eagle", "moa")}
 
 
 @pytest.fixture(scope="module")
 def server(target_dir, checkpoints):
-    from edgespec.server.app import ServerConfig, start_server
-
-    handle = start_server(ServerConfig(model=str(target_dir), http_port=None, device="cpu", dtype="float32",
-                                       moa_server_parts={"moa-tli0": str(checkpoints["moa"])}))
-    yield handle
-    handle.stop(grace=1.0)
+    with running_server(target_dir, http_port=None, moa_server_parts={"moa-tli0": str(checkpoints["moa"])}) as handle:
+        yield handle
 
 
 @pytest.mark.parametrize("kind", ["eagle", "moa"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.servers import running_server
 
 from edgespec.shared.drafters.shipped import shipped_names
 
@@ -15,14 +16,10 @@ PROMPT = "Write a Python function that returns the squares of a list of numbers.
 
 @pytest.fixture(scope="module")
 def server():
-    from edgespec.server.app import ServerConfig, start_server
-
     torch.set_num_threads(2)
     parts = {n: n for n in shipped_names() if n.startswith("moa")}
-    handle = start_server(ServerConfig(model=TARGET, http_port=None, device="cpu", dtype="float32",
-                                       moa_server_parts=parts))
-    yield handle
-    handle.stop(grace=1.0)
+    with running_server(TARGET, http_port=None, moa_server_parts=parts) as handle:  # float32: no bf16 near-ties
+        yield handle
 
 
 @pytest.mark.parametrize("name", shipped_names())

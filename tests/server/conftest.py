@@ -1,36 +1,16 @@
-"""Server test fixtures: a tiny-model server on loopback, a session stream helper, greedy references."""
+"""Server test fixtures: a tiny-model server on loopback, Session streams to it (the client's own stream:
+tests/support/streams.py), greedy references."""
 from __future__ import annotations
 
-import queue
 from typing import Callable
 
 import grpc
 import pytest
 import torch
+from support.servers import running_server
+from support.streams import ServerStream
 
-from edgespec.proto.edgespec.v1 import pb, pb_grpc
-
-
-class SessionStream:
-    """One bidirectional Session stream driven message by message: send() returns the server's answer."""
-
-    def __init__(self, stub: pb_grpc.VerifierStub, metadata: tuple = ()):
-        self._requests: queue.Queue = queue.Queue()
-        self._replies = stub.Session(iter(self._requests.get, None), metadata=metadata)
-
-    def send(self, **kind) -> pb.ServerMessage:
-        self._requests.put(pb.ClientMessage(**kind))
-        return next(self._replies)
-
-    def close(self) -> None:
-        self._requests.put(None)
-        self._replies.cancel()
-
-    def __enter__(self) -> "SessionStream":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+from edgespec.proto.edgespec.v1 import pb_grpc
 
 
 @pytest.fixture(scope="session")
@@ -60,19 +40,20 @@ def greedy_reference(tiny_target) -> Callable[[list[int], int], list[int]]:
 @pytest.fixture(scope="module")
 def tiny_server(tiny_model_dir):
     """A server on loopback with the tiny target, a random MoA server part, and small caps."""
-    from edgespec.server.app import ServerConfig, start_server
-
-    config = ServerConfig(model=str(tiny_model_dir), dtype="float32", device="cpu", max_sessions=64,
-                          random_moa_parts=("random",), max_context_tokens=512)
-    with start_server(config) as handle:
+    with running_server(tiny_model_dir, max_sessions=64, random_moa_parts=("random",),
+                        max_context_tokens=512) as handle:
         yield handle
 
 
 @pytest.fixture
-def stub(tiny_server):
-    channel = grpc.insecure_channel(tiny_server.address)
-    yield pb_grpc.VerifierStub(channel)
-    channel.close()
+def channel(tiny_server):
+    with grpc.insecure_channel(tiny_server.address) as ch:
+        yield ch
+
+
+@pytest.fixture
+def stub(channel):
+    return pb_grpc.VerifierStub(channel)
 
 
 @pytest.fixture
@@ -81,12 +62,14 @@ def fingerprint(tiny_target) -> str:
 
 
 @pytest.fixture
-def open_stream(stub):
-    """Factory: open_stream(metadata=(), stub=None) -> SessionStream on the tiny server (or the given stub)."""
-    streams: list[SessionStream] = []
+def open_stream(channel):
+    """open_stream(session_id=None, api_key=None, on=None) -> a ServerStream on the tiny server (or on the
+    channel `on`); session_id and api_key go into the call metadata as a client sends them."""
+    streams: list[ServerStream] = []
 
-    def make(metadata: tuple = (), on: pb_grpc.VerifierStub | None = None) -> SessionStream:
-        streams.append(SessionStream(on or stub, metadata))
+    def make(session_id: str | None = None, api_key: str | None = None,
+             on: grpc.Channel | None = None) -> ServerStream:
+        streams.append(ServerStream(on or channel, session_id, api_key))
         return streams[-1]
 
     yield make

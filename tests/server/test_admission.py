@@ -14,6 +14,7 @@ import pytest
 
 from edgespec.proto.edgespec.v1 import pb, pb_grpc
 from edgespec.shared.tree import DraftTree, encode_tree
+from support.servers import running_server
 
 SILENT = 64
 FIRST_MESSAGE_TIMEOUT_S = 3.0
@@ -42,11 +43,7 @@ class SilentStream:
 @pytest.fixture(scope="module")
 def small_server(tiny_model_dir):
     """No API key and room for 8 sessions: before admission, 16 silent streams took every worker."""
-    from edgespec.server.app import ServerConfig, start_server
-
-    config = ServerConfig(model=str(tiny_model_dir), dtype="float32", device="cpu", max_sessions=8,
-                          first_message_timeout_s=FIRST_MESSAGE_TIMEOUT_S)
-    with start_server(config) as handle:
+    with running_server(tiny_model_dir, max_sessions=8, first_message_timeout_s=FIRST_MESSAGE_TIMEOUT_S) as handle:
         yield handle
 
 

@@ -59,7 +59,7 @@ def test_greedy_session_commits_the_target_greedy_output(open_stream, fingerprin
 def test_session_id_can_come_from_call_metadata(open_stream, fingerprint, greedy_reference):
     prompt = [1, 2, 3]
     truth = greedy_reference(prompt, 40)
-    stream = open_stream(metadata=(("x-edgespec-session", "from-metadata"),))
+    stream = open_stream(session_id="from-metadata")
     opened = stream.send(**open_msg(fingerprint, prompt)).opened
     assert opened.session_id == "from-metadata"
     v = stream.send(draft={"step": 1, "committed_len": 4, "tree": encode_tree(DraftTree.chain(truth[1:3]))}).verified
@@ -177,12 +177,10 @@ def test_clients_may_ping_every_second_on_an_idle_stream(tiny_server, fingerprin
 
     import grpc
 
-    from edgespec.proto.edgespec.v1 import pb_grpc
-
     options = [("grpc.keepalive_time_ms", 1000), ("grpc.keepalive_timeout_ms", 2000),
                ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0)]
     with grpc.insecure_channel(tiny_server.address, options=options) as channel:
-        stream = open_stream(on=pb_grpc.VerifierStub(channel))
+        stream = open_stream(on=channel)
         stream.send(**open_msg(fingerprint, [1, 2], "pinger"))
         time.sleep(6)  # idle: only pings cross the link
         v = stream.send(**draft_msg("pinger", 1, 3, DraftTree((1,), (ROOT,)))).verified

@@ -49,8 +49,9 @@ def _tree(tokens) -> bytes:
     return encode_tree(DraftTree.chain(list(tokens)))
 
 
-def _bad_requests(fingerprint, live: LiveSession) -> list[tuple[str, grpc.StatusCode, str, dict, tuple]]:
-    """(what, expected code, words in the message, message, call metadata) against the live id."""
+def _bad_requests(fingerprint, live: LiveSession) -> list[tuple[str, grpc.StatusCode, str, dict, str | None]]:
+    """(what, expected code, words in the message, message, session id in the call metadata) against the
+    live id."""
     invalid, stale = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION
     committed = live.committed if live else PROMPT
     n = len(committed)
@@ -67,35 +68,35 @@ def _bad_requests(fingerprint, live: LiveSession) -> list[tuple[str, grpc.Status
                                     committed_ids=ids, reopen=reopen, **kw)}
 
     return [
-        ("Open: empty prompt", invalid, "empty", open_(prompt_ids=[]), ()),
-        ("Open: id outside the vocabulary", invalid, "outside the vocabulary", open_(prompt_ids=[1, 999]), ()),
-        ("Open: prompt too long", invalid, "max_context_tokens", open_(prompt_ids=[1] * 600), ()),
-        ("Open: bad tree", invalid, "truncated", open_(tree=b"\x01\x00"), ()),
-        ("Open: foreign tokenizer", stale, "tokenizer fingerprint", open_(fp="ab" * 32), ()),
-        ("Open: bad sampling", invalid, "top_p", open_(sampling=pb.SamplingParams(temperature=1, top_p=3)), ()),
-        ("Open: ids differ", invalid, "differs", open_(), (("x-edgespec-session", "someone-else"),)),
+        ("Open: empty prompt", invalid, "empty", open_(prompt_ids=[]), None),
+        ("Open: id outside the vocabulary", invalid, "outside the vocabulary", open_(prompt_ids=[1, 999]), None),
+        ("Open: prompt too long", invalid, "max_context_tokens", open_(prompt_ids=[1] * 600), None),
+        ("Open: bad tree", invalid, "truncated", open_(tree=b"\x01\x00"), None),
+        ("Open: foreign tokenizer", stale, "tokenizer fingerprint", open_(fp="ab" * 32), None),
+        ("Open: bad sampling", invalid, "top_p", open_(sampling=pb.SamplingParams(temperature=1, top_p=3)), None),
+        ("Open: ids differ", invalid, "differs", open_(), "someone-else"),
         ("Draft: bad tree", invalid, "outside the vocabulary",
-         {"draft": pb.Draft(session_id=LIVE, step=99, committed_len=n, tree=_tree([999]))}, ()),
+         {"draft": pb.Draft(session_id=LIVE, step=99, committed_len=n, tree=_tree([999]))}, None),
         ("Draft: stale committed_len", stale, "Resume",
-         {"draft": pb.Draft(session_id=LIVE, step=99, committed_len=n + 3, tree=_tree([1]))}, ()),
+         {"draft": pb.Draft(session_id=LIVE, step=99, committed_len=n + 3, tree=_tree([1]))}, None),
         ("Resume: rebuild from ids outside the vocabulary", invalid, "outside the vocabulary",
-         resume(other + [999]), ()),
+         resume(other + [999]), None),
         ("Resume: rebuild, then provisional ids outside the vocabulary", invalid, "outside the vocabulary",
-         resume(other, provisional_ids=[999]), ()),
+         resume(other, provisional_ids=[999]), None),
         ("Resume: rebuild, then too many provisional ids", invalid, "max_context_tokens",
-         resume(other, provisional_ids=[1] * 600), ()),
-        ("Resume: hash not of the ids", invalid, "committed_hash", resume(other, hash_of=[9, 9]), ()),
-        ("Resume: committed_len not the ids'", invalid, "committed_ids", resume(other, confirmed_len=3), ()),
-        ("Resume: unknown policy", invalid, "policy", resume(committed, policy=7), ()),
+         resume(other, provisional_ids=[1] * 600), None),
+        ("Resume: hash not of the ids", invalid, "committed_hash", resume(other, hash_of=[9, 9]), None),
+        ("Resume: committed_len not the ids'", invalid, "committed_ids", resume(other, confirmed_len=3), None),
+        ("Resume: unknown policy", invalid, "policy", resume(committed, policy=7), None),
         ("Resume: own history, bad provisional ids", invalid, "outside the vocabulary",
-         resume(committed, provisional_ids=[5, 999]), ()),
+         resume(committed, provisional_ids=[5, 999]), None),
         ("Resume: rebuild with a foreign reopen", stale, "tokenizer fingerprint",
          {"resume": pb.Resume(session_id=LIVE, committed_len=3, committed_hash=committed_hash(other[:3]),
                               committed_ids=other[:3], reopen=pb.Open(prompt_ids=[1], tokenizer_fingerprint="x"))},
-         ()),
+         None),
         ("Close: ids differ", invalid, "differs",
-         {"close": pb.Close(session_id="someone-else")}, (("x-edgespec-session", LIVE),)),
-        ("Close: no id", invalid, "no session id", {"close": pb.Close()}, ()),
+         {"close": pb.Close(session_id="someone-else")}, LIVE),
+        ("Close: no id", invalid, "no session id", {"close": pb.Close()}, None),
     ]
 
 
@@ -108,8 +109,8 @@ def test_a_refusal_does_not_change_the_live_session(case, open_stream, fingerpri
     tiny_server.core.close(LIVE)  # a fresh live session for each case
     live = LiveSession(open_stream(), fingerprint, truth)
     live.advance()
-    _, code, words, message, metadata = next(c for c in _bad_requests(fingerprint, live) if c[0] == case)
-    _refused(open_stream(metadata), code, words, **message)
+    _, code, words, message, session_id = next(c for c in _bad_requests(fingerprint, live) if c[0] == case)
+    _refused(open_stream(session_id), code, words, **message)
     assert LIVE in tiny_server.core.store, "the live session is gone"
     live.advance()  # the live session goes on from exactly where it was, on its own stream
     live.advance()

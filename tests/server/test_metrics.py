@@ -6,9 +6,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from edgespec.proto.edgespec.v1 import pb, pb_grpc
-
-from .conftest import SessionStream
+from edgespec.proto.edgespec.v1 import pb
+from support.servers import running_server
+from support.streams import ServerStream
 
 SERVED = "tiny-served"
 VLLM_NAMES = {  # family -> type, as vLLM exports them (with vllm: for edgespec:)
@@ -24,11 +24,8 @@ VLLM_NAMES = {  # family -> type, as vLLM exports them (with vllm: for edgespec:
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    from edgespec.server.app import ServerConfig, start_server
-
-    config = ServerConfig(model=str(tiny_model_dir), dtype="float32", device="cpu", http_port=0,
-                          served_model_name=SERVED, max_kv_bytes=64 << 20, max_context_tokens=512)
-    with start_server(config) as handle:
+    with running_server(tiny_model_dir, served_model_name=SERVED, max_kv_bytes=64 << 20,
+                        max_context_tokens=512) as handle:
         yield handle
 
 
@@ -95,7 +92,7 @@ def test_names_labels_and_counts_follow_a_real_generation(server, tiny_model_dir
 def test_running_and_kv_usage_follow_an_open_session(server, fingerprint):
     import grpc
 
-    with grpc.insecure_channel(server.address) as channel, SessionStream(pb_grpc.VerifierStub(channel)) as stream:
+    with grpc.insecure_channel(server.address) as channel, ServerStream(channel) as stream:
         opened = stream.send(open=pb.Open(prompt_ids=list(range(3, 40)), tokenizer_fingerprint=fingerprint,
                                           max_new_tokens=8)).opened
         _, during = scrape(server)

@@ -10,6 +10,7 @@ import pytest
 from edgespec.proto.edgespec.v1 import pb, pb_grpc
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.tree import DraftTree, encode_tree
+from support.servers import running_server
 
 
 def refused(stream, **message) -> grpc.RpcError:
@@ -116,10 +117,7 @@ def test_a_list_past_the_context_is_refused_by_its_length_before_any_per_id_work
 # ------------------------------------------------------------------- API key
 @pytest.fixture(scope="module")
 def keyed_server(tiny_model_dir):
-    from edgespec.server.app import ServerConfig, start_server
-
-    config = ServerConfig(model=str(tiny_model_dir), dtype="float32", device="cpu", http_port=None, api_key="k3y")
-    with start_server(config) as handle:
+    with running_server(tiny_model_dir, http_port=None, api_key="k3y") as handle:
         yield handle
 
 

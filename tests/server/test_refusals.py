@@ -11,6 +11,7 @@ import pytest
 from edgespec.proto.edgespec.v1 import pb, pb_grpc
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.tree import ROOT, DraftTree, encode_tree
+from support.servers import running_server
 
 
 def refused(stream, **message) -> grpc.RpcError:
@@ -92,46 +93,47 @@ def test_a_resume_whose_hash_does_not_match_its_ids_is_invalid_argument(open_str
 @pytest.fixture(scope="module")
 def guarded_server(tiny_model_dir):
     """A server with an API key and room for two sessions."""
-    from edgespec.server.app import ServerConfig, start_server
-
-    config = ServerConfig(model=str(tiny_model_dir), dtype="float32", device="cpu", max_sessions=2,
-                          api_key="s3cret", max_message_bytes=8192)
-    with start_server(config) as handle:
+    with running_server(tiny_model_dir, max_sessions=2, api_key="s3cret", max_message_bytes=8192) as handle:
         yield handle
 
 
 @pytest.fixture
-def guarded_stub(guarded_server):
-    channel = grpc.insecure_channel(guarded_server.address)
-    yield pb_grpc.VerifierStub(channel)
-    channel.close()
+def guarded_channel(guarded_server):
+    with grpc.insecure_channel(guarded_server.address) as channel:
+        yield channel
 
 
-def test_a_missing_or_wrong_api_key_is_unauthenticated(guarded_stub, open_stream, fingerprint):
+@pytest.fixture
+def guarded_stub(guarded_channel):
+    return pb_grpc.VerifierStub(guarded_channel)
+
+
+def test_a_missing_or_wrong_api_key_is_unauthenticated(guarded_stub, guarded_channel, open_stream, fingerprint):
     with pytest.raises(grpc.RpcError) as info:
         guarded_stub.Info(pb.InfoRequest())
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED and "API key" in info.value.details()
     with pytest.raises(grpc.RpcError) as info:
         guarded_stub.Info(pb.InfoRequest(), metadata=(("authorization", "Bearer wrong"),))
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    err = refused(open_stream(on=guarded_stub), open=pb.Open(prompt_ids=[1], tokenizer_fingerprint=fingerprint))
+    err = refused(open_stream(on=guarded_channel), open=pb.Open(prompt_ids=[1], tokenizer_fingerprint=fingerprint))
     assert err.code() == grpc.StatusCode.UNAUTHENTICATED
     assert guarded_stub.Info(pb.InfoRequest(), metadata=(("authorization", "Bearer s3cret"),)).model_name
 
 
-def test_the_session_cap_is_resource_exhausted(guarded_stub, open_stream, fingerprint):
-    key = (("x-api-key", "s3cret"),)
+def test_the_session_cap_is_resource_exhausted(guarded_channel, open_stream, fingerprint):
+    def keyed():
+        return open_stream(api_key="s3cret", on=guarded_channel)
+
     for i in range(2):
-        opened(open_stream(key, on=guarded_stub), fingerprint, f"cap-{i}")
-    err = refused(open_stream(key, on=guarded_stub), open=pb.Open(
-        session_id="cap-2", prompt_ids=[1], tokenizer_fingerprint=fingerprint))
+        opened(keyed(), fingerprint, f"cap-{i}")
+    err = refused(keyed(), open=pb.Open(session_id="cap-2", prompt_ids=[1], tokenizer_fingerprint=fingerprint))
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_sessions=2" in err.details()
-    assert open_stream(key, on=guarded_stub).send(close=pb.Close(session_id="cap-0")).HasField("closed")
-    assert opened(open_stream(key, on=guarded_stub), fingerprint, "cap-2").committed_len == 4
+    assert keyed().send(close=pb.Close(session_id="cap-0")).HasField("closed")
+    assert opened(keyed(), fingerprint, "cap-2").committed_len == 4
 
 
-def test_a_message_over_the_size_limit_is_refused(guarded_stub, open_stream, fingerprint):
-    err = refused(open_stream((("x-api-key", "s3cret"),), on=guarded_stub),
+def test_a_message_over_the_size_limit_is_refused(guarded_channel, open_stream, fingerprint):
+    err = refused(open_stream(api_key="s3cret", on=guarded_channel),
                   open=pb.Open(session_id="huge", prompt_ids=[200] * 5000, tokenizer_fingerprint=fingerprint))
     assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
@@ -151,20 +153,15 @@ def test_the_http_api_wants_the_key_too(guarded_server):
 def test_a_draining_server_refuses_new_sessions_but_finishes_open_ones(tiny_model_dir, fingerprint):
     import httpx
 
-    from edgespec.server.app import ServerConfig, start_server
-
-    handle = start_server(ServerConfig(model=str(tiny_model_dir), dtype="float32", device="cpu"))
-    channel = grpc.insecure_channel(handle.address)
-    stub = pb_grpc.VerifierStub(channel)
-    handle.core.draining.set()
-    assert httpx.get(f"{handle.http_url}/health").status_code == 503
-    requests = iter([pb.ClientMessage(open=pb.Open(session_id="late", prompt_ids=[1],
-                                                   tokenizer_fingerprint=fingerprint))])
-    with pytest.raises(grpc.RpcError) as info:
-        list(stub.Session(requests))
-    assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in info.value.details()
-    handle.stop(grace=1)
-    channel.close()
+    with running_server(tiny_model_dir) as handle, grpc.insecure_channel(handle.address) as channel:
+        stub = pb_grpc.VerifierStub(channel)
+        handle.core.draining.set()
+        assert httpx.get(f"{handle.http_url}/health").status_code == 503
+        requests = iter([pb.ClientMessage(open=pb.Open(session_id="late", prompt_ids=[1],
+                                                       tokenizer_fingerprint=fingerprint))])
+        with pytest.raises(grpc.RpcError) as info:
+            list(stub.Session(requests))
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in info.value.details()
 
 
 def _self_signed(tmp_path):
@@ -192,12 +189,8 @@ def _self_signed(tmp_path):
 
 def test_tls_serves_grpc_and_refuses_plaintext(tiny_model_dir, tmp_path):
     pytest.importorskip("cryptography", reason="the cryptography package makes the test certificate")
-    from edgespec.server.app import ServerConfig, start_server
-
     cert, key = _self_signed(tmp_path)
-    config = ServerConfig(model=str(tiny_model_dir), dtype="float32", device="cpu", http_port=None,
-                          tls_cert=str(cert), tls_key=str(key))
-    with start_server(config) as handle:
+    with running_server(tiny_model_dir, http_port=None, tls_cert=str(cert), tls_key=str(key)) as handle:
         creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
         with grpc.secure_channel(handle.address, creds) as channel:
             assert pb_grpc.VerifierStub(channel).Info(pb.InfoRequest(), timeout=10).vocab_size == 320
@@ -210,21 +203,17 @@ def test_an_expired_session_is_not_found_and_resume_rebuilds_it(tiny_model_dir, 
                                                                  greedy_reference):
     import time
 
-    from edgespec.server.app import ServerConfig, start_server
-
-    config = ServerConfig(model=str(tiny_model_dir), dtype="float32", device="cpu", http_port=None,
-                          session_ttl_s=0.5)
-    with start_server(config) as handle, grpc.insecure_channel(handle.address) as channel:
-        stub = pb_grpc.VerifierStub(channel)
+    with running_server(tiny_model_dir, http_port=None, session_ttl_s=0.5) as handle, \
+            grpc.insecure_channel(handle.address) as channel:
         prompt = [7, 7, 7]
-        first = opened(open_stream(on=stub), fingerprint, "short-lived", prompt).first_token
+        first = opened(open_stream(on=channel), fingerprint, "short-lived", prompt).first_token
         time.sleep(1.5)  # the reaper drops it without any call coming in
         assert len(handle.core.store) == 0
-        err = refused(open_stream(on=stub), **draft("short-lived", 1, 4, encode_tree(DraftTree((1,), (ROOT,)))))
+        err = refused(open_stream(on=channel), **draft("short-lived", 1, 4, encode_tree(DraftTree((1,), (ROOT,)))))
         assert err.code() == grpc.StatusCode.NOT_FOUND and "expired" in err.details()
         confirmed = prompt + [first]
         truth = greedy_reference(prompt, 4)
-        resumed = open_stream(on=stub).send(resume=pb.Resume(
+        resumed = open_stream(on=channel).send(resume=pb.Resume(
             session_id="short-lived", committed_len=4, committed_hash=committed_hash(confirmed),
             committed_ids=confirmed, provisional_ids=truth[1:3], policy=pb.RESUME_POLICY_ROLLBACK,
             reopen=pb.Open(prompt_ids=prompt, tokenizer_fingerprint=fingerprint))).resumed

@@ -8,18 +8,18 @@ import grpc
 import httpx
 import pytest
 
-from edgespec.proto.edgespec.v1 import pb, pb_grpc
+from edgespec.proto.edgespec.v1 import pb
 from edgespec.shared.tree import ROOT, DraftTree, encode_tree
+from support.servers import tiny_server_config
 
 
 def test_stop_finishes_the_verification_in_flight_and_refuses_new_sessions(tiny_model_dir, fingerprint,
                                                                            open_stream):
-    from edgespec.server.app import ServerConfig, start_server
+    from edgespec.server.app import start_server
 
-    handle = start_server(ServerConfig(model=str(tiny_model_dir), dtype="float32", device="cpu"))
+    handle = start_server(tiny_server_config(tiny_model_dir))  # the test stops it itself
     channel = grpc.insecure_channel(handle.address)
-    stub = pb_grpc.VerifierStub(channel)
-    stream = open_stream(on=stub)
+    stream = open_stream(on=channel)
     stream.send(open=pb.Open(session_id="inflight", prompt_ids=[1, 2, 3], tokenizer_fingerprint=fingerprint))
 
     # Occupy the model thread so the Draft below is still queued when stop() begins.
@@ -36,7 +36,7 @@ def test_stop_finishes_the_verification_in_flight_and_refuses_new_sessions(tiny_
     time.sleep(0.2)
     assert handle.core.draining.is_set()
     assert httpx.get(f"{handle.http_url}/health").status_code == 503
-    late = open_stream(on=stub)
+    late = open_stream(on=channel)
     with pytest.raises(grpc.RpcError) as info:
         late.send(open=pb.Open(session_id="late", prompt_ids=[1], tokenizer_fingerprint=fingerprint))
     assert info.value.code() in (grpc.StatusCode.UNAVAILABLE,)
