@@ -17,6 +17,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from support.servers import running_server
 
+pytestmark = pytest.mark.slow  # hypothesis runs hundreds of requests through both APIs
+
 json_scalar = (st.none() | st.booleans() | st.integers(-(2 ** 70), 2 ** 70) | st.floats()
                | st.text(max_size=12) | st.sampled_from(["", "text", "none", "user", "\ud800"]))
 json_value = st.recursive(json_scalar, lambda inner: st.lists(inner, max_size=3)

@@ -6,6 +6,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # edgespec in subprocesses, end to end
+
 
 def _run(args, stdin=None):
     env = dict(os.environ, OMP_NUM_THREADS="1", EDGESPEC_TEST_THREADS="1")

@@ -7,7 +7,7 @@ import torch
 from edgespec.client.generation import GenerationConfig
 from support.servers import running_server
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.models, pytest.mark.slow]  # the real models
 
 PROMPTS = ["Write a Python function that checks whether a string is a palindrome.",
            "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"]

@@ -12,9 +12,12 @@ import sys
 import time
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from edgespec.shared.logging_setup import JsonFormatter, configure_logging
+
+pytestmark = pytest.mark.slow  # edgespec in subprocesses, end to end
 
 
 def _free_port() -> int:

@@ -116,6 +116,7 @@ def test_gpu_override_uses_the_cuda_image(deploy_dir):
 
 @pytest.mark.parametrize("env_file,gpu", [(p, False) for p in PROFILE_FILES] + [(PROFILE_FILES[0], True)],
                          ids=lambda v: v.stem if isinstance(v, Path) else ("gpu" if v else "cpu"))
+@pytest.mark.slow
 def test_docker_compose_config_accepts_it(docker_compose_bin, deploy_dir, env_file, gpu):
     """The compose tool itself validates the files against its schema (no engine needed)."""
     files = ["-f", str(deploy_dir / "compose/compose.yaml")]

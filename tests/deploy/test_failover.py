@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # three server processes behind nginx, end to end
+
 
 LISTENING = r"edgespec server listening grpc=(\S+) http=(\S+)"
 PROMPT = "def fibonacci(n):\n    "

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # server, relay and client processes, end to end
+
 REPO = Path(__file__).resolve().parents[2]
 ENTRYPOINT = REPO / "deploy/bin/edgespec-entrypoint"
 PROMPT = "class Stack:\n    def push(self, item):\n"

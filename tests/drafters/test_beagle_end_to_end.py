@@ -10,6 +10,8 @@ from support.drafters import learned_options
 from support.relays import drive, relay_to
 from support.servers import running_server
 
+pytestmark = pytest.mark.slow  # module fixtures train a drafter in two stages; end to end
+
 PROMPT = "Write a function that adds two numbers."
 
 

@@ -12,6 +12,8 @@ from support.drafters import learned_options
 from support.relays import drive, relay_to
 from support.servers import running_server
 
+pytestmark = pytest.mark.slow  # module fixtures train three drafters; end to end through a server and a relay
+
 PROMPT = "Write a function that adds two numbers."
 KINDS = [("eagle", 0), ("moa", 0), ("moa", 1)]
 

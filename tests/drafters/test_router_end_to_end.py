@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 from support.servers import running_server
 
+pytestmark = pytest.mark.slow  # module fixtures train two drafters and their routers; end to end
+
 PROMPT = "Write a function that adds two numbers."
 ROUTER_OPTS = {"n_groups": "8", "top_g": "3", "router_hidden": "32"}
 

@@ -9,7 +9,7 @@ from support.servers import running_server
 
 from edgespec.shared.drafters.shipped import shipped_names
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.models, pytest.mark.slow]  # the real 1.5B target
 TARGET = "qwen2.5-coder-1.5b-instruct"
 PROMPT = "Write a Python function that returns the squares of a list of numbers."
 

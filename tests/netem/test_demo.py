@@ -5,6 +5,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # edgespec demo in a subprocess, end to end
+
 
 def test_demo_runs_end_to_end_through_the_relay(tiny_model_dir):
     env = dict(os.environ, OMP_NUM_THREADS="1", EDGESPEC_TEST_THREADS="1")

@@ -21,6 +21,8 @@ from edgespec.netem.measure import (Distribution, Pinger, download_rate, start_e
 from edgespec.netem.profile import load_profile, parse_profile
 from edgespec.netem.relay import Relay
 
+pytestmark = pytest.mark.slow  # measures links for seconds (again when the host was busy)
+
 
 async def _paired_rtts_ms(shaped_addr, ideal_addr, pairs: int, connections: int):
     """Each connection alternates a ping through the shaped relay and one through the ideal

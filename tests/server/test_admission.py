@@ -16,6 +16,8 @@ from edgespec.proto.edgespec.v1 import pb, pb_grpc
 from edgespec.shared.tree import DraftTree, encode_tree
 from support.servers import running_server
 
+pytestmark = pytest.mark.slow  # waits out the first-message timeout beside 64 silent streams
+
 SILENT = 64
 FIRST_MESSAGE_TIMEOUT_S = 3.0
 

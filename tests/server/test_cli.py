@@ -17,6 +17,7 @@ from edgespec.proto.edgespec.v1 import pb, pb_grpc
 READY = re.compile(r"edgespec server listening grpc=(\S+) http=(\S+)")
 
 
+@pytest.mark.slow
 def test_cli_serves_until_sigterm(tiny_model_dir, tmp_path):
     """Settings from all three layers (positional model, EDGESPEC_* variables, a config file); JSON logs."""
     config = tmp_path / "server.yaml"

@@ -170,6 +170,7 @@ def test_resume_of_an_unknown_session_re_prefills_from_reopen(open_stream, finge
     assert list(v.accepted) == [0, 1] and v.bonus_token == truth[9]
 
 
+@pytest.mark.slow
 def test_clients_may_ping_every_second_on_an_idle_stream(tiny_server, fingerprint, open_stream):
     """With the gRPC default (pings at most every 5 minutes) the server would answer these pings with
     GOAWAY too_many_pings and the stream would die; a client noticing dead links needs them."""

@@ -12,6 +12,7 @@ from support.servers import running_server
 TARGET = "qwen2.5-coder-1.5b-instruct"
 
 
+@pytest.mark.slow
 @pytest.mark.models
 def test_greedy_session_on_the_1_5b_equals_its_own_greedy_generation(open_stream):
     with running_server(TARGET, http_port=None, device=None, dtype=None) as server:  # the default dtype, on CUDA if present

@@ -85,6 +85,7 @@ def test_tiny_model_is_deterministic_and_loads_by_path(tiny_model_dir):
     assert loaded.tokenizer.eos_token_id == 258
 
 
+@pytest.mark.slow
 @pytest.mark.models
 @pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"])
 def test_real_models_prepare_and_generate(name):

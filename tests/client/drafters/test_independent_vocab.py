@@ -87,6 +87,7 @@ def test_counted_vocab_keeps_frequent_and_special_ids(tiny_tokenizer):
     assert set(special_ids(tiny_tokenizer)) <= set(ids.tolist())  # end-of-turn tokens stay draftable
 
 
+@pytest.mark.slow
 def test_vocab_cache_round_trip_and_wrong_tokenizer(tmp_path, monkeypatch, tiny_tokenizer):
     monkeypatch.setenv("HOME", str(tmp_path))
     assert draft_vocab_ids(tiny_tokenizer, "f" * 64, 0, 320) is None

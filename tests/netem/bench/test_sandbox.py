@@ -29,12 +29,14 @@ def test_syntax_error_fails():
     assert score_humaneval(PROBLEM, "    return a +\n", FAST).status == "failed"
 
 
+@pytest.mark.slow
 def test_infinite_loop_is_stopped():
     result = score_humaneval(PROBLEM, "    while True:\n        pass\n", FAST)
     assert result.status == "timeout" and not result.passed
     assert result.seconds < 15
 
 
+@pytest.mark.slow
 def test_sleeping_forever_is_stopped():
     result = run_program("import time\ntime.sleep(1000)\n", FAST)
     assert result.status == "timeout"

@@ -106,6 +106,7 @@ def test_build_dataset_resumes_without_duplicates(tmp_path, tiny_model_dir):
     assert [r["id"] for r in rows] == [r["id"] for r in first] and rows[:2] == first[:2]
 
 
+@pytest.mark.slow
 @pytest.mark.models
 def test_real_target_features_and_tli_layers_agree():
     """On the real 0.5B: the stored activation entering layer L-3, run through the last 3 layers

@@ -156,6 +156,7 @@ def base_state(recipe) -> dict[str, torch.Tensor]:
     return {f"{m}.{k}": v.clone() for m, mod in modules.items() for k, v in mod.state_dict().items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["eagle", "moa"])
 def test_stage_two_lowers_the_router_loss_and_leaves_the_base_bit_identical(kind, stage1, target, store, tmp_path):
     rec = router_recipe(kind, target, store, stage1[kind], tmp_path)
@@ -181,6 +182,7 @@ def test_stage_two_lowers_the_router_loss_and_leaves_the_base_bit_identical(kind
     assert files[-1].name == "router.safetensors" and all(f.is_file() for f in files)
 
 
+@pytest.mark.slow
 def test_the_saved_router_attaches_to_the_saved_drafter(stage1, target, store, tmp_path):
     from edgespec.client.drafters.learned_loading import open_runtime
     from edgespec.shared.drafters.loading import find_checkpoint
@@ -198,6 +200,7 @@ def test_the_saved_router_attaches_to_the_saved_drafter(stage1, target, store, t
     assert attach_router_if_present(other, find_checkpoint(stage1["eagle"])) is None
 
 
+@pytest.mark.slow
 def test_stage_two_refusals_say_what_to_do(stage1, target, store, tmp_path):
     with pytest.raises(RecipeOptionError, match="--init"):
         router_recipe("eagle", target, store, None)

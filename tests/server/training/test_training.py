@@ -11,6 +11,8 @@ import torch
 from edgespec.server.training.fit import build_recipe, write_card
 from edgespec.server.training.trainer import TrainConfig, Trainer
 
+pytestmark = pytest.mark.slow  # trains drafters
+
 
 def cfg(**kw) -> TrainConfig:
     base = dict(steps=30, lr=3e-3, warmup=2, batch_tokens=200, window=96, eval_every=1000, eval_depth=4,
