@@ -24,7 +24,7 @@ Prints a Markdown table, one row per decoder. The exit status is 1 when an
 undocumented exception was seen or an input passed its memory bound.
 
 The mutators are plain functions of (bytes, random.Random) so that the test
-suite's hypothesis fuzzing (tests/foundation/test_decoder_fuzz.py) drives the
+suite's hypothesis fuzzing (tests/shared/test_decoder_fuzz.py) drives the
 same ones with its own recorded randomness.
 """
 from __future__ import annotations
