@@ -16,7 +16,7 @@ import torch
 # puts no test folder on sys.path).
 sys.path.insert(0, str(Path(__file__).parent))
 
-pytest_plugins = ["support.servers", "support.clients", "support.drafters", "support.cli"]
+pytest_plugins = ["support.clients", "support.drafters", "support.cli"]
 
 # Two cores on CI: one intra-op thread per test process keeps runs predictable
 # when several processes (server, client, relay) share the machine.

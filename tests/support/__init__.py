@@ -1,8 +1,8 @@
 """What the tests of every area share; tests/conftest.py puts this folder on sys.path (as `support`) and
 registers the fixture modules.
 
-- servers.py: the verification server with the tiny target, with overrides (fixture `start_tiny_server`,
-  context manager `running_server`)
+- servers.py: the verification server with the tiny target, with overrides (`running_server`,
+  `tiny_server_config`)
 - clients.py: an edgespec client with a quick link (fixture `make_client`)
 - relays.py: netem's relay in front of a server, and a generation driven through a cut link
 - streams.py: one Session stream to a server, message by message (over the client's own SessionStream)
