@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .blocks import KV, MLP, Attention
-from .checkpoint import DrafterCheckpointError, load_weights, save_weights
+from .checkpoint import load_module, save_weights
 
 KIND = "beagle"
 FILE_NAME = "beagle.safetensors"
@@ -106,10 +106,4 @@ def save_beagle(head: BeagleHead, path: str | Path, vocab_ids: torch.Tensor | No
 
 def load_beagle(path: str | Path) -> tuple[BeagleHead, torch.Tensor | None]:
     """(head in float32 eval mode, reduced-vocabulary ids or None)."""
-    config, state, vocab_ids = load_weights(path, KIND)
-    head = BeagleHead(BeagleConfig(**config))
-    try:
-        head.load_state_dict(state)
-    except RuntimeError as exc:
-        raise DrafterCheckpointError(f"{path} does not match its own config: {exc}") from None
-    return head.eval(), vocab_ids
+    return load_module(path, KIND, lambda config: BeagleHead(BeagleConfig(**config)))

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import torch
 
 from ..errors import EdgespecError
+
+M = TypeVar("M", bound=torch.nn.Module)
 
 
 class DrafterCheckpointError(EdgespecError, ValueError):
@@ -51,3 +54,18 @@ def load_weights(path: str | Path, kind: str) -> tuple[dict, dict[str, torch.Ten
     vocab_ids = tensors.pop("vocab_ids", None)
     state = {k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
     return json.loads(meta["config"]), state, vocab_ids
+
+
+def load_module(path: str | Path, kind: str, build: Callable[[dict], M]) -> tuple[M, torch.Tensor | None]:
+    """(the module ``build(config)`` makes, with the file's weights, in float32 eval mode; vocab ids or None).
+
+    A file whose weights do not fit the module its own config describes is refused here, by name,
+    rather than failing later inside a forward pass.
+    """
+    config, state, vocab_ids = load_weights(path, kind)
+    module = build(config)
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as exc:
+        raise DrafterCheckpointError(f"{path} does not match its own config: {exc}") from None
+    return module.eval(), vocab_ids

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .blocks import KV, DecoderBlock
-from .checkpoint import DrafterCheckpointError, load_weights, save_weights
+from .checkpoint import load_module, save_weights
 
 KIND = "eagle"
 
@@ -59,10 +59,4 @@ def save_eagle(head: EagleHead, path: str | Path, vocab_ids: torch.Tensor | None
 
 def load_eagle(path: str | Path) -> tuple[EagleHead, torch.Tensor | None]:
     """(head in float32 eval mode, reduced-vocabulary ids or None)."""
-    config, state, vocab_ids = load_weights(path, KIND)
-    head = EagleHead(EagleConfig(**config))
-    try:
-        head.load_state_dict(state)
-    except RuntimeError as exc:
-        raise DrafterCheckpointError(f"{path} does not match its own config: {exc}") from None
-    return head.eval(), vocab_ids
+    return load_module(path, KIND, lambda config: EagleHead(EagleConfig(**config)))

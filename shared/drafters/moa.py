@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .blocks import KV, MLP, Attention
-from .checkpoint import DrafterCheckpointError, load_weights, save_weights
+from .checkpoint import load_module, save_weights
 from .lsa import LayerSelfAttention, LSAConfig, load_server_part, save_server_part
 
 KIND = "moa"
@@ -134,13 +134,7 @@ def load_moa_client(path: str | Path) -> tuple[MoAClient, torch.Tensor | None]:
     path = Path(path)
     if path.is_dir():
         path = path / "client.safetensors"
-    config, state, vocab_ids = load_weights(path, KIND)
-    client = MoAClient(MoAConfig(**config))
-    try:
-        client.load_state_dict(state)
-    except RuntimeError as exc:
-        raise DrafterCheckpointError(f"{path} does not match its own config: {exc}") from None
-    return client.eval(), vocab_ids
+    return load_module(path, KIND, lambda config: MoAClient(MoAConfig(**config)))
 
 
 def load_moa(out_dir: str | Path) -> MoADrafterModel:
