@@ -28,7 +28,7 @@ import grpc
 
 from edgespec.proto.edgespec.v1 import pb, pb_grpc
 from edgespec.shared.errors import EdgespecError
-from edgespec.shared.wire import API_KEY_METADATA_KEY, SESSION_METADATA_KEY
+from edgespec.shared.wire import API_KEY_METADATA_KEY, SERVER_STATUS_METADATA_KEY, SESSION_METADATA_KEY
 
 from .verifier import LinkDownError, ServerRefusedError, SessionLostError
 
@@ -43,17 +43,28 @@ _LINK_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, g
 _SESSION_CODES = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ABORTED}
 
 
+# Codes a transport or proxy also produces (an HTTP/2 RST_STREAM, a proxy's upstream reset): the server's own
+# only when it says so in SERVER_STATUS_METADATA_KEY.
+_TRANSPORT_TOO_CODES = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
+
+
 def classify_rpc_error(err: grpc.RpcError) -> EdgespecError:
     """Map a gRPC failure to what the loop does about it."""
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
-    return classify_status(code, err.details() if hasattr(err, "details") else str(err))
+    trailing = dict(err.trailing_metadata() or ()) if hasattr(err, "trailing_metadata") else {}
+    return classify_status(code, err.details() if hasattr(err, "details") else str(err),
+                           from_server=SERVER_STATUS_METADATA_KEY in trailing)
 
 
-def classify_status(code: grpc.StatusCode, detail: str) -> EdgespecError:
-    """The error a call that ended with this status raises (the in-process transport maps the same way)."""
+def classify_status(code: grpc.StatusCode, detail: str, from_server: bool = True) -> EdgespecError:
+    """The error a call that ended with this status raises (the in-process transport maps the same way).
+
+    from_server: the status carries the edgespec server's mark; without it INTERNAL and UNKNOWN are
+    the transport's or a proxy's, and mean the link.
+    """
     if code in _SESSION_CODES:
         return SessionLostError(f"server lost the session ({code.name}): {detail}")
-    if code in _LINK_CODES:
+    if code in _LINK_CODES or (code in _TRANSPORT_TOO_CODES and not from_server):
         return LinkDownError(f"link to the server failed ({code.name}): {detail}")
     return ServerRefusedError(f"server refused the request ({code.name}): {detail}", code.name)
 

@@ -24,7 +24,7 @@ from edgespec.shared import __version__
 from edgespec.shared.codec import ActivationCodec, Codec
 from edgespec.shared.errors import EdgespecError, FrameError, TokenizerMismatchError
 from edgespec.shared.verification import SamplingConfig
-from edgespec.shared.wire import SESSION_METADATA_KEY, FeatureKind, ResumePolicy
+from edgespec.shared.wire import SERVER_STATUS_METADATA_KEY, SESSION_METADATA_KEY, FeatureKind, ResumePolicy
 
 from .core import VerifierCore
 from .errors import AdmissionTimeoutError, InvalidRequestError, UnauthenticatedError, printable
@@ -232,7 +232,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         if context.done():  # the client went away; nobody to tell
             log.info("stream ended by the client: %s", printable(str(exc)))
             return
-        await context.abort(*self.refused(exc))
+        code, message = self.refused(exc)
+        await context.abort(code, message, trailing_metadata=((SERVER_STATUS_METADATA_KEY, code.name),))
 
     def refused(self, exc: BaseException) -> tuple[grpc.StatusCode, str]:
         """The status a call ends with for this error, counted and logged (once per call)."""

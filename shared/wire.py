@@ -36,3 +36,7 @@ FEATURE_NAMES = (HIDDEN, LSA, TLI_K, TLI_V)
 # Call metadata.
 SESSION_METADATA_KEY = "x-edgespec-session"  # the session id on every Session stream, so a proxy can route it
 API_KEY_METADATA_KEY = "authorization"  # "Bearer <key>", on every call to a server started with an API key
+# Trailing metadata on every status the edgespec server itself ends a call with (its value: the code's name).
+# A status without it came from the transport or a proxy in between: an INTERNAL "Stream removed" when a
+# proxy's upstream replica dies mid-stream is a link failure to resume from, not the server's answer.
+SERVER_STATUS_METADATA_KEY = "x-edgespec-status"

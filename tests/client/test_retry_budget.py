@@ -22,6 +22,7 @@ import pytest
 from edgespec.client.commit import ResumePolicy
 from edgespec.client.generation import GenerationConfig, GenerationFailedError, LinkEvent, TokenEvent
 from edgespec.client.link import LinkDownError, ServerRefusedError, SessionLostError, classify_rpc_error
+from edgespec.shared.wire import SERVER_STATUS_METADATA_KEY
 from edgespec.proto.edgespec.v1 import pb, pb_grpc
 from support.servers import running_server
 
@@ -33,11 +34,12 @@ SLACK_S = 3.0  # a busy 2-core machine; the bound is about seconds, the old clie
 
 class FailingPeer(pb_grpc.VerifierServicer):
     """Relays Info and the first `good` Session messages to the real server, then aborts every Session call
-    with `code` and `details`."""
+    with `code` and `details`: marked as the edgespec server marks its own statuses, or unmarked, as a proxy
+    or the transport ends a call."""
 
-    def __init__(self, upstream: str, good: int, code: grpc.StatusCode, details: str):
+    def __init__(self, upstream: str, good: int, code: grpc.StatusCode, details: str, marked: bool = True):
         self._upstream = pb_grpc.VerifierStub(grpc.insecure_channel(upstream))
-        self._good, self.code, self.details = good, code, details
+        self._good, self.code, self.details, self.marked = good, code, details, marked
         self._lock = threading.Lock()
         self.streams = 0  # Session calls seen
         self.failures: list[float] = []  # perf_counter times of the aborted calls
@@ -59,6 +61,8 @@ class FailingPeer(pb_grpc.VerifierServicer):
                     if not relay:
                         self.failures.append(time.perf_counter())
                 if not relay:
+                    if self.marked:
+                        context.set_trailing_metadata(((SERVER_STATUS_METADATA_KEY, self.code.name),))
                     context.abort(self.code, self.details)
                 if replies is None:
                     replies = self._upstream.Session(iter(requests.get, None), metadata=metadata)
@@ -73,8 +77,8 @@ def failing_peer(tiny_server):
     """failing_peer(good, code, details) -> (address, peer): a real gRPC server on loopback."""
     servers = []
 
-    def start(good: int, code: grpc.StatusCode, details: str):
-        peer = FailingPeer(tiny_server.address, good, code, details)
+    def start(good: int, code: grpc.StatusCode, details: str, marked: bool = True):
+        peer = FailingPeer(tiny_server.address, good, code, details, marked)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
         pb_grpc.add_VerifierServicer_to_server(peer, server)
         port = server.add_insecure_port("127.0.0.1:0")
@@ -129,6 +133,19 @@ def test_internal_mid_generation_fails_the_request_with_the_text_so_far(failing_
     assert err.text == client.decode(got) and err.result.finish_reason == "error"
     assert err.result.provisional == 0 and f"after {len(got)} tokens" in str(err)
     assert peer.streams == 1 and len(peer.failures) == 1  # no offline loop: the error was not retried
+
+
+def test_an_unmarked_internal_is_a_proxy_reset_and_means_the_link(failing_peer, make_client, tiny_target_f32,
+                                                                   greedy):
+    """What a proxy sends when the replica behind it dies mid-stream: retried as the link, within the budget."""
+    address, peer = failing_peer(4, grpc.StatusCode.INTERNAL, "Stream removed", marked=False)
+    client = make_client(address, "ngram", **BACKOFF)
+    ids = client.encode(PROMPT)
+    config = GenerationConfig(max_new_tokens=60, ignore_eos=True, offline_wait_s=OFFLINE_WAIT_S)
+    events, r, _ = bounded(lambda: run_events(client, ids, config), OFFLINE_WAIT_S + SLACK_S + 5)
+    assert r.finish_reason == "link_lost" and "Stream removed" in r.detail
+    assert peer.streams > 1  # reconnected and resumed, not failed at once
+    assert r.token_ids == greedy(tiny_target_f32, ids, len(r.token_ids), set()) and len(r.token_ids) >= 4
 
 
 def test_a_real_server_refusal_mid_generation_fails_with_the_text_so_far(tiny_model_dir, make_client,
@@ -209,19 +226,26 @@ def test_a_draining_real_server_ends_the_client_within_offline_wait(tiny_model_d
     assert r.token_ids == greedy(tiny_target_f32, ids, len(r.token_ids), set()) and len(r.token_ids) >= 6
 
 
-@pytest.mark.parametrize("code, kind", [
-    (grpc.StatusCode.UNAVAILABLE, LinkDownError), (grpc.StatusCode.DEADLINE_EXCEEDED, LinkDownError),
-    (grpc.StatusCode.CANCELLED, LinkDownError), (grpc.StatusCode.NOT_FOUND, SessionLostError),
-    (grpc.StatusCode.INTERNAL, ServerRefusedError), (grpc.StatusCode.UNKNOWN, ServerRefusedError),
-    (grpc.StatusCode.INVALID_ARGUMENT, ServerRefusedError), (grpc.StatusCode.RESOURCE_EXHAUSTED, ServerRefusedError),
+@pytest.mark.parametrize("code, marked, kind", [
+    (grpc.StatusCode.UNAVAILABLE, True, LinkDownError), (grpc.StatusCode.DEADLINE_EXCEEDED, True, LinkDownError),
+    (grpc.StatusCode.CANCELLED, True, LinkDownError), (grpc.StatusCode.NOT_FOUND, True, SessionLostError),
+    (grpc.StatusCode.INTERNAL, True, ServerRefusedError), (grpc.StatusCode.UNKNOWN, True, ServerRefusedError),
+    (grpc.StatusCode.INVALID_ARGUMENT, True, ServerRefusedError),
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, True, ServerRefusedError),
+    # unmarked: a proxy's reset (nginx sends RST_STREAM INTERNAL_ERROR when the replica dies) is the link
+    (grpc.StatusCode.INTERNAL, False, LinkDownError), (grpc.StatusCode.UNKNOWN, False, LinkDownError),
+    (grpc.StatusCode.INVALID_ARGUMENT, False, ServerRefusedError),
 ])
-def test_only_transport_codes_mean_the_link(code, kind):
+def test_only_transport_codes_mean_the_link(code, marked, kind):
     class Failure(grpc.RpcError):
         def code(self):
             return code
 
         def details(self):
             return "what the server said"
+
+        def trailing_metadata(self):
+            return ((SERVER_STATUS_METADATA_KEY, code.name),) if marked else ()
 
     err = classify_rpc_error(Failure())
     assert type(err) is kind and "what the server said" in str(err)

@@ -97,7 +97,9 @@ def test_codec(tmp_path, tiny_model_dir, tiny_drafter_dir):
     rows = _lines(tmp_path / "codec.jsonl")
     assert {r["tensor"] for r in rows} == {"hidden", "kv"}
     fp16 = [r for r in rows if r["codec"] == "fp16" and r["zstd"] == 0]
-    assert all(r["share_of_fp16"] == 1.0 and r["rel_error"] == 0.0 for r in fp16)
+    # fp16 holds bf16 activations exactly and float32 ones (the default dtype on CPUs without native
+    # bf16) within its rounding
+    assert all(r["share_of_fp16"] == 1.0 and r["rel_error"] < 1e-3 for r in fp16)
     assert all(0 < r["rel_error"] < 0.05 for r in rows if r["codec"] != "fp16")
     assert "## Activation codec" in write_report(tmp_path).read_text()
 
