@@ -101,6 +101,16 @@ def train_drafter(target, store, tmp_path_factory):
     return train
 
 
+def train_config(**overrides):
+    """A TrainConfig for a few dozen steps on the tiny store (no evaluation or saving in between);
+    overrides replace any field."""
+    from edgespec.server.training.trainer import TrainConfig
+
+    base = dict(steps=30, lr=3e-3, warmup=2, batch_tokens=200, window=96, eval_every=1000, eval_depth=4,
+                save_every=1000, seed=0)
+    return TrainConfig(**{**base, **overrides})
+
+
 def learned_options(kind: str, checkpoint: Path, target_dir, **more):
     """DrafterOptions of a learned drafter (`kind`: eagle, moa, beagle) from `checkpoint` for the tiny target."""
     from edgespec.client.drafters.factory import DrafterOptions

@@ -10,18 +10,12 @@ import sys
 import pytest
 import torch
 
+from support.drafters import train_config
 from edgespec.server.training.fit import build_recipe
-from edgespec.server.training.trainer import TrainConfig, Trainer
+from edgespec.server.training.trainer import Trainer
 from edgespec.shared.tree import ROOT
 
 pytestmark = pytest.mark.slow  # trains drafters
-
-
-def cfg(**kw) -> TrainConfig:
-    base = dict(steps=30, lr=3e-3, warmup=2, batch_tokens=200, window=96, eval_every=1000, eval_depth=4,
-                save_every=1000, seed=0)
-    base.update(kw)
-    return TrainConfig(**base)
 
 
 def beagle(target, store, vocab=0, init=None, **opts):
@@ -32,7 +26,7 @@ def beagle(target, store, vocab=0, init=None, **opts):
 @pytest.fixture(scope="module")
 def early_run(target, store, tmp_path_factory):
     run = tmp_path_factory.mktemp("beagle-early")
-    trainer = Trainer(beagle(target, store, block=3), store, run, cfg())
+    trainer = Trainer(beagle(target, store, block=3), store, run, train_config())
     before = trainer.validate()["val/loss"]
     trainer.fit()
     return run, trainer, before
@@ -51,7 +45,7 @@ def test_late_stage_starts_from_the_early_run_and_lowers_its_loss(early_run, tar
     rec = beagle(target, store, init=run, stage="late", block=3)
     for k, v in early.recipe.head.state_dict().items():  # --init loaded the early stage's weights
         torch.testing.assert_close(rec.head.state_dict()[k], v)
-    trainer = Trainer(rec, store, tmp_path, cfg(steps=15, lr=1e-3))
+    trainer = Trainer(rec, store, tmp_path, train_config(steps=15, lr=1e-3))
     before = trainer.validate()["val/loss"]
     trainer.fit()
     after = trainer.validate()["val/loss"]

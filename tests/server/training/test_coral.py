@@ -6,22 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 from support.clients import edge_client
-from support.drafters import learned_options
+from support.drafters import learned_options, train_config
 from support.servers import running_server
 
 from edgespec.server.training.coral import aligned_step_features
 from edgespec.server.training.fit import build_recipe
 from edgespec.server.training.recipes import RecipeOptionError
-from edgespec.server.training.trainer import TrainConfig, Trainer
+from edgespec.server.training.trainer import Trainer
 
 pytestmark = pytest.mark.slow  # trains drafters
-
-
-def cfg(**kw) -> TrainConfig:
-    base = dict(steps=30, lr=3e-3, warmup=2, batch_tokens=200, window=96, eval_every=1000, eval_depth=4,
-                save_every=1000, seed=0)
-    base.update(kw)
-    return TrainConfig(**base)
 
 
 def recipe(target, store, **kw):
@@ -54,7 +47,7 @@ def test_options_and_refusals(target, store):
 
 
 def test_a_few_steps_lower_the_loss_and_align_the_steps(target, store, tmp_path):
-    trainer = Trainer(recipe(target, store), store, tmp_path, cfg())
+    trainer = Trainer(recipe(target, store), store, tmp_path, train_config())
     before = trainer.validate()["val/loss"]
     trainer.fit()
     after = trainer.validate()["val/loss"]
@@ -77,7 +70,7 @@ def test_moa_passes_draft_each_position_at_another_step():
 def test_moa_coral_lowers_the_loss_and_refuses_one_pass(target, store, tmp_path):
     rec = build_recipe("moa+coral", target.model, store, tli=1, width=32, heads=4, special_ids=(258,))
     assert rec.kind == "moa" and [t.name for t in rec.terms] == ["activation", "kl", "align"]
-    trainer = Trainer(rec, store, tmp_path, cfg())
+    trainer = Trainer(rec, store, tmp_path, train_config())
     before = trainer.validate()["val/loss"]
     trainer.fit()
     assert trainer.validate()["val/loss"] < 0.9 * before

@@ -12,22 +12,15 @@ import sys
 import pytest
 import torch
 from support.clients import edge_client
-from support.drafters import learned_options
+from support.drafters import learned_options, train_config
 from support.servers import running_server
 
 from edgespec.server.training.fit import build_recipe
 from edgespec.server.training.recipes import RecipeOptionError
-from edgespec.server.training.trainer import TrainConfig, Trainer
+from edgespec.server.training.trainer import Trainer
 from edgespec.shared.drafters.masks import position_unrolled_mask, unrolled_mask
 
 pytestmark = pytest.mark.slow  # trains drafters
-
-
-def cfg(**kw) -> TrainConfig:
-    base = dict(steps=30, lr=3e-3, warmup=2, batch_tokens=200, window=96, eval_every=1000, eval_depth=4,
-                save_every=1000, seed=0)
-    base.update(kw)
-    return TrainConfig(**base)
 
 
 def recipe(kind, target, store, tli=0, **kw):
@@ -172,7 +165,7 @@ def test_stage_sets_the_topk_weight_and_stage_two_needs_init(target, store, tmp_
 
 def test_stage_two_starts_from_the_stage_one_run(target, store, tmp_path):
     first = recipe("eagle+hass", target, store)
-    Trainer(first, store, tmp_path / "s1", cfg(steps=3, save_every=3)).fit()
+    Trainer(first, store, tmp_path / "s1", train_config(steps=3, save_every=3)).fit()
     second = recipe("eagle+hass", target, store, options={"stage": "2"}, init=tmp_path / "s1", seed=5)
     assert ("topk", 1.0) in [(t.name, t.weight) for t in second.terms]
     for k, v in first.head.state_dict().items():
@@ -188,7 +181,7 @@ def test_stage_two_starts_from_the_stage_one_run(target, store, tmp_path):
     with pytest.raises(RecipeOptionError, match="no such"):
         recipe("eagle+hass", target, store, init=tmp_path / "missing")
     moa = recipe("moa", target, store, tli=1)
-    Trainer(moa, store, tmp_path / "m1", cfg(steps=2, save_every=2)).fit()
+    Trainer(moa, store, tmp_path / "m1", train_config(steps=2, save_every=2)).fit()
     moa2 = recipe("moa+hass", target, store, tli=1, options={"stage": "2"}, init=tmp_path / "m1", seed=3)
     for name in ("lsa", "client"):  # the client's activation stats too: stage 1's, not recalibrated
         want = moa.trainable()[name].state_dict()
@@ -200,7 +193,7 @@ def test_stage_two_starts_from_the_stage_one_run(target, store, tmp_path):
 @pytest.mark.parametrize("kind,tli,options", [("eagle+hass", 0, {}), ("eagle+hass", 0, {"topk_weight": "1"}),
                                               ("moa+hass", 1, {"topk_weight": "1"})])
 def test_a_few_steps_lower_the_loss(kind, tli, options, target, store, tmp_path):
-    trainer = Trainer(recipe(kind, target, store, tli, options=options), store, tmp_path, cfg())
+    trainer = Trainer(recipe(kind, target, store, tli, options=options), store, tmp_path, train_config())
     before = trainer.validate()["val/loss"]
     trainer.fit()
     after = trainer.validate()["val/loss"]

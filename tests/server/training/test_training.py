@@ -8,17 +8,11 @@ import sys
 import pytest
 import torch
 
+from support.drafters import train_config
 from edgespec.server.training.fit import build_recipe, write_card
-from edgespec.server.training.trainer import TrainConfig, Trainer
+from edgespec.server.training.trainer import Trainer
 
 pytestmark = pytest.mark.slow  # trains drafters
-
-
-def cfg(**kw) -> TrainConfig:
-    base = dict(steps=30, lr=3e-3, warmup=2, batch_tokens=200, window=96, eval_every=1000, eval_depth=4,
-                save_every=1000, seed=0)
-    base.update(kw)
-    return TrainConfig(**base)
 
 
 def recipe(kind, target, store, tli=0, vocab=0, unroll=1):
@@ -32,7 +26,7 @@ def val_loss(trainer: Trainer) -> float:
 
 @pytest.mark.parametrize("kind,tli,unroll", [("eagle", 0, 1), ("eagle", 0, 3), ("moa", 0, 1), ("moa", 1, 1)])
 def test_a_few_steps_lower_the_loss(kind, tli, unroll, target, store, tmp_path):
-    trainer = Trainer(recipe(kind, target, store, tli, unroll=unroll), store, tmp_path, cfg())
+    trainer = Trainer(recipe(kind, target, store, tli, unroll=unroll), store, tmp_path, train_config())
     before = val_loss(trainer)
     trainer.fit()
     after = val_loss(trainer)
@@ -42,11 +36,11 @@ def test_a_few_steps_lower_the_loss(kind, tli, unroll, target, store, tmp_path):
 
 
 def test_resume_continues_exactly(target, store, tmp_path):
-    straight = Trainer(recipe("eagle", target, store), store, tmp_path / "a", cfg(steps=6))
+    straight = Trainer(recipe("eagle", target, store), store, tmp_path / "a", train_config(steps=6))
     straight.fit()
-    first = Trainer(recipe("eagle", target, store), store, tmp_path / "b", cfg(steps=3, save_every=3))
+    first = Trainer(recipe("eagle", target, store), store, tmp_path / "b", train_config(steps=3, save_every=3))
     first.fit()
-    again = Trainer(recipe("eagle", target, store), store, tmp_path / "b", cfg(steps=6, save_every=3))
+    again = Trainer(recipe("eagle", target, store), store, tmp_path / "b", train_config(steps=6, save_every=3))
     again.fit()  # resumes at step 3 from checkpoint.pt
     assert again.history[0]["step"] == 4
     a = straight.recipe.trainable()["head"].state_dict()
@@ -57,7 +51,7 @@ def test_resume_continues_exactly(target, store, tmp_path):
 
 def test_validation_logs_per_position_acceptance_and_card(target, store, tmp_path):
     rec = recipe("moa", target, store, tli=1, vocab=64)
-    trainer = Trainer(rec, store, tmp_path, cfg(steps=2, eval_every=2, save_every=2))
+    trainer = Trainer(rec, store, tmp_path, train_config(steps=2, eval_every=2, save_every=2))
     trainer.fit()
     row = trainer.history[-1]
     rates = [row[f"val/accept@{k}"] for k in range(1, 5)]
@@ -149,7 +143,7 @@ def test_a_drafter_for_another_target_is_refused(target, store, tmp_path):
 
 
 def test_wall_clock_budget_stops_early_and_still_saves(target, store, tmp_path):
-    trainer = Trainer(recipe("eagle", target, store), store, tmp_path, cfg(steps=50, max_wall_s=1e-9))
+    trainer = Trainer(recipe("eagle", target, store), store, tmp_path, train_config(steps=50, max_wall_s=1e-9))
     trainer.fit()
     assert trainer.step == 1 and (tmp_path / trainer.checkpoint_path.name).is_file()
     assert "val/chains" in trainer.history[-1]  # the last step validated, as at a normal end
