@@ -1,32 +1,12 @@
 """The local OpenAI-compatible API, driven by the real `openai` client over real HTTP."""
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 import time
 
 import httpx
 import pytest
+from support.http import serving
 from support.servers import running_server
-
-
-@contextlib.contextmanager
-def serving(app):
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")

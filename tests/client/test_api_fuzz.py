@@ -7,14 +7,12 @@ API, in this process on real sockets.
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 
 import httpx
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from support.http import serving
 from support.servers import running_server
 
 pytestmark = pytest.mark.slow  # hypothesis runs hundreds of requests through both APIs
@@ -80,8 +78,6 @@ class Both:
 
 @pytest.fixture(scope="module")
 def both(tiny_model_dir):
-    import uvicorn
-
     from edgespec.client.api import build_app
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
@@ -90,16 +86,8 @@ def both(tiny_model_dir):
     with running_server(tiny_model_dir, max_context_tokens=256) as server:
         client = EdgespecClient(ClientConfig(LinkConfig(server.address), DrafterOptions("ngram"),
                                              tokenizer=str(tiny_model_dir)))
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        http = uvicorn.Server(uvicorn.Config(build_app(client), log_level="critical"))
-        thread = threading.Thread(target=http.run, kwargs={"sockets": [sock]}, daemon=True)
-        thread.start()
-        while not http.started:
-            time.sleep(0.01)
-        yield Both(server, f"http://127.0.0.1:{sock.getsockname()[1]}/v1")
-        http.should_exit = True
-        thread.join(timeout=10)
+        with serving(build_app(client), log_level="critical") as url:
+            yield Both(server, f"{url}/v1")
         client.close()
 
 

@@ -6,12 +6,10 @@ n, stop strings, usage and every refusal must behave the same way on both.
 """
 from __future__ import annotations
 
-import socket
-import threading
-import time
 
 import httpx
 import pytest
+from support.http import serving
 from support.servers import running_server
 
 openai = pytest.importorskip("openai")
@@ -33,8 +31,6 @@ class Apis:
 
 @pytest.fixture(scope="module")
 def apis(tiny_model_dir, tiny_drafter_dir):
-    import uvicorn
-
     from edgespec.client.api import build_app
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
@@ -43,16 +39,8 @@ def apis(tiny_model_dir, tiny_drafter_dir):
     with running_server(tiny_model_dir, max_context_tokens=512) as server:
         drafter = DrafterOptions("independent", model=str(tiny_drafter_dir), dtype="float32")
         client = EdgespecClient(ClientConfig(LinkConfig(server.address), drafter, tokenizer=str(tiny_model_dir)))
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        http = uvicorn.Server(uvicorn.Config(build_app(client), log_level="warning"))
-        thread = threading.Thread(target=http.run, kwargs={"sockets": [sock]}, daemon=True)
-        thread.start()
-        while not http.started:
-            time.sleep(0.01)
-        yield Apis(server, client, f"http://127.0.0.1:{sock.getsockname()[1]}/v1")
-        http.should_exit = True
-        thread.join(timeout=10)
+        with serving(build_app(client)) as url:
+            yield Apis(server, client, f"{url}/v1")
         client.close()
 
 

@@ -1,13 +1,11 @@
 """The HTTP side: health, Prometheus metrics, and the OpenAI-compatible plain API driven by the openai client."""
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 import time
 
 import httpx
 import pytest
+from support.http import serving as serving_app
 
 from edgespec.proto.edgespec.v1 import pb
 from edgespec.shared.tree import ROOT, DraftTree, encode_tree
@@ -24,26 +22,12 @@ def model(tiny_server) -> str:
     return tiny_server.core.target.name
 
 
-@contextlib.contextmanager
 def serving(state, core):
     """build_http_app(state) with the tiny server's core, on a loopback port of its own."""
-    import uvicorn
-
     from edgespec.server.http_api import build_http_app
 
     state.core = core
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(build_http_app(state), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    return serving_app(build_http_app(state))
 
 
 def until_eos(ids: list[int], eos: int = 258) -> list[int]:
