@@ -1,5 +1,7 @@
-"""The client and shared packages never import the server's: a laptop's client needs none of it, and what
-both sides use lives in shared/. Checked on the source (AST), imports inside functions included."""
+"""Who may import whom, checked on the source (AST), imports inside functions included:
+- the client and shared packages never import the server's: a laptop's client needs none of it, and what
+  both sides use lives in shared/;
+- the generation loop and the drafters never touch protobuf: the verifier (``client/verifier.py``) converts."""
 from __future__ import annotations
 
 import ast
@@ -43,3 +45,20 @@ def test_the_check_sees_server_imports(tmp_path):
                       "def f():\n    from edgespec.server import service\n")
     found = imported_modules(sample, tmp_path, "edgespec.client")
     assert {"edgespec.server.app", "edgespec.server.core", "edgespec.server"} <= set(found)
+
+
+BOUNDARY = [ROOTS["client"] / "generation.py", *sorted((ROOTS["client"] / "drafters").glob("*.py"))]
+
+
+@pytest.mark.parametrize("path", BOUNDARY, ids=lambda p: p.relative_to(ROOTS["client"]).as_posix())
+def test_no_protobuf_import_in_the_loop_or_the_drafters(path):
+    found = imported_modules(path, ROOTS["client"], "edgespec.client")
+    bad = [m for m in found if m.startswith(("edgespec.proto", "google.protobuf", "grpc"))]
+    assert not bad, f"{path.name} imports {bad}: go through client/verifier.py's domain types"
+
+
+def test_the_check_sees_a_protobuf_import(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("from edgespec.proto.edgespec.v1 import pb\nfrom edgespec import proto\nimport grpc\n")
+    found = imported_modules(sample, tmp_path, "edgespec.client")
+    assert {"edgespec.proto.edgespec.v1", "edgespec.proto", "grpc"} <= set(found)
