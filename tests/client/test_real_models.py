@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from edgespec.client.generation import GenerationConfig
+from edgespec.netem.bench.independent import greedy_continuation
 from support.servers import running_server
 
 pytestmark = [pytest.mark.models, pytest.mark.slow]  # the real models
@@ -20,22 +21,6 @@ def real_server():
         yield handle
 
 
-@torch.inference_mode()
-def _target_greedy(model, ids, max_new, eos):
-    from transformers import DynamicCache
-
-    cache, out, feed, pos = DynamicCache(), [], list(ids), 0
-    for _ in range(max_new):
-        logits = model(input_ids=torch.tensor([feed]), position_ids=torch.arange(pos, pos + len(feed))[None],
-                       past_key_values=cache, use_cache=True).logits[0, -1]
-        pos += len(feed)
-        out.append(int(logits.argmax()))
-        if out[-1] in eos:
-            break
-        feed = [out[-1]]
-    return out
-
-
 @pytest.mark.parametrize("drafter", ["ngram", "independent"])
 def test_real_models_greedy_equals_target(real_server, drafter):
     from edgespec.client.drafters.factory import DrafterOptions
@@ -47,6 +32,6 @@ def test_real_models_greedy_equals_target(real_server, drafter):
         for prompt in PROMPTS:
             ids = client.encode_chat([{"role": "user", "content": prompt}])
             result = client.generate(ids, GenerationConfig(max_new_tokens=32))
-            want = _target_greedy(real_server.core.target.model, ids, 32, client.tokens.eos_ids)
+            want = greedy_continuation(real_server.core.target.model, ids, 32, client.tokens.eos_ids)
             assert result.token_ids == want, (client.decode(result.token_ids), client.decode(want))
             assert result.metrics.disconnects == 0
