@@ -1,6 +1,6 @@
 """Feature export: what the drafter gets back per verified token, through the activation codec.
 
-Kinds (the wire's FeatureKind):
+Kinds (the wire's FeatureKind; the names are ``shared.wire``'s constants):
 - NONE: nothing.
 - LAST_HIDDEN: ``"hidden"`` [n, E], the target's final-norm output (EAGLE).
 - MOA: ``"lsa"`` [n, 2*E_kv], Layer Self-Attention over the per-token K|V of
@@ -15,7 +15,7 @@ import torch
 
 from edgespec.shared.codec import ActivationCodec
 from edgespec.shared.drafters.lsa import LayerSelfAttention
-from edgespec.shared.wire import FeatureKind
+from edgespec.shared.wire import HIDDEN, LSA, TLI_K, TLI_V, FeatureKind
 
 from .errors import InvalidRequestError
 
@@ -62,14 +62,14 @@ def export_features(spec: FeatureSpec, hidden: torch.Tensor, kv: torch.Tensor | 
     if spec.kind is FeatureKind.NONE:
         return []
     if spec.kind is FeatureKind.LAST_HIDDEN:
-        return [("hidden", spec.codec.encode(hidden.float()))]
+        return [(HIDDEN, spec.codec.encode(hidden.float()))]
     assert kv is not None and spec.lsa is not None, "MOA features need the K|V rows and a server part"
     lsa_param = next(spec.lsa.parameters())
     lsa = spec.lsa(kv.to(lsa_param.device, lsa_param.dtype)).float()  # [n, 2*E_kv]
-    out = [("lsa", spec.codec.encode(lsa))]
+    out = [(LSA, spec.codec.encode(lsa))]
     if spec.tli_layers:
         e_kv = kv.shape[-1] // 2
         last = kv[:, -spec.tli_layers:].transpose(0, 1).float()  # [N, n, 2*E_kv]
-        out.append(("tli_k", spec.codec.encode(last[..., :e_kv].contiguous())))
-        out.append(("tli_v", spec.codec.encode(last[..., e_kv:].contiguous())))
+        out.append((TLI_K, spec.codec.encode(last[..., :e_kv].contiguous())))
+        out.append((TLI_V, spec.codec.encode(last[..., e_kv:].contiguous())))
     return out
