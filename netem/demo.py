@@ -42,14 +42,7 @@ def main(args) -> int:
             logging.getLogger(name).setLevel(logging.WARNING)
     args.target = args.target or DEFAULT_TARGET
     print(f"edgespec demo: loading target {args.target} ...", file=sys.stderr, flush=True)
-    # a MoA drafter's Layer Self-Attention runs on the server: load the part of the same name
-    parts = {}
-    if args.drafter.startswith("moa"):
-        from ..client.drafters.moa import DEFAULT_CHECKPOINT
-
-        moa = args.checkpoint or (DEFAULT_CHECKPOINT if args.drafter == "moa" else args.drafter)
-        parts = {args.moa_server_part or Path(moa).name: moa}
-    server = start_server(ServerConfig(model=args.target, http_port=None, moa_server_parts=parts))
+    server = start_server(ServerConfig(model=args.target, http_port=None, moa_server_parts=moa_server_parts(args)))
     relay = None
     address = server.address
     try:
@@ -78,3 +71,14 @@ def main(args) -> int:
             relay.stop()
         server.stop(grace=1.0)
     return 0
+
+
+def moa_server_parts(args) -> dict[str, str]:
+    """A MoA drafter's Layer Self-Attention runs on the server: the part of the same name (the kind "moa"
+    stands for its default shipped checkpoint); nothing for other drafters."""
+    if not args.drafter.startswith("moa"):
+        return {}
+    from ..client.drafters.factory import LEARNED
+
+    moa = args.checkpoint or LEARNED.get(args.drafter, args.drafter)
+    return {args.moa_server_part or Path(moa).name: moa}

@@ -23,7 +23,7 @@ from edgespec.client.commit import ResumePolicy
 from edgespec.client.generation import GenerationConfig, GenerationFailedError, LinkEvent, TokenEvent
 from edgespec.client.link import LinkDownError, ServerRefusedError, SessionLostError, classify_rpc_error
 from edgespec.shared.wire import SERVER_STATUS_METADATA_KEY
-from edgespec.proto.edgespec.v1 import pb, pb_grpc
+from edgespec.proto.edgespec.v1 import pb_grpc
 from support.servers import running_server
 
 PROMPT = "def add(a, b):\n    return a + b\n"

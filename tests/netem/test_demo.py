@@ -18,3 +18,17 @@ def test_demo_runs_end_to_end_through_the_relay(tiny_model_dir):
     assert proc.returncode == 0, proc.stderr
     assert "relay (4g)" in proc.stderr
     assert "tok/s" in proc.stderr and "calls" in proc.stderr
+
+
+def test_a_moa_demo_loads_the_matching_server_part():
+    from types import SimpleNamespace
+
+    from edgespec.netem.demo import moa_server_parts
+
+    def args(drafter, checkpoint=None, part=None):
+        return SimpleNamespace(drafter=drafter, checkpoint=checkpoint, moa_server_part=part)
+
+    assert moa_server_parts(args("moa")) == {"moa-tli0": "moa-tli0"}
+    assert moa_server_parts(args("moa-tli1")) == {"moa-tli1": "moa-tli1"}
+    assert moa_server_parts(args("moa", "/runs/x/moa-run")) == {"moa-run": "/runs/x/moa-run"}
+    assert moa_server_parts(args("independent")) == {}
