@@ -25,10 +25,8 @@ from .link import LinkConfig, LinkDownError, make_channel, server_info
 log = logging.getLogger(__name__)
 
 
-class ClientNotReadyError(EdgespecError):
+class ClientNotReadyError(EdgespecError, grpc_code="UNAVAILABLE"):
     """The local API was asked for a generation before its client finished loading (or loading failed)."""
-
-    grpc_code = "UNAVAILABLE"
 
 
 class ClientSlot:

@@ -41,10 +41,8 @@ MIN_RTO_S = 0.2
 RTO_RTT_MULTIPLE = 3.0
 
 
-class ProfileError(EdgespecError, ValueError):
+class ProfileError(EdgespecError, ValueError, grpc_code="INVALID_ARGUMENT"):
     """A profile that cannot be used: unknown name, unreadable file or a bad field."""
-
-    grpc_code = "INVALID_ARGUMENT"
 
 
 @dataclass(frozen=True)

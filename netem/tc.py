@@ -28,10 +28,8 @@ from edgespec.shared.errors import EdgespecError
 from .profile import DirectionProfile, NetworkProfile
 
 
-class NetemUnavailableError(EdgespecError, RuntimeError):
+class NetemUnavailableError(EdgespecError, RuntimeError, grpc_code="FAILED_PRECONDITION"):
     """This host cannot apply a profile with tc (no netem qdisc, no iproute2, not root)."""
-
-    grpc_code = "FAILED_PRECONDITION"
 
 
 class TcCommandError(EdgespecError, RuntimeError):

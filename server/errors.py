@@ -15,52 +15,36 @@ def printable(text: str, limit: int = 300) -> str:
     return shown + (f"... ({len(text)} characters)" if len(text) > limit else "")
 
 
-class InvalidRequestError(EdgespecError, ValueError):
+class InvalidRequestError(EdgespecError, ValueError, grpc_code="INVALID_ARGUMENT"):
     """A message the server cannot act on: missing fields, bad sampling settings, too long a prompt."""
 
-    grpc_code = "INVALID_ARGUMENT"
 
-
-class SessionNotFoundError(EdgespecError, KeyError):
+class SessionNotFoundError(EdgespecError, KeyError, grpc_code="NOT_FOUND"):
     """A session id this server does not hold (never opened, closed, expired or evicted)."""
-
-    grpc_code = "NOT_FOUND"
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "unknown session"
 
 
-class StaleStateError(EdgespecError):
+class StaleStateError(EdgespecError, grpc_code="FAILED_PRECONDITION"):
     """The client's view (committed length, hash) disagrees with the server's."""
 
-    grpc_code = "FAILED_PRECONDITION"
 
-
-class SessionCapError(EdgespecError):
+class SessionCapError(EdgespecError, grpc_code="RESOURCE_EXHAUSTED"):
     """The server holds as many sessions as it may."""
 
-    grpc_code = "RESOURCE_EXHAUSTED"
 
-
-class SessionBusyError(EdgespecError):
+class SessionBusyError(EdgespecError, grpc_code="ABORTED"):
     """Another stream is using this session right now."""
 
-    grpc_code = "ABORTED"
 
-
-class UnauthenticatedError(EdgespecError):
+class UnauthenticatedError(EdgespecError, grpc_code="UNAUTHENTICATED"):
     """A missing or wrong API key."""
 
-    grpc_code = "UNAUTHENTICATED"
 
-
-class DrainingError(EdgespecError):
+class DrainingError(EdgespecError, grpc_code="UNAVAILABLE"):
     """The server is shutting down and takes no new sessions."""
 
-    grpc_code = "UNAVAILABLE"
 
-
-class AdmissionTimeoutError(EdgespecError):
+class AdmissionTimeoutError(EdgespecError, grpc_code="DEADLINE_EXCEEDED"):
     """A Session stream that sent no first message in time (it held the server while saying nothing)."""
-
-    grpc_code = "DEADLINE_EXCEEDED"

@@ -7,27 +7,27 @@ from __future__ import annotations
 
 
 class EdgespecError(Exception):
-    """Base class; ``grpc_code`` names a ``grpc.StatusCode`` member."""
+    """Base class; ``grpc_code`` names a ``grpc.StatusCode`` member, given by a subclass as a class
+    keyword: ``class StaleStateError(EdgespecError, grpc_code="FAILED_PRECONDITION")``."""
 
     grpc_code = "INTERNAL"
 
+    def __init_subclass__(cls, grpc_code: str | None = None, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if grpc_code is not None:
+            cls.grpc_code = grpc_code
 
-class InvalidTreeError(EdgespecError, ValueError):
+
+class InvalidTreeError(EdgespecError, ValueError, grpc_code="INVALID_ARGUMENT"):
     """A draft tree that cannot be verified (bad parent, too many nodes, bad token id, truncated bytes)."""
 
-    grpc_code = "INVALID_ARGUMENT"
 
-
-class FrameError(EdgespecError, ValueError):
+class FrameError(EdgespecError, ValueError, grpc_code="INVALID_ARGUMENT"):
     """An activation codec frame that is malformed, truncated or of an unknown codec."""
 
-    grpc_code = "INVALID_ARGUMENT"
 
-
-class TokenizerMismatchError(EdgespecError):
+class TokenizerMismatchError(EdgespecError, grpc_code="FAILED_PRECONDITION"):
     """A client whose tokenizer fingerprint is not the server's."""
-
-    grpc_code = "FAILED_PRECONDITION"
 
 
 class ModelPrepareError(EdgespecError, RuntimeError):

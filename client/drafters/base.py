@@ -26,10 +26,8 @@ from edgespec.shared.tree import DraftTree
 from edgespec.shared.wire import FeatureKind
 
 
-class OfflineUnsupportedError(EdgespecError):
+class OfflineUnsupportedError(EdgespecError, grpc_code="UNAVAILABLE"):
     """The drafter cannot generate without the server (it only proposes, e.g. ngram lookup)."""
-
-    grpc_code = "UNAVAILABLE"
 
 
 @dataclass(frozen=True)

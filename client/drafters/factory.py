@@ -14,8 +14,8 @@ BUILTIN = ("ngram", "independent")
 LEARNED = {"eagle": "eagle", "moa": "moa-tli0", "beagle": "beagle"}  # kind -> shipped checkpoint it opens by default
 
 
-class UnknownDrafterError(EdgespecError, ValueError):
-    grpc_code = "INVALID_ARGUMENT"
+class UnknownDrafterError(EdgespecError, ValueError, grpc_code="INVALID_ARGUMENT"):
+    """An unknown drafter name."""
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,8 @@ from .runtime import LearnedRuntime
 from .tree_builder import Candidates, TreeShape, build_tree
 
 
-class MissingFeaturesError(EdgespecError):
+class MissingFeaturesError(EdgespecError, grpc_code="FAILED_PRECONDITION"):
     """The server sent no features for a drafter that cannot work without them."""
-
-    grpc_code = "FAILED_PRECONDITION"
 
 
 class LearnedDrafter(Drafter):

@@ -39,11 +39,9 @@ from edgespec.shared.tree import ROOT, DraftTree, tree_attention_mask
 Features = Mapping[str, torch.Tensor]
 
 
-class DrafterStateError(EdgespecError, ValueError):
+class DrafterStateError(EdgespecError, ValueError, grpc_code="FAILED_PRECONDITION"):
     """A drafter asked to do something its state does not allow (features of the wrong length,
     drafting before anything is committed, rolling back past the start)."""
-
-    grpc_code = "FAILED_PRECONDITION"
 
 
 class LearnedRuntime(abc.ABC):

@@ -28,10 +28,8 @@ from .features import FeatureStore
 from .moa_recipe import MoARecipe, MoARecipeConfig
 
 
-class RecipeOptionError(EdgespecError, ValueError):
+class RecipeOptionError(EdgespecError, ValueError, grpc_code="INVALID_ARGUMENT"):
     """An unknown recipe, an ``--opt`` key the recipe does not have, or a value of the wrong type."""
-
-    grpc_code = "INVALID_ARGUMENT"
 
 
 @dataclass

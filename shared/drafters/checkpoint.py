@@ -18,10 +18,8 @@ from ..errors import EdgespecError
 M = TypeVar("M", bound=torch.nn.Module)
 
 
-class DrafterCheckpointError(EdgespecError, ValueError):
+class DrafterCheckpointError(EdgespecError, ValueError, grpc_code="FAILED_PRECONDITION"):
     """A drafter checkpoint that is missing, of another kind, or does not fit its target."""
-
-    grpc_code = "FAILED_PRECONDITION"
 
 
 def save_weights(path: str | Path, kind: str, config: dict, state: dict[str, torch.Tensor],
