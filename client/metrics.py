@@ -22,24 +22,17 @@ from __future__ import annotations
 import threading
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import Counter, Histogram
 
-from edgespec.shared.prom import (PREFIX, REQUEST_BUCKETS, STEP_BUCKETS, Exposition, SpecDecodeCounters,
-                                  request_histograms)
+from edgespec.shared.prom import PREFIX, REQUEST_BUCKETS, STEP_BUCKETS, VllmMetrics
 
 from .generation import GenerationResult, TokenEvent
 
 
-class ClientMetrics:
-    def __init__(self, model_name: str = "") -> None:
-        self.model_name = model_name  # the label on every series: the server's model, set once the client loaded
-        self.registry = CollectorRegistry()
+class ClientMetrics(VllmMetrics):
+    def __init__(self, model_name: str = "") -> None:  # the server's model, set once the client loaded
+        super().__init__(model_name, "Number of requests generating now.")
         r = self.registry
-        self.spec_decode = SpecDecodeCounters(r)
-        self.ttft, self.e2e, self.queue_time = request_histograms(r)
-        self.running = Gauge(PREFIX + "num_requests_running", "Number of requests generating now.", registry=r)
-        self.waiting = Gauge(PREFIX + "num_requests_waiting", "Number of requests waiting to be processed.",
-                             registry=r)
         self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Number of prefill tokens processed.", registry=r)
         self.generation_tokens = Counter(PREFIX + "generation_tokens", "Number of generation tokens processed.",
                                          registry=r)
@@ -49,8 +42,6 @@ class ClientMetrics:
         self.request_verify_time = Histogram(
             PREFIX + "request_verify_time_seconds",
             "The server's verification time over one request, in seconds.", buckets=REQUEST_BUCKETS, registry=r)
-        self._exposition = Exposition(r, lambda: self.model_name)
-        self.content_type = self._exposition.content_type
 
     def watch(self) -> "RequestWatch":
         """A request has arrived; the watch follows it to its end."""
@@ -66,9 +57,6 @@ class ClientMetrics:
             self.round_trip.observe(seconds)
         if m.num_drafts:
             self.request_verify_time.observe(m.verify_s)
-
-    def render(self) -> bytes:
-        return self._exposition.render()
 
 
 class RequestWatch:

@@ -13,16 +13,14 @@ labels, so a vLLM Grafana dashboard reads them with only the prefix changed:
 - ``edgespec:num_requests_running``, ``edgespec:num_requests_waiting`` (gauges), and on the server
   ``edgespec:kv_cache_usage_perc`` (1 = 100 %).
 
-``Exposition`` renders a registry with ``model_name`` and ``engine`` on every ``edgespec:`` series,
-set when the page is rendered (the client learns its model's name only once it has reached the
-server), and without prometheus_client's ``*_created`` series, which vLLM does not export either.
+``VllmMetrics`` holds the series both sides have and renders its registry with ``model_name`` and
+``engine`` on every ``edgespec:`` series, set when the page is rendered (the client learns its model's
+name only once it has reached the server), and without prometheus_client's ``*_created`` series, which vLLM does not export either.
 edgespec's own ``edgespec_*`` series keep their labels as they were.
 """
 from __future__ import annotations
 
-from typing import Callable
-
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
 
 from .metrics import SpecDecodeStats
@@ -62,28 +60,30 @@ class SpecDecodeCounters:
                 self.accepted_per_pos.labels(position=str(position)).inc(count)
 
 
-def request_histograms(registry: CollectorRegistry) -> tuple[Histogram, Histogram, Histogram]:
-    """TTFT, end-to-end latency and queue time, as vLLM names them."""
-    return (Histogram(PREFIX + "time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                      buckets=TTFT_BUCKETS, registry=registry),
-            Histogram(PREFIX + "e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                      buckets=REQUEST_BUCKETS, registry=registry),
-            Histogram(PREFIX + "request_queue_time_seconds",
-                      "Histogram of time spent waiting in the queue in seconds.", buckets=STEP_BUCKETS,
-                      registry=registry))
-
-
-class Exposition:
-    """A registry as the text page, with constant labels added to every series and no `_created`."""
+class VllmMetrics:
+    """The series the server and the client both have, on a registry of their own (several can share a
+    process): vLLM's spec-decode counters, TTFT, end-to-end latency and queue time, and the running and
+    waiting gauges (whose meaning each side says in ``running_help``)."""
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, registry: CollectorRegistry, model_name: Callable[[], str]):
-        self.registry = registry
-        self._model_name = model_name  # read per render: the client's model is known only once loaded
+    def __init__(self, model_name: str, running_help: str):
+        self.model_name = model_name  # the label on every series; read per render: the client's is known once loaded
+        self.registry = r = CollectorRegistry()
+        self.spec_decode = SpecDecodeCounters(r)
+        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                             buckets=REQUEST_BUCKETS, registry=r)
+        self.queue_time = Histogram(PREFIX + "request_queue_time_seconds",
+                                    "Histogram of time spent waiting in the queue in seconds.", buckets=STEP_BUCKETS,
+                                    registry=r)
+        self.running = Gauge(PREFIX + "num_requests_running", running_help, registry=r)
+        self.waiting = Gauge(PREFIX + "num_requests_waiting", "Number of requests waiting to be processed.",
+                             registry=r)
 
     def collect(self):
-        vllm = {"model_name": self._model_name() or "", "engine": ENGINE}
+        vllm = {"model_name": self.model_name or "", "engine": ENGINE}
         for family in self.registry.collect():
             out = Metric(family.name, family.documentation, family.type, family.unit)
             # vLLM's labels on vLLM's names only: edgespec's own series keep the shape their readers parse.
