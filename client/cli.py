@@ -41,12 +41,7 @@ def add_client_options(p: argparse.ArgumentParser) -> None:
                    help="MoA: the server part's name on the server (default: the checkpoint's name)")
     p.add_argument("--tokenizer", default=None, help="the target's tokenizer (model name or directory); "
                                                       "default: the drafter's model or the server's model name")
-    p.add_argument("--tree-branch", type=int, default=None,
-                   help="EAGLE-2 B: children per expanded node (None: the drafter's own)")
-    p.add_argument("--tree-depth", type=int, default=None, help="EAGLE-2 D: deepest level drafted")
-    p.add_argument("--tree-nodes", type=int, default=None, help="EAGLE-2 M: nodes kept in a tree")
-    p.add_argument("--tree-min-prob", type=float, default=None,
-                   help="stop deepening once the best path's probability is below this")
+    add_tree_arguments(p)
     p.add_argument("--ngram-nodes", type=int, default=None, help="nodes in an ngram tree")
     p.add_argument("--policy", choices=["rollback", "keep"], default="rollback",
                    help="offline tokens on reconnect: rollback (exactly the target's text) or keep")
@@ -60,17 +55,37 @@ def add_client_options(p: argparse.ArgumentParser) -> None:
                    help="floor of a Draft's deadline in seconds")
 
 
-def client_from_args(args, address: str):
-    from .drafters.factory import DrafterOptions
-    from .drafters.ngram import NgramConfig
+def add_tree_arguments(p: argparse.ArgumentParser) -> None:
+    """The EAGLE-2 tree shape (also the drafting benchmarks')."""
+    p.add_argument("--tree-branch", type=int, default=None,
+                   help="EAGLE-2 B: children per expanded node (None: the client's default, TreeShape's)")
+    p.add_argument("--tree-depth", type=int, default=None, help="EAGLE-2 D: deepest level drafted")
+    p.add_argument("--tree-nodes", type=int, default=None, help="EAGLE-2 M: nodes kept in a tree")
+    p.add_argument("--tree-min-prob", type=float, default=None,
+                   help="stop deepening once the best path's probability is below this")
+
+
+def tree_shape(args: argparse.Namespace):
+    """The TreeShape the tree arguments ask for; it is written back into args, so a run records the
+    shape it used."""
     from .drafters.tree_builder import TreeShape
-    from .edge_client import ClientConfig, EdgespecClient
-    from .link import LinkConfig
-    from edgespec.shared.models.registry import DEFAULT_DRAFTER
 
     given = {"branch": args.tree_branch, "depth": args.tree_depth, "max_nodes": args.tree_nodes,
              "min_prob": args.tree_min_prob}
     tree = TreeShape(**{k: v for k, v in given.items() if v is not None})
+    args.tree_branch, args.tree_depth, args.tree_nodes, args.tree_min_prob = (tree.branch, tree.depth, tree.max_nodes,
+                                                                              tree.min_prob)
+    return tree
+
+
+def client_from_args(args, address: str):
+    from .drafters.factory import DrafterOptions
+    from .drafters.ngram import NgramConfig
+    from .edge_client import ClientConfig, EdgespecClient
+    from .link import LinkConfig
+    from edgespec.shared.models.registry import DEFAULT_DRAFTER
+
+    tree = tree_shape(args)
     ngram = NgramConfig() if args.ngram_nodes is None else NgramConfig(max_nodes=args.ngram_nodes)
     options = DrafterOptions(name=args.drafter, model=args.drafter_model or DEFAULT_DRAFTER,
                              checkpoint=args.checkpoint, target=args.target_model,

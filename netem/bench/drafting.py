@@ -29,6 +29,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+from ...client.cli import add_tree_arguments, tree_shape
+
 EDGESPEC = ("ngram", "independent", "eagle", "moa-tli0", "moa-tli1")
 LEARNED = EDGESPEC[2:]
 METHODS = ("target", "hf-assisted", "hf-lookup", *EDGESPEC)
@@ -157,29 +159,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "LM-head router) under NAME, e.g. eagle-hass=runs/fit8/eagle-hass; repeatable")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
     p.add_argument("--out", default=None, help="write every run and the summary as JSON here")
-
-
-def add_tree_arguments(p: argparse.ArgumentParser) -> None:
-    """The EAGLE-2 tree shape, as `edgespec client` takes it."""
-    p.add_argument("--tree-branch", type=int, default=None,
-                   help="EAGLE-2 B: children per expanded node (None: the client's default, TreeShape's)")
-    p.add_argument("--tree-depth", type=int, default=None, help="EAGLE-2 D: deepest level drafted")
-    p.add_argument("--tree-nodes", type=int, default=None, help="EAGLE-2 M: nodes kept in a tree")
-    p.add_argument("--tree-min-prob", type=float, default=None,
-                   help="stop deepening once the best path's probability is below this")
-
-
-def tree_shape(args: argparse.Namespace):
-    """The TreeShape the tree arguments ask for; it is written back into args, so a run records the
-    shape it used."""
-    from ...client.drafters.tree_builder import TreeShape
-
-    given = {"branch": args.tree_branch, "depth": args.tree_depth, "max_nodes": args.tree_nodes,
-             "min_prob": args.tree_min_prob}
-    tree = TreeShape(**{k: v for k, v in given.items() if v is not None})
-    args.tree_branch, args.tree_depth, args.tree_nodes, args.tree_min_prob = (tree.branch, tree.depth, tree.max_nodes,
-                                                                              tree.min_prob)
-    return tree
 
 
 def recorded(args: argparse.Namespace) -> dict:

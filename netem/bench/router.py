@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .drafting import add_lists, add_tree_arguments, tree_shape
+from ...client.cli import add_tree_arguments, tree_shape
+from .drafting import add_lists
 
 MODES = ("full head", "router")
 
