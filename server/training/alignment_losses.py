@@ -57,11 +57,6 @@ def cross_step_alignment(features: list[torch.Tensor], w: torch.Tensor, temperat
     step b's feature of a position towards step a's feature of it and away from step a's
     features of the other positions; the pairs add up (each pair counts like one term).
     """
-    term = None
-    for b in range(1, len(features)):
-        for a in range(b):
-            t = info_nce(features[b], features[a], w, temperature)
-            term = t if term is None else term + t
-    if term is None:
+    if len(features) < 2:
         raise ValueError("cross-step alignment needs features of at least two unrolled steps")
-    return term
+    return sum(info_nce(features[b], features[a], w, temperature) for b in range(1, len(features)) for a in range(b))

@@ -29,9 +29,10 @@ from ...shared.drafters.beagle import FILE_NAME, BeagleConfig, BeagleHead, cat_m
 from ...shared.drafters.beagle_masks import (block_starts, chain_mask, inverse_block_mask, late_step_weights,
                                              simulated_mask)
 from ...shared.drafters.target_parts import TargetParts
+from .eagle_recipe import HeadRecipe
 from .features import StoredSequence
 from .losses import Acceptance, Term, chain_accepted, smooth_l1, soft_cross_entropy
-from .recipe import LossTerm, Outputs
+from .recipe import Outputs
 from .recipes import RecipeContext, RecipeOptionError, check_all_used
 
 log = logging.getLogger(__name__)
@@ -67,21 +68,15 @@ def draft_chains(head: BeagleHead, parts: TargetParts, tokens: torch.Tensor, sta
     return out
 
 
-class BeagleRecipe:
+class BeagleRecipe(HeadRecipe):
     kind = "beagle"
-    feature_names = ("hidden",)
 
     def __init__(self, head: BeagleHead, parts: TargetParts, config: BeagleRecipeConfig = BeagleRecipeConfig()):
         if config.stage not in STAGES:
             raise RecipeOptionError(f"--opt stage={config.stage}: Beagle's stages are {' and '.join(STAGES)}")
         if config.block < 1:
             raise RecipeOptionError(f"--opt block={config.block}: the block size k must be >= 1")
-        self.head, self.parts, self.config = head, parts, config
-        self.terms = [LossTerm("feature", config.feature_weight, self._feature_term),
-                      LossTerm("ce", config.ce_weight, self._ce_term)]
-
-    def trainable(self):
-        return {"head": self.head}
+        super().__init__(head, parts, config)
 
     def forward(self, seq: StoredSequence, start: int, end: int, gen: torch.Generator) -> Outputs:
         k = self.config.block
@@ -126,11 +121,7 @@ class BeagleRecipe:
 
     @staticmethod
     def _sum(out: Outputs, fn) -> Term:
-        term = None
-        for pred, w, rows in out["steps"]:
-            t = fn(pred, w, rows)
-            term = t if term is None else term + t
-        return term
+        return sum(fn(pred, w, rows) for pred, w, rows in out["steps"])
 
     @torch.no_grad()
     def acceptance(self, seq: StoredSequence, depth: int) -> Acceptance:

@@ -76,21 +76,13 @@ class EagleCoralRecipe(EagleRecipe):
         return cross_step_alignment(feats, w, self.coral.temperature)
 
 
-def _sum(terms) -> Term:
-    terms = list(terms)
-    out = terms[0]
-    for t in terms[1:]:
-        out = out + t
-    return out
-
-
 class MoACoralRecipe(MoARecipe):
     def __init__(self, model, parts, config: MoARecipeConfig, coral: CoralConfig, passes: int):
         super().__init__(model, parts, config)
         self.coral, self.passes = coral, passes
         base = self.terms
         # The MoA terms over every pass (each pass is more training data, drafted at other steps).
-        self.terms = [LossTerm(t.name, t.weight, lambda out, fn=t.fn: _sum(fn(p) for p in out["passes"]))
+        self.terms = [LossTerm(t.name, t.weight, lambda out, fn=t.fn: sum(fn(p) for p in out["passes"]))
                       for t in base]
         self.terms.append(LossTerm("align", coral.align_weight, self._align_term))
 

@@ -59,17 +59,26 @@ def unrolled_steps(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, fe
     return out
 
 
-class EagleRecipe:
-    kind = "eagle"
+class HeadRecipe:
+    """A head that drafts from the target's last hidden states (EAGLE, Beagle), trained on the target's
+    next states (SmoothL1, ``feature_weight``) and its distribution (soft CE, ``ce_weight``)."""
+
     feature_names = ("hidden",)
 
-    def __init__(self, head: EagleHead, parts: TargetParts, config: EagleRecipeConfig = EagleRecipeConfig()):
+    def __init__(self, head, parts: TargetParts, config):
         self.head, self.parts, self.config = head, parts, config
         self.terms = [LossTerm("feature", config.feature_weight, self._feature_term),
                       LossTerm("ce", config.ce_weight, self._ce_term)]
 
     def trainable(self):
         return {"head": self.head}
+
+
+class EagleRecipe(HeadRecipe):
+    kind = "eagle"
+
+    def __init__(self, head: EagleHead, parts: TargetParts, config: EagleRecipeConfig = EagleRecipeConfig()):
+        super().__init__(head, parts, config)
 
     def forward(self, seq: StoredSequence, start: int, end: int, gen: torch.Generator) -> Outputs:
         tokens, h = seq.tokens[start:end], seq.hidden[start:end]
@@ -92,16 +101,15 @@ class EagleRecipe:
 
     def _per_step(self, out: Outputs, fn) -> Term:
         n, h, tl, w = out["n"], out["target"], out["target_logits"], out["w"]
-        term = None
+        terms = []
         for s, (pred, _) in enumerate(out["steps"], start=1):
             m = n - (s - 1)  # starts whose step-s target h_{r+s} lies in the window
             if m <= 0:
                 break
             t = fn(pred[:m], h[s:s + m], tl[s - 1:s - 1 + m], w[:m])
             scale = 1.0 if s == 1 else self.config.unroll_weight
-            t = Term(t.total * scale, t.weight * scale)
-            term = t if term is None else term + t
-        return term
+            terms.append(Term(t.total * scale, t.weight * scale))
+        return sum(terms)
 
     @torch.no_grad()
     def acceptance(self, seq: StoredSequence, depth: int) -> Acceptance:

@@ -124,28 +124,26 @@ def load_init(ctx: RecipeContext, recipe) -> None:
 
 
 # -- recipes ----------------------------------------------------------------------------------------
-class EagleHassRecipe(EagleRecipe):
-    """EAGLE unrolled with detached own features and data tokens, plus the top-K term when weighted."""
+class _WithTopK:
+    """A base recipe (EAGLE, MoA) with HASS's settings, plus its top-K term (``_topk_term``) when weighted."""
 
-    def __init__(self, head, parts, config: EagleRecipeConfig, hass: HassConfig):
-        super().__init__(head, parts, config)
+    def __init__(self, model, parts, config, hass: HassConfig):
+        super().__init__(model, parts, config)
         self.hass = hass
         if hass.topk_weight > 0:
             self.terms.append(LossTerm("topk", hass.topk_weight, self._topk_term))
+
+
+class EagleHassRecipe(_WithTopK, EagleRecipe):
+    """EAGLE unrolled with detached own features and data tokens, plus the top-K term when weighted."""
 
     def _topk_term(self, out: Outputs) -> Term:
         k = self.hass.topk
         return self._per_step(out, lambda pred, tgt, tl, w: topk_distillation(self.parts.logits(pred), tl, w, k))
 
 
-class MoAHassRecipe(MoARecipe):
+class MoAHassRecipe(_WithTopK, MoARecipe):
     """MoA with detached own TLI context (``detach_own``), plus the top-K term when weighted."""
-
-    def __init__(self, model, parts, config: MoARecipeConfig, hass: HassConfig):
-        super().__init__(model, parts, config)
-        self.hass = hass
-        if hass.topk_weight > 0:
-            self.terms.append(LossTerm("topk", hass.topk_weight, self._topk_term))
 
     def _topk_term(self, out: Outputs) -> Term:
         return topk_distillation(out["logits"], out["target_logits"], out["w"], self.hass.topk)

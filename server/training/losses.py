@@ -25,6 +25,9 @@ class Term:
     def __add__(self, other: "Term") -> "Term":
         return Term(self.total + other.total, self.weight + other.weight)
 
+    def __radd__(self, other: int) -> "Term":  # sum(terms) starts from 0
+        return self if other == 0 else NotImplemented
+
 
 def smooth_l1(pred: torch.Tensor, target: torch.Tensor, w: torch.Tensor) -> Term:
     """SmoothL1 on activations, mean over channels. pred, target: [T, E]; w: [T]."""
