@@ -1,7 +1,8 @@
 """Learned drafters in the real system: a tiny target behind a real gRPC server, the client's
-EAGLE and MoA drafters (trained a little by the real trainer on the target's own outputs),
-greedy output token-exact with the target's, offline continuation and resume through a
-real relay, and the refusals a user can meet (wrong tokenizer, server part missing)."""
+EAGLE, MoA and Beagle drafters (trained a little by the real trainer on the target's own outputs;
+Beagle in both its stages), greedy output token-exact with the target's, offline continuation and
+resume through a real relay, and the refusals a user can meet (wrong tokenizer, server part
+missing, another kind's checkpoint)."""
 from __future__ import annotations
 
 import json
@@ -12,16 +13,22 @@ from support.drafters import learned_options
 from support.relays import drive, relay_to
 from support.servers import running_server
 
-pytestmark = pytest.mark.slow  # module fixtures train three drafters; end to end through a server and a relay
+pytestmark = pytest.mark.slow  # module fixtures train four drafters; end to end through a server and a relay
 
 PROMPT = "Write a function that adds two numbers."
-KINDS = [("eagle", 0), ("moa", 0), ("moa", 1)]
+KINDS = [("eagle", 0), ("moa", 0), ("moa", 1), ("beagle", 0)]
 
 
 @pytest.fixture(scope="module")
 def checkpoints(train_drafter):
-    """kind-tli -> checkpoint path, each trained 120 steps (enough to accept some drafts)."""
-    return {f"{kind}-tli{tli}": train_drafter(kind, steps=120, tli=tli) for kind, tli in KINDS}
+    """kind-tli -> checkpoint path. EAGLE and MoA: 120 steps each (enough to accept some drafts). Beagle: 100
+    early steps (inverse block attention), 30 late steps (simulated drafting); width 64: the tiny target's
+    text is nearly random, and a narrower drafter rarely guesses it."""
+    out = {f"{kind}-tli{tli}": train_drafter(kind, steps=120, tli=tli) for kind, tli in KINDS if kind != "beagle"}
+    early = train_drafter("beagle", steps=100, width=64, options={"block": "3"})
+    out["beagle-tli0"] = train_drafter("beagle", steps=30, width=64, options={"block": "3", "stage": "late"},
+                                       init=early)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +48,7 @@ def test_drafted_generation_equals_the_targets_greedy_output(target_greedy, kind
 
     client = learned_client(server.address, target_dir, checkpoints[f"{kind}-tli{tli}"], kind)
     try:
-        assert client.drafter.name == ("eagle" if kind == "eagle" else f"moa-tli{tli}")
+        assert client.drafter.name == (f"moa-tli{tli}" if kind == "moa" else kind)
         ids = client.encode(PROMPT)
         result = client.generate(ids, GenerationConfig(max_new_tokens=48, ignore_eos=True))
         assert result.token_ids == target_greedy(target.model, ids, 48)
@@ -141,3 +148,20 @@ def test_ship_copies_parts_apart_writes_the_card_and_enforces_the_size_limit(che
             shipping.ship(checkpoints["eagle-tli0"].parent, "eagle", dest_root=tmp_path)
     finally:
         shipping.MAX_BYTES = small
+
+
+def test_the_factory_lists_beagle_and_refuses_another_kinds_checkpoint(checkpoints, target_dir, tmp_path):
+    import shutil
+
+    from edgespec.client.drafters.factory import DrafterOptions, available_drafters, make_drafter
+    from edgespec.shared.drafters.checkpoint import DrafterCheckpointError
+    from edgespec.shared.drafters.eagle import EagleConfig, EagleHead, save_eagle
+
+    assert "beagle" in available_drafters()
+    save_eagle(EagleHead(EagleConfig(64, width=32, heads=4, mlp_hidden=64)), tmp_path / "eagle.safetensors")
+    with pytest.raises(DrafterCheckpointError, match="holds a eagle drafter, not beagle"):
+        make_drafter(DrafterOptions(name="beagle", checkpoint=str(tmp_path), target=str(target_dir)))
+    renamed = tmp_path / "mine.safetensors"  # a Beagle file under another name is still known by its metadata
+    shutil.copy(checkpoints["beagle-tli0"], renamed)
+    drafter = make_drafter(DrafterOptions(name="beagle", checkpoint=str(renamed), target=str(target_dir)))
+    assert drafter.name == "beagle" and drafter.feature_request().kind == 1  # the target's last hidden states
