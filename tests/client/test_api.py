@@ -5,7 +5,7 @@ import time
 
 import httpx
 import pytest
-from support.http import serving
+from support.http import assert_calls_stopped, serving, slowed_calls
 from support.servers import running_server
 
 
@@ -151,22 +151,11 @@ def test_a_body_over_the_limit_is_413(edge):
 
 def test_a_non_streaming_generation_stops_when_its_caller_disconnects(api, tiny_server, monkeypatch):
     edge, url = api
-    calls = []
-    propose = edge.drafter.propose
-
-    def slow_propose(request):
-        calls.append(1)
-        time.sleep(0.05)
-        return propose(request)
-
-    monkeypatch.setattr(edge.drafter, "propose", slow_propose)
+    calls = slowed_calls(monkeypatch, edge.drafter, "propose", 0.05)
     body = {"prompt": "def f(x):", "max_tokens": 400, "temperature": 1.0, "seed": 1}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{url}/completions", json=body, timeout=0.5)
-    time.sleep(0.5)
-    seen = len(calls)
-    time.sleep(0.5)
-    assert len(calls) == seen, "the generation kept drafting after its caller left"
+    assert_calls_stopped(calls)
     end = time.monotonic() + 5
     while len(tiny_server.core.store) and time.monotonic() < end:
         time.sleep(0.05)

@@ -53,6 +53,19 @@ def drive(gen, cuts, relay, restore_after: int | None = 3, slow_offline_s: float
     return events
 
 
+def reset_until(gen, relay, cut_at: int, restore_when) -> list:
+    """Consume gen; reset the link at output index `cut_at`, restore it at the first event for which
+    `restore_when(event)` holds. Returns the events."""
+    events = []
+    for e in gen:
+        events.append(e)
+        if isinstance(e, TokenEvent) and e.index == cut_at:
+            relay.cut("reset")
+        if restore_when(e):
+            relay.restore()
+    return events
+
+
 @pytest.mark.parametrize("cut", ["blackhole", "reset"])
 def test_cut_for_good_completes_offline(tiny_server, relay, make_client, tiny_target_f32, tiny_drafter_f32, greedy,
                                         cut):
@@ -127,13 +140,9 @@ def test_offline_finish_under_rollback_waits_for_the_link(tiny_server, relay, ma
     client = make_client(relay.target, "independent")
     ids = client.encode(PROMPT)
     gen = client.generation(ids, GenerationConfig(max_new_tokens=20, ignore_eos=True, offline_wait_s=20))
-    events = []
-    for e in gen:
-        events.append(e)
-        if isinstance(e, TokenEvent) and e.index == 3:
-            relay.cut("reset")
-        if isinstance(e, TokenEvent) and e.index == 19 and e.origin is TokenOrigin.OFFLINE:
-            relay.restore()  # only once offline generation is complete
+    # restored only once offline generation is complete
+    events = reset_until(gen, relay, 3, lambda e: isinstance(e, TokenEvent) and e.index == 19
+                         and e.origin is TokenOrigin.OFFLINE)
     r = gen.result
     assert r.token_ids == greedy(tiny_target_f32, ids, 20, set())
     assert replay(events) == r.token_ids
@@ -168,13 +177,7 @@ def test_ngram_comes_back_when_the_link_does(tiny_server, relay, make_client, ti
     client = make_client(relay.target, "ngram")
     ids = client.encode(PROMPT)
     gen = client.generation(ids, GenerationConfig(max_new_tokens=30, ignore_eos=True, offline_wait_s=10))
-    events = []
-    for e in gen:
-        events.append(e)
-        if isinstance(e, TokenEvent) and e.index == 5:
-            relay.cut("reset")
-        if isinstance(e, LinkEvent) and not e.online:
-            relay.restore()
+    reset_until(gen, relay, 5, lambda e: isinstance(e, LinkEvent) and not e.online)
     r = gen.result
     assert r.token_ids == greedy(tiny_target_f32, ids, 30, set())
     assert r.metrics.resumes == 1

@@ -68,53 +68,42 @@ def test_mean_one_way_delay_within_10_percent(name, timed_attempts):
     timed_attempts(measure, check)
 
 
-def test_rate_within_10_percent_both_ways(timed_attempts):
+def _four_g_without_loss():
     # 4g's rate, delay and jitter: 2.5 MB is about one second each way. Loss is left out
     # here: one lost packet stalls the stream for a 200 ms RTO (as with TCP), which would
     # make this a test of the loss model, covered in test_shaping.py.
     from dataclasses import replace
 
     four_g = load_profile("4g")
-    profile = replace(four_g, up=replace(four_g.up, loss_percent=0),
-                      down=replace(four_g.down, loss_percent=0))
+    return replace(four_g, up=replace(four_g.up, loss_percent=0), down=replace(four_g.down, loss_percent=0))
+
+
+def _asymmetric():
+    return parse_profile({"both": {"delay": {"mean_ms": 5}}, "up": {"rate_mbit": 4}, "down": {"rate_mbit": 12}})
+
+
+@pytest.mark.parametrize("make_profile,seed,down_bytes,up_bytes,down_mbit,up_mbit", [
+    (_four_g_without_loss, 2, 2_500_000, 2_500_000, 20, 20),
+    (_asymmetric, 3, 1_500_000, 500_000, 12, 4),  # each direction follows its own rate
+], ids=["4g-both-ways", "asymmetric"])
+def test_rate_within_10_percent_each_way(make_profile, seed, down_bytes, up_bytes, down_mbit, up_mbit,
+                                         timed_attempts):
+    profile = make_profile()
 
     async def measure():
         echo = await start_echo_server()
         try:
-            async with Relay(profile, echo.sockets[0].getsockname()[:2], seed=2) as relay:
-                down = await download_rate(*relay.address, 2_500_000)
-                up = await upload_rate(*relay.address, 2_500_000)
+            async with Relay(profile, echo.sockets[0].getsockname()[:2], seed=seed) as relay:
+                down = await download_rate(*relay.address, down_bytes)
+                up = await upload_rate(*relay.address, up_bytes)
         finally:
             echo.close()
         return down / 1e6, up / 1e6
 
     def check(result):
         down, up = result
-        if abs(down - 20) <= 2 and abs(up - 20) <= 2:
+        if abs(down - down_mbit) <= 0.1 * down_mbit and abs(up - up_mbit) <= 0.1 * up_mbit:
             return None
-        return f"down {down:.2f} / up {up:.2f} Mbit/s vs 20"
-
-    timed_attempts(measure, check)
-
-
-def test_asymmetric_rates_follow_each_direction(timed_attempts):
-    profile = parse_profile({"both": {"delay": {"mean_ms": 5}}, "up": {"rate_mbit": 4},
-                             "down": {"rate_mbit": 12}})
-
-    async def measure():
-        echo = await start_echo_server()
-        try:
-            async with Relay(profile, echo.sockets[0].getsockname()[:2], seed=3) as relay:
-                down = await download_rate(*relay.address, 1_500_000)
-                up = await upload_rate(*relay.address, 500_000)
-        finally:
-            echo.close()
-        return down / 1e6, up / 1e6
-
-    def check(result):
-        down, up = result
-        if abs(down - 12) <= 1.2 and abs(up - 4) <= 0.4:
-            return None
-        return f"down {down:.2f} Mbit/s vs 12, up {up:.2f} vs 4"
+        return f"down {down:.2f} Mbit/s vs {down_mbit}, up {up:.2f} vs {up_mbit}"
 
     timed_attempts(measure, check)

@@ -5,6 +5,7 @@ import time
 
 import httpx
 import pytest
+from support.http import assert_calls_stopped, slowed_calls
 from support.http import serving as serving_app
 
 from edgespec.proto.edgespec.v1 import pb
@@ -200,42 +201,17 @@ def test_metrics_can_ask_for_the_key(tiny_server):
 
 
 def test_a_non_streaming_generation_stops_when_its_caller_disconnects(tiny_server, monkeypatch):
-    scheduler = tiny_server.core.scheduler
-    steps = []
-    prefill = scheduler.prefill
-
-    def slow_prefill(*args, **kwargs):
-        steps.append(time.monotonic())
-        time.sleep(0.02)
-        return prefill(*args, **kwargs)
-
-    monkeypatch.setattr(scheduler, "prefill", slow_prefill)
+    steps = slowed_calls(monkeypatch, tiny_server.core.scheduler, "prefill", 0.02)
     body = {"prompt": "a", "max_tokens": 400, "temperature": 0}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{tiny_server.http_url}/v1/completions", json=body, timeout=0.5)
-    time.sleep(0.5)
-    seen = len(steps)
-    time.sleep(0.5)
-    assert len(steps) == seen, "the generation kept running after its caller left"
-    assert seen < 100
+    assert assert_calls_stopped(steps) < 100
 
 
 def test_a_streaming_generation_stops_when_its_caller_disconnects(tiny_server, monkeypatch):
-    scheduler = tiny_server.core.scheduler
-    steps = []
-    prefill = scheduler.prefill
-
-    def slow_prefill(*args, **kwargs):
-        steps.append(1)
-        time.sleep(0.02)
-        return prefill(*args, **kwargs)
-
-    monkeypatch.setattr(scheduler, "prefill", slow_prefill)
+    steps = slowed_calls(monkeypatch, tiny_server.core.scheduler, "prefill", 0.02)
     body = {"prompt": "a", "max_tokens": 400, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{tiny_server.http_url}/v1/completions", json=body) as reply:
         for _ in zip(range(3), reply.iter_lines()):
             pass
-    time.sleep(0.5)
-    seen = len(steps)
-    time.sleep(0.5)
-    assert len(steps) == seen and seen < 100
+    assert assert_calls_stopped(steps) < 100

@@ -103,12 +103,8 @@ def guarded_channel(guarded_server):
         yield channel
 
 
-@pytest.fixture
-def guarded_stub(guarded_channel):
-    return pb_grpc.VerifierStub(guarded_channel)
-
-
-def test_a_missing_or_wrong_api_key_is_unauthenticated(guarded_stub, guarded_channel, open_stream, fingerprint):
+def test_a_missing_or_wrong_api_key_is_unauthenticated(guarded_channel, open_stream, fingerprint):
+    guarded_stub = pb_grpc.VerifierStub(guarded_channel)
     with pytest.raises(grpc.RpcError) as info:
         guarded_stub.Info(pb.InfoRequest())
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED and "API key" in info.value.details()

@@ -16,6 +16,26 @@ def edge_client(address: str, options, tokenizer, **link):
     return EdgespecClient(ClientConfig(LinkConfig(address, **{**QUICK_LINK, **link}), options, tokenizer=str(tokenizer)))
 
 
+def generate_exactly(drafter, address: str, tokenizer, target, greedy, prompt: str, n: int = 60):
+    """A client of `address` drafting with the Drafter object `drafter` generates n tokens of `prompt`; asserts
+    they are the target's greedy tokens (`greedy`, the fixture) and returns the GenerationResult."""
+    from edgespec.client.drafters.factory import DrafterOptions
+    from edgespec.client.edge_client import ClientConfig, EdgespecClient
+    from edgespec.client.generation import GenerationConfig
+    from edgespec.client.link import LinkConfig
+
+    client = EdgespecClient(ClientConfig(LinkConfig(address), DrafterOptions("independent"), tokenizer=str(tokenizer)),
+                            drafter=drafter)
+    try:
+        ids = client.encode(prompt)
+        want = greedy(target, ids, n, client.tokens.eos_ids)
+        result = client.generate(ids, GenerationConfig(max_new_tokens=n))
+        assert result.token_ids == want
+        return result
+    finally:
+        client.close()
+
+
 @pytest.fixture
 def make_client(tiny_model_dir, tiny_drafter_dir):
     """make_client(address, drafter="ngram"|"independent", drafter_dir=None, tree=None, options=None, tokenizer=None,

@@ -25,3 +25,27 @@ def serving(app, log_level: str = "warning") -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def slowed_calls(monkeypatch, owner, name: str, delay_s: float) -> list[int]:
+    """Patch `owner.name` to sleep `delay_s` before each call, so that a generation is still under way when its
+    caller leaves; returns the list each call appends to."""
+    calls: list[int] = []
+    original = getattr(owner, name)
+
+    def slow(*args, **kwargs):
+        calls.append(1)
+        time.sleep(delay_s)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, slow)
+    return calls
+
+
+def assert_calls_stopped(calls: list) -> int:
+    """Once the caller has left: no call comes in a second, half a second on. Returns how many came before."""
+    time.sleep(0.5)
+    seen = len(calls)
+    time.sleep(0.5)
+    assert len(calls) == seen, "the generation kept running after its caller left"
+    return seen

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.clients import generate_exactly
 
 from edgespec.client.drafters.base import DraftRequest
 from edgespec.client.drafters.independent import IndependentConfig, IndependentDrafter
 from edgespec.client.drafters.int8_linear import Int8Linear, head_rows, int8_matmul_available, quantize_linears
 from edgespec.client.drafters.tree_builder import TreeShape
-from edgespec.client.generation import GenerationConfig, TokenOrigin
+from edgespec.client.generation import TokenOrigin
 
 pytestmark = pytest.mark.skipif(not int8_matmul_available(), reason="this torch has no _weight_int8pack_mm")
 
@@ -80,27 +81,16 @@ def test_quantized_tiny_drafter_agrees_with_float_and_keeps_its_cache_right(tiny
 
 def test_from_pretrained_quantizes_on_cpu_and_stays_lossless(tiny_server, tiny_model_dir, tiny_target_f32, greedy):
     """The target's own weights, bf16 loaded and stored int8, as drafter: drafts accepted, output token-exact."""
-    from edgespec.client.drafters.factory import DrafterOptions
-    from edgespec.client.edge_client import ClientConfig, EdgespecClient
-    from edgespec.client.link import LinkConfig
-
     drafter = IndependentDrafter.from_pretrained(str(tiny_model_dir), IndependentConfig(), dtype="bfloat16")
     assert isinstance(drafter.model.get_output_embeddings(), Int8Linear)
     assert drafter.model.get_output_embeddings().weight_float is not None  # kept for the prompt's prefill
     for config, dtype in ((IndependentConfig(int8_weights=False), "bfloat16"), (IndependentConfig(), "float32")):
         plain = IndependentDrafter.from_pretrained(str(tiny_model_dir), config, dtype=dtype)
         assert isinstance(plain.model.get_output_embeddings(), torch.nn.Linear)  # full precision asked for
-    client = EdgespecClient(ClientConfig(LinkConfig(tiny_server.address), DrafterOptions("independent"),
-                                         tokenizer=str(tiny_model_dir)), drafter=drafter)
-    try:
-        prompt = client.encode("class Queue:\n    def push(self, x):\n")
-        want = greedy(tiny_target_f32, prompt, 60, client.tokens.eos_ids)
-        result = client.generate(prompt, GenerationConfig(max_new_tokens=60))
-        assert result.token_ids == want
-        accepted = sum(o is TokenOrigin.ACCEPTED for o in result.origins)
-        assert accepted >= len(want) // 2
-    finally:
-        client.close()
+    result = generate_exactly(drafter, tiny_server.address, tiny_model_dir, tiny_target_f32, greedy,
+                              "class Queue:\n    def push(self, x):\n")
+    accepted = sum(o is TokenOrigin.ACCEPTED for o in result.origins)
+    assert accepted >= len(result.token_ids) // 2
 
 
 def test_from_model_quantizes_a_copy_and_leaves_the_shared_model_alone(tiny_drafter_dir):

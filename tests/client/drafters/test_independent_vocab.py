@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.clients import generate_exactly
 
 from edgespec.client.drafters.base import DraftRequest
 from edgespec.client.drafters.independent import IndependentConfig, IndependentDrafter
 from edgespec.client.drafters.independent_vocab import (SHIPPED_DIR, count_vocab, draft_vocab_ids, load_vocab,
                                                         save_vocab, special_ids, vocab_file_name)
 from edgespec.client.drafters.tree_builder import TreeShape
-from edgespec.client.generation import GenerationConfig, TokenOrigin
+from edgespec.client.generation import TokenOrigin
 from edgespec.netem.bench.independent import accepted_length
 from edgespec.shared.tree import DraftTree
 
@@ -127,23 +128,13 @@ def test_accepted_length_walks_the_matching_path():
 
 def test_reduced_vocab_stays_lossless_end_to_end(tiny_server, tiny_model_dir, tiny_target_f32, greedy):
     """The target's own weights draft over half the vocabulary: output token-exact, drafts still accepted."""
-    from edgespec.client.drafters.factory import DrafterOptions
-    from edgespec.client.edge_client import ClientConfig, EdgespecClient
-    from edgespec.client.link import LinkConfig
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
     ids = _subset(keep=160, seed=2)
     drafter = IndependentDrafter(model, IndependentConfig(TreeShape(branch=2, depth=5, max_nodes=12, min_prob=0.0)),
                                  vocab_ids=ids)
-    client = EdgespecClient(ClientConfig(LinkConfig(tiny_server.address), DrafterOptions("independent"),
-                                         tokenizer=str(tiny_model_dir)), drafter=drafter)
-    try:
-        prompt = client.encode("def fib(n):\n    if n < 2:\n        return n\n")
-        want = greedy(tiny_target_f32, prompt, 60, client.tokens.eos_ids)
-        result = client.generate(prompt, GenerationConfig(max_new_tokens=60))
-        assert result.token_ids == want
-        accepted = [t for t, o in zip(result.token_ids, result.origins) if o is TokenOrigin.ACCEPTED]
-        assert accepted and set(accepted) <= set(ids.tolist())
-    finally:
-        client.close()
+    result = generate_exactly(drafter, tiny_server.address, tiny_model_dir, tiny_target_f32, greedy,
+                              "def fib(n):\n    if n < 2:\n        return n\n")
+    accepted = [t for t, o in zip(result.token_ids, result.origins) if o is TokenOrigin.ACCEPTED]
+    assert accepted and set(accepted) <= set(ids.tolist())

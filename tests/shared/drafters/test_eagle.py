@@ -27,11 +27,23 @@ def head():
     return h.eval()
 
 
+def committed(head, parts, seq, n: int) -> EagleRuntime:
+    """A runtime that has committed the first n tokens of seq with their n - 1 features."""
+    d = EagleRuntime(head, parts)
+    d.commit(seq.tokens[:n].tolist(), seq.hidden[:n - 1])
+    return d
+
+
+@torch.no_grad()
+def training_steps(head, parts, seq, n: int, steps: int):
+    """The trainer's unrolled steps over the first n tokens of seq."""
+    return unrolled_steps(head, parts, seq.tokens[:n], seq.hidden[:n - 1], torch.arange(n), steps)
+
+
 def test_root_prediction_equals_teacher_forced_row(head, parts, seqs):
     seq = seqs[0]
     n = 30
-    d = EagleRuntime(head, parts)
-    d.commit(seq.tokens[:n].tolist(), seq.hidden[:n - 1])
+    d = committed(head, parts, seq, n)
     with torch.no_grad():
         pred, _ = head(parts.embed(seq.tokens[1:n]), seq.hidden[:n - 1], torch.arange(n - 1), causal_mask(n - 1))
     expected = torch.log_softmax(parts.logits(pred[-1:]), -1)[0]
@@ -40,10 +52,8 @@ def test_root_prediction_equals_teacher_forced_row(head, parts, seqs):
 
 def test_chain_drafting_equals_unrolled_training_steps(head, parts, seqs):
     seq, n = seqs[1], 25
-    d = EagleRuntime(head, parts)
-    d.commit(seq.tokens[:n].tolist(), seq.hidden[:n - 1])
-    with torch.no_grad():
-        steps = unrolled_steps(head, parts, seq.tokens[:n], seq.hidden[:n - 1], torch.arange(n), 4)
+    d = committed(head, parts, seq, n)
+    steps = training_steps(head, parts, seq, n, 4)
     tok = int(d.root_logprobs().argmax())
     assert tok == int(steps[0][1][-1])
     for s in range(1, 4):
@@ -55,11 +65,9 @@ def test_chain_drafting_equals_unrolled_training_steps(head, parts, seqs):
 
 def test_tree_siblings_do_not_see_each_other(head, parts, seqs):
     seq, n = seqs[0], 20
-    d = EagleRuntime(head, parts)
-    d.commit(seq.tokens[:n].tolist(), seq.hidden[:n - 1])
+    d = committed(head, parts, seq, n)
     tree = d.expand([65, 66, 67], [ROOT, ROOT, 0])  # two children of the root, one grandchild under node 0
-    alone = EagleRuntime(head, parts)
-    alone.commit(seq.tokens[:n].tolist(), seq.hidden[:n - 1])
+    alone = committed(head, parts, seq, n)
     b = alone.expand([66], [ROOT])
     alone.clear_draft()
     a, c = alone.expand([65, 67], [ROOT, 0])
@@ -70,8 +78,7 @@ def test_tree_siblings_do_not_see_each_other(head, parts, seqs):
 
 def test_rollback_then_recommit_is_identical(head, parts, seqs):
     seq, n = seqs[2], 24
-    d = EagleRuntime(head, parts)
-    d.commit(seq.tokens[:n].tolist(), seq.hidden[:n - 1])
+    d = committed(head, parts, seq, n)
     before = d.root_logprobs().clone()
     d.commit(seq.tokens[n:n + 3].tolist(), seq.hidden[n - 1:n + 2])
     d.rollback(n)
@@ -82,10 +89,8 @@ def test_rollback_then_recommit_is_identical(head, parts, seqs):
 
 def test_offline_generation_feeds_on_own_features(head, parts, seqs):
     seq, n = seqs[0], 16
-    d = EagleRuntime(head, parts)
-    d.commit(seq.tokens[:n].tolist(), seq.hidden[:n - 1])
-    with torch.no_grad():
-        steps = unrolled_steps(head, parts, seq.tokens[:n], seq.hidden[:n - 1], torch.arange(n), 5)
+    d = committed(head, parts, seq, n)
+    steps = training_steps(head, parts, seq, n, 5)
     out = []
     for _ in range(5):  # offline: commit each drafted token with no features
         tok = int(d.root_logprobs().argmax())

@@ -44,12 +44,18 @@ def window_logprobs(model, parts, seq, tokens, verified: int):
     return torch.log_softmax(logits, -1)
 
 
+def committed(model, parts, seq, n: int) -> MoARuntime:
+    """A runtime that has committed the first n tokens of seq with the server's features of n - 1."""
+    d = MoARuntime(model.client, parts)
+    d.commit(seq.tokens[:n].tolist(), features(model, parts, seq, 0, n - 1))
+    return d
+
+
 @pytest.mark.parametrize("tli", [0, 1, 3])
 def test_drafting_equals_training_forward(target, seqs, tli):
     model, parts = make(target, tli)
     seq, n = seqs[0], 28
-    d = MoARuntime(model.client, parts)
-    d.commit(seq.tokens[:n].tolist(), features(model, parts, seq, 0, n - 1))
+    d = committed(model, parts, seq, n)
     tokens = seq.tokens[:n].tolist()
     torch.testing.assert_close(d.root_logprobs(), window_logprobs(model, parts, seq, tokens, n - 1)[-1],
                                atol=1e-4, rtol=1e-4)
@@ -66,16 +72,13 @@ def test_drafting_equals_training_forward(target, seqs, tli):
 def test_incremental_commits_equal_one_commit(target, seqs, tli):
     model, parts = make(target, tli)
     seq, n = seqs[1], 30
-    one = MoARuntime(model.client, parts)
-    one.commit(seq.tokens[:n].tolist(), features(model, parts, seq, 0, n - 1))
-    inc = MoARuntime(model.client, parts)
-    inc.commit(seq.tokens[:10].tolist(), features(model, parts, seq, 0, 9))
+    one = committed(model, parts, seq, n)
+    inc = committed(model, parts, seq, 10)
     inc.commit(seq.tokens[10:12].tolist(), None)  # offline tokens, later verified
     inc.commit(seq.tokens[12:n].tolist(), features(model, parts, seq, 9, n - 1), features_from=9)
     torch.testing.assert_close(inc.root_logprobs(), one.root_logprobs(), atol=1e-4, rtol=1e-4)
     inc.rollback(20)
-    ref = MoARuntime(model.client, parts)
-    ref.commit(seq.tokens[:20].tolist(), features(model, parts, seq, 0, 19))
+    ref = committed(model, parts, seq, 20)
     torch.testing.assert_close(inc.root_logprobs(), ref.root_logprobs(), atol=1e-4, rtol=1e-4)
 
 
@@ -103,8 +106,7 @@ def test_memory_past_the_bound_is_invisible(target, seqs):
 def test_offline_continuation(target, seqs, tli):
     model, parts = make(target, tli)
     seq, n = seqs[0], 12
-    d = MoARuntime(model.client, parts)
-    d.commit(seq.tokens[:n].tolist(), features(model, parts, seq, 0, n - 1))
+    d = committed(model, parts, seq, n)
     generated = []
     for _ in range(8):
         tok = int(d.root_logprobs().argmax())
@@ -112,8 +114,7 @@ def test_offline_continuation(target, seqs, tli):
         d.commit([tok], None)
     assert d.length == n + 8 and d.covered == n - 1
     # The same text drafted as one chain gives the same tokens: offline rows == draft rows.
-    chain = MoARuntime(model.client, parts)
-    chain.commit(seq.tokens[:n].tolist(), features(model, parts, seq, 0, n - 1))
+    chain = committed(model, parts, seq, n)
     tok, parent, drafted = int(chain.root_logprobs().argmax()), ROOT, []
     for i in range(8):
         drafted.append(tok)
@@ -149,16 +150,13 @@ def test_resume_covers_offline_tokens(target, seqs, tli):
     """Offline tokens later confirmed by the server: covering them gives the all-online state."""
     model, parts = make(target, tli)
     seq = seqs[1]
-    online = MoARuntime(model.client, parts)
-    online.commit(seq.tokens[:15].tolist(), features(model, parts, seq, 0, 14))
-    d = MoARuntime(model.client, parts)
-    d.commit(seq.tokens[:10].tolist(), features(model, parts, seq, 0, 9))
+    online = committed(model, parts, seq, 15)
+    d = committed(model, parts, seq, 10)
     d.commit(seq.tokens[10:14].tolist(), None)  # offline
     d.commit(seq.tokens[14:15].tolist(), features(model, parts, seq, 9, 14), features_from=9)
     torch.testing.assert_close(d.root_logprobs(), online.root_logprobs(), atol=1e-4, rtol=1e-4)
     # A resume that covers only a later span leaves a gap of own rows; drafting and verification go on.
-    g = MoARuntime(model.client, parts)
-    g.commit(seq.tokens[:10].tolist(), features(model, parts, seq, 0, 9))
+    g = committed(model, parts, seq, 10)
     g.commit(seq.tokens[10:14].tolist(), None)
     g.commit([], features(model, parts, seq, 11, 13), features_from=11)
     assert g.covered == 11 and g.own_pos == [9, 10, 13]
