@@ -20,7 +20,7 @@ load, and an error names the file and the field that is wrong.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -130,9 +130,6 @@ class NetworkProfile:
         """Mean one-way delay of a small message, loss included."""
         d = self.direction(name)
         return d.delay.expected_ms() + d.loss_percent / 100 * self.rto_s() * 1000
-
-    def with_outages(self, outages: OutageSchedule | None) -> "NetworkProfile":
-        return replace(self, outages=outages)
 
 
 # ------------------------------------------------------------------ loading

@@ -26,19 +26,15 @@ def patient_link(address: str):
     return LinkConfig(address, max_deadline_s=600, min_deadline_s=60)
 
 
-def split_address(address: str) -> tuple[str, int]:
-    host, port = address.rsplit(":", 1)
-    return host, int(port)
-
-
 @contextlib.contextmanager
 def relayed(address: str, profile_name: str | None, seed: int = 0) -> Iterator[tuple[str, object | None]]:
     """Yield (address to connect to, relay or None). No profile = direct connection."""
     if profile_name is None:
         yield address, None
         return
+    from ..cli import host_port
     from ..profile import load_profile
     from ..relay_thread import RelayThread
 
-    with RelayThread(load_profile(profile_name), upstream=split_address(address), seed=seed) as relay:
+    with RelayThread(load_profile(profile_name), upstream=host_port(address), seed=seed) as relay:
         yield relay.target, relay

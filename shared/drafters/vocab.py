@@ -26,10 +26,3 @@ def most_frequent_ids(token_streams: Iterable[torch.Tensor], size: int, vocab_si
         counts[forced] = float("inf")
     order = torch.argsort(-counts, stable=True)  # stable: ties go to the lower id
     return order[:size].sort().values
-
-
-def inverse_map(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[vocab_size] target id -> draft id, -1 for tokens outside the reduced vocabulary."""
-    inv = torch.full((vocab_size,), -1, dtype=torch.long)
-    inv[ids] = torch.arange(len(ids))
-    return inv
