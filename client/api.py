@@ -5,8 +5,10 @@ The OpenAI layer (parsing, refusals, stop strings, usage, streaming) is
 means the same on both; this module is the speculative generation loop as its
 backend. Every answer also carries edgespec's own per-generation metrics in an
 extra ``edgespec`` field, which OpenAI clients ignore. Generations run one at a
-time (one drafter, one cache). Logprobs are refused: the target's logits stay
-on the server, which sends back accepted tokens only.
+time (one drafter, one cache). Logprobs are the target's, sent by the server
+with each verification: a token drafted offline is held back until a Resume
+has scored it, and one the target never saw (the link did not come back) goes
+out with ``"logprob": null``.
 
 /health is for deployments (``client_health``): 200 once the client is ready,
 503 while it is still loading (``ClientSlot`` loads it in the background, so the
@@ -32,14 +34,10 @@ from edgespec.shared.openai.routes import ApiSettings, build_openai_app
 from .client_health import ClientNotReadyError, ClientSlot, LinkProbe
 from .commit import ResumePolicy
 from .edge_client import EdgespecClient
-from .generation import GenerationConfig, GenerationResult, LinkEvent, TokenOrigin
+from .generation import GenerationConfig, GenerationResult, LinkEvent, TokenEvent, TokenOrigin
 from .text import SettledTokens
 
 log = logging.getLogger(__name__)
-
-LOGPROBS_REFUSAL = ("the client's speculative path has no target logits (the server sends back accepted tokens "
-                    "only); ask the server's plain API for logprobs")
-
 
 def edgespec_extra(result: GenerationResult) -> dict:
     extra = result.metrics.to_dict()
@@ -62,11 +60,10 @@ def openai_error(err: EdgespecError) -> OpenAIError:
 class SpeculativeBackend:
     """The EdgespecClient's generation loop behind the shared OpenAI layer."""
 
-    logprobs_refusal = LOGPROBS_REFUSAL
-
     def __init__(self, slot: ClientSlot, client: EdgespecClient, name: str, policy: ResumePolicy,
-                 default_chat_max_tokens: int | None):
+                 default_chat_max_tokens: int | None, offline_wait_s: float = 30.0):
         self.slot, self.client, self.name, self.policy = slot, client, name, policy
+        self.offline_wait_s = offline_wait_s
         self.default_chat_max_tokens = default_chat_max_tokens
         self.tokenizer = client.tokenizer
         self.vocab_size = client.info.vocab_size
@@ -79,7 +76,8 @@ class SpeculativeBackend:
         s = job.sampling
         # The stops go to the loop too, so it ends (and stops drafting) where the shared layer cuts the text.
         config = GenerationConfig(max_new_tokens=job.max_new_tokens, stop=job.stop, temperature=s.temperature,
-                                  top_p=s.top_p, top_k=s.top_k, seed=job.seed, resume_policy=self.policy)
+                                  top_p=s.top_p, top_k=s.top_k, seed=job.seed, resume_policy=self.policy,
+                                  offline_wait_s=self.offline_wait_s, logprobs=job.top_logprobs)
         return SpeculativeRun(self.slot, self.client, job.prompt_ids, config, cancel)
 
     def count_request(self, endpoint: str) -> None:
@@ -92,7 +90,8 @@ class SpeculativeRun:
     def __init__(self, slot: ClientSlot, client: EdgespecClient, prompt_ids: Sequence[int], config: GenerationConfig,
                  cancel: threading.Event):
         self.cancel = cancel
-        self.hold_offline = config.resume_policy is ResumePolicy.ROLLBACK
+        # Under `rollback` a Resume may drop offline tokens; with logprobs they wait for the target's scores.
+        self.hold_offline = config.resume_policy is ResumePolicy.ROLLBACK or config.logprobs is not None
         self._items = _tracked(slot, client.stream(list(prompt_ids), config))
         self.result: GenerationResult | None = None
         self.finish_reason = "length"
@@ -105,12 +104,10 @@ class SpeculativeRun:
                 if isinstance(item, GenerationResult):
                     self._take(item)
                     break
-                for token in settled.feed(item):
-                    yield GeneratedToken(token)
+                yield from map(_generated, settled.feed(item))
         except EdgespecError as err:
             raise openai_error(err) from None
-        for token in settled.finish():
-            yield GeneratedToken(token)
+        yield from map(_generated, settled.finish())
 
     def _take(self, result: GenerationResult) -> None:
         self.result = result
@@ -130,6 +127,11 @@ class SpeculativeRun:
             pass  # the text is complete; only the metrics are lost
         finally:
             self._items.close()
+
+
+def _generated(event: TokenEvent) -> GeneratedToken:
+    lp = event.logprob
+    return GeneratedToken(event.token) if lp is None else GeneratedToken(event.token, lp.logprob, lp.top)
 
 
 def _tracked(slot: ClientSlot, items: Iterator) -> Iterator:
@@ -152,13 +154,14 @@ def build_app(client: EdgespecClient | ClientSlot, default_max_tokens: int | Non
               policy: ResumePolicy = ResumePolicy.ROLLBACK, api_key: str | None = None,
               probe: LinkProbe | None = None, served_model_name: str | None = None,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, metrics_need_key: bool = False,
-              metrics=None) -> FastAPI:
+              metrics=None, offline_wait_s: float = 30.0) -> FastAPI:
     """The app; `client` may be a ClientSlot still loading (requests get 503 until it is ready).
 
     default_max_tokens: chat's max_tokens when a request has none (None: the rest of the context, as the
     server's plain API). served_model_name: the name the API answers to (None: the server's model name).
     metrics: what /metrics shows: an object with render() -> bytes and content_type (``ClientMetrics``),
-    or a prometheus_client CollectorRegistry; None = no /metrics.
+    or a prometheus_client CollectorRegistry; None = no /metrics. offline_wait_s: how long a generation waits
+    for a lost link once its drafter cannot go on alone (``GenerationConfig.offline_wait_s``).
     """
     slot = client if isinstance(client, ClientSlot) else ClientSlot.ready(client)
     probe = probe or LinkProbe(slot.link)
@@ -172,7 +175,7 @@ def build_app(client: EdgespecClient | ClientSlot, default_max_tokens: int | Non
         if id(edge) not in backends:
             backends.clear()
             backends[id(edge)] = SpeculativeBackend(slot, edge, served_model_name or edge.model_name, policy,
-                                                    default_max_tokens)
+                                                    default_max_tokens, offline_wait_s)
         return backends[id(edge)]
 
     app = build_openai_app("edgespec local API", backend, ApiSettings(api_key, max_body_bytes, metrics_need_key))

@@ -163,7 +163,7 @@ def serve(args) -> int:
 
     link = LinkConfig(args.server, tls=args.tls, root_certificates=args.ca, api_key=args.api_key)
     slot = ClientSlot.load_in_background(load, args.drafter, link)
-    app = build_app(slot, policy=ResumePolicy[args.policy.upper()],
+    app = build_app(slot, policy=ResumePolicy[args.policy.upper()], offline_wait_s=args.offline_wait,
                     api_key=args.local_api_key, metrics=metrics, metrics_need_key=args.metrics_need_key,
                     max_body_bytes=int(args.max_body_mb * (1 << 20)))
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,

@@ -6,9 +6,14 @@ over gRPC and against a verifier in this process (``in_process.py``).
 
 Iterating a ``Generation`` yields events as they happen: ``TokenEvent`` (a new
 output token and where it came from), ``RetractEvent`` (a rollback withdrew the
-last emitted tokens) and ``LinkEvent`` (the link went down or came back). When
-iteration ends, ``result`` holds the output ids, their origins, why it ended,
-and the metrics.
+last emitted tokens), ``LogprobsEvent`` (a Resume scored tokens made offline)
+and ``LinkEvent`` (the link went down or came back). When iteration ends,
+``result`` holds the output ids, their origins, why it ended, and the metrics.
+
+With ``GenerationConfig.logprobs`` every verified token carries the target's
+log-probability (``shared.logprobs``), taken from the rows the server verified
+it with. A token made offline has none until a Resume verifies it; one the
+target never saw (the link did not come back) keeps None.
 
 One online step:
   1. fetch a tree from the drafter (hanging from the last committed token)
@@ -38,6 +43,7 @@ from typing import Callable, Iterator, Sequence
 
 from edgespec.shared.codec import Codec
 from edgespec.shared.errors import EdgespecError
+from edgespec.shared.logprobs import TokenLogprob
 from edgespec.shared.metrics import GenerationMetrics
 from edgespec.shared.tree import MAX_NODES, DraftTree
 from edgespec.shared.wire import FeatureKind, ResumePolicy
@@ -60,6 +66,7 @@ class TokenEvent:
     token: int  # token id
     origin: TokenOrigin
     index: int  # position in the output (0 = first generated token)
+    logprob: TokenLogprob | None = None  # with GenerationConfig.logprobs, once the target has verified it
 
 
 @dataclass(frozen=True)
@@ -69,12 +76,18 @@ class RetractEvent:
 
 
 @dataclass(frozen=True)
+class LogprobsEvent:
+    index: int  # output position of the first token scored
+    logprobs: tuple[TokenLogprob, ...]  # the target's, for the offline tokens a Resume kept from `index` on
+
+
+@dataclass(frozen=True)
 class LinkEvent:
     online: bool  # True: the link is back (resumed); False: it went down
     detail: str  # what happened, for a person
 
 
-Event = TokenEvent | RetractEvent | LinkEvent
+Event = TokenEvent | RetractEvent | LogprobsEvent | LinkEvent
 
 
 @dataclass(frozen=True)
@@ -96,6 +109,7 @@ class GenerationConfig:
     outlier_channels: int = 8  # float16 channels kept apart by INT8_OUTLIER
     draft_on_open: bool = True  # a drafter that needs no features drafts from the prompt and sends the tree
     # with Open: the server verifies it in the prefill's forward pass, which saves one verification
+    logprobs: int | None = None  # None: no logprobs; k: each token's under the target and the k most likely
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -113,6 +127,8 @@ class GenerationResult:
     session_id: str = ""
     detail: str = ""  # why it ended, when that needs saying (link lost, offline text kept)
     provisional: int = 0  # trailing output tokens never verified by the target
+    logprobs: list[TokenLogprob | None] = field(default_factory=list)  # with GenerationConfig.logprobs: one per
+    # generated id, None for one the target never verified
 
 
 class GenerationFailedError(EdgespecError):
@@ -143,6 +159,7 @@ class _State:
     prompt_len: int
     confirmed: int = 0  # committed ids the server holds
     origins: list[TokenOrigin] = field(default_factory=list)  # per generated id
+    logprobs: list[TokenLogprob | None] = field(default_factory=list)  # per generated id (None: not asked, offline)
     emitted: int = 0  # generated ids handed to the caller
     checked: int = 0  # generated ids already checked for an end
     finish: Finish = Finish(0, None)
@@ -235,7 +252,7 @@ class Generation:
         else:
             tokens = []
             check_committed_len(s.prompt_len + 1, verdict.committed_len, "Opened")
-            self._commit([verdict.bonus_token], [TokenOrigin.BONUS])
+            self._commit([verdict.bonus_token], [TokenOrigin.BONUS], verdict.logprobs)
         self.drafter.start(s.committed[: s.prompt_len + len(tokens)], verdict.bonus_token, verdict.features)
         yield from self._emit()
 
@@ -244,7 +261,8 @@ class Generation:
         tokens = accepted_path(tree, verdict.accepted)
         check_committed_len(len(self.state.committed) + len(tokens) + 1, verdict.committed_len, what)
         self.metrics.observe_draft(len(tree), len(tokens))
-        self._commit(tokens + [verdict.bonus_token], [TokenOrigin.ACCEPTED] * len(tokens) + [TokenOrigin.BONUS])
+        self._commit(tokens + [verdict.bonus_token], [TokenOrigin.ACCEPTED] * len(tokens) + [TokenOrigin.BONUS],
+                     verdict.logprobs)
         return tokens
 
     def _online_step(self) -> Iterator[Event]:
@@ -285,6 +303,7 @@ class Generation:
         self.metrics.offline_s += time.perf_counter() - t0
         s.committed.append(int(token))
         s.origins.append(TokenOrigin.OFFLINE)
+        s.logprobs.append(None)
         yield from self._emit()
 
     def _wait_for_link(self) -> Iterator[Event]:
@@ -352,7 +371,12 @@ class Generation:
         s.finish = Finish(gen_kept, None)
         del s.committed[kept:]
         del s.origins[gen_kept:]
-        self._commit([r.bonus_token], [TokenOrigin.BONUS])
+        del s.logprobs[gen_kept:]
+        if r.logprobs[:-1]:  # the kept offline tokens, now verified
+            first = s.confirmed - s.prompt_len
+            s.logprobs[first:] = r.logprobs[:-1]
+            yield LogprobsEvent(first, r.logprobs[:-1])
+        self._commit([r.bonus_token], [TokenOrigin.BONUS], r.logprobs[-1:])
         self.drafter.resync(tuple(s.committed), kept, r.features)
         yield from self._emit()
 
@@ -363,10 +387,11 @@ class Generation:
         self._failures = 0
         self._online = True
 
-    def _commit(self, tokens: list[int], origins: list[TokenOrigin]) -> None:
+    def _commit(self, tokens: list[int], origins: list[TokenOrigin], logprobs: Sequence[TokenLogprob] = ()) -> None:
         s = self.state
         s.committed.extend(int(t) for t in tokens)
         s.origins.extend(origins)
+        s.logprobs.extend(logprobs or [None] * len(tokens))
         s.confirmed = len(s.committed)
 
     def _emit(self) -> Iterator[Event]:
@@ -377,11 +402,12 @@ class Generation:
         if fin.reason is not None:
             del s.committed[s.prompt_len + fin.keep:]
             del s.origins[fin.keep:]
+            del s.logprobs[fin.keep:]
             s.confirmed = min(s.confirmed, len(s.committed))
         s.finish = fin
         gen = s.generated
         for i in range(s.emitted, fin.keep):
-            yield TokenEvent(gen[i], s.origins[i], i)
+            yield TokenEvent(gen[i], s.origins[i], i, s.logprobs[i])
         s.emitted = fin.keep
 
     def _close(self) -> None:
@@ -397,7 +423,8 @@ class Generation:
         reason = "link_lost" if self._lost and s.finish.reason is None else (s.finish.reason or "link_lost")
         reason = "error" if failed else reason
         self.result = GenerationResult(list(s.generated), list(s.origins), reason, m, self.session_id,
-                                       self._detail, len(s.committed) - s.confirmed)
+                                       self._detail, len(s.committed) - s.confirmed,
+                                       list(s.logprobs) if self.config.logprobs is not None else [])
 
     def _session_spec(self) -> SessionSpec:
         c, s = self.config, self.state
@@ -405,4 +432,5 @@ class Generation:
             session_id=self.session_id, prompt_ids=tuple(s.committed[: s.prompt_len]),
             features=self.drafter.feature_request(), temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
             seed=c.seed, codec=c.codec, zstd_level=c.zstd_level, outlier_channels=c.outlier_channels,
-            max_new_tokens=c.max_new_tokens, tokenizer_fingerprint=self.tok.fingerprint, drafter=self.drafter.name)
+            max_new_tokens=c.max_new_tokens, tokenizer_fingerprint=self.tok.fingerprint, drafter=self.drafter.name,
+            logprobs=c.logprobs)

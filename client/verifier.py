@@ -31,6 +31,7 @@ from edgespec.proto.edgespec.v1 import pb
 from edgespec.shared.codec import Codec, decode_frame, frame_shape
 from edgespec.shared.errors import EdgespecError
 from edgespec.shared.fingerprint import committed_hash
+from edgespec.shared.logprobs import TokenLogprob
 from edgespec.shared.metrics import LinkTraffic
 from edgespec.shared.tree import DraftTree, encode_tree
 from edgespec.shared.wire import ResumePolicy
@@ -82,6 +83,7 @@ class SessionSpec:
     max_new_tokens: int = 0  # the most tokens the session will ask for
     tokenizer_fingerprint: str = ""  # the client's tokenizer: the server refuses one that is not its own
     drafter: str = ""  # the drafter's name, for the server's logs and metrics
+    logprobs: int | None = None  # None: no logprobs; k: each committed token's and the k most likely
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ class Verdict:
     restored: bool = True  # Resume: False when the server had lost the session and re-prefilled it
     features: Mapping[str, torch.Tensor] = field(default_factory=dict)  # decoded, by wire name (``shared.wire``)
     timings: ServerTimings = ServerTimings()  # the server's time on it
+    logprobs: tuple[TokenLogprob, ...] = ()  # with SessionSpec.logprobs: one per token this answer committed
 
 
 class Transport(Protocol):
@@ -145,7 +148,7 @@ class Verifier:
         opened = self._call(pb.ClientMessage(open=_open_message(session, tree)), "opened")
         if tree is None and len(opened.accepted):
             raise ProtocolError("Opened lists accepted nodes but the Open carried no tree")
-        return _verdict(opened, opened.first_token, accepted=opened.accepted)
+        return self._verdict(opened, opened.first_token, len(opened.accepted) + 1, accepted=opened.accepted)
 
     def verify(self, step: int, committed_len: int, tree: DraftTree) -> Verdict:
         """Verify a tree hung from the last of committed_len committed tokens."""
@@ -154,7 +157,7 @@ class Verifier:
         verified = self._call(pb.ClientMessage(draft=draft), "verified")
         if verified.step != step:
             raise ProtocolError(f"Verified answers step {verified.step}, the client sent step {step}")
-        return _verdict(verified, verified.bonus_token, accepted=verified.accepted)
+        return self._verdict(verified, verified.bonus_token, len(verified.accepted) + 1, accepted=verified.accepted)
 
     def resume(self, confirmed: Sequence[int], provisional: Sequence[int], policy: ResumePolicy,
                step: int) -> Verdict:
@@ -165,7 +168,8 @@ class Verifier:
                            provisional_ids=provisional, policy=int(policy), reopen=self._open, step=step)
         self._start(self._open.session_id)
         resumed = self._call(pb.ClientMessage(resume=resume), "resumed")
-        return _verdict(resumed, resumed.bonus_token, agreed=resumed.agreed, restored=resumed.restored)
+        kept = len(provisional) if policy is ResumePolicy.KEEP else min(resumed.agreed, len(provisional))
+        return self._verdict(resumed, resumed.bonus_token, kept + 1, agreed=resumed.agreed, restored=resumed.restored)
 
     def close(self) -> None:
         """End the session: Close it on the server while a stream is up, then drop the link's session state.
@@ -190,6 +194,17 @@ class Verifier:
     def _start(self, session_id: str) -> None:
         self.transport.start(session_id)
         self._streaming = True
+
+    def _verdict(self, body, bonus_token: int, committed: int, accepted: Sequence[int] = (), agreed: int = 0,
+                 restored: bool = True) -> Verdict:
+        """An Opened, Verified or Resumed as a Verdict (a Resume's chain has no nodes: it reports `agreed`);
+        `committed`: how many tokens the answer commits, the bonus token included."""
+        t = body.timings
+        return Verdict(bonus_token=bonus_token, committed_len=body.committed_len, accepted=tuple(accepted),
+                       agreed=agreed, restored=restored,
+                       features={f.name: decode_frame(f.frame) for f in body.features},
+                       timings=ServerTimings(t.queue_ns, t.forward_ns, t.verify_ns, t.encode_ns, t.total_ns),
+                       logprobs=_logprobs(body, committed, self._open.HasField("logprobs")))
 
     def _call(self, message: pb.ClientMessage, expect: str):
         """Send, count, check the answer's kind; returns the answer's body (``Opened``, ``Verified``, ...)."""
@@ -219,14 +234,13 @@ def _open_message(s: SessionSpec, tree: DraftTree | None = None) -> pb.Open:
         features=pb.FeatureRequest(kind=int(n.kind), moa_server_part=n.moa_server_part, tli_layers=n.tli_layers),
         codec=pb.CodecChoice(codec=int(s.codec), zstd_level=s.zstd_level, outlier_channels=s.outlier_channels),
         max_new_tokens=s.max_new_tokens, tokenizer_fingerprint=s.tokenizer_fingerprint, drafter=s.drafter,
-        tree=encode_tree(tree) if tree is not None else b"")
+        tree=encode_tree(tree) if tree is not None else b"",
+        logprobs=pb.LogprobRequest(top=s.logprobs) if s.logprobs is not None else None)
 
 
-def _verdict(body, bonus_token: int, accepted: Sequence[int] = (), agreed: int = 0,
-             restored: bool = True) -> Verdict:
-    """An Opened, Verified or Resumed as a Verdict (a Resume's chain has no nodes: it reports `agreed`)."""
-    t = body.timings
-    return Verdict(bonus_token=bonus_token, committed_len=body.committed_len, accepted=tuple(accepted),
-                   agreed=agreed, restored=restored,
-                   features={f.name: decode_frame(f.frame) for f in body.features},
-                   timings=ServerTimings(t.queue_ns, t.forward_ns, t.verify_ns, t.encode_ns, t.total_ns))
+def _logprobs(body, committed: int, wanted: bool) -> tuple[TokenLogprob, ...]:
+    """The answer's logprobs, one per token it committed when the session asked for them."""
+    if len(body.logprobs) != (committed if wanted else 0):
+        raise ProtocolError(f"the server sent {len(body.logprobs)} logprobs for {committed} committed tokens"
+                            + ("" if wanted else " the session did not ask for"))
+    return tuple(TokenLogprob(t.logprob, tuple(zip(t.top_ids, t.top_logprobs))) for t in body.logprobs)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import threading
 from typing import Iterator, Sequence
 
-import torch
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
+from edgespec.shared.logprobs import token_logprobs
 from edgespec.shared.openai.backend import GeneratedToken, GenerationJob
 from edgespec.shared.openai.errors import unavailable
 from edgespec.shared.openai.gate import DEFAULT_MAX_BODY_BYTES
@@ -48,7 +48,6 @@ class HttpState:
 class PlainBackend:
     """The target generating alone, behind the shared OpenAI layer."""
 
-    logprobs_refusal = None  # the target's logits are here: logprobs are supported
     default_chat_max_tokens = None  # chat's default: the rest of the context
 
     def __init__(self, core, name: str):
@@ -94,13 +93,8 @@ class PlainRun:
     def _token(self, step: DecodedToken) -> GeneratedToken:
         if self.top_logprobs is None:
             return GeneratedToken(step.id)
-        # Logprobs of the raw model output, before temperature and top-p (as vLLM reports them by default).
-        logprobs = torch.log_softmax(step.logits.float(), dim=-1)
-        top = ()
-        if self.top_logprobs:
-            values, ids = torch.topk(logprobs, self.top_logprobs)
-            top = tuple(zip(ids.tolist(), values.tolist()))
-        return GeneratedToken(step.id, float(logprobs[step.id]), top)
+        (lp,) = token_logprobs(step.logits[None], [step.id], self.top_logprobs)
+        return GeneratedToken(step.id, lp.logprob, lp.top)
 
     def close(self) -> None:
         self._tokens.close()

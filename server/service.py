@@ -24,7 +24,8 @@ from edgespec.shared import __version__
 from edgespec.shared.codec import ActivationCodec, Codec
 from edgespec.shared.errors import EdgespecError, FrameError, TokenizerMismatchError
 from edgespec.shared.verification import SamplingConfig
-from edgespec.shared.wire import SERVER_STATUS_METADATA_KEY, SESSION_METADATA_KEY, FeatureKind, ResumePolicy
+from edgespec.shared.wire import (MAX_TOP_LOGPROBS, SERVER_STATUS_METADATA_KEY, SESSION_METADATA_KEY, FeatureKind,
+                                  ResumePolicy)
 
 from .core import VerifierCore
 from .errors import AdmissionTimeoutError, InvalidRequestError, UnauthenticatedError, printable
@@ -170,14 +171,16 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             result = self.core.open(self._settings(o, sid), o.prompt_ids, o.tree)
             return pb.ServerMessage(opened=pb.Opened(
                 session_id=sid, first_token=result.next_token, committed_len=result.committed_len,
-                features=_features(result), timings=_timings(result), accepted=list(result.accepted)))
+                features=_features(result), timings=_timings(result), accepted=list(result.accepted),
+                logprobs=_logprobs(result)))
         if kind == "draft":
             d = message.draft
             sid = _session_id(d.session_id, meta_id)
             result = self.core.verify(sid, d.step, d.committed_len, d.tree)
             return pb.ServerMessage(verified=pb.Verified(
                 session_id=sid, step=d.step, accepted=list(result.accepted), bonus_token=result.next_token,
-                committed_len=result.committed_len, features=_features(result), timings=_timings(result)))
+                committed_len=result.committed_len, features=_features(result), timings=_timings(result),
+                logprobs=_logprobs(result)))
         if kind == "resume":
             r = message.resume
             sid = _session_id(r.session_id, meta_id)
@@ -190,7 +193,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                                       r.provisional_ids, policy, reopen)
             return pb.ServerMessage(resumed=pb.Resumed(
                 session_id=sid, agreed=result.agreed, restored=result.restored, bonus_token=result.next_token,
-                committed_len=result.committed_len, features=_features(result), timings=_timings(result)))
+                committed_len=result.committed_len, features=_features(result), timings=_timings(result),
+                logprobs=_logprobs(result)))
         if kind == "close":
             sid = _session_id(message.close.session_id, meta_id)
             self.core.close(sid)
@@ -218,7 +222,12 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         except ValueError as exc:
             raise FrameError(f"bad codec choice: {exc}") from None
         features = FeatureSpec(FeatureKind(o.features.kind), codec, lsa, o.features.tli_layers)
-        return SessionSettings(session_id, sampling, o.sampling.seed, features, o.max_new_tokens, o.drafter)
+        logprobs = o.logprobs.top if o.HasField("logprobs") else None
+        if logprobs is not None and logprobs > MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(f"Open.logprobs.top is {logprobs}; at most {MAX_TOP_LOGPROBS} alternatives "
+                                      f"per token are sent")
+        return SessionSettings(session_id, sampling, o.sampling.seed, features, o.max_new_tokens, o.drafter,
+                               logprobs)
 
     # --------------------------------------------------------------- helpers
     def _authenticate(self, context: grpc.ServicerContext) -> None:
@@ -273,6 +282,11 @@ def _check_session_id(sid: str, where: str) -> None:
 
 def _features(result: StepResult) -> list[pb.Feature]:
     return [pb.Feature(name=name, frame=frame) for name, frame in result.features]
+
+
+def _logprobs(result: StepResult) -> list[pb.TokenLogprob]:
+    return [pb.TokenLogprob(logprob=t.logprob, top_ids=[i for i, _ in t.top], top_logprobs=[lp for _, lp in t.top])
+            for t in result.logprobs]
 
 
 def _timings(result: StepResult) -> pb.Timings:

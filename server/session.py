@@ -21,6 +21,7 @@ from typing import Sequence
 import torch
 
 from edgespec.shared.fingerprint import committed_hash
+from edgespec.shared.logprobs import TokenLogprob, token_logprobs
 from edgespec.shared.tree import DraftTree
 from edgespec.shared.verification import SamplingConfig, VerifyOutcome, next_token, verify_tree
 from edgespec.shared.wire import ResumePolicy
@@ -41,6 +42,7 @@ class SessionSettings:
     features: FeatureSpec = FeatureSpec()  # what each answer carries back
     max_new_tokens: int = 0  # the client's budget (informational; the context limit is enforced)
     drafter: str = ""  # the client's drafter name, for logs and metrics
+    logprobs: int | None = None  # None: no logprobs; k: each committed token's and the k most likely
 
 
 @dataclass
@@ -63,6 +65,7 @@ class StepResult:
     restored: bool = True  # Resume: False when the session was rebuilt by prefill
     features: list[tuple[str, bytes]] = field(default_factory=list)  # (name, codec frame)
     timings: Timings = field(default_factory=Timings)
+    logprobs: tuple[TokenLogprob, ...] = ()  # with SessionSettings.logprobs: one per token committed by this step
 
 
 @dataclass
@@ -77,6 +80,7 @@ class _ModelStep:
     forward_ns: int
     verify_ns: int
     queue_ns: int = 0  # waiting for the forwards' batches
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class VerifierSession:
@@ -114,18 +118,20 @@ class VerifierSession:
             first = next_token(out.logits[-1], self.settings.sampling, self.generator)
             self.committed = prompt + [first]
             kv = self._kv_rows(0, len(prompt))
-            return _ModelStep(first, (), 0, out.hidden, kv, out.forward_ns, time.perf_counter_ns() - t1, out.queue_ns)
+            return _ModelStep(first, (), 0, out.hidden, kv, out.forward_ns, time.perf_counter_ns() - t1, out.queue_ns,
+                              self._logprobs(out.logits[-1:], [first]))
         out = yield from self.scheduler.prefill_tree(self.kv, prompt, tree)
         t1 = time.perf_counter_ns()
         outcome = verify_tree(tree, out.logits, self.settings.sampling, self.generator)
         past = len(prompt) - 1
         rows = [0] + [i + 1 for i in outcome.accepted]  # of [last prompt token] + nodes
         self.kv.keep_rows(past, rows)
-        self.committed = prompt + [tree.tokens[i] for i in outcome.accepted] + [outcome.next_token]
+        new = [tree.tokens[i] for i in outcome.accepted] + [outcome.next_token]
+        self.committed = prompt + new
         hidden = torch.cat([out.hidden[:past], out.hidden[[past + r for r in rows]]])
         kv = self._kv_rows(0, past + len(rows))
         return _ModelStep(outcome.next_token, outcome.accepted, 0, hidden, kv, out.forward_ns,
-                          time.perf_counter_ns() - t1, out.queue_ns)
+                          time.perf_counter_ns() - t1, out.queue_ns, self._logprobs(out.logits[rows], new))
 
     # -------------------------------------------------------------- verify
     def verify(self, step: int, committed_len: int, tree: DraftTree) -> StepResult:
@@ -149,11 +155,12 @@ class VerifierSession:
         outcome = verify_tree(tree, out.logits, self.settings.sampling, self.generator)
         rows = [0] + [i + 1 for i in outcome.accepted]
         self.kv.keep_rows(past, rows)
-        self.committed += [tree.tokens[i] for i in outcome.accepted] + [outcome.next_token]
+        new = [tree.tokens[i] for i in outcome.accepted] + [outcome.next_token]
+        self.committed += new
         hidden = out.hidden[rows]
         kv = self._kv_rows(past, past + len(rows))
         return _ModelStep(outcome.next_token, outcome.accepted, 0, hidden, kv, out.forward_ns,
-                          time.perf_counter_ns() - t1, out.queue_ns)
+                          time.perf_counter_ns() - t1, out.queue_ns, self._logprobs(out.logits[rows], new))
 
     # -------------------------------------------------------------- resume
     def matches(self, confirmed_len: int, confirmed_hash: bytes) -> bool:
@@ -213,7 +220,7 @@ class VerifierSession:
         self.committed += kept + [after]
         kv = self._kv_rows(past, past + len(rows))
         return _ModelStep(after, (), agreed, out.hidden[rows], kv, out.forward_ns, time.perf_counter_ns() - t1,
-                          out.queue_ns)
+                          out.queue_ns, self._logprobs(out.logits[rows], kept + [after]))
 
     # ------------------------------------------------------------- helpers
     def _run(self, job, *args) -> StepResult:
@@ -227,7 +234,13 @@ class VerifierSession:
         self.last_used = time.monotonic()
         timings = Timings(queue_ns, step.forward_ns, step.verify_ns, encode_ns, time.perf_counter_ns() - start)
         return StepResult(step.next_token, len(self.committed), step.accepted, step.agreed,
-                          True, features, timings)
+                          True, features, timings, step.logprobs)
+
+    def _logprobs(self, rows: torch.Tensor, tokens: list[int]) -> tuple[TokenLogprob, ...]:
+        """rows [n, V]: the logits each of the n newly committed tokens was chosen from."""
+        if self.settings.logprobs is None:
+            return ()
+        return token_logprobs(rows, tokens, self.settings.logprobs)
 
     def _kv_rows(self, start: int, end: int) -> torch.Tensor | None:
         if not self.settings.features.needs_kv:

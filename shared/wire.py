@@ -33,6 +33,9 @@ TLI_K = "tli_k"  # [N, n, E_kv]: keys of the target's last N layers (MoA with TL
 TLI_V = "tli_v"  # [N, n, E_kv]: values of the same layers
 FEATURE_NAMES = (HIDDEN, LSA, TLI_K, TLI_V)
 
+# Most alternatives sent per committed token (``edgespec.v1.LogprobRequest.top``), as OpenAI's chat API allows.
+MAX_TOP_LOGPROBS = 20
+
 # Call metadata.
 SESSION_METADATA_KEY = "x-edgespec-session"  # the session id on every Session stream, so a proxy can route it
 API_KEY_METADATA_KEY = "authorization"  # "Bearer <key>", on every call to a server started with an API key

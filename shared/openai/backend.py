@@ -49,7 +49,6 @@ class Backend(Protocol):
     tokenizer: object  # the target's Hugging Face tokenizer
     vocab_size: int
     max_context_tokens: int  # prompt + completion
-    logprobs_refusal: str | None  # None when logprobs are supported; else why not
     default_chat_max_tokens: int | None  # chat's max_tokens when the request has none; None = the rest of the context
 
     def decode(self, ids: Sequence[int]) -> str: ...

@@ -18,13 +18,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from edgespec.shared.wire import MAX_TOP_LOGPROBS
+
 from .errors import OpenAIError, bad_request, unsupported
 
 MAX_N = 8  # choices per request; they are generated one after another
 MAX_STOPS = 16  # OpenAI allows 4; matching costs the same for any number, this bounds the automaton
 MAX_STOP_CHARS = 256  # characters per stop string
 MAX_COMPLETION_LOGPROBS = 5  # completions' `logprobs`, as OpenAI
-MAX_TOP_LOGPROBS = 20  # chat's `top_logprobs`, as OpenAI
 SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)  # int64 as OpenAI, or uint64 as the wire's seed
 
 

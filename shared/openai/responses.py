@@ -78,8 +78,11 @@ class TokenTexts:
         return text, list(text.encode("utf-8"))
 
 
-def _lp(value: float | None) -> float:
-    return max(LOGPROB_FLOOR, float(value)) if value is not None and value == value else LOGPROB_FLOOR
+def _lp(value: float | None) -> float | None:
+    """None stays null: a token the target never scored (drafted offline, the link never came back)."""
+    if value is None:
+        return None
+    return max(LOGPROB_FLOOR, float(value)) if value == value else LOGPROB_FLOOR
 
 
 def chat_logprobs(tokens: list[GeneratedToken], texts: TokenTexts) -> dict[str, Any]:

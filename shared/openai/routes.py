@@ -22,7 +22,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from .backend import Backend
-from .errors import install_error_handlers, json_response, model_not_found, unsupported
+from .errors import install_error_handlers, json_response, model_not_found
 from .gate import DEFAULT_MAX_BODY_BYTES, ApiGate, read_body, until_done_or_gone
 from .generate import Plan, events, whole
 from .prompts import chat_text, check_ids, encode_text
@@ -85,8 +85,6 @@ async def _answer(request: Request, kind, get_backend: Callable[[], Backend], ma
     backend = get_backend()
     if body.model is not None and body.model != backend.name:
         raise model_not_found(body.model, backend.name)
-    if settings.top_logprobs is not None and backend.logprobs_refusal:
-        raise unsupported("logprobs", backend.logprobs_refusal)
     plan = await run_in_threadpool(_plan, backend, body, chat, settings)
     backend.count_request("chat" if chat else "completions")
     shape = Shape.new(chat, backend.name)

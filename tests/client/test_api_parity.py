@@ -143,22 +143,57 @@ def test_top_k_1_is_greedy_on_both(apis):
         assert sampled(sdk, apis.model, temperature=1.5, seed=3, extra_body={"top_k": 1}) == greedy, side
 
 
-def test_logprobs_come_from_the_server_and_are_refused_by_the_client_by_name(apis):
-    server = apis.sdk["server"].chat.completions.create(
-        model=apis.model, messages=[{"role": "user", "content": "hi"}], max_tokens=6, temperature=0, logprobs=True,
-        top_logprobs=3)
-    content = server.choices[0].logprobs.content
-    assert len(content) == server.usage.completion_tokens
-    for entry in content:
+def same_logprobs(server: list, client: list, what: str) -> None:
+    """Chat logprob entries: the same tokens and alternatives, the same numbers up to float rounding (the
+    client's come from tree verification rows, the server's from one decode step each)."""
+    assert [e.token for e in server] == [e.token for e in client], what
+    assert [e.logprob for e in client] == pytest.approx([e.logprob for e in server], abs=1e-4), what
+    assert [[t.token for t in e.top_logprobs] for e in server] == [[t.token for t in e.top_logprobs] for e in client]
+    for s, c in zip(server, client):
+        assert [t.logprob for t in c.top_logprobs] == pytest.approx([t.logprob for t in s.top_logprobs], abs=1e-4)
+        assert c.bytes == s.bytes
+
+
+def test_logprobs_are_the_targets_and_the_same_on_both(apis):
+    messages = [{"role": "user", "content": "hi"}]
+    got = apis.both(lambda sdk: sdk.chat.completions.create(model=apis.model, messages=messages, max_tokens=24,
+                                                            temperature=0, logprobs=True, top_logprobs=3))
+    server, client = got["server"].choices[0], got["client"].choices[0]
+    assert server.message.content == client.message.content
+    assert len(server.logprobs.content) == got["server"].usage.completion_tokens == got["client"].usage.completion_tokens
+    for entry in server.logprobs.content:
         assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
-        assert entry.top_logprobs[0].logprob >= entry.logprob  # greedy: the chosen token is the most likely
-    legacy = apis.sdk["server"].completions.create(model=apis.model, prompt="ab", max_tokens=5, temperature=0,
-                                                   logprobs=2)
-    lp = legacy.choices[0].logprobs
-    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == legacy.usage.completion_tokens
-    status, body = error_of(lambda: apis.sdk["client"].chat.completions.create(
-        model=apis.model, messages=[{"role": "user", "content": "hi"}], max_tokens=6, logprobs=True))
-    assert status == 400 and body["param"] == "logprobs" and "server's plain API" in body["message"]
+        assert entry.top_logprobs[0].logprob == entry.logprob  # greedy: the chosen token is the most likely
+    same_logprobs(server.logprobs.content, client.logprobs.content, "whole")
+
+    streamed = apis.both(lambda sdk: [e for c in sdk.chat.completions.create(
+        model=apis.model, messages=messages, max_tokens=24, temperature=0, logprobs=True, top_logprobs=3,
+        stream=True) if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content])
+    same_logprobs(server.logprobs.content, streamed["server"], "server streamed")
+    same_logprobs(server.logprobs.content, streamed["client"], "client streamed")
+
+    legacy = apis.both(lambda sdk: sdk.completions.create(model=apis.model, prompt="ab", max_tokens=12,
+                                                          temperature=0, logprobs=2).choices[0].logprobs)
+    assert legacy["server"].tokens == legacy["client"].tokens
+    assert legacy["server"].text_offset == legacy["client"].text_offset
+    assert legacy["client"].token_logprobs == pytest.approx(legacy["server"].token_logprobs, abs=1e-4)
+    for s, c in zip(legacy["server"].top_logprobs, legacy["client"].top_logprobs):
+        assert list(c) == list(s) and list(c.values()) == pytest.approx(list(s.values()), abs=1e-4)
+
+
+def test_sampled_tokens_carry_the_raw_logprobs_on_both(apis):
+    """Under sampling the logprobs are still the raw model output's (before temperature), as vLLM's default:
+    at the first position they are the greedy request's."""
+    def first(sdk, **kwargs):
+        reply = sdk.chat.completions.create(model=apis.model, messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=4, logprobs=True, top_logprobs=20, **kwargs)
+        return reply.choices[0].logprobs.content[0]
+
+    for side, sdk in apis.sdk.items():
+        greedy, sampled = first(sdk, temperature=0), first(sdk, temperature=1.5, seed=5)
+        top = [t.logprob for t in sampled.top_logprobs]
+        assert top == sorted(top, reverse=True) and len(top) == 20, side
+        assert top == pytest.approx([t.logprob for t in greedy.top_logprobs], abs=1e-5), side
 
 
 def test_include_usage_ends_the_stream_with_the_usage_on_both(apis):

@@ -8,11 +8,13 @@ against the target's greedy output, the event stream replayed against it.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from edgespec.client.drafters.factory import DrafterOptions, make_drafter
 from edgespec.client.generation import (Generation, GenerationConfig, GenerationFailedError, LinkEvent,
-                                        RetractEvent, TokenEvent, TokenizerInfo, TokenOrigin)
+                                        LogprobsEvent, RetractEvent, TokenEvent, TokenizerInfo, TokenOrigin)
 from edgespec.client.in_process import InProcessTransport
+from edgespec.client.text import SettledTokens
 from edgespec.client.verifier import LinkDownError, Verifier
 from edgespec.shared.wire import ResumePolicy
 
@@ -201,3 +203,67 @@ def test_a_refusal_fails_the_generation_with_the_servers_message(start):
         gen.run()
     assert info.value.grpc_code == "FAILED_PRECONDITION" and "tokenizer fingerprint" in str(info.value)
     assert info.value.result.token_ids == [] and info.value.result.finish_reason == "error"
+
+
+@torch.inference_mode()
+def target_logprobs(model, ids: list[int], generated: list[int], top: int) -> list[tuple[float, list[int]]]:
+    """The target's raw log-probability of each generated token and its `top` most likely ids, from one
+    full forward pass over the text (no cache, no tree)."""
+    logits = model(input_ids=torch.tensor([ids + generated])).logits[0, len(ids) - 1: len(ids) - 1 + len(generated)]
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    return [(float(lp[i, t]), lp[i].topk(top).indices.tolist()) for i, t in enumerate(generated)]
+
+
+def assert_target_logprobs(model, ids, tokens, logprobs, top=3):
+    want = target_logprobs(model, ids, tokens, top)
+    assert len(logprobs) == len(tokens)
+    for i, (got, (lp, best)) in enumerate(zip(logprobs, want)):
+        assert got is not None, f"token {i} has no logprob"
+        assert got.logprob == pytest.approx(lp, abs=1e-4), i
+        assert [t for t, _ in got.top] == best, i
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "independent"])
+def test_logprobs_are_the_targets_for_every_committed_token(start, tiny_target_f32, drafter):
+    """Open with a tree (ngram) or without, then Drafts: one logprob per token, equal to the target's own."""
+    gen, _, ids = start(drafter, max_new_tokens=40, logprobs=3)
+    events = list(gen)
+    r = gen.result
+    assert_target_logprobs(tiny_target_f32, ids, r.token_ids, r.logprobs)
+    assert [e.logprob for e in events if isinstance(e, TokenEvent)] == r.logprobs
+    if drafter == "ngram":  # the tiny independent drafter rarely agrees with the tiny target; ngram does here
+        assert r.metrics.num_accepted_tokens > 0  # so some came from deep rows of a tree, not only bonus rows
+
+
+def test_no_logprobs_unless_asked(start):
+    gen, _, _ = start("ngram", max_new_tokens=10)
+    assert gen.run().logprobs == [] and all(e.logprob is None for e in start("ngram", max_new_tokens=5)[0]
+                                            if isinstance(e, TokenEvent))
+
+
+@pytest.mark.parametrize("policy", [ResumePolicy.ROLLBACK, ResumePolicy.KEEP], ids=["rollback", "keep"])
+def test_a_resume_scores_the_offline_tokens_it_keeps(start, tiny_target_f32, policy):
+    """Offline tokens have no logprob until Resume: then the target's, for the ones kept (under `keep` every
+    one, even those the target would not have chosen). A caller holding them back emits them scored."""
+    gen, transport, ids = start(max_new_tokens=40, resume_policy=policy, logprobs=3)
+    events = cut_at(gen, transport, at=5, offline=6)
+    r = gen.result
+    assert replay(events) == r.token_ids
+    assert_target_logprobs(tiny_target_f32, ids, r.token_ids, r.logprobs)
+    offline = [e for e in events if isinstance(e, TokenEvent) and e.origin is TokenOrigin.OFFLINE]
+    assert offline and all(e.logprob is None for e in offline)
+    scored = [e for e in events if isinstance(e, LogprobsEvent)]
+    if policy is ResumePolicy.KEEP:
+        assert len(scored) == 1 and scored[0].index == offline[0].index and len(scored[0].logprobs) == len(offline)
+    settled = SettledTokens(hold_offline=True)
+    out = [t for e in events for t in settled.feed(e)] + settled.finish()
+    assert [t.token for t in out] == r.token_ids and [t.logprob for t in out] == r.logprobs
+
+
+def test_tokens_the_target_never_saw_have_no_logprob(start, tiny_target_f32):
+    gen, transport, ids = start(max_new_tokens=15, offline_wait_s=0.2, logprobs=0)
+    cut_at(gen, transport, at=4, offline=None)
+    r = gen.result
+    verified = 15 - r.provisional
+    assert r.provisional > 0 and r.logprobs[verified:] == [None] * r.provisional
+    assert_target_logprobs(tiny_target_f32, ids, r.token_ids[:verified], r.logprobs[:verified], top=0)

@@ -39,3 +39,8 @@ def test_session_metadata_key_is_the_protos():
 def test_the_api_key_metadata_key_is_what_the_server_reads():
     assert api_key_problem({wire.API_KEY_METADATA_KEY: "Bearer k"}, "k") is None
     assert api_key_problem({wire.API_KEY_METADATA_KEY: "Bearer other"}, "k") is not None
+
+
+def test_the_logprob_limit_is_the_protos():
+    comment = re.search(r'/// How many of the most likely tokens .*?at most (\d+)\.\n\s*uint32 top = 1;', PROTO).group(1)
+    assert int(comment) == wire.MAX_TOP_LOGPROBS

@@ -145,7 +145,7 @@ class CodecChoice(_message.Message):
     def __init__(self, codec: _Optional[_Union[Codec, str]] = ..., zstd_level: _Optional[int] = ..., outlier_channels: _Optional[int] = ...) -> None: ...
 
 class Open(_message.Message):
-    __slots__ = ("session_id", "prompt_ids", "sampling", "features", "codec", "max_new_tokens", "tokenizer_fingerprint", "drafter", "tree")
+    __slots__ = ("session_id", "prompt_ids", "sampling", "features", "codec", "max_new_tokens", "tokenizer_fingerprint", "drafter", "tree", "logprobs")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +155,7 @@ class Open(_message.Message):
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_FIELD_NUMBER: _ClassVar[int]
     TREE_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
@@ -164,23 +165,42 @@ class Open(_message.Message):
     tokenizer_fingerprint: str
     drafter: str
     tree: bytes
-    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., features: _Optional[_Union[FeatureRequest, _Mapping]] = ..., codec: _Optional[_Union[CodecChoice, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., drafter: _Optional[str] = ..., tree: _Optional[bytes] = ...) -> None: ...
+    logprobs: LogprobRequest
+    def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., features: _Optional[_Union[FeatureRequest, _Mapping]] = ..., codec: _Optional[_Union[CodecChoice, _Mapping]] = ..., max_new_tokens: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., drafter: _Optional[str] = ..., tree: _Optional[bytes] = ..., logprobs: _Optional[_Union[LogprobRequest, _Mapping]] = ...) -> None: ...
+
+class LogprobRequest(_message.Message):
+    __slots__ = ("top",)
+    TOP_FIELD_NUMBER: _ClassVar[int]
+    top: int
+    def __init__(self, top: _Optional[int] = ...) -> None: ...
+
+class TokenLogprob(_message.Message):
+    __slots__ = ("logprob", "top_ids", "top_logprobs")
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    logprob: float
+    top_ids: _containers.RepeatedScalarFieldContainer[int]
+    top_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, logprob: _Optional[float] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Opened(_message.Message):
-    __slots__ = ("session_id", "first_token", "committed_len", "features", "timings", "accepted")
+    __slots__ = ("session_id", "first_token", "committed_len", "features", "timings", "accepted", "logprobs")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_LEN_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     first_token: int
     committed_len: int
     features: _containers.RepeatedCompositeFieldContainer[Feature]
     timings: Timings
     accepted: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[str] = ..., first_token: _Optional[int] = ..., committed_len: _Optional[int] = ..., features: _Optional[_Iterable[_Union[Feature, _Mapping]]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., accepted: _Optional[_Iterable[int]] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    def __init__(self, session_id: _Optional[str] = ..., first_token: _Optional[int] = ..., committed_len: _Optional[int] = ..., features: _Optional[_Iterable[_Union[Feature, _Mapping]]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., accepted: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class Draft(_message.Message):
     __slots__ = ("session_id", "step", "committed_len", "tree")
@@ -195,7 +215,7 @@ class Draft(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., step: _Optional[int] = ..., committed_len: _Optional[int] = ..., tree: _Optional[bytes] = ...) -> None: ...
 
 class Verified(_message.Message):
-    __slots__ = ("session_id", "step", "accepted", "bonus_token", "committed_len", "features", "timings")
+    __slots__ = ("session_id", "step", "accepted", "bonus_token", "committed_len", "features", "timings", "logprobs")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +223,7 @@ class Verified(_message.Message):
     COMMITTED_LEN_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     step: int
     accepted: _containers.RepeatedScalarFieldContainer[int]
@@ -210,7 +231,8 @@ class Verified(_message.Message):
     committed_len: int
     features: _containers.RepeatedCompositeFieldContainer[Feature]
     timings: Timings
-    def __init__(self, session_id: _Optional[str] = ..., step: _Optional[int] = ..., accepted: _Optional[_Iterable[int]] = ..., bonus_token: _Optional[int] = ..., committed_len: _Optional[int] = ..., features: _Optional[_Iterable[_Union[Feature, _Mapping]]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    def __init__(self, session_id: _Optional[str] = ..., step: _Optional[int] = ..., accepted: _Optional[_Iterable[int]] = ..., bonus_token: _Optional[int] = ..., committed_len: _Optional[int] = ..., features: _Optional[_Iterable[_Union[Feature, _Mapping]]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class Resume(_message.Message):
     __slots__ = ("session_id", "committed_len", "committed_hash", "committed_ids", "provisional_ids", "policy", "reopen", "step")
@@ -233,7 +255,7 @@ class Resume(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., committed_len: _Optional[int] = ..., committed_hash: _Optional[bytes] = ..., committed_ids: _Optional[_Iterable[int]] = ..., provisional_ids: _Optional[_Iterable[int]] = ..., policy: _Optional[_Union[ResumePolicy, str]] = ..., reopen: _Optional[_Union[Open, _Mapping]] = ..., step: _Optional[int] = ...) -> None: ...
 
 class Resumed(_message.Message):
-    __slots__ = ("session_id", "agreed", "restored", "bonus_token", "committed_len", "features", "timings")
+    __slots__ = ("session_id", "agreed", "restored", "bonus_token", "committed_len", "features", "timings", "logprobs")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     AGREED_FIELD_NUMBER: _ClassVar[int]
     RESTORED_FIELD_NUMBER: _ClassVar[int]
@@ -241,6 +263,7 @@ class Resumed(_message.Message):
     COMMITTED_LEN_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     agreed: int
     restored: bool
@@ -248,7 +271,8 @@ class Resumed(_message.Message):
     committed_len: int
     features: _containers.RepeatedCompositeFieldContainer[Feature]
     timings: Timings
-    def __init__(self, session_id: _Optional[str] = ..., agreed: _Optional[int] = ..., restored: _Optional[bool] = ..., bonus_token: _Optional[int] = ..., committed_len: _Optional[int] = ..., features: _Optional[_Iterable[_Union[Feature, _Mapping]]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    def __init__(self, session_id: _Optional[str] = ..., agreed: _Optional[int] = ..., restored: _Optional[bool] = ..., bonus_token: _Optional[int] = ..., committed_len: _Optional[int] = ..., features: _Optional[_Iterable[_Union[Feature, _Mapping]]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class Close(_message.Message):
     __slots__ = ("session_id",)
