@@ -70,7 +70,7 @@ class ServerMetrics(VllmMetrics):
         self.sessions.set_function(lambda: len(core.store))
         self.running.set_function(lambda: len(core.store) + self._api_running)
         # The scheduler's queue of forwards and jobs not yet taken by the model thread.
-        self.waiting.set_function(lambda: len(getattr(core.scheduler, "_queue", ())))
+        self.waiting.set_function(core.scheduler.pending)
         capacity = max(1, core.limits.store.max_kv_bytes)
         self.kv_usage.set_function(lambda: core.store.total_kv_bytes() / capacity)
 
