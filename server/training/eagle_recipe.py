@@ -59,6 +59,27 @@ def unrolled_steps(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, fe
     return out
 
 
+@torch.no_grad()
+def eagle_acceptance(head: EagleHead, parts: TargetParts, seq: StoredSequence, depth: int,
+                     drafting=None) -> Acceptance:
+    """Per-position acceptance of the chains drafted from every start of a sequence. ``drafting``: the
+    parts the drafter's own steps read (the router's head tap; default ``parts``); the target's greedy
+    picks always come through the full head."""
+    tokens, h = seq.tokens, seq.hidden
+    n = tokens.shape[0] - 1
+    if n <= depth:
+        return Acceptance(0, [0] * depth)
+    positions = torch.arange(tokens.shape[0], device=tokens.device)
+    steps = unrolled_steps(head, parts if drafting is None else drafting, tokens, h[:n], positions, depth)
+    greedy = parts.logits(h).argmax(-1)  # target's greedy pick at each position (draft vocab)
+    target_ok = parts.to_target_ids(greedy[:-1]) == tokens[1:]  # the data follows the target here
+    starts = n - depth
+    matches = torch.stack([(steps[s][1][:starts] == greedy[s + 1:s + 1 + starts])
+                           & target_ok[s + 1:s + 1 + starts] for s in range(depth)], 1)
+    keep = seq.loss_mask[1:1 + starts]
+    return Acceptance.of(chain_accepted(matches[keep]), depth)
+
+
 class HeadRecipe:
     """A head that drafts from the target's last hidden states (EAGLE, Beagle), trained on the target's
     next states (SmoothL1, ``feature_weight``) and its distribution (soft CE, ``ce_weight``)."""
@@ -111,21 +132,8 @@ class EagleRecipe(HeadRecipe):
             terms.append(Term(t.total * scale, t.weight * scale))
         return sum(terms)
 
-    @torch.no_grad()
     def acceptance(self, seq: StoredSequence, depth: int) -> Acceptance:
-        tokens, h = seq.tokens, seq.hidden
-        n = tokens.shape[0] - 1
-        if n <= depth:
-            return Acceptance(0, [0] * depth)
-        positions = torch.arange(tokens.shape[0], device=tokens.device)
-        steps = unrolled_steps(self.head, self.parts, tokens, h[:n], positions, depth)
-        greedy = self.parts.logits(h).argmax(-1)  # target's greedy pick at each position (draft vocab)
-        target_ok = self.parts.to_target_ids(greedy[:-1]) == tokens[1:]  # the data follows the target here
-        starts = n - depth
-        matches = torch.stack([(steps[s][1][:starts] == greedy[s + 1:s + 1 + starts])
-                               & target_ok[s + 1:s + 1 + starts] for s in range(depth)], 1)
-        keep = seq.loss_mask[1:1 + starts]
-        return Acceptance.of(chain_accepted(matches[keep]), depth)
+        return eagle_acceptance(self.head, self.parts, seq, depth)
 
     def save_drafter(self, out_dir: Path) -> list[Path]:
         return [save_eagle(self.head, Path(out_dir) / "eagle.safetensors", self.parts.vocab_ids)]

@@ -125,23 +125,35 @@ class MoARecipe:
     def _kl_term(self, out: Outputs) -> Term:
         return forward_kl(out["logits"], out["target_logits"], out["w"])
 
-    @torch.no_grad()
     def acceptance(self, seq: StoredSequence, depth: int) -> Acceptance:
-        tokens, n = seq.tokens, seq.tokens.shape[0]
-        if n <= depth + 1:
-            return Acceptance(0, [0] * depth)
-        # Segments start at 1, 1+depth, ...: each first query is a root seeing the features before it.
-        bounds = step_bounds(n, depth, 1, tokens.device)
-        positions = torch.arange(n, device=tokens.device)
-        _, logits = moa_window(self.model, self.parts, tokens, seq.kv.float(), positions, bounds)
-        greedy = self.parts.logits(seq.hidden).argmax(-1)
-        ok = (logits.argmax(-1) == greedy)[:-1] & (self.parts.to_target_ids(greedy[:-1]) == tokens[1:])
-        starts = torch.arange(1, n - depth, depth, device=tokens.device)
-        matches = torch.stack([ok[starts + k] for k in range(depth)], 1)
-        keep = seq.loss_mask[starts + 1]
-        return Acceptance.of(chain_accepted(matches[keep]), depth)
+        return moa_acceptance(self.model, self.parts, seq, depth)
 
     def save_drafter(self, out_dir: Path) -> list[Path]:
-        self.model.vocab_ids = self.parts.vocab_ids
-        d = save_moa(self.model, Path(out_dir) / f"moa-tli{self.tli}")
-        return [d / "server.safetensors", d / "client.safetensors"]
+        return save_moa_drafter(self.model, self.parts, out_dir)
+
+
+@torch.no_grad()
+def moa_acceptance(model: MoADrafterModel, parts: TargetParts, seq: StoredSequence, depth: int,
+                   drafting=None) -> Acceptance:
+    """Per-position acceptance of chains drafted in segments of ``depth``. ``drafting``: the parts the
+    drafter's own logits are read through (the router's head tap; default ``parts``)."""
+    tokens, n = seq.tokens, seq.tokens.shape[0]
+    if n <= depth + 1:
+        return Acceptance(0, [0] * depth)
+    # Segments start at 1, 1+depth, ...: each first query is a root seeing the features before it.
+    bounds = step_bounds(n, depth, 1, tokens.device)
+    positions = torch.arange(n, device=tokens.device)
+    _, logits = moa_window(model, parts if drafting is None else drafting, tokens, seq.kv.float(), positions, bounds)
+    greedy = parts.logits(seq.hidden).argmax(-1)
+    ok = (logits.argmax(-1) == greedy)[:-1] & (parts.to_target_ids(greedy[:-1]) == tokens[1:])
+    starts = torch.arange(1, n - depth, depth, device=tokens.device)
+    matches = torch.stack([ok[starts + k] for k in range(depth)], 1)
+    keep = seq.loss_mask[starts + 1]
+    return Acceptance.of(chain_accepted(matches[keep]), depth)
+
+
+def save_moa_drafter(model: MoADrafterModel, parts: TargetParts, out_dir: Path) -> list[Path]:
+    """The server part and the client part (with the reduced vocabulary) in ``out_dir/moa-tli<N>``."""
+    model.vocab_ids = parts.vocab_ids
+    d = save_moa(model, Path(out_dir) / f"moa-tli{model.client.config.tli}")
+    return [d / "server.safetensors", d / "client.safetensors"]

@@ -22,14 +22,14 @@ import torch
 
 from ...shared.drafters.eagle import EagleHead, load_eagle, save_eagle
 from ...shared.drafters.masks import step_bounds
-from ...shared.drafters.moa import MoADrafterModel, load_moa, save_moa
+from ...shared.drafters.moa import MoADrafterModel, load_moa
 from ...shared.drafters.router import (LMHeadRouter, RouterConfig, contiguous_groups, frequency_groups,
                                        group_probabilities, restrict_to_groups, save_router)
 from ...shared.drafters.target_parts import TargetParts
-from .eagle_recipe import unrolled_steps
+from .eagle_recipe import eagle_acceptance, unrolled_steps
 from .features import FeatureStore, StoredSequence
-from .losses import Acceptance, Term, chain_accepted
-from .moa_recipe import moa_window
+from .losses import Acceptance, Term
+from .moa_recipe import moa_acceptance, moa_window, save_moa_drafter
 from .recipe import LossTerm, Outputs
 from .recipes import RecipeContext, RecipeOptionError, check_all_used, eagle_head, moa_model
 
@@ -122,21 +122,9 @@ class EagleBase:
         return torch.cat(hidden), torch.cat(groups), torch.cat(weights)
 
     def acceptance(self, seq: StoredSequence, depth: int, tap: _HeadTap) -> Acceptance:
-        """EagleRecipe.acceptance with the drafted tokens read through ``tap`` (the target's greedy
-        picks always through the full head)."""
+        """EagleRecipe.acceptance with the drafted tokens read through ``tap``."""
         self.head.to(self.parts.head_weight.device)
-        tokens, h = seq.tokens, seq.hidden
-        n = tokens.shape[0] - 1
-        if n <= depth:
-            return Acceptance(0, [0] * depth)
-        positions = torch.arange(tokens.shape[0], device=tokens.device)
-        steps = unrolled_steps(self.head, tap, tokens, h[:n], positions, depth)
-        greedy = self.parts.logits(h).argmax(-1)
-        target_ok = self.parts.to_target_ids(greedy[:-1]) == tokens[1:]
-        starts = n - depth
-        matches = torch.stack([(steps[s][1][:starts] == greedy[s + 1:s + 1 + starts])
-                               & target_ok[s + 1:s + 1 + starts] for s in range(depth)], 1)
-        return Acceptance.of(chain_accepted(matches[seq.loss_mask[1:1 + starts]]), depth)
+        return eagle_acceptance(self.head, self.parts, seq, depth, drafting=tap)
 
     def save(self, out_dir: Path) -> tuple[list[Path], Path]:
         """(base files, the router's path beside them)."""
@@ -178,22 +166,11 @@ class MoABase:
     def acceptance(self, seq: StoredSequence, depth: int, tap: _HeadTap) -> Acceptance:
         """MoARecipe.acceptance with the drafter's logits read through ``tap``."""
         self._to_device()
-        tokens, n = seq.tokens, seq.tokens.shape[0]
-        if n <= depth + 1:
-            return Acceptance(0, [0] * depth)
-        bounds = step_bounds(n, depth, 1, tokens.device)
-        positions = torch.arange(n, device=tokens.device)
-        _, logits = moa_window(self.model, tap, tokens, seq.kv.float(), positions, bounds)
-        greedy = self.parts.logits(seq.hidden).argmax(-1)
-        ok = (logits.argmax(-1) == greedy)[:-1] & (self.parts.to_target_ids(greedy[:-1]) == tokens[1:])
-        starts = torch.arange(1, n - depth, depth, device=tokens.device)
-        matches = torch.stack([ok[starts + k] for k in range(depth)], 1)
-        return Acceptance.of(chain_accepted(matches[seq.loss_mask[starts + 1]]), depth)
+        return moa_acceptance(self.model, self.parts, seq, depth, drafting=tap)
 
     def save(self, out_dir: Path) -> tuple[list[Path], Path]:
-        self.model.vocab_ids = self.parts.vocab_ids
-        d = save_moa(self.model, Path(out_dir) / f"moa-tli{self.tli}")
-        return [d / "server.safetensors", d / "client.safetensors"], d
+        files = save_moa_drafter(self.model, self.parts, out_dir)
+        return files, files[0].parent
 
 
 def _frozen(module: torch.nn.Module) -> torch.nn.Module:
