@@ -3,14 +3,15 @@
 Words: ``committed`` is prompt + generated ids on the client; ``confirmed`` is
 how many of them the server has confirmed (the rest are provisional, made
 offline). Every function here takes and returns plain lists, so each rule is
-tested on its own.
+tested on its own; ``StopStrings`` keeps the one piece of state, the text seen so far.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Sequence
 
 from edgespec.shared.errors import EdgespecError
+from edgespec.shared.text_stream import Decode, TextStream
 from edgespec.shared.tree import ROOT, DraftTree
 from edgespec.shared.wire import ResumePolicy
 
@@ -56,26 +57,42 @@ class Finish:
     reason: str | None  # "stop" (EOS or stop string), "length", or None (not finished)
 
 
-def first_stop(text: str, stops: Iterable[str]) -> int | None:
-    """Index in text where the earliest stop string starts, None if there is none."""
-    hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-    return min(hits) if hits else None
+class StopStrings:
+    """Whether the generated text has reached a stop string, fed a token at a time through the APIs' own
+    ``TextStream`` (incremental decoding, one automaton for all stops), so the loop ends exactly where the
+    APIs cut the text and a token costs the same late in a long answer as early on."""
+
+    def __init__(self, decode: Decode, stops: Sequence[str]):
+        self.decode, self.stops = decode, tuple(stops)
+        self._fed = 0  # tokens of generated[] the stream has seen
+        self._stream = TextStream(decode, self.stops)
+
+    def reached(self, generated: Sequence[int], k: int) -> bool:
+        """Does the text of generated[: k + 1] hold a stop string? Calls come with k rising; a k below what was
+        seen means the text from k on changed (a rollback), so the stream starts again from generated[:k]."""
+        if self._fed != k:
+            self._stream, self._fed = TextStream(self.decode, self.stops), 0
+            for token in generated[:k]:
+                self._stream.push(token)
+                self._fed += 1
+        self._stream.push(generated[k])
+        self._fed += 1
+        return self._stream.stopped
 
 
 def finish_point(generated: Sequence[int], checked: int, eos_ids: set[int], max_new_tokens: int,
-                 stops: Sequence[str] = (), decode: Callable[[Sequence[int]], str] | None = None,
-                 ignore_eos: bool = False) -> Finish:
+                 stops: StopStrings | None = None, ignore_eos: bool = False) -> Finish:
     """Earliest end among tokens generated[checked:] (earlier ones were checked before).
 
     EOS is kept as the last token (as Hugging Face's greedy output keeps it); a
     stop string ends the output with the token that completes it (the text is
-    cut before it by ``first_stop``); past max_new_tokens nothing is kept.
+    cut before it where it is shown); past max_new_tokens nothing is kept.
     """
     limit = min(len(generated), max_new_tokens)
     for k in range(checked, limit):
         if not ignore_eos and generated[k] in eos_ids:
             return Finish(k + 1, "stop")
-        if stops and decode is not None and first_stop(decode(generated[: k + 1]), stops) is not None:
+        if stops is not None and stops.reached(generated, k):
             return Finish(k + 1, "stop")
     if limit >= max_new_tokens:
         return Finish(max_new_tokens, "length")

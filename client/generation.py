@@ -48,7 +48,8 @@ from edgespec.shared.metrics import GenerationMetrics
 from edgespec.shared.tree import MAX_NODES, DraftTree
 from edgespec.shared.wire import FeatureKind, ResumePolicy
 
-from .commit import Finish, ProtocolError, accepted_path, check_committed_len, finish_point, resume_commit
+from .commit import (Finish, ProtocolError, StopStrings, accepted_path, check_committed_len, finish_point,
+                     resume_commit)
 from .drafters.base import Drafter, DraftRequest, OfflineUnsupportedError, Verification
 from .verifier import LinkDownError, ServerRefusedError, SessionSpec, Verdict, Verifier
 
@@ -189,6 +190,7 @@ class Generation:
         self._step = 0
         self._detail = ""
         self._lost = False
+        self._stops = StopStrings(tokenizer.decode, config.stop) if config.stop else None
 
     def __iter__(self) -> Iterator[Event]:
         return self._run()
@@ -396,8 +398,7 @@ class Generation:
 
     def _emit(self) -> Iterator[Event]:
         s, c = self.state, self.config
-        fin = finish_point(s.generated, s.checked, self.tok.eos_ids, c.max_new_tokens, c.stop,
-                           self.tok.decode, c.ignore_eos)
+        fin = finish_point(s.generated, s.checked, self.tok.eos_ids, c.max_new_tokens, self._stops, c.ignore_eos)
         s.checked = fin.keep
         if fin.reason is not None:
             del s.committed[s.prompt_len + fin.keep:]

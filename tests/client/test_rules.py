@@ -6,7 +6,7 @@ import random
 import grpc
 import pytest
 
-from edgespec.client.commit import (Finish, ProtocolError, ResumePolicy, accepted_path, finish_point, first_stop,
+from edgespec.client.commit import (Finish, ProtocolError, ResumePolicy, StopStrings, accepted_path, finish_point,
                                     resume_commit)
 from edgespec.client.link import (LinkConfig, LinkDownError, ServerRefusedError, SessionLostError, backoff_delay,
                                   call_metadata, classify_rpc_error, draft_deadline)
@@ -45,15 +45,29 @@ def test_finish_point_eos_length_stop():
     assert finish_point([5, 6], 0, eos, 2) == Finish(2, "length")
     assert finish_point([5, 6], 0, eos, 5) == Finish(2, None)
     decode = lambda ids: "".join(chr(96 + t) for t in ids)  # 1 -> a, 2 -> b, ...
-    assert finish_point([1, 2, 3, 4], 0, eos, 10, ["bc"], decode) == Finish(3, "stop")
-    assert finish_point([1, 2, 3, 4], 0, eos, 10, ["zz"], decode) == Finish(4, None)
+    assert finish_point([1, 2, 3, 4], 0, eos, 10, StopStrings(decode, ["bc"])) == Finish(3, "stop")
+    assert finish_point([1, 2, 3, 4], 0, eos, 10, StopStrings(decode, ["zz"])) == Finish(4, None)
     # tokens before `checked` were looked at already
     assert finish_point([0, 5, 6], 1, eos, 10) == Finish(3, None)
 
 
-def test_first_stop():
-    assert first_stop("hello world", ["wor", "lo"]) == 3
-    assert first_stop("hello", ["", "x"]) is None
+def test_stop_strings_are_fed_a_token_at_a_time_and_start_again_after_a_rollback():
+    calls = []
+
+    def decode(ids):
+        calls.append(len(ids))
+        return "".join(chr(96 + t) for t in ids)
+
+    stops = StopStrings(decode, ["cd", "xyz"])
+    text = [1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12]  # abcefghijkl: no stop
+    assert finish_point(text, 0, set(), 100, stops) == Finish(len(text), None)
+    assert max(calls) < 8  # a bounded window per token, not the whole text
+    # a rollback replaced everything from index 3 on: "abc" + "d" completes "cd"
+    assert finish_point([1, 2, 3, 4, 5], 3, set(), 100, stops) == Finish(4, "stop")
+    # the stop completes over two verifications: "xy" then "z"
+    stops = StopStrings(decode, ["cd", "xyz"])
+    assert finish_point([24, 25], 0, set(), 100, stops) == Finish(2, None)
+    assert finish_point([24, 25, 26, 1], 2, set(), 100, stops) == Finish(3, "stop")
 
 
 def test_draft_deadline_follows_round_trips_within_bounds():
