@@ -1,4 +1,5 @@
-"""edgespec.client: the laptop's side. ``Client`` and ``AsyncClient`` are the text-level Python API.
+"""edgespec.client: the laptop's side. ``Client`` and ``AsyncClient`` are the text-level Python API
+(also at the top: ``edgespec.Client``).
 
     from edgespec.client import Client
     with Client(server="gpu-box:50051", drafter="ngram") as client:

@@ -1,15 +1,15 @@
 """Text in, text out: edgespec from Python, over the same generation loop as the CLI and the local API.
 
-    from edgespec.client import Client
+    import edgespec  # or: from edgespec.client import Client, AsyncClient
 
-    with Client(server="gpu-box:50051", drafter="ngram") as client:
+    with edgespec.Client(server="gpu-box:50051", drafter="ngram") as client:
         print(client.chat([{"role": "user", "content": "Write quicksort in Python"}]))
         for piece in client.chat([{"role": "user", "content": "And mergesort"}], stream=True):
             print(piece, end="", flush=True)
         print(client.complete("def fib(n):", max_tokens=64, stop=["\\n\\n"]))
         print(client.last_result.metrics.summary())  # tokens/s, acceptance length, calls, bytes
 
-    async with AsyncClient(server="gpu-box:50051", drafter="independent") as client:
+    async with edgespec.AsyncClient(server="gpu-box:50051", drafter="independent") as client:
         text = await client.chat(messages)
         async for piece in await client.chat(messages, stream=True):
             ...
