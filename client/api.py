@@ -39,6 +39,7 @@ from .text import SettledTokens
 
 log = logging.getLogger(__name__)
 
+
 def edgespec_extra(result: GenerationResult) -> dict:
     extra = result.metrics.to_dict()
     extra.update(finish_detail=result.detail, provisional_tokens=result.provisional,
