@@ -37,9 +37,6 @@ class MahimahiTrace:
         i = bisect.bisect_left(self.times_s, t - loops * self.period_s)
         return loops * n + i  # i == n rolls over to the next loop's first slot
 
-    def mean_rate_mbit(self) -> float:
-        return len(self.times_s) * self.slot_bytes * 8 / self.period_s / 1e6
-
 
 @dataclass(frozen=True)
 class CsvTrace:
@@ -56,9 +53,6 @@ class CsvTrace:
     def rtt_ms(self, second: int) -> float:
         assert self.rtts_ms is not None
         return self.rtts_ms[second % len(self.rtts_ms)]
-
-    def mean_rate_mbit(self) -> float:
-        return sum(self.rates_bits_s) / len(self.rates_bits_s) / 1e6
 
 
 def parse_mahimahi(text: str, source: str = "<trace>") -> MahimahiTrace:

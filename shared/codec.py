@@ -352,10 +352,3 @@ def _check_channel_ids(ids: np.ndarray, channels: int) -> None:
                          f"{what} {int(ids[i - 1])}")
     if int(ids[-1]) >= channels:
         raise FrameError(f"outlier channel id {int(ids[-1])} is outside {channels} channels")
-
-
-def relative_error(original: torch.Tensor, decoded: torch.Tensor) -> float:
-    """||decoded - original|| / ||original|| over the whole tensor (0 for an all-zero original)."""
-    a = original.detach().float()
-    norm = a.norm().item()
-    return 0.0 if norm == 0 else (decoded.float() - a).norm().item() / norm

@@ -120,16 +120,6 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def humaneval_program(problem: dict, completion: str) -> str:
-    """The program HumanEval runs: prompt + completion + its tests + check(entry_point)."""
-    return (problem["prompt"] + completion + "\n\n" + problem["test"] + "\n\n"
-            + f"check({problem['entry_point']})\n")
-
-
-def score_humaneval(problem: dict, completion: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
-    return run_program(humaneval_program(problem, completion), limits)
-
-
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.S)
 
 

@@ -6,7 +6,7 @@ Two parts, after the paper:
    one is predicted from a context whose last j-1 features are the drafter's own. Training
    unrolls n steps (``unroll``, default 3): step j feeds step j-1's predicted features,
    *detached*, as the queries' feature input and (through the head's cache) as the last
-   keys/values, under ``masks.unrolled_mask`` (``masks.position_unrolled_mask`` is the same
+   keys/values, under ``masks.unrolled_mask`` (the tests check it against the same
    mask indexed by position, as the paper draws it). Tokens are the data's (the accepted
    path: the data is the target's greedy output). Detached: step j learns to draft from the
    features the drafter really makes, and its loss does not bend the earlier steps towards

@@ -10,7 +10,7 @@ probabilities over each group's tokens (the cross-entropy against q minus q's en
 same gradients, and 0 when the router is exact). ``missed_mass`` (logged, weight 0) is the target's mass
 outside the router's top-g groups. Validation drafts with the router (the draft's argmax
 restricted to the chosen groups), so the logged acceptance is the acceptance it costs
-(``RouterRecipe.base_acceptance`` is the same measure with the full head).
+(the frozen base's ``acceptance`` with a plain ``_HeadTap`` is the same measure with the full head).
 """
 from __future__ import annotations
 
@@ -215,11 +215,6 @@ class RouterRecipe:
     def acceptance(self, seq: StoredSequence, depth: int) -> Acceptance:
         """Per-position acceptance drafting with the router."""
         return self.base.acceptance(seq, depth, _HeadTap(self.parts, route=self._route))
-
-    @torch.no_grad()
-    def base_acceptance(self, seq: StoredSequence, depth: int) -> Acceptance:
-        """The same drafting with the full head: what the router's acceptance compares to."""
-        return self.base.acceptance(seq, depth, _HeadTap(self.parts))
 
     def save_drafter(self, out_dir: Path) -> list[Path]:
         files, beside = self.base.save(Path(out_dir))

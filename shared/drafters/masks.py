@@ -75,23 +75,3 @@ def unrolled_mask(n: int, step: int, device=None) -> torch.Tensor:
     parts += [eye] * (step - 1)
     return torch.cat(parts, dim=1)
 
-
-def position_unrolled_mask(n: int, step: int, device=None) -> torch.Tensor:
-    """[n, n * step]: ``unrolled_mask`` re-indexed by position, the way HASS draws it.
-
-    Key block k (1..step) holds the rows of step k by position (block 1: the teacher-forced rows,
-    whose features are the target's). The row of step j at position t belongs to the chain
-    started at r = t - j + 1: its feature input is the drafter's own, made at step j-1 for
-    position t, and it sees the target's rows up to r, the step-k row of position r + k - 1
-    for every step 1 < k < j, and itself. Queries at t < j - 1 belong to no chain and see nothing.
-    The start-indexed ``unrolled_mask`` is this matrix with the rows of step j shifted by j - 1.
-    """
-    if step < 1:
-        raise ValueError(f"unrolled steps start at 1, got {step}")
-    t = torch.arange(n, device=device)[:, None]
-    p = torch.arange(n, device=device)[None, :]
-    r = t - step + 1  # the chain's start: its last target-feature row
-    parts = [(p <= r) & (r >= 0)]
-    parts += [(p == r + k - 1) & (r >= 0) for k in range(2, step + 1)]
-    return torch.cat(parts, dim=1)
-

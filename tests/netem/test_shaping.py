@@ -63,7 +63,7 @@ def test_mahimahi_shaper_uses_slots_and_loses_idle_ones():
 
 def test_mahimahi_rate_over_a_long_transfer():
     trace = parse_mahimahi("\n".join(str(ms) for ms in range(1, 1001)))  # 1 slot a ms: 12 Mbit/s
-    assert trace.mean_rate_mbit() == pytest.approx(12)
+    assert len(trace.times_s) * trace.slot_bytes * 8 / trace.period_s == pytest.approx(12e6)
     shaper = MahimahiShaper(trace, start=0.0)
     done = [shaper.release_time(0.0, 16_000) for _ in range(300)]  # 4.8 MB
     assert 4.8e6 * 8 / done[-1] / 1e6 == pytest.approx(12, rel=0.01)

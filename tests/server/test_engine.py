@@ -12,6 +12,7 @@ import threading
 
 import pytest
 import torch
+from support.masks import full_attention_mask
 
 from edgespec.server.decoder import GenerationRequest, generate
 from edgespec.server.engine import GenericEngine, Work, batched_unsupported, build_engine, choose_engine
@@ -23,7 +24,7 @@ from edgespec.server.session import ResumePolicy, SessionSettings, VerifierSessi
 from edgespec.server.target import TargetModel
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.models.loading import load_model
-from edgespec.shared.tree import ROOT, DraftTree, full_attention_mask
+from edgespec.shared.tree import ROOT, DraftTree
 from edgespec.shared.verification import SamplingConfig
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

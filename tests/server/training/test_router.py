@@ -8,6 +8,7 @@ import torch
 from edgespec.server.training.fit import build_recipe
 from edgespec.server.training.losses import Acceptance
 from edgespec.server.training.recipes import RecipeOptionError
+from edgespec.server.training.router_recipe import _HeadTap
 from edgespec.server.training.trainer import TrainConfig, Trainer
 from edgespec.shared.drafters.router import (LMHeadRouter, RouterConfig, RouterMismatchError, attach_router_if_present,
                                              bind_router, contiguous_groups, frequency_groups, group_index,
@@ -176,7 +177,8 @@ def test_stage_two_lowers_the_router_loss_and_leaves_the_base_bit_identical(kind
     assert rates == sorted(rates, reverse=True)
     full = Acceptance(0, [])  # the same drafting with the full head: the same chains are measured
     for path in trainer.val_files:
-        full = full + rec.base_acceptance(trainer._load(path), 4)
+        with torch.no_grad():
+            full = full + rec.base.acceptance(trainer._load(path), 4, _HeadTap(rec.parts))
     assert full.chains == logged["val/chains"] > 0
     files = rec.save_drafter(tmp_path)
     assert files[-1].name == "router.safetensors" and all(f.is_file() for f in files)
