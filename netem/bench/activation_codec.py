@@ -20,6 +20,8 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
+from .records import markdown_table
+
 PROMPTS = [
     ("Explain what this function does and suggest one improvement.", "textwrap", "dedent"),
     ("Write unit tests with pytest for this function.", "shlex", "quote"),
@@ -112,12 +114,12 @@ def measure(name: str, tensors: list, frame_tokens: int | None) -> list[Row]:
 
 
 def markdown(rows: list[Row]) -> str:
-    lines = ["| tensor | frame | codec | K | zstd | bytes/token | vs fp16 | rel. L2 error | encode ms/frame | decode ms/frame |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r.tensor} | {r.frame_tokens} | {r.codec} | {r.outliers or ''} | {r.zstd} | {r.bytes_per_token:,.0f} | "
-                     f"{100 * r.share_of_fp16:.1f} % | {100 * r.rel_error:.3f} % | {r.encode_ms:.2f} | {r.decode_ms:.2f} |")
-    return "\n".join(lines)
+    return markdown_table(
+        ["tensor", "frame", "codec", "K", "zstd", "bytes/token", "vs fp16", "rel. L2 error", "encode ms/frame",
+         "decode ms/frame"],
+        ([r.tensor, r.frame_tokens, r.codec, r.outliers or "", r.zstd, f"{r.bytes_per_token:,.0f}",
+          f"{100 * r.share_of_fp16:.1f} %", f"{100 * r.rel_error:.3f} %", f"{r.encode_ms:.2f}", f"{r.decode_ms:.2f}"]
+         for r in rows))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

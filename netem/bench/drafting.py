@@ -30,6 +30,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from ...client.cli import add_tree_arguments, tree_shape
+from .records import markdown_table
 
 EDGESPEC = ("ngram", "independent", "eagle", "moa-tli0", "moa-tli1")
 LEARNED = EDGESPEC[2:]
@@ -127,18 +128,16 @@ def add_lists(lists: list[list[int]]) -> list[int]:
 
 
 def table(summary: dict) -> str:
-    lines = ["| method | tokens/s | speed-up | tau (tokens per target forward) | accept@1 / @2 / @3 "
-             "| drafting ms per tree | output = target's | bytes per accepted token (sent / raw fp16) |",
-             "|---|---|---|---|---|---|---|---|"]
+    rows = []
     for method, row in summary.items():
         sent, raw = row.get("bytes_per_accepted"), row.get("raw_bytes_per_accepted")
-        link = f"{sent:,.0f} / {raw:,.0f}" if sent else "-"
-        at = row.get("accept_at")
-        accept = " / ".join(f"{a:.2f}" for a in (at + [0.0, 0.0, 0.0])[:3]) if at is not None else "-"
-        ms = row.get("draft_ms_per_tree")
-        lines.append(f"| {method} | {row['tokens_per_s']:.2f} | {row.get('speedup', 1.0):.2f}x | {row['tau']:.2f} | "
-                     f"{accept} | {'-' if ms is None else f'{ms:.0f}'} | {row['exact']} | {link} |")
-    return "\n".join(lines)
+        at, ms = row.get("accept_at"), row.get("draft_ms_per_tree")
+        rows.append([method, f"{row['tokens_per_s']:.2f}", f"{row.get('speedup', 1.0):.2f}x", f"{row['tau']:.2f}",
+                     "-" if at is None else " / ".join(f"{a:.2f}" for a in (at + [0.0, 0.0, 0.0])[:3]),
+                     "-" if ms is None else f"{ms:.0f}", row["exact"], f"{sent:,.0f} / {raw:,.0f}" if sent else "-"])
+    return markdown_table(["method", "tokens/s", "speed-up", "tau (tokens per target forward)", "accept@1 / @2 / @3",
+                           "drafting ms per tree", "output = target's", "bytes per accepted token (sent / raw fp16)"],
+                          rows)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

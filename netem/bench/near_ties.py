@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ...client.edge_client import chat_prompt_ids
     from ...shared.models.loading import load_model
-    from .experiments import load_prompts
+    from .prompt_sets import humaneval_prompts
     from .records import read_jsonl
 
     rows = read_jsonl(args.jsonl)
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     tok = loaded.tokenizer
     found = divergences(rows, lambda text: tok(text, add_special_tokens=False)["input_ids"], args.system)
     limit = (settings.get("set_limits") or {}).get("humaneval", settings["limit"])
-    prompts = {p.id: p for p in load_prompts(["humaneval"], limit)}
+    prompts = {p.id: p for p in humaneval_prompts(limit)}
     model = loaded.model.float()  # float32: the reference both bf16 paths approximate
     print(f"{len(found)} of the uncut answers part from the target's own")
     print("| problem | token | target alone | speculative | float32 top two | their logit gap |")
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     for d in found:
         own = tok(next(r["text"] for r in rows if r["system"] == "target" and r["prompt_id"] == d.prompt_id),
                   add_special_tokens=False)["input_ids"]
-        ids = chat_prompt_ids(tok, prompts[d.prompt_id].messages) + own[: d.position]
+        ids = chat_prompt_ids(tok, prompts[d.prompt_id].messages()) + own[: d.position]
         with torch.no_grad():
             logits = model(torch.tensor([ids])).logits[0, -1]
         top = torch.topk(logits, 2)

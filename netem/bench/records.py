@@ -1,4 +1,4 @@
-"""A run's records: the environment it ran in, and one JSON object a line per measurement."""
+"""A run's records: the environment it ran in, one JSON object a line per measurement, Markdown tables."""
 from __future__ import annotations
 
 import contextlib
@@ -9,6 +9,7 @@ import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Iterable
 
 
 def environment(settings: dict) -> dict:
@@ -58,3 +59,9 @@ def group_by(rows: list[dict], *keys: str) -> dict[tuple, list[dict]]:
     for r in rows:
         out[tuple(r.get(k) for k in keys)].append(r)
     return dict(out)
+
+
+def markdown_table(header: list[str], rows: Iterable[list], rule: str = "---") -> str:
+    """A Markdown table: the header's cells, a rule under each, a line a row (a None cell: "| |")."""
+    line = lambda cells: "|" + "".join(" |" if c is None else f" {c} |" for c in cells)  # noqa: E731
+    return "\n".join([line(header), "|" + f"{rule}|" * len(header), *map(line, rows)])

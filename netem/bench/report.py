@@ -10,17 +10,13 @@ import os
 from pathlib import Path
 
 from .plots import draw_plots
-from .records import group_by, read_jsonl
+from .records import group_by, markdown_table, read_jsonl
 
 
 def _agg(rows: list[dict]) -> dict:
-    tokens = sum(r.get("new_tokens", 0) for r in rows)
-    wall = sum(r.get("wall_s", 0.0) for r in rows)
-    drafts = sum(r.get("num_drafts", 0) for r in rows)
-    accepted = sum(r.get("num_accepted_tokens", 0) for r in rows)
-    calls = sum(r.get("calls", 0) for r in rows)
-    up = sum(r.get("bytes_up", 0) for r in rows)
-    down = sum(r.get("bytes_down", 0) for r in rows)
+    tokens, wall, drafts, accepted, calls, up, down = (
+        sum(r.get(k, 0) for r in rows)
+        for k in ("new_tokens", "wall_s", "num_drafts", "num_accepted_tokens", "calls", "bytes_up", "bytes_down"))
     rtts = sorted(x for r in rows for x in r.get("round_trips_s", []) or [])
     return {"n": len(rows), "tokens": tokens, "tok_s": tokens / wall if wall else 0.0,
             "tau": (accepted + drafts) / drafts if drafts else None,
@@ -36,49 +32,42 @@ def _fmt(x, spec: str = ".2f") -> str:
 def speed_section(rows: list[dict]) -> str:
     groups = group_by(rows, "system")
     base = _agg(groups.get(("plain-api",), []))["tok_s"]
-    lines = ["| system | generations | new tokens | tokens/s | acceptance length | speedup vs plain decoding |",
-             "|---|---|---|---|---|---|"]
+    lines = []
     for (system,), rs in sorted(groups.items()):
         a = _agg(rs)
-        lines.append(f"| {system} | {a['n']} | {a['tokens']} | {a['tok_s']:.2f} | {_fmt(a['tau'])} | "
-                     f"{a['tok_s'] / base:.2f}x |" if base else "| – |")
-    return "\n".join(lines)
+        lines.append([system, a["n"], a["tokens"], f"{a['tok_s']:.2f}", _fmt(a["tau"]), f"{a['tok_s'] / base:.2f}x"]
+                     if base else ["–"])
+    return markdown_table(["system", "generations", "new tokens", "tokens/s", "acceptance length",
+                           "speedup vs plain decoding"], lines)
 
 
 def link_section(rows: list[dict]) -> str:
-    lines = ["| profile | system | tokens/s | vs plain API | acceptance length | calls / 100 tokens | "
-             "bytes up / token | bytes down / token | RTT p50 / p90 / p99 ms |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = []
     for (profile,), prow in sorted(group_by(rows, "profile").items()):
         groups = group_by(prow, "system")
         base = _agg(groups.get(("plain-api",), []))["tok_s"]
         for (system,), rs in sorted(groups.items()):
             a = _agg(rs)
-            rtt = " / ".join(f"{1000 * a['rtt'][p]:.0f}" for p in (50, 90, 99)) if a["rtt"] else "–"
-            ratio = f"{a['tok_s'] / base:.2f}x" if base else "–"
-            lines.append(f"| {profile} | {system} | {a['tok_s']:.2f} | {ratio} | {_fmt(a['tau'])} | "
-                         f"{a['calls_100']:.1f} | {a['up_tok']:.0f} | {a['down_tok']:.0f} | {rtt} |")
-    return "\n".join(lines) + "\n\n" + _by_set(rows)
+            lines.append([profile, system, f"{a['tok_s']:.2f}", f"{a['tok_s'] / base:.2f}x" if base else "–",
+                          _fmt(a["tau"]), f"{a['calls_100']:.1f}", f"{a['up_tok']:.0f}", f"{a['down_tok']:.0f}",
+                          " / ".join(f"{1000 * a['rtt'][p]:.0f}" for p in (50, 90, 99)) if a["rtt"] else "–"])
+    return markdown_table(["profile", "system", "tokens/s", "vs plain API", "acceptance length", "calls / 100 tokens",
+                           "bytes up / token", "bytes down / token", "RTT p50 / p90 / p99 ms"], lines) + "\n\n" + _by_set(rows)
 
 
 def _by_set(rows: list[dict]) -> str:
     """Tokens/s and acceptance length per prompt set: copying-friendly code prompts and open-ended
     chat favour different drafters, which one average hides."""
     sets = sorted({r["set"] for r in rows})
-    lines = ["| profile | system | " + " | ".join(f"{s}: tokens/s (acceptance length)" for s in sets) + " |",
-             "|---|---|" + "---|" * len(sets)]
+    lines = []
     for (profile, system), rs in sorted(group_by(rows, "profile", "system").items()):
-        by = group_by(rs, "set")
-        cells = []
-        for name in sets:
-            a = _agg(by.get((name,), []))
-            cells.append(f"{a['tok_s']:.2f} ({_fmt(a['tau'])})" if a["n"] else "–")
-        lines.append(f"| {profile} | {system} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        aggs = [_agg(group_by(rs, "set").get((name,), [])) for name in sets]
+        lines.append([profile, system] + [f"{a['tok_s']:.2f} ({_fmt(a['tau'])})" if a["n"] else "–" for a in aggs])
+    return markdown_table(["profile", "system"] + [f"{s}: tokens/s (acceptance length)" for s in sets], lines)
 
 
 def disconnect_section(rows: list[dict]) -> str:
-    lines = ["| drafter | cut after B tokens | problems | pass@1 (offline completion) | pass@1 (stop at the cut) | "
-             "answer = the target's own |", "|---|---|---|---|---|---|"]
+    lines = []
     own = {r["prompt_id"]: r["text"] for r in rows if r["system"] == "target"}
     key = lambda kv: (kv[0][0] == "target", kv[0][0], float("inf") if kv[0][1] is None else kv[0][1])  # noqa: E731
     for (drafter, cut), rs in sorted(group_by(rows, "system", "cut_after").items(), key=key):
@@ -86,12 +75,13 @@ def disconnect_section(rows: list[dict]) -> str:
         ok = sum(r["passed"] for r in rs)
         low = sum(r["passed_stop_at_cut"] for r in rs)
         if drafter == "target":  # the reference: the target's own greedy answers, no drafter, no cut
-            lines.append(f"| target alone (its own greedy answer) | no cut | {n} | {ok / n:.3f} | – | – |")
+            lines.append(["target alone (its own greedy answer)", "no cut", n, f"{ok / n:.3f}", "–", "–"])
             continue
         compared = [r for r in rs if r["prompt_id"] in own]
         same = f"{sum(r['text'] == own[r['prompt_id']] for r in compared)}/{len(compared)}" if compared else "–"
-        lines.append(f"| {drafter} | {'never' if cut is None else cut} | {n} | {ok / n:.3f} | {low / n:.3f} | {same} |")
-    return "\n".join(lines)
+        lines.append([drafter, "never" if cut is None else cut, n, f"{ok / n:.3f}", f"{low / n:.3f}", same])
+    return markdown_table(["drafter", "cut after B tokens", "problems", "pass@1 (offline completion)",
+                           "pass@1 (stop at the cut)", "answer = the target's own"], lines)
 
 
 def codec_section(rows: list[dict]) -> str:

