@@ -150,16 +150,19 @@ def _check(args) -> int:
     return 0 if probe.available else 1
 
 
-def _shape(commands, profile_name: str, dry_run: bool, notes=()) -> None:
+def _shape(commands, profile_name: str | None, dry_run: bool, notes=()) -> bool:
+    """Print the commands (dry run) or run them, after tc's check when shaping with a profile; True if run."""
     from .tc import format_commands, require_netem, run_commands
 
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if dry_run:
         print(format_commands(commands))
-        return
-    require_netem(profile_name)
+        return False
+    if profile_name is not None:
+        require_netem(profile_name)
     run_commands(commands)
+    return True
 
 
 def _apply(args) -> int:
@@ -167,20 +170,15 @@ def _apply(args) -> int:
     from .tc import apply_commands, notes_for
 
     profile = load_profile(args.profile)
-    _shape(apply_commands(profile, args.dev, args.direction), args.profile, args.dry_run,
-           notes_for(profile))
-    if not args.dry_run:
+    if _shape(apply_commands(profile, args.dev, args.direction), args.profile, args.dry_run, notes_for(profile)):
         print(f"{args.dev}: shaped with {profile.name} ({args.direction})")
     return 0
 
 
 def _clear(args) -> int:
-    from .tc import clear_commands, format_commands, run_commands
+    from .tc import clear_commands
 
-    if args.dry_run:
-        print(format_commands(clear_commands(args.dev)))
-        return 0
-    run_commands(clear_commands(args.dev))
+    _shape(clear_commands(args.dev), None, args.dry_run)
     return 0
 
 
@@ -213,13 +211,9 @@ def _lab_up(args) -> int:
 
 
 def _lab_down(args) -> int:
-    from .tc import LabConfig, format_commands, lab_down_commands, run_commands
+    from .tc import LabConfig, lab_down_commands
 
-    commands = lab_down_commands(LabConfig(args.name, args.subnet))
-    if args.dry_run:
-        print(format_commands(commands))
-        return 0
-    run_commands(commands)
+    _shape(lab_down_commands(LabConfig(args.name, args.subnet)), None, args.dry_run)
     return 0
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import statistics
 import struct
 import time
 from dataclasses import dataclass
@@ -167,16 +168,9 @@ class Distribution:
     def of(cls, samples: list[float]) -> "Distribution":
         if not samples:
             raise ValueError("no samples to summarise")
-        s = sorted(samples)
-        return cls(len(s), sum(s) / len(s), percentile(s, 50), percentile(s, 90), percentile(s, 99))
-
-
-def percentile(sorted_samples: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    pos = (len(sorted_samples) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_samples) - 1)
-    return sorted_samples[lo] + (sorted_samples[hi] - sorted_samples[lo]) * (pos - lo)
+        # linear interpolation between closest ranks (numpy's default); one sample is its every percentile
+        q = statistics.quantiles(samples * 2 if len(samples) == 1 else samples, n=100, method="inclusive")
+        return cls(len(samples), statistics.fmean(samples), q[49], q[89], q[98])
 
 
 @dataclass(frozen=True)

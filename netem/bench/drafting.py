@@ -267,13 +267,15 @@ def run_benchmark(target_name: str, drafter_name: str, n_humaneval: int, n_mtben
             if drafter is None and m not in learned:
                 assert client.drafter.name == m, (client.drafter.name, m)
             clients[m] = client
+    hf_methods = {m: extras for m, extras in {"hf-assisted": {"assistant_model": small.model},
+                                              "hf-lookup": {"prompt_lookup_num_tokens": lookup_tokens}}.items()
+                  if m in methods}
     runs: list[Run] = []
     try:
         # warm up every path once (first calls allocate and pick kernels) on a throwaway prompt
         warm = chat_prompt_ids(tok, [{"role": "user", "content": "Say hello."}])
-        hf_generate(target.model, warm, 4, eos, pad, counter)
-        if "hf-assisted" in methods:
-            hf_generate(target.model, warm, 4, eos, pad, counter, assistant_model=small.model)
+        for extras in [{}, *hf_methods.values()]:
+            hf_generate(target.model, warm, 4, eos, pad, counter, **extras)
         for client in clients.values():
             client.generate(warm, GenerationConfig(max_new_tokens=4))
         for n, prompt in enumerate(prompts):
@@ -281,13 +283,9 @@ def run_benchmark(target_name: str, drafter_name: str, n_humaneval: int, n_mtben
             ref, secs, fw = hf_generate(target.model, ids, max_new, eos, pad, counter)
             if "target" in methods:
                 runs.append(Run("target", prompt.id, len(ref), secs, fw, True))
-            if "hf-assisted" in methods:
-                out, secs, fw = hf_generate(target.model, ids, max_new, eos, pad, counter, assistant_model=small.model)
-                runs.append(Run("hf-assisted", prompt.id, len(out), secs, fw, out == ref))
-            if "hf-lookup" in methods:
-                out, secs, fw = hf_generate(target.model, ids, max_new, eos, pad, counter,
-                                            prompt_lookup_num_tokens=lookup_tokens)
-                runs.append(Run("hf-lookup", prompt.id, len(out), secs, fw, out == ref))
+            for method, extras in hf_methods.items():
+                out, secs, fw = hf_generate(target.model, ids, max_new, eos, pad, counter, **extras)
+                runs.append(Run(method, prompt.id, len(out), secs, fw, out == ref))
             for method, client in clients.items():
                 result = client.generate(ids, GenerationConfig(max_new_tokens=max_new))
                 m = result.metrics

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+TOTALS = ("new_tokens", "wall_s", "calls", "draft_s", "verify_s")  # summed over prompts, per shape
+
 
 def parse_shape(text: str):
     from ...client.drafters.tree_builder import TreeShape
@@ -51,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     shapes = [parse_shape(s) for s in args.shapes.split(",") if s]
     prompts = humaneval_prompts(args.humaneval) + mtbench_first_turns(args.mtbench)
     small = load_model(args.drafter_model, device="cpu")
-    totals = {s: [0, 0.0, 0, 0.0, 0.0] for s in shapes}  # tokens, seconds, calls, draft_s, verify_s
+    totals = {s: [0] * len(TOTALS) for s in shapes}
     with loopback_server(args.target) as server:
         link = patient_link(server.address)
         clients = {s: EdgespecClient(ClientConfig(link, DrafterOptions("independent")), tokenizer=small.tokenizer,
@@ -62,12 +64,7 @@ def run(args: argparse.Namespace) -> int:
             ids = chat_prompt_ids(small.tokenizer, prompt.messages())
             for s, client in clients.items():
                 m = client.generate(ids, GenerationConfig(max_new_tokens=args.max_tokens)).metrics
-                t = totals[s]
-                t[0] += m.new_tokens
-                t[1] += m.wall_s
-                t[2] += m.calls
-                t[3] += m.draft_s
-                t[4] += m.verify_s
+                totals[s] = [t + getattr(m, k) for t, k in zip(totals[s], TOTALS)]
                 print(f"{prompt.id} B{s.branch} D{s.depth} M{s.max_nodes} p{s.min_prob}: "
                       f"{m.tokens_per_s:.2f} tok/s tau {m.acceptance_length:.2f}", file=sys.stderr, flush=True)
     print(f"| B | D | M | min_prob | tokens/s | tokens per call | draft s/token | verify s/token |  ({torch.get_num_threads()} threads)")
