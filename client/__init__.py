@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from edgespec import lazy_client
+
 if TYPE_CHECKING:
     from .python_client import AsyncClient, Client
 
@@ -18,8 +20,4 @@ __all__ = ["AsyncClient", "Client"]
 
 
 def __getattr__(name: str):
-    if name in __all__:
-        from . import python_client
-
-        return getattr(python_client, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return lazy_client(__name__, name)
