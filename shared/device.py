@@ -7,6 +7,10 @@ greedy output exactly its float32 reference.
 """
 from __future__ import annotations
 
+import contextlib
+import platform
+from pathlib import Path
+
 import torch
 
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
@@ -21,6 +25,15 @@ def pick_device(requested: str | None = None) -> torch.device:
             raise RuntimeError(f"device {requested!r} was asked for but CUDA is not available on this machine")
         return dev
     return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 def cpu_has_native_bf16() -> bool:

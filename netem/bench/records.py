@@ -1,7 +1,6 @@
 """A run's records: the environment it ran in, one JSON object a line per measurement, Markdown tables."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
@@ -17,19 +16,15 @@ def environment(settings: dict) -> dict:
     import torch
     import transformers
 
+    from ...shared.device import cpu_name
+
     root = Path(__file__).resolve().parents[2]  # the checkout: netem/bench/ is two levels down
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
                             text=True).stdout.strip() or "unknown"
     dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True,
                                 text=True).stdout.strip())
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
     return {"commit": commit + ("+dirty" if dirty else ""), "machine": {
-        "cpu": cpu, "cores": os.cpu_count(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "cpu": cpu_name(), "cores": os.cpu_count(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "settings": settings}
 
@@ -61,7 +56,9 @@ def group_by(rows: list[dict], *keys: str) -> dict[tuple, list[dict]]:
     return dict(out)
 
 
-def markdown_table(header: list[str], rows: Iterable[list], rule: str = "---") -> str:
-    """A Markdown table: the header's cells, a rule under each, a line a row (a None cell: "| |")."""
+def markdown_table(header: list[str], rows: Iterable[list], rule: str | list[str] = "---") -> str:
+    """A Markdown table: the header's cells, a rule under each (one for all, or one a column), a line a row
+    (a None cell: "| |")."""
     line = lambda cells: "|" + "".join(" |" if c is None else f" {c} |" for c in cells)  # noqa: E731
-    return "\n".join([line(header), "|" + f"{rule}|" * len(header), *map(line, rows)])
+    rules = [rule] * len(header) if isinstance(rule, str) else rule
+    return "\n".join([line(header), "|" + "".join(f"{r}|" for r in rules), *map(line, rows)])

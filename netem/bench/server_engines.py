@@ -32,7 +32,10 @@ import random
 import statistics
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+
+from .records import markdown_table
 
 
 def random_tree(rng: random.Random, nodes: int, vocab: int, max_depth: int = 6):
@@ -115,8 +118,8 @@ class Bench:
         return self._latency
 
     def throughput(self, sessions: int, tree_nodes: int, seconds: float) -> ThroughputRow:
-        opened: list = [None] * sessions
-        _on_threads(sessions, lambda i: opened.__setitem__(i, self.session(f"tp-{i}")))
+        with ThreadPoolExecutor(sessions) as pool:
+            opened = list(pool.map(self.session, [f"tp-{i}" for i in range(sessions)]))
         vocab = self.target.vocab_size
 
         def verify(i: int, stop: threading.Event, counts: list[int], ready: list[bool]) -> None:
@@ -206,52 +209,35 @@ def measure_latency(benches: list[Bench], tree_sizes: list[int], repeats: int) -
     return rows
 
 
-def _on_threads(n: int, fn) -> None:
-    threads = [threading.Thread(target=fn, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-
-
 def print_report(name: str, latency: list[LatencyRow], throughput: list[ThroughputRow], taus: list[float],
                  context: int, repeats: int, tree_nodes: int, seconds: float) -> None:
     engines = list(dict.fromkeys(r.engine for r in latency + throughput))
-    base = engines[0]
+    base, right = engines[0], lambda n: ["---"] + ["---:"] * (n - 1)  # noqa: E731
+    by = {(r.engine, r.nodes): r for r in latency}
+    rows = [["decode step" if nodes == 0 else nodes]
+            + [c for e in engines for c in (f"{by[e, nodes].median_ms:.1f}", f"{by[e, nodes].ratio:.2f}")]
+            + [f"{by[e, nodes].median_ms / by[base, nodes].median_ms:.2f}" for e in engines[1:]]
+            for nodes in dict.fromkeys(r.nodes for r in latency)]
     print(f"\n## {name}: verify latency, one session (context {context}, median of {repeats}; "
           f"x decode = multiple of the engine's own decode step)")
-    print("| tree nodes | " + " | ".join(f"{e} ms | x decode" for e in engines)
-          + "".join(f" | {e}/{base}" for e in engines[1:]) + " |")
-    print("|---:" * (1 + 2 * len(engines) + len(engines) - 1) + "|")
-    by = {(r.engine, r.nodes): r for r in latency}
-    for nodes in dict.fromkeys(r.nodes for r in latency):
-        label = "decode step" if nodes == 0 else str(nodes)
-        cells = [f"{by[e, nodes].median_ms:.1f} | {by[e, nodes].ratio:.2f}" for e in engines]
-        ratios = [f"{by[e, nodes].median_ms / by[base, nodes].median_ms:.2f}" for e in engines[1:]]
-        print(f"| {label} | " + " | ".join(cells + ratios) + " |")
-
+    print(markdown_table(["tree nodes"] + [c for e in engines for c in (f"{e} ms", "x decode")]
+                         + [f"{e}/{base}" for e in engines[1:]], rows, "---:"))
     tp = {(r.engine, r.sessions): r for r in throughput}
-    counts = list(dict.fromkeys(r.sessions for r in throughput))
+    points = [tp[e, n] for e in engines for n in dict.fromkeys(r.sessions for r in throughput)]
     print(f"\n## {name}: throughput ({tree_nodes}-node random trees; plain API = the server decoding alone; "
           f"{seconds:g} s a point)")
-    print("| engine | sessions | verifications/s | device-ms / verification | mean batch | plain API tokens/s "
-          f"| device-ms / token | verifications/s vs {base} |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for e in engines:
-        for n in counts:
-            r = tp[e, n]
-            print(f"| {e} | {n} | {r.verifications_per_s:.2f} | {r.verify_device_ms:.1f} | {r.batch:.1f} "
-                  f"| {r.tokens_per_s:.2f} | {r.token_device_ms:.1f} "
-                  f"| {r.verifications_per_s / tp[base, n].verifications_per_s:.2f} |")
-
+    print(markdown_table(["engine", "sessions", "verifications/s", "device-ms / verification", "mean batch",
+                          "plain API tokens/s", "device-ms / token", f"verifications/s vs {base}"],
+                         [[r.engine, r.sessions, f"{r.verifications_per_s:.2f}", f"{r.verify_device_ms:.1f}",
+                           f"{r.batch:.1f}", f"{r.tokens_per_s:.2f}", f"{r.token_device_ms:.1f}",
+                           f"{r.verifications_per_s / tp[base, r.sessions].verifications_per_s:.2f}"] for r in points],
+                         right(8)))
     print(f"\n## {name}: device-ms per committed token (tau = tokens committed per verification, bonus included)")
-    print("| engine | sessions | plain API | " + " | ".join(f"tree, tau {t:g} | speed-up" for t in taus) + " |")
-    print("|---|---:|---:|" + "---:|---:|" * len(taus))
-    for e in engines:
-        for n in counts:
-            r = tp[e, n]
-            cells = [f"{r.verify_device_ms / t:.1f} | {r.token_device_ms * t / r.verify_device_ms:.2f}x" for t in taus]
-            print(f"| {e} | {n} | {r.token_device_ms:.1f} | " + " | ".join(cells) + " |")
+    print(markdown_table(["engine", "sessions", "plain API"] + [c for t in taus for c in (f"tree, tau {t:g}", "speed-up")],
+                         [[r.engine, r.sessions, f"{r.token_device_ms:.1f}"]
+                          + [c for t in taus for c in (f"{r.verify_device_ms / t:.1f}",
+                                                       f"{r.token_device_ms * t / r.verify_device_ms:.2f}x")]
+                          for r in points], right(3 + 2 * len(taus))))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

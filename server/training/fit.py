@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ...shared.device import cpu_name, pick_device
 from ...shared.drafters.vocab import most_frequent_ids
 from .features import FeatureStore
 from .recipes import RecipeContext, RecipeOptionError, build
@@ -83,7 +84,7 @@ def write_card(run_dir: Path, recipe, store: FeatureStore, trainer: Trainer, fil
         "data": {"feature_store": str(store.path), "train_sequences": len(trainer.train_files),
                  "val_sequences": len(store.split("val")), "train_tokens": n_tokens},
         "training": {"steps": trainer.step, "config": trainer.config.__dict__, "wall_s_this_run": round(wall_s, 1)},
-        "hardware": {"machine": platform.machine(), "processor": _cpu_name(),
+        "hardware": {"machine": platform.machine(), "processor": cpu_name(),
                      "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                      "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
         "validation": last_val,
@@ -91,16 +92,6 @@ def write_card(run_dir: Path, recipe, store: FeatureStore, trainer: Trainer, fil
     path = run_dir / "card.json"
     path.write_text(json.dumps(card, indent=1))
     return path
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def fit_from_args(args) -> int:
@@ -129,8 +120,6 @@ def fit_from_args(args) -> int:
                       save_every=args.save_every, seed=args.seed,
                       max_wall_s=60.0 * getattr(args, "max_minutes", 0.0))
     run_dir = Path(args.out)
-    from ...shared.device import pick_device
-
     trainer = Trainer(recipe, store, run_dir, cfg, device=pick_device(args.device))
     t0 = time.perf_counter()
     trainer.fit()
