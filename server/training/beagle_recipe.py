@@ -33,7 +33,7 @@ from .eagle_recipe import HeadRecipe
 from .features import StoredSequence
 from .losses import Acceptance, Term, chain_accepted, smooth_l1, soft_cross_entropy
 from .recipe import Outputs
-from .recipes import RecipeContext, RecipeOptionError, check_all_used
+from .recipes import RecipeContext, RecipeOptionError
 
 log = logging.getLogger(__name__)
 STAGES = ("early", "late")
@@ -187,9 +187,8 @@ def initial_head(ctx: RecipeContext, cfg: BeagleRecipeConfig) -> BeagleHead:
 
 
 def build_beagle(ctx: RecipeContext) -> BeagleRecipe:
-    used: set[str] = set()
-    cfg = ctx.config(BeagleRecipeConfig, used)
-    check_all_used(ctx, used, BeagleRecipeConfig)
+    cfg = ctx.config(BeagleRecipeConfig)
+    ctx.check_all_used()
     return BeagleRecipe(initial_head(ctx, cfg), ctx.parts(), cfg)
 
 

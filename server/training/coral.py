@@ -37,7 +37,7 @@ from .hass import HASS_EAGLE_DEFAULTS, load_init
 from .losses import Term
 from .moa_recipe import MoARecipe, MoARecipeConfig
 from .recipe import LossTerm, Outputs
-from .recipes import RecipeContext, RecipeOptionError, calibrate_moa, check_all_used, eagle_head, moa_model
+from .recipes import RecipeContext, RecipeOptionError, calibrate_moa, eagle_head, moa_model
 
 
 @dataclass(frozen=True)
@@ -104,11 +104,10 @@ class MoACoralRecipe(MoARecipe):
 
 
 def build_moa_coral(ctx: RecipeContext) -> MoACoralRecipe:
-    used: set[str] = set()
-    coral = ctx.config(CoralConfig, used)
-    passes = ctx.config(MoACoralConfig, used).passes
-    cfg = ctx.config(MoARecipeConfig, used)
-    check_all_used(ctx, used, MoARecipeConfig, CoralConfig, MoACoralConfig)
+    coral = ctx.config(CoralConfig)
+    passes = ctx.config(MoACoralConfig).passes
+    cfg = ctx.config(MoARecipeConfig)
+    ctx.check_all_used()
     if passes < 2:
         raise RecipeOptionError(f"--opt passes={passes}: CORAL aligns a position across passes, so it needs >= 2")
     if coral.temperature <= 0:
@@ -119,10 +118,9 @@ def build_moa_coral(ctx: RecipeContext) -> MoACoralRecipe:
 
 
 def build_eagle_coral(ctx: RecipeContext) -> EagleCoralRecipe:
-    used: set[str] = set()
-    coral = ctx.config(CoralConfig, used)
-    cfg = ctx.config(EagleRecipeConfig, used, **HASS_EAGLE_DEFAULTS)
-    check_all_used(ctx, used, EagleRecipeConfig, CoralConfig)
+    coral = ctx.config(CoralConfig)
+    cfg = ctx.config(EagleRecipeConfig, **HASS_EAGLE_DEFAULTS)
+    ctx.check_all_used()
     if cfg.unroll < 2:
         raise RecipeOptionError(f"--opt unroll={cfg.unroll}: CORAL aligns features across unrolled steps, "
                                 "so it needs unroll >= 2")

@@ -52,7 +52,7 @@ from .eagle_recipe import EagleRecipe, EagleRecipeConfig
 from .losses import Term
 from .moa_recipe import MoARecipe, MoARecipeConfig
 from .recipe import LossTerm, Outputs
-from .recipes import (RecipeContext, RecipeOptionError, apply_options, calibrate_moa, check_all_used, eagle_head,
+from .recipes import (RecipeContext, RecipeOptionError, apply_options, calibrate_moa, eagle_head,
                       moa_model)
 
 STAGE_TOPK_WEIGHT = {1: 0.0, 2: 1.0}  # default topk_weight of each stage
@@ -65,12 +65,12 @@ class HassConfig:
     topk_weight: float = 0.0  # weight of the top-K loss (default by stage: 0 in stage 1, 1.0 in stage 2)
 
 
-def hass_config(ctx: RecipeContext, used: set[str]) -> HassConfig:
+def hass_config(ctx: RecipeContext) -> HassConfig:
     """HassConfig from ``--opt``, with ``topk_weight`` defaulting by stage; refuses a bad stage/K."""
     stage = apply_options(HassConfig, {k: v for k, v in ctx.options.items() if k == "stage"}).stage
     if stage not in STAGE_TOPK_WEIGHT:
         raise RecipeOptionError(f"--opt stage={stage}: HASS has stages 1 (alignment) and 2 (top-K fine-tuning)")
-    cfg = ctx.config(HassConfig, used, topk_weight=STAGE_TOPK_WEIGHT[stage])
+    cfg = ctx.config(HassConfig, topk_weight=STAGE_TOPK_WEIGHT[stage])
     if cfg.topk < 1:
         raise RecipeOptionError(f"--opt topk={cfg.topk}: the top-K loss needs K >= 1")
     if stage == 2 and ctx.init is None:
@@ -153,10 +153,9 @@ HASS_EAGLE_DEFAULTS = dict(unroll=3, detach=True, data_tokens=True)
 
 
 def build_eagle_hass(ctx: RecipeContext) -> EagleHassRecipe:
-    used: set[str] = set()
-    hass = hass_config(ctx, used)
-    cfg = ctx.config(EagleRecipeConfig, used, **HASS_EAGLE_DEFAULTS)
-    check_all_used(ctx, used, EagleRecipeConfig, HassConfig)
+    hass = hass_config(ctx)
+    cfg = ctx.config(EagleRecipeConfig, **HASS_EAGLE_DEFAULTS)
+    ctx.check_all_used()
     if cfg.unroll < 1:
         raise RecipeOptionError(f"--opt unroll={cfg.unroll}: unroll counts drafting steps, >= 1")
     recipe = EagleHassRecipe(eagle_head(ctx), ctx.parts(), cfg, hass)
@@ -165,10 +164,9 @@ def build_eagle_hass(ctx: RecipeContext) -> EagleHassRecipe:
 
 
 def build_moa_hass(ctx: RecipeContext) -> MoAHassRecipe:
-    used: set[str] = set()
-    hass = hass_config(ctx, used)
-    cfg = ctx.config(MoARecipeConfig, used, detach_own=True)
-    check_all_used(ctx, used, MoARecipeConfig, HassConfig)
+    hass = hass_config(ctx)
+    cfg = ctx.config(MoARecipeConfig, detach_own=True)
+    ctx.check_all_used()
     recipe = calibrate_moa(MoAHassRecipe(moa_model(ctx), ctx.parts(ctx.tli), cfg, hass), ctx)
     load_init(ctx, recipe)  # after calibration: a stage-1 run's activation stats win
     return recipe

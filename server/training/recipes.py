@@ -46,6 +46,8 @@ class RecipeContext:
     init: Path | None = None  # --init: a run folder or drafter file to start from (second stages)
     run_dir: Path | None = None
     _parts: dict = field(default_factory=dict, repr=False)
+    _used: set = field(default_factory=set, repr=False)  # --opt keys some config read
+    _classes: list = field(default_factory=list, repr=False)  # the config classes asked for
 
     def parts(self, tli: int = 0) -> TargetParts:
         """The target's frozen parts (embedding, norm, LM head, last ``tli`` layers), loaded once."""
@@ -56,10 +58,17 @@ class RecipeContext:
                 self._parts[tli] = TargetParts(self.target, tli=tli, vocab_ids=self.vocab_ids, dtype=torch.float32)
         return self._parts[tli]
 
-    def config(self, cls, used: set[str] | None = None, **defaults):
+    def config(self, cls, **defaults):
         """An instance of the dataclass ``cls`` from ``defaults`` and the ``--opt`` values naming its fields.
-        Keys consumed are added to ``used`` so the builder can refuse the ones nobody read."""
-        return apply_options(cls, self.options, used, **defaults)
+        Keys consumed are noted so the builder can refuse the ones nobody read (``check_all_used``)."""
+        self._classes.append(cls)
+        return apply_options(cls, self.options, self._used, **defaults)
+
+    def check_all_used(self) -> None:
+        unknown = sorted(set(self.options) - self._used)
+        if unknown:
+            raise RecipeOptionError(f"recipe {self.kind!r} has no option {', '.join(unknown)} "
+                                    f"(it takes: {', '.join(option_names(*self._classes)) or 'none'})")
 
 
 def apply_options(cls, options: Mapping[str, str], used: set[str] | None = None, **defaults):
@@ -90,21 +99,13 @@ def option_names(*classes) -> list[str]:
     return sorted({f.name for c in classes for f in dataclasses.fields(c)})
 
 
-def check_all_used(ctx: RecipeContext, used: set[str], *classes) -> None:
-    unknown = sorted(set(ctx.options) - used)
-    if unknown:
-        raise RecipeOptionError(f"recipe {ctx.kind!r} has no option {', '.join(unknown)} "
-                                f"(it takes: {', '.join(option_names(*classes)) or 'none'})")
-
-
 def eagle_head(ctx: RecipeContext) -> EagleHead:
     return EagleHead(EagleConfig(ctx.store.shape.hidden_size, **ctx.sizes))
 
 
 def build_eagle(ctx: RecipeContext) -> EagleRecipe:
-    used: set[str] = set()
-    cfg = ctx.config(EagleRecipeConfig, used)
-    check_all_used(ctx, used, EagleRecipeConfig)
+    cfg = ctx.config(EagleRecipeConfig)
+    ctx.check_all_used()
     return EagleRecipe(eagle_head(ctx), ctx.parts(), cfg)
 
 
@@ -120,9 +121,8 @@ def calibrate_moa(recipe: MoARecipe, ctx: RecipeContext) -> MoARecipe:
 
 
 def build_moa(ctx: RecipeContext) -> MoARecipe:
-    used: set[str] = set()
-    cfg = ctx.config(MoARecipeConfig, used)
-    check_all_used(ctx, used, MoARecipeConfig)
+    cfg = ctx.config(MoARecipeConfig)
+    ctx.check_all_used()
     return calibrate_moa(MoARecipe(moa_model(ctx), ctx.parts(ctx.tli), cfg), ctx)
 
 

@@ -31,7 +31,7 @@ from .features import FeatureStore, StoredSequence
 from .losses import Acceptance, Term
 from .moa_recipe import moa_acceptance, moa_window, save_moa_drafter
 from .recipe import LossTerm, Outputs
-from .recipes import RecipeContext, RecipeOptionError, check_all_used, eagle_head, moa_model
+from .recipes import RecipeContext, RecipeOptionError, eagle_head, moa_model
 
 log = logging.getLogger(__name__)
 
@@ -333,9 +333,8 @@ def new_router(ctx: RecipeContext, parts: TargetParts, cfg: RouterRecipeConfig) 
 
 
 def _config(ctx: RecipeContext) -> RouterRecipeConfig:
-    used: set[str] = set()
-    cfg = ctx.config(RouterRecipeConfig, used)
-    check_all_used(ctx, used, RouterRecipeConfig)
+    cfg = ctx.config(RouterRecipeConfig)
+    ctx.check_all_used()
     return cfg
 
 
