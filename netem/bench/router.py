@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
-import time
+import timeit
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,12 +77,7 @@ def recording(routed):
 def time_call(fn, repeat: int) -> float:
     """Median milliseconds of fn() over ``repeat`` calls (after one warm-up call)."""
     fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1000 * sorted(times)[len(times) // 2]
+    return 1000 * statistics.median_high(timeit.repeat(fn, repeat=repeat, number=1))
 
 
 def head_timings(parts, routed, rows, sizes: tuple[int, ...], repeat: int) -> dict[int, tuple]:
