@@ -417,7 +417,7 @@ class Generation:
 
     def _finalize(self, failed: bool = False) -> None:
         s, m = self.state, self.metrics
-        m.add_traffic(self.verifier.traffic)
+        m.add(self.verifier.traffic)
         m.new_tokens = len(s.generated)
         m.offline_tokens = sum(o is TokenOrigin.OFFLINE for o in s.origins)
         m.online_tokens = m.new_tokens - m.offline_tokens

@@ -14,7 +14,8 @@ Words, as vLLM uses them:
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from itertools import zip_longest
 
 
 @dataclass
@@ -56,14 +57,6 @@ class LinkTraffic:
     feature_raw_bytes: int = 0  # the same activations as plain float16 (what they would cost unencoded)
     round_trips_s: list[float] = field(default_factory=list)  # request-to-answer time of every call
 
-    def add_traffic(self, other: "LinkTraffic") -> None:
-        self.calls += other.calls
-        self.bytes_up += other.bytes_up
-        self.bytes_down += other.bytes_down
-        self.feature_bytes += other.feature_bytes
-        self.feature_raw_bytes += other.feature_raw_bytes
-        self.round_trips_s += other.round_trips_s
-
 
 @dataclass
 class GenerationMetrics(SpecDecodeStats, LinkTraffic):
@@ -83,6 +76,16 @@ class GenerationMetrics(SpecDecodeStats, LinkTraffic):
     disconnects: int = 0  # times the link was found dead
     resumes: int = 0  # successful Resumes
     rolled_back_tokens: int = 0  # provisional tokens dropped by `rollback`
+
+    def add(self, other: SpecDecodeStats | LinkTraffic) -> None:
+        """Sum other's counters into these: a session's traffic into its generation, or generations into a
+        benchmark's totals. Per-position counts add position by position; the drafter's name stays."""
+        for f in fields(other):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if f.name == "accepted_per_position":
+                setattr(self, f.name, [a + b for a, b in zip_longest(mine, theirs, fillvalue=0)])
+            elif not isinstance(mine, str):
+                setattr(self, f.name, mine + theirs)
 
     @property
     def tokens_per_s(self) -> float:

@@ -27,16 +27,15 @@ import contextlib
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from ...client.cli import add_tree_arguments, tree_shape
+from ...shared.metrics import GenerationMetrics
 from .records import markdown_table
 
 EDGESPEC = ("ngram", "independent", "eagle", "moa-tli0", "moa-tli1")
 LEARNED = EDGESPEC[2:]
 METHODS = ("target", "hf-assisted", "hf-lookup", *EDGESPEC)
-EXTRA = ("num_drafts", "num_accepted_tokens", "draft_s", "verify_s", "bytes_up", "bytes_down", "feature_bytes",
-         "feature_raw_bytes")
 
 
 @dataclass
@@ -47,7 +46,7 @@ class Run:
     seconds: float
     target_forwards: int  # target forward passes (prefill included)
     exact: bool  # output equals the target's own greedy output
-    extra: dict = field(default_factory=dict)
+    metrics: GenerationMetrics | None = None  # the edgespec client's, for its drafters
 
 
 class ForwardCounter:
@@ -103,28 +102,23 @@ def summarize(runs: list[Run]) -> dict:
                "exact": f"{sum(r.exact for r in rs)}/{len(rs)}"}
         if base:
             row["speedup"] = round(tps / base, 3)
-        if any(r.extra for r in rs):  # an edgespec client ran it
-            total = {k: sum(r.extra.get(k, 0) for r in rs) for k in EXTRA}
-            drafts, accepted = total["num_drafts"], total["num_accepted_tokens"]
-            row["tau_vllm"] = round((accepted + drafts) / drafts, 3) if drafts else 0.0
-            row["draft_s"] = round(total["draft_s"], 2)
-            row["verify_s"] = round(total["verify_s"], 2)
-            row["draft_ms_per_tree"] = round(1000 * total["draft_s"] / drafts, 1) if drafts else None
-            per_position = add_lists([r.extra.get("accepted_per_position", []) for r in rs])
+        if any(r.metrics for r in rs):  # an edgespec client ran it
+            total = GenerationMetrics()
+            for r in rs:
+                total.add(r.metrics)
+            drafts, accepted = total.num_drafts, total.num_accepted_tokens
+            row["tau_vllm"] = round(total.acceptance_length, 3)
+            row["draft_s"] = round(total.draft_s, 2)
+            row["verify_s"] = round(total.verify_s, 2)
+            row["draft_ms_per_tree"] = round(1000 * total.draft_s / drafts, 1) if drafts else None
             # accept@k: the share of trees whose k-th drafted token was accepted
-            row["accept_at"] = [round(a / drafts, 3) for a in per_position] if drafts else []
-            sent = total["bytes_up"] + total["bytes_down"]
-            raw = sent - total["feature_bytes"] + total["feature_raw_bytes"]
+            row["accept_at"] = [round(a / drafts, 3) for a in total.accepted_per_position] if drafts else []
+            sent = total.bytes_up + total.bytes_down
+            raw = sent - total.feature_bytes + total.feature_raw_bytes
             row["bytes_per_accepted"] = round(sent / accepted, 1) if accepted else None
             row["raw_bytes_per_accepted"] = round(raw / accepted, 1) if accepted else None
         out[method] = row
     return out
-
-
-def add_lists(lists: list[list[int]]) -> list[int]:
-    """Element-wise sum of lists of different lengths."""
-    width = max((len(x) for x in lists), default=0)
-    return [sum(x[k] for x in lists if k < len(x)) for k in range(width)]
 
 
 def table(summary: dict) -> str:
@@ -289,9 +283,7 @@ def run_benchmark(target_name: str, drafter_name: str, n_humaneval: int, n_mtben
             for method, client in clients.items():
                 result = client.generate(ids, GenerationConfig(max_new_tokens=max_new))
                 m = result.metrics
-                runs.append(Run(method, prompt.id, m.new_tokens, m.wall_s, m.calls, result.token_ids == ref,
-                                {**{k: getattr(m, k) for k in EXTRA},
-                                 "accepted_per_position": list(m.accepted_per_position)}))
+                runs.append(Run(method, prompt.id, m.new_tokens, m.wall_s, m.calls, result.token_ids == ref, m))
             done = [r for r in runs if r.prompt_id == prompt.id]
             if partial is not None:
                 partial.writelines(json.dumps(asdict(r)) + "\n" for r in done)

@@ -19,41 +19,19 @@ import json
 import statistics
 import sys
 import timeit
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...client.cli import add_tree_arguments, tree_shape
-from .drafting import add_lists
 from .records import markdown_table
 
 MODES = ("full head", "router")
 
 
-@dataclass
-class ModeTotals:
-    """Sums over prompts of one mode (full head or router)."""
-
-    trees: int = 0  # verifications (trees drafted)
-    accepted: int = 0  # draft tokens accepted
-    draft_s: float = 0.0  # client time spent drafting trees
-    wall_s: float = 0.0  # generation wall time
-    new_tokens: int = 0
-    per_position: list[int] = field(default_factory=list)  # accepted at depth 1, 2, ...
-
-    def add(self, m) -> None:
-        self.trees += m.num_drafts
-        self.accepted += m.num_accepted_tokens
-        self.draft_s += m.draft_s
-        self.wall_s += m.wall_s
-        self.new_tokens += m.new_tokens
-        self.per_position = add_lists([self.per_position, list(m.accepted_per_position)])
-
-    def summary(self) -> dict:
-        trees = max(1, self.trees)
-        return {"trees": self.trees, "draft_ms_per_tree": 1000 * self.draft_s / trees,
-                "tau": (self.accepted + self.trees) / trees if self.trees else 0.0,
-                "accept_rate_at": [a / trees for a in self.per_position],
-                "tokens_per_s": self.new_tokens / self.wall_s if self.wall_s else 0.0}
+def mode_summary(m) -> dict:
+    """One mode's figures from its generations' summed GenerationMetrics."""
+    trees = max(1, m.num_drafts)
+    return {"trees": m.num_drafts, "draft_ms_per_tree": 1000 * m.draft_s / trees, "tau": m.acceptance_length,
+            "accept_rate_at": [a / trees for a in m.accepted_per_position], "tokens_per_s": m.tokens_per_s}
 
 
 def recording(routed):
@@ -135,6 +113,7 @@ def measure(args: argparse.Namespace) -> dict:
     from ...client.drafters.factory import DrafterOptions
     from ...client.edge_client import ClientConfig, EdgespecClient, chat_prompt_ids, load_tokenizer
     from ...client.generation import GenerationConfig
+    from ...shared.metrics import GenerationMetrics
     from .loopback import loopback_server, patient_link
     from .prompt_sets import humaneval_prompts, mtbench_first_turns
 
@@ -155,7 +134,7 @@ def measure(args: argparse.Namespace) -> dict:
                                                  DrafterOptions(drafter.name.split("-")[0])),
                                     tokenizer=tok, drafter=drafter)
             config = GenerationConfig(max_new_tokens=args.max_tokens)
-            totals = {m: ModeTotals() for m in MODES}
+            totals = {m: GenerationMetrics() for m in MODES}
             same = 0
             for i, msgs in enumerate(messages):
                 ids = chat_prompt_ids(tok, msgs)
@@ -169,14 +148,14 @@ def measure(args: argparse.Namespace) -> dict:
                     outputs[mode] = result.token_ids
                 same += outputs[MODES[0]] == outputs[MODES[1]]
                 print(f"[{i + 1}/{len(messages)}] " + ", ".join(
-                    f"{m}: {totals[m].summary()['draft_ms_per_tree']:.1f} ms/tree, tau {totals[m].summary()['tau']:.2f}"
-                    for m in MODES), file=sys.stderr, flush=True)
+                    f"{m}: {mode_summary(t)['draft_ms_per_tree']:.1f} ms/tree, tau {t.acceptance_length:.2f}"
+                    for m, t in totals.items()), file=sys.stderr, flush=True)
             rows = torch.cat(routed.rows)  # LM-head inputs met while drafting: the head's timing runs on them
             heads = head_timings(drafter.rt.parts, routed, rows, (1, min(tree.branch, rows.shape[0])), args.head_repeat)
         finally:
             if client is not None:
                 client.close()
-    summary = {m: totals[m].summary() for m in MODES}
+    summary = {m: mode_summary(t) for m, t in totals.items()}
     return {"checkpoint": str(ckpt), "prompts": len(messages), "router": routed.router.config.__dict__,
             "summary": summary, "head_ms": {str(t): list(v) for t, v in heads.items()},
             "same_output": f"{same}/{len(messages)}"}

@@ -11,8 +11,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-TOTALS = ("new_tokens", "wall_s", "calls", "draft_s", "verify_s")  # summed over prompts, per shape
-
 
 def parse_shape(text: str):
     from ...client.drafters.tree_builder import TreeShape
@@ -46,14 +44,16 @@ def run(args: argparse.Namespace) -> int:
     from ...client.drafters.independent import IndependentConfig, IndependentDrafter
     from ...client.edge_client import ClientConfig, EdgespecClient, chat_prompt_ids
     from ...client.generation import GenerationConfig
+    from ...shared.metrics import GenerationMetrics
     from ...shared.models import load_model
     from .loopback import loopback_server, patient_link
     from .prompt_sets import humaneval_prompts, mtbench_first_turns
+    from .records import markdown_table
 
     shapes = [parse_shape(s) for s in args.shapes.split(",") if s]
     prompts = humaneval_prompts(args.humaneval) + mtbench_first_turns(args.mtbench)
     small = load_model(args.drafter_model, device="cpu")
-    totals = {s: [0] * len(TOTALS) for s in shapes}
+    totals = {s: GenerationMetrics() for s in shapes}  # summed over prompts
     with loopback_server(args.target) as server:
         link = patient_link(server.address)
         clients = {s: EdgespecClient(ClientConfig(link, DrafterOptions("independent")), tokenizer=small.tokenizer,
@@ -64,13 +64,13 @@ def run(args: argparse.Namespace) -> int:
             ids = chat_prompt_ids(small.tokenizer, prompt.messages())
             for s, client in clients.items():
                 m = client.generate(ids, GenerationConfig(max_new_tokens=args.max_tokens)).metrics
-                totals[s] = [t + getattr(m, k) for t, k in zip(totals[s], TOTALS)]
+                totals[s].add(m)
                 print(f"{prompt.id} B{s.branch} D{s.depth} M{s.max_nodes} p{s.min_prob}: "
                       f"{m.tokens_per_s:.2f} tok/s tau {m.acceptance_length:.2f}", file=sys.stderr, flush=True)
-    print(f"| B | D | M | min_prob | tokens/s | tokens per call | draft s/token | verify s/token |  ({torch.get_num_threads()} threads)")
-    print("|---|---|---|---|---|---|---|---|")
-    for s, (n, secs, calls, ds, vs) in totals.items():
-        print(f"| {s.branch} | {s.depth} | {s.max_nodes} | {s.min_prob} | {n / secs:.2f} | {n / calls:.2f} | "
-              f"{ds / n:.3f} | {vs / n:.3f} |")
+    print(markdown_table(["B", "D", "M", "min_prob", "tokens/s", "tokens per call", "draft s/token", "verify s/token"],
+                         [[s.branch, s.depth, s.max_nodes, s.min_prob, f"{m.tokens_per_s:.2f}",
+                           f"{m.new_tokens / m.calls:.2f}", f"{m.draft_s / m.new_tokens:.3f}",
+                           f"{m.verify_s / m.new_tokens:.3f}"] for s, m in totals.items()]))
+    print(f"({torch.get_num_threads()} threads)")
     return 0
 

@@ -10,8 +10,8 @@ timings of a random model stand for the real one's (acceptance does not: random
 weights accept nothing, which is why the server bench takes the acceptance
 length as a parameter). The config comes from the registry model's prepared
 folder when there is one, else from the shapes written here. The tokenizer is
-the prepared model's, else the tiny byte-level one (ids beyond it are simply
-never produced by text; the server does not mind).
+the prepared model's when the model embeds all its ids, else the tiny byte-level
+one (ids beyond it are simply never produced by text; the server does not mind).
 """
 from __future__ import annotations
 
@@ -109,21 +109,25 @@ def save_random_model(out_dir: str | Path, like: str, shape: Shape, dtype: torch
         else:
             param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float32).mul_(std).to(dtype))
     model.save_pretrained(out)
-    _tokenizer(like).save_pretrained(out)
+    _tokenizer(like, shape.vocab_size).save_pretrained(out)
     (out / "edgespec-random.json").write_text(json.dumps({"like": like, "shape": asdict(shape),
                                                           "dtype": str(dtype).removeprefix("torch."),
                                                           "seed": seed}, indent=2))
     return out
 
 
-def _tokenizer(like: str):
+def _tokenizer(like: str, vocab_size: int):
+    """The prepared model's tokenizer when the model has a row for each of its ids, else the tiny byte-level
+    one: the `small` shape's 32000 rows cannot embed Qwen's 151k ids, and text run through it must not fail."""
     from .prepare import is_prepared
     from .registry import REGISTRY, prepared_dir
 
     if like in REGISTRY and is_prepared(like):
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(prepared_dir(like))
+        tok = AutoTokenizer.from_pretrained(prepared_dir(like))
+        if len(tok) <= vocab_size:
+            return tok
     from .tiny import tiny_tokenizer
 
     return tiny_tokenizer()

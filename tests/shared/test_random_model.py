@@ -33,3 +33,17 @@ def test_a_random_model_loads_and_runs(tmp_path):
     with torch.inference_mode():
         logits = loaded.model(input_ids=torch.tensor([[1, 2, 3]])).logits
     assert logits.shape == (1, 3, 320) and torch.isfinite(logits).all()
+
+
+def test_a_shape_too_narrow_for_the_models_tokenizer_gets_the_byte_level_one(tmp_path):
+    """`--shape small` has 32000 rows: Qwen's 151k-id tokenizer beside it would index past the embedding."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from edgespec.shared.models.tiny import tiny_tokenizer
+
+    shape = Shape(64, 1, 4, 2, 128, 320, tie_word_embeddings=True, max_positions=512)
+    out = save_random_model(tmp_path / "m", "qwen2.5-coder-1.5b-instruct", shape, torch.float32)
+    tok = AutoTokenizer.from_pretrained(out)
+    assert len(tok) <= 320 and len(tok) == len(tiny_tokenizer())
+    assert max(tok("def f(x): return x * 2  # ünïcode")["input_ids"]) < 320

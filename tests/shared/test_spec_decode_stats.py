@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from edgespec.shared.metrics import GenerationMetrics, SpecDecodeStats
+from edgespec.shared.metrics import GenerationMetrics, LinkTraffic, SpecDecodeStats
 from edgespec.shared.prom import SpecDecodeCounters
 
 
@@ -31,3 +31,18 @@ def test_the_prometheus_sink_reads_the_stats():
     assert value("edgespec:spec_decode_num_accepted_tokens_total") == 3
     assert [value("edgespec:spec_decode_num_accepted_tokens_per_pos_total", {"position": p}) for p in "01"] == [2, 1]
     assert value("edgespec:spec_decode_num_accepted_tokens_per_pos_total", {"position": "2"}) is None
+
+
+def test_generations_add_up_field_by_field_and_position_by_position():
+    a, b = GenerationMetrics(drafter="ngram", new_tokens=10, wall_s=1.0), GenerationMetrics(new_tokens=5, wall_s=0.5)
+    a.observe_draft(8, 3)
+    b.observe_draft(8, 1)
+    b.observe_draft(8, 0)
+    b.round_trips_s.append(0.02)
+    a.add(b)
+    assert (a.drafter, a.new_tokens, a.wall_s, a.num_drafts, a.num_accepted_tokens) == ("ngram", 15, 1.5, 3, 4)
+    assert a.accepted_per_position == [2, 1, 1] and a.round_trips_s == [0.02]
+    assert a.acceptance_length == (4 + 3) / 3
+    traffic = LinkTraffic(calls=2, bytes_up=100, round_trips_s=[0.1, 0.2])
+    a.add(traffic)  # a session's traffic into its generation
+    assert (a.calls, a.bytes_up, a.round_trips_s, a.num_drafts) == (2, 100, [0.02, 0.1, 0.2], 3)

@@ -16,20 +16,24 @@ def test_bad_learned_pairs_are_refused(bad):
         parse_learned(bad.split(","))
 
 
-def _run(method, tokens, seconds, forwards, extra=None):
+def _run(method, tokens, seconds, forwards, accepted=()):
     from edgespec.netem.bench.drafting import Run
+    from edgespec.shared.metrics import GenerationMetrics
 
-    return Run(method, "p0", tokens, seconds, forwards, True, extra or {})
+    if not accepted:
+        return Run(method, "p0", tokens, seconds, forwards, True)
+    metrics = GenerationMetrics(draft_s=0.2, verify_s=0.4, bytes_up=100, bytes_down=20)
+    for n in accepted:  # one verified tree of 8 nodes, n of them accepted
+        metrics.observe_draft(8, n)
+    return Run(method, "p0", tokens, seconds, forwards, True, metrics)
 
 
 def test_summary_keeps_learned_drafters_and_reports_per_position_acceptance():
     from edgespec.netem.bench.drafting import summarize, table
 
-    extra = {"num_drafts": 4, "num_accepted_tokens": 6, "draft_s": 0.2, "verify_s": 0.4, "bytes_up": 100,
-             "bytes_down": 20, "feature_bytes": 0, "feature_raw_bytes": 0}
-    runs = [_run("eagle-hass", 10, 2.0, 5, {**extra, "accepted_per_position": [4, 2]}),
+    runs = [_run("eagle-hass", 10, 2.0, 5, (2, 2, 1, 1)),
             _run("target", 10, 5.0, 10),
-            _run("eagle-hass", 10, 2.0, 5, {**extra, "accepted_per_position": [3, 1, 1]})]
+            _run("eagle-hass", 10, 2.0, 5, (3, 1, 1, 0))]
     s = summarize(runs)
     assert list(s) == ["target", "eagle-hass"]
     row = s["eagle-hass"]
