@@ -28,6 +28,7 @@ distributed exactly as p.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -98,11 +99,12 @@ def sample_token(probs: torch.Tensor, generator: torch.Generator | None = None) 
 
 
 def greedy_verify(tree: DraftTree, logits: torch.Tensor) -> VerifyOutcome:
-    """Walk from the root accepting the child equal to the argmax at its parent.
+    """Walk from the root accepting the child equal to the argmax at its parent. logits: [1 + N, V]."""
+    return greedy_walk(tree, logits.argmax(-1).tolist())
 
-    logits: [1 + N, V] for [root] + nodes.
-    """
-    best = logits.argmax(-1).tolist()  # [1 + N]
+
+def greedy_walk(tree: DraftTree, best: Sequence[int]) -> VerifyOutcome:
+    """Walk from the root accepting the child equal to its parent's best token; best: [1 + N] for [root] + nodes."""
     children = tree.children()
     accepted: list[int] = []
     row = 0

@@ -97,7 +97,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", type=int, default=128)
     p.add_argument("--depth", type=int, default=5, help="draft tree levels")
     p.add_argument("--branch", type=int, default=4, help="nodes per draft tree level")
-    p.add_argument("--threads", type=int, default=1)
+    p.set_defaults(threads=1)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,8 +108,6 @@ def run(args: argparse.Namespace) -> int:
     from ...server.training.fit import build_recipe
 
     p = args.parser
-    torch.set_num_threads(args.threads)
-
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         if args.tiny:

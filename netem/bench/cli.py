@@ -5,8 +5,8 @@ generation to OUT/EXPERIMENT.jsonl and write OUT/report.md with plots: `speed`, 
 `codec`; `report` writes the report again from what is there.
 
 Micro-benchmarks print Markdown tables; each is one module of this package with ``add_arguments(parser)``
-and ``run(args)``. They import torch inside ``run``, so that building this parser (`edgespec --help`)
-stays fast.
+and ``run(args)``; `--threads` is every one's. They import torch inside ``run``, so that building this
+parser (`edgespec --help`) stays fast.
 """
 from __future__ import annotations
 
@@ -95,8 +95,19 @@ def _add_micro_benchmark(benchmarks: argparse._SubParsersAction, name: str, modu
     code = importlib.import_module(f"{__package__}.{module}")
     p = benchmarks.add_parser(name, help=help_text, description=code.__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads (default: torch's, all cores; 1 on a CPU other jobs share, where spare "
+                        "threads wait on each other)")
     code.add_arguments(p)
-    p.set_defaults(func=code.run, parser=p)  # parser: for the checks that argparse cannot make (p.error)
+    p.set_defaults(func=_run_micro_benchmark, run=code.run, parser=p)  # parser: for the checks argparse cannot make
+
+
+def _run_micro_benchmark(args: argparse.Namespace) -> int:
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    return args.run(args)
 
 
 def _run_experiment(args: argparse.Namespace) -> int:

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 
 from ...client.cli import add_tree_arguments, tree_shape
 from ...shared.metrics import GenerationMetrics
+from .prompt_sets import add_prompt_arguments, chosen_prompts
 from .records import markdown_table
 
 EDGESPEC = ("ngram", "independent", "eagle", "moa-tli0", "moa-tli1")
@@ -135,13 +136,7 @@ def table(summary: dict) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ...shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
-
-    p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--drafter-model", default=DEFAULT_DRAFTER)
-    p.add_argument("--humaneval", type=int, default=20, help="first N HumanEval prompts (default 20)")
-    p.add_argument("--mtbench", type=int, default=20, help="first turns of the first N MT-Bench questions (default 20)")
-    p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
+    add_prompt_arguments(p, humaneval=20, mtbench=20, max_tokens=128)
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated subset of {','.join(METHODS)}")
     p.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for hf-lookup")
     add_tree_arguments(p)
@@ -150,7 +145,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--learned", action="append", default=[], metavar="NAME=PATH[:no-router]",
                    help="also run a learned drafter of your own (any recipe: eagle, moa, beagle, with or without its "
                         "LM-head router) under NAME, e.g. eagle-hass=runs/fit8/eagle-hass; repeatable")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
     p.add_argument("--out", default=None, help="write every run and the summary as JSON here")
 
 
@@ -171,13 +165,11 @@ def run(args: argparse.Namespace) -> int:
     unknown = set(methods) - set(METHODS) - set(learned)
     if unknown:
         p.error(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
     tree = tree_shape(args)
     # every prompt's runs as they finish: an interrupted hour-long run keeps what it measured
     with open(args.out + ".partial.jsonl", "w") if args.out else contextlib.nullcontext() as partial:
-        runs = run_benchmark(args.target, args.drafter_model, args.humaneval, args.mtbench, args.max_tokens, methods,
-                             tree, args.lookup_tokens, args.checkpoints, learned, partial)
+        runs = run_benchmark(args.target, args.drafter_model, chosen_prompts(args), args.max_tokens, methods, tree,
+                             args.lookup_tokens, args.checkpoints, learned, partial)
     summary = summarize(runs)
     print(f"\n{args.humaneval} HumanEval + {args.mtbench} MT-Bench prompts, {args.max_tokens} new tokens at most, "
           f"greedy, {torch.get_num_threads()} threads, tree B={tree.branch} D={tree.depth} M={tree.max_nodes} "
@@ -211,7 +203,7 @@ def checkpoint_of(method: str, folder: str | None) -> str:
     return method if folder is None else str(Path(folder) / method)
 
 
-def run_benchmark(target_name: str, drafter_name: str, n_humaneval: int, n_mtbench: int, max_new: int,
+def run_benchmark(target_name: str, drafter_name: str, prompts: list, max_new: int,
                   methods: list[str], tree, lookup_tokens: int, checkpoints: str | None = None,
                   learned: dict[str, tuple[str, bool]] | None = None, partial=None) -> list[Run]:
     from ...client.drafters.factory import DrafterOptions
@@ -222,10 +214,6 @@ def run_benchmark(target_name: str, drafter_name: str, n_humaneval: int, n_mtben
     from ...shared.drafters.shipped import checkpoint_kind, resolve_checkpoint
     from ...shared.models import load_model
     from .loopback import loopback_server, patient_link
-    from .prompt_sets import humaneval_prompts, mtbench_first_turns
-
-    prompts = (humaneval_prompts(n_humaneval) if n_humaneval else []) + \
-              (mtbench_first_turns(n_mtbench) if n_mtbench else [])
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     log(f"loading {target_name} and {drafter_name} ...")
     target = load_model(target_name, device="cpu")

@@ -23,6 +23,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from .prompt_sets import add_prompt_arguments, chosen_prompts
+
 
 @dataclass(frozen=True)
 class BenchConfig:
@@ -55,15 +57,12 @@ def parse_config(text: str) -> BenchConfig:
 
 
 def accepted_length(tree, continuation: list[int]) -> int:
-    """Longest root path of tree equal to the start of continuation (greedy verification)."""
-    children = tree.children()  # [0]: the root's children; [1 + i]: node i's
-    node, depth = -1, 0  # -1 = the root
-    while depth < len(continuation):
-        match = next((k for k in children[node + 1] if tree.tokens[k] == continuation[depth]), None)
-        if match is None:
-            break
-        node, depth = match, depth + 1
-    return depth
+    """Longest root path of tree equal to the start of continuation (greedy verification: the target's best
+    token after a node of depth d is continuation[d])."""
+    from ...shared.verification import greedy_walk
+
+    best = [continuation[d] if d < len(continuation) else -1 for d in (0, *tree.depths())]
+    return len(greedy_walk(tree, best).accepted)
 
 
 def greedy_continuation(model, ids: list[int], max_new: int, eos: set[int]) -> list[int]:
@@ -176,18 +175,9 @@ def run_trees(drafter, prompt: list[int], continuation: list[int], tally: Tally)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ...shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
-
     p.add_argument("--configs", default="bf16:0:3x12x24@0.05,v32k:32768:3x12x24@0.05,int8:0:3x12x24@0.05:int8",
                    help="comma-separated NAME:VOCAB:BxDxM@min_prob[:bf16|int8]")
-    p.add_argument("--drafter-model", default=DEFAULT_DRAFTER)
-    p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--humaneval", type=int, default=2)
-    p.add_argument("--mtbench", type=int, default=2)
-    p.add_argument("--max-tokens", type=int, default=48)
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch threads (default: torch's choice; 1 on a CPU other jobs share, where spare threads "
-                        "wait on each other)")
+    add_prompt_arguments(p, humaneval=2, mtbench=2, max_tokens=48)
     p.add_argument("--skip-pass", action="store_true", help="skip the per-pass dtype/head timings")
     p.add_argument("--skip-trees", action="store_true", help="skip the tree runs (no target needed)")
 
@@ -199,16 +189,11 @@ def run(args: argparse.Namespace) -> int:
     from ...client.drafters.independent_vocab import draft_vocab_ids
     from ...client.edge_client import chat_prompt_ids, eos_ids
     from ...shared.models import load_model
-    from .prompt_sets import humaneval_prompts, mtbench_first_turns
-
     configs = [parse_config(c) for c in args.configs.split(",") if c]
-    if args.threads:
-        torch.set_num_threads(args.threads)
     small = load_model(args.drafter_model, device="cpu")
     vocab_size = small.model.get_output_embeddings().weight.shape[0]
     vocabs = {c.vocab: draft_vocab_ids(small.tokenizer, small.fingerprint, c.vocab, vocab_size) for c in configs}
-    prompts = humaneval_prompts(args.humaneval) + mtbench_first_turns(args.mtbench)
-    prompt_ids = [chat_prompt_ids(small.tokenizer, pr.messages()) for pr in prompts]
+    prompt_ids = [chat_prompt_ids(small.tokenizer, pr.messages()) for pr in chosen_prompts(args)]
     print(f"# independent drafter micro-benchmark ({torch.get_num_threads()} threads)")
     if not args.skip_pass:
         reduced = next((v for v in vocabs.values() if v is not None), None)

@@ -92,6 +92,26 @@ def mtbench_first_turns(limit: int | None = None, data_dir: Path | None = None) 
 PROMPT_SETS = {"humaneval": humaneval_prompts, "mtbench": mtbench_first_turns}
 
 
+def add_prompt_arguments(p, humaneval: int, mtbench: int, max_tokens: int, drafter_model: bool = True) -> None:
+    """A generating micro-benchmark's models and prompts: the target (and small model), the first N prompts
+    of each set, new tokens per prompt; chosen_prompts() reads them back."""
+    from ...shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
+
+    p.add_argument("--target", default=DEFAULT_TARGET, help="target model (registry name or folder)")
+    if drafter_model:
+        p.add_argument("--drafter-model", default=DEFAULT_DRAFTER, help="small model (registry name or folder)")
+    p.add_argument("--humaneval", type=int, default=humaneval, help=f"first N HumanEval prompts (default {humaneval})")
+    p.add_argument("--mtbench", type=int, default=mtbench,
+                   help=f"first turns of the first N MT-Bench questions (default {mtbench})")
+    p.add_argument("--max-tokens", type=int, default=max_tokens, help=f"new tokens per prompt (default {max_tokens})")
+
+
+def chosen_prompts(args) -> list[Prompt]:
+    """The first --humaneval HumanEval prompts, then the first --mtbench MT-Bench first turns (0: none)."""
+    return [*(humaneval_prompts(args.humaneval) if args.humaneval else []),
+            *(mtbench_first_turns(args.mtbench) if args.mtbench else [])]
+
+
 def load_prompts(set_name: str, limit: int | None = None) -> list[Prompt]:
     if set_name not in PROMPT_SETS:
         raise PromptSetError(f"unknown prompt set {set_name!r}; choose one of {', '.join(PROMPT_SETS)}")

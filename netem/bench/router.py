@@ -22,6 +22,7 @@ import timeit
 from pathlib import Path
 
 from ...client.cli import add_tree_arguments, tree_shape
+from .prompt_sets import add_prompt_arguments, chosen_prompts
 from .records import markdown_table
 
 MODES = ("full head", "router")
@@ -115,14 +116,10 @@ def measure(args: argparse.Namespace) -> dict:
     from ...client.generation import GenerationConfig
     from ...shared.metrics import GenerationMetrics
     from .loopback import loopback_server, patient_link
-    from .prompt_sets import humaneval_prompts, mtbench_first_turns
-
     tree = tree_shape(args)
     drafter, routed, ckpt, moa_part = open_routed_drafter(args.checkpoint, args.target, tree)
     routed = recording(routed)
-    messages = [p.messages() for p in (humaneval_prompts(args.humaneval) if args.humaneval else [])]
-    messages += [p.messages() for p in (mtbench_first_turns(args.mtbench) if args.mtbench else [])]
-    messages += [[{"role": "user", "content": text}] for text in args.prompt]
+    messages = [p.messages() for p in chosen_prompts(args)] + [[{"role": "user", "content": t}] for t in args.prompt]
     if not messages:
         raise SystemExit("no prompts: give --humaneval N, --mtbench N or --prompt TEXT")
     with loopback_server(args.target, dtype=args.dtype,
@@ -162,26 +159,18 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ...shared.models.registry import DEFAULT_TARGET
-
     p.add_argument("--checkpoint", required=True, help="drafter checkpoint (file, folder or run) with router.safetensors")
-    p.add_argument("--target", default=DEFAULT_TARGET, help="target model (registry name or folder)")
+    add_prompt_arguments(p, humaneval=5, mtbench=5, max_tokens=128, drafter_model=False)
     p.add_argument("--dtype", default=None, help="the server's target dtype (default bfloat16)")
-    p.add_argument("--humaneval", type=int, default=5, help="first N HumanEval prompts (default 5)")
-    p.add_argument("--mtbench", type=int, default=5, help="first turns of the first N MT-Bench questions (default 5)")
     p.add_argument("--prompt", action="append", default=[], help="an extra user message (repeatable)")
-    p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (default 128)")
     add_tree_arguments(p)
     p.add_argument("--head-repeat", type=int, default=50, help="calls per LM-head timing (median kept)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (default: all cores)")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     report = measure(args)
     r = report["router"]
     print(f"\n{report['prompts']} prompts, {args.max_tokens} new tokens at most, greedy, {torch.get_num_threads()} "

@@ -255,7 +255,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds of unmeasured work per engine first")
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default=None)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -265,9 +264,6 @@ def run(args: argparse.Namespace) -> int:
     from ...server.engine_batched import PoolConfig
     from ...server.target import TargetModel
     from ...shared.models.loading import load_model
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
 
     for name in args.models:
         target = TargetModel(load_model(name, device=args.device, dtype=args.dtype))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .prompt_sets import add_prompt_arguments, chosen_prompts
+
 
 def parse_shape(text: str):
     from ...client.drafters.tree_builder import TreeShape
@@ -27,14 +29,8 @@ def parse_shape(text: str):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ...shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
-
     p.add_argument("--shapes", required=True, help="comma-separated BxDxM[@min_prob]")
-    p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--drafter-model", default=DEFAULT_DRAFTER)
-    p.add_argument("--humaneval", type=int, default=2)
-    p.add_argument("--mtbench", type=int, default=2)
-    p.add_argument("--max-tokens", type=int, default=64)
+    add_prompt_arguments(p, humaneval=2, mtbench=2, max_tokens=64)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,11 +43,10 @@ def run(args: argparse.Namespace) -> int:
     from ...shared.metrics import GenerationMetrics
     from ...shared.models import load_model
     from .loopback import loopback_server, patient_link
-    from .prompt_sets import humaneval_prompts, mtbench_first_turns
     from .records import markdown_table
 
     shapes = [parse_shape(s) for s in args.shapes.split(",") if s]
-    prompts = humaneval_prompts(args.humaneval) + mtbench_first_turns(args.mtbench)
+    prompts = chosen_prompts(args)
     small = load_model(args.drafter_model, device="cpu")
     totals = {s: GenerationMetrics() for s in shapes}  # summed over prompts
     with loopback_server(args.target) as server:
