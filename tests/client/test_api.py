@@ -5,7 +5,7 @@ import time
 
 import httpx
 import pytest
-from support.http import assert_calls_stopped, serving, slowed_calls
+from support.asgi_server import assert_calls_stopped, serving, slowed_calls
 from support.servers import running_server
 
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from support.http import serving
+from support.asgi_server import serving
 from support.servers import running_server
 
 pytestmark = pytest.mark.slow  # hypothesis runs hundreds of requests through both APIs

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from support.http import serving
+from support.asgi_server import serving
 from support.servers import running_server
 
 openai = pytest.importorskip("openai")

@@ -7,7 +7,7 @@ import json
 
 import httpx
 import pytest
-from support.http import serving
+from support.asgi_server import serving
 from support.relays import relay_to
 
 PROMPT = "def add(a, b):\n    return a + b\n"

@@ -5,8 +5,8 @@ import time
 
 import httpx
 import pytest
-from support.http import assert_calls_stopped, slowed_calls
-from support.http import serving as serving_app
+from support.asgi_server import assert_calls_stopped, slowed_calls
+from support.asgi_server import serving as serving_app
 
 from edgespec.proto.edgespec.v1 import pb
 from edgespec.shared.tree import ROOT, DraftTree, encode_tree

@@ -4,7 +4,7 @@ Each input must decode or raise the decoder's own documented error (FrameError,
 InvalidTreeError), within a hang detector's time (1 s, far above the ~1 ms
 these inputs take: it catches a decoder that loops or inflates, not a slow CI
 machine) and within ``memory_bound``: a few times the output the input claims,
-plus its length. The mutators are those of ``edgespec.shared.fuzz_decoders``
+plus its length. The mutators are those of ``support.fuzz_decoders``
 (the long run), driven here by hypothesis's recorded randomness so that a
 failure shrinks and replays.
 """
@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 
 from edgespec.shared.codec import MAGIC, decode_frame
 from edgespec.shared.errors import FrameError, InvalidTreeError
-from edgespec.shared.fuzz_decoders import (TREE_MAX_NODES, TREE_VOCABS, U8_EXTREMES, U16_EXTREMES, U32_EXTREMES,
-                                           Bombs, claimed_output_bytes, fix_length, frame_corpus, frame_fields,
-                                           frame_inputs, fuzz, memory_bound, mutate_frame, mutate_tree, run_one,
-                                           set_field, tree_corpus, tree_inputs)
+from support.fuzz_decoders import (TREE_MAX_NODES, TREE_VOCABS, U8_EXTREMES, U16_EXTREMES, U32_EXTREMES, Bombs,
+                                   claimed_output_bytes, fix_length, frame_corpus, frame_fields, frame_inputs, fuzz,
+                                   memory_bound, mutate_frame, mutate_tree, run_one, set_field, tree_corpus,
+                                   tree_inputs)
 from edgespec.shared.tree import decode_tree
 
 HANG_MS = 1000.0

@@ -1,6 +1,6 @@
 """Long fuzz run of the two decoders that read bytes off the link: activation frames and draft trees.
 
-    python -m edgespec.shared.fuzz_decoders --inputs 1000000 --seed 0
+    python tests/support/fuzz_decoders.py --inputs 1000000 --seed 0
 
 Each input is a valid frame (or tree) from a small corpus, mutated one to a
 few times: bit flips, byte overwrites, truncation, extension, splices of two
@@ -25,7 +25,8 @@ undocumented exception was seen or an input passed its memory bound.
 
 The mutators are plain functions of (bytes, random.Random) so that the test
 suite's hypothesis fuzzing (tests/shared/test_decoder_fuzz.py) drives the
-same ones with its own recorded randomness.
+same ones with its own recorded randomness. The long run is a test of the
+installed package, so it lives with the tests (as `support.fuzz_decoders`).
 """
 from __future__ import annotations
 
@@ -48,9 +49,9 @@ from typing import Callable, Sequence
 import torch
 import zstandard
 
-from .codec import MAGIC, MAX_ELEMENTS, Codec, claimed_elements, decode_frame, encode_frame
-from .errors import FrameError, InvalidTreeError
-from .tree import MAX_NODES, MAX_TOKEN_ID, ROOT, DraftTree, decode_tree, encode_tree
+from edgespec.shared.codec import MAGIC, MAX_ELEMENTS, Codec, claimed_elements, decode_frame, encode_frame
+from edgespec.shared.errors import FrameError, InvalidTreeError
+from edgespec.shared.tree import MAX_NODES, MAX_TOKEN_ID, ROOT, DraftTree, decode_tree, encode_tree
 
 Mutator = Callable[[bytes, random.Random], bytes]
 
