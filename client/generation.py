@@ -369,7 +369,9 @@ class Generation:
         if s.emitted > gen_kept:
             yield RetractEvent(s.emitted - gen_kept, gen_kept)
             s.emitted = gen_kept
-        s.checked = min(s.checked, gen_kept)
+        # An end found offline (EOS, a stop string) that the Resume kept still ends the output: checking its
+        # last token again finds it, and the target's token after it goes.
+        s.checked = min(s.checked, gen_kept, max(0, s.finish.keep - 1) if s.finish.reason else gen_kept)
         s.finish = Finish(gen_kept, None)
         del s.committed[kept:]
         del s.origins[gen_kept:]

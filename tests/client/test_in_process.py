@@ -267,3 +267,33 @@ def test_tokens_the_target_never_saw_have_no_logprob(start, tiny_target_f32):
     verified = 15 - r.provisional
     assert r.provisional > 0 and r.logprobs[verified:] == [None] * r.provisional
     assert_target_logprobs(tiny_target_f32, ids, r.token_ids[:verified], r.logprobs[:verified], top=0)
+
+
+@pytest.mark.parametrize("policy", [ResumePolicy.ROLLBACK, ResumePolicy.KEEP], ids=["rollback", "keep"])
+def test_an_end_reached_offline_and_confirmed_by_the_resume_stays_the_end(core, tiny_model_dir, tiny_target_f32,
+                                                                           greedy, policy):
+    """The target itself drafts offline, so the Resume agrees with every offline token, EOS included: the
+    output ends at that EOS, with nothing of the target's after it."""
+    from edgespec.server.service import VerifierServicer
+
+    tok = core.target.tokenizer
+    ids = tok(PROMPT, add_special_tokens=False)["input_ids"]
+    reference = greedy(tiny_target_f32, ids, 40, set())
+    k = next(i for i in range(8, 40) if reference[i] not in reference[:i])  # an id first seen at i: the EOS
+    info = TokenizerInfo(core.target.fingerprint, {reference[k]}, lambda t: tok.decode(list(t)))
+    transport = InProcessTransport(VerifierServicer(core))
+    same = make_drafter(DrafterOptions(name="independent", model=str(tiny_model_dir), dtype="float32"))
+    gen = Generation(Verifier(transport), same, ids, GenerationConfig(max_new_tokens=40, resume_policy=policy),
+                     info)
+    events = []
+    for e in gen:
+        events.append(e)
+        if isinstance(e, TokenEvent) and e.origin is TokenOrigin.BONUS and e.index >= 2:
+            transport.cut()  # from here on the target drafts alone, up to the EOS
+        if isinstance(e, TokenEvent) and e.origin is TokenOrigin.OFFLINE and e.token == reference[k]:
+            transport.restore()
+    r = gen.result
+    assert any(isinstance(e, TokenEvent) and e.origin is TokenOrigin.OFFLINE for e in events)
+    assert r.metrics.resumes == (1 if policy is ResumePolicy.ROLLBACK else 0)  # keep: the end stands unverified
+    assert r.token_ids == reference[:k + 1] and r.finish_reason == "stop"
+    assert replay(events) == r.token_ids
