@@ -46,7 +46,7 @@ from edgespec.shared.errors import EdgespecError
 from edgespec.shared.logprobs import TokenLogprob
 from edgespec.shared.metrics import GenerationMetrics
 from edgespec.shared.tree import MAX_NODES, DraftTree
-from edgespec.shared.wire import FeatureKind, ResumePolicy
+from edgespec.shared.wire import MAX_TOP_LOGPROBS, FeatureKind, ResumePolicy
 
 from .commit import (Finish, ProtocolError, StopStrings, accepted_path, check_committed_len, finish_point,
                      resume_commit)
@@ -115,6 +115,8 @@ class GenerationConfig:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.logprobs}")
         object.__setattr__(self, "resume_policy", ResumePolicy(self.resume_policy))
         object.__setattr__(self, "stop", tuple(self.stop))
 

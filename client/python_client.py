@@ -67,7 +67,9 @@ class Client:
     def chat(self, messages: Messages, stream: bool = False, **sampling) -> str | Iterator[str]:
         """The assistant's answer to chat messages ({role, content}), under the target's chat template.
 
-        sampling: max_tokens, temperature (0 = greedy), top_p, top_k, stop (strings), seed."""
+        sampling: max_tokens, temperature (0 = greedy), top_p, top_k, stop (strings), seed, and logprobs (the
+        N most likely alternatives, 0 to 20): then ``last_result.logprobs`` holds the target's log-probability
+        of every token, and no offline token is handed out before the target has scored it."""
         ids = self.edge.encode_chat([{"role": m["role"], "content": m["content"]} for m in messages])
         return self._run(ids, stream, sampling)
 
@@ -81,16 +83,17 @@ class Client:
         return pieces if stream else "".join(pieces)
 
     def _config(self, max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-                top_k: int = 0, stop: str | Sequence[str] | None = None, seed: int = 0) -> GenerationConfig:
+                top_k: int = 0, stop: str | Sequence[str] | None = None, seed: int = 0,
+                logprobs: int | None = None) -> GenerationConfig:
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         return GenerationConfig(max_new_tokens=max_tokens or self.max_tokens, temperature=temperature, top_p=top_p,
-                                top_k=top_k, stop=stops, seed=seed, resume_policy=self.policy)
+                                top_k=top_k, stop=stops, seed=seed, resume_policy=self.policy, logprobs=logprobs)
 
     def _pieces(self, ids: list[int], config: GenerationConfig) -> Iterator[str]:
         # Under rollback, offline tokens are held back until the target confirmed them, so no piece
-        # handed out is ever taken back.
-        streamer = TextStreamer(self.edge.decode, config.stop,
-                                hold_offline=config.resume_policy is ResumePolicy.ROLLBACK)
+        # handed out is ever taken back; with logprobs, until the target scored them (as the local API does).
+        hold = config.resume_policy is ResumePolicy.ROLLBACK or config.logprobs is not None
+        streamer = TextStreamer(self.edge.decode, config.stop, hold_offline=hold)
         for item in self.edge.stream(ids, config):
             if isinstance(item, GenerationResult):
                 self.last_result = item

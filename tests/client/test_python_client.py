@@ -88,3 +88,20 @@ def test_async_stream_abandoned_early_frees_the_client(tiny_server, tiny_model_d
 def test_bad_sampling_option_is_named(client):
     with pytest.raises(TypeError, match="temprature"):
         client.chat(MESSAGES, temprature=0.5)
+
+
+def test_logprobs_are_the_targets_for_every_token_of_the_answer(client, tiny_target_f32):
+    import torch
+
+    text = client.chat(MESSAGES, max_tokens=12, logprobs=2)
+    r = client.last_result
+    assert text and len(r.logprobs) == len(r.token_ids)
+    ids = client.edge.encode_chat(MESSAGES)
+    with torch.inference_mode():  # one full forward: row i - 1 scores token i
+        rows = torch.log_softmax(tiny_target_f32(torch.tensor([ids + r.token_ids])).logits[0].float(), -1)
+    for i, (token, lp) in enumerate(zip(r.token_ids, r.logprobs)):
+        row = rows[len(ids) + i - 1]
+        assert lp.logprob == pytest.approx(float(row[token]), abs=1e-4)
+        assert [t for t, _ in lp.top] == row.topk(2).indices.tolist()
+    with pytest.raises(ValueError, match="logprobs must be between 0 and 20"):
+        client.chat(MESSAGES, logprobs=21)
