@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.greedy import greedy_continuation
 from support.relays import relay_to
 from support.servers import running_server
 
@@ -36,28 +37,8 @@ def tiny_drafter_f32(tiny_drafter_dir):
     return AutoModelForCausalLM.from_pretrained(str(tiny_drafter_dir), dtype=torch.float32).eval()
 
 
-@torch.inference_mode()
-def _greedy(model, ids: list[int], max_new: int, eos: set[int]) -> list[int]:
-    """Plain greedy decoding with a KV cache: the reference every test compares against."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
-    out: list[int] = []
-    feed = list(ids)
-    pos = 0
-    for _ in range(max_new):
-        logits = model(input_ids=torch.tensor([feed]), position_ids=torch.arange(pos, pos + len(feed))[None],
-                       past_key_values=cache, use_cache=True).logits[0, -1]
-        pos += len(feed)
-        token = int(logits.argmax())
-        out.append(token)
-        if token in eos:
-            break
-        feed = [token]
-    return out
-
-
 @pytest.fixture(scope="session")
 def greedy():
-    """greedy(model, prompt_ids, max_new, eos_ids) -> generated ids (EOS included when reached)."""
-    return _greedy
+    """greedy(model, prompt_ids, max_new, eos_ids) -> generated ids (EOS included when reached): plain greedy
+    decoding with a KV cache, the reference every test compares against."""
+    return greedy_continuation

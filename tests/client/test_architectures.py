@@ -15,6 +15,7 @@ from edgespec.client.generation import GenerationConfig
 from edgespec.server.app import start_server
 from edgespec.server.architectures import UnsupportedModelError, adapt_for_tree_verification
 from edgespec.shared.models.tiny import ARCHITECTURES, TinyConfig, tiny_model, tiny_tokenizer
+from support.greedy import recomputed_greedy
 from support.servers import running_server, tiny_server_config
 
 PROMPT = "def add(a, b):\n    return a + b\n"
@@ -44,11 +45,7 @@ def _plain_greedy(model_dir, ids: list[int], n: int) -> list[int]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    seq = list(ids)
-    with torch.no_grad():
-        for _ in range(n):
-            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(ids):]
+    return recomputed_greedy(model, ids, n)
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from edgespec.client.generation import GenerationConfig
-from edgespec.netem.bench.independent import greedy_continuation
+from support.greedy import greedy_continuation
 from support.servers import running_server
 
 pytestmark = [pytest.mark.models, pytest.mark.slow]  # the real models

@@ -6,7 +6,7 @@ from typing import Callable
 
 import grpc
 import pytest
-import torch
+from support.greedy import recomputed_greedy
 from support.servers import running_server
 from support.streams import ServerStream
 
@@ -25,16 +25,7 @@ def tiny_target(tiny_model_dir):
 @pytest.fixture(scope="session")
 def greedy_reference(tiny_target) -> Callable[[list[int], int], list[int]]:
     """ids, n -> the target's own greedy continuation of n tokens (full recompute each step, no cache)."""
-
-    @torch.inference_mode()
-    def run(ids: list[int], n: int) -> list[int]:
-        out = list(ids)
-        for _ in range(n):
-            logits = tiny_target.model(input_ids=torch.tensor([out])).logits[0, -1]
-            out.append(int(logits.argmax()))
-        return out[len(ids):]
-
-    return run
+    return lambda ids, n: recomputed_greedy(tiny_target.model, ids, n)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import threading
 
 import pytest
 import torch
+from support.greedy import recomputed_greedy
 from support.masks import full_attention_mask
 
 from edgespec.server.decoder import GenerationRequest, generate
@@ -58,14 +59,6 @@ class Held:
 def batched(target, slots: int = 8, shape_buckets: bool = False) -> BatchedEngine:
     return BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_slots=slots, max_context_tokens=512,
                                             shape_buckets=shape_buckets))
-
-
-@torch.inference_mode()
-def greedy_continuation(target, ids: list[int], n: int) -> list[int]:
-    out = list(ids)
-    for _ in range(n):
-        out.append(int(target.model(input_ids=torch.tensor([out], device=target.device)).logits[0, -1].argmax()))
-    return out[len(ids):]
 
 
 def random_tree(rng: random.Random, truth: list[int], vocab: int = 300) -> DraftTree:
@@ -128,7 +121,7 @@ def greedy_truths(target) -> dict[int, list[int]]:
     for seed in range(6):
         rng = random.Random(seed)
         prompt = [rng.randrange(256) for _ in range(rng.randint(3, 40))]
-        truths[seed] = greedy_continuation(target, prompt, 80)
+        truths[seed] = recomputed_greedy(target.model, prompt, 80)
     return truths
 
 
@@ -190,7 +183,7 @@ def test_plain_api_batched_gives_the_tokens_of_requests_run_alone(target, sampli
     assert together(batched(target, shape_buckets=True)) == reference  # padded to power-of-two shapes
     if sampling.greedy:
         for r, got in zip(requests, reference):
-            assert got == greedy_continuation(target, list(r.prompt_ids), 12)
+            assert got == recomputed_greedy(target.model, list(r.prompt_ids), 12)
 
 
 def test_a_long_prefill_goes_in_chunks_behind_newer_work(target):
@@ -315,7 +308,7 @@ def test_a_server_on_the_batched_engine_serves_sessions_and_evicts_for_slots(tin
     with start_server(config) as handle:
         core = handle.core
         assert core.scheduler.engine.name == "batched" and core.scheduler.engine.pool.slots == 3
-        greedy = greedy_continuation(core.target, [1, 2, 3], 4)
+        greedy = recomputed_greedy(core.target.model, [1, 2, 3], 4)
         for i in range(5):
             opened = core.open(SessionSettings(f"s{i}"), [1, 2, 3])
             assert opened.next_token == greedy[0]
@@ -379,7 +372,7 @@ def test_other_full_attention_architectures_verify_exactly_on_the_pool(arch, tmp
     adapt_for_tree_verification(loaded.model, 256)
     target = TargetModel(loaded)
     assert batched_unsupported(target) is None
-    truth = greedy_continuation(target, [5, 6, 7, 8], 40)
+    truth = recomputed_greedy(target.model, [5, 6, 7, 8], 40)
     for engine in (GenericEngine(target), batched(target)):
         scheduler = ModelScheduler(engine)
         try:

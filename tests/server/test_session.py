@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+from support.greedy import recomputed_greedy
 
 from edgespec.server.engine import GenericEngine
 from edgespec.server.engine_batched import BatchedEngine, PoolConfig
@@ -42,16 +43,8 @@ def scheduler(request, target):
 
 @pytest.fixture(scope="module")
 def greedy_reference(target):
-    """ids, n -> the target's own greedy continuation of n tokens (full recompute each step, no cache)."""
-
-    @torch.inference_mode()
-    def run(ids: list[int], n: int) -> list[int]:
-        out = list(ids)
-        for _ in range(n):
-            out.append(int(fresh_next_logits(target, out).argmax()))
-        return out[len(ids):]
-
-    return run
+    """ids, n -> this module's target's own greedy continuation of n tokens (full recompute, on its device)."""
+    return lambda ids, n: recomputed_greedy(target.model, ids, n)
 
 
 def make_session(target, scheduler, sampling=SamplingConfig(), features=FeatureSpec(), seed=0):

@@ -52,17 +52,10 @@ def store(target, target_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def target_greedy():
     """target_greedy(model, ids, n): the target's own greedy continuation, exactly n tokens (the reference
-    every drafted generation must equal)."""
-    return _target_greedy
+    every drafted generation must equal): transformers' generate (support/greedy.py)."""
+    from support.greedy import generated_greedy
 
-
-def _target_greedy(model, ids: list[int], n: int) -> list[int]:
-    import torch
-
-    with torch.inference_mode():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                             temperature=None, top_p=None, top_k=None, pad_token_id=256)
-    return out[0, len(ids):].tolist()
+    return generated_greedy
 
 
 @pytest.fixture(scope="session")
