@@ -9,6 +9,8 @@ registers the fixture modules.
 - drafters.py: the learned drafters' tiny 4-layer target, its feature store and drafters trained on it by
   recipe (fixture `train_drafter`)
 - cli.py: `edgespec ...` in this process (fixture `edgespec_in_process`)
+- greedy.py: the target's own greedy continuation, the reference for token-exact checks (the package's cached
+  greedy_continuation, a no-cache recomputed_greedy, transformers' generated_greedy)
 - asgi_server.py: an ASGI app (either OpenAI API) served by uvicorn on a loopback port, for a with-block
 - fuzz_decoders.py: the mutators the decoder fuzz tests draw from, and the long fuzz run
   (`python tests/support/fuzz_decoders.py --inputs 1000000`)
