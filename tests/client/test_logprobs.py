@@ -55,5 +55,9 @@ def test_the_server_refuses_more_alternatives_than_the_wire_carries(tiny_server,
     from edgespec.client.generation import GenerationConfig, GenerationFailedError
 
     client = make_client(tiny_server.address, "ngram")
+    with pytest.raises(ValueError, match="between 0 and 20"):  # this client's own check
+        GenerationConfig(logprobs=21)
+    config = GenerationConfig(max_new_tokens=4, logprobs=20)
+    object.__setattr__(config, "logprobs", 21)  # a client without that check
     with pytest.raises(GenerationFailedError, match="at most 20 alternatives"):
-        client.generate(client.encode(PROMPT), GenerationConfig(max_new_tokens=4, logprobs=21))
+        client.generate(client.encode(PROMPT), config)
