@@ -44,8 +44,13 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
     """Defaults in --help (secrets hidden); descriptions keep their line breaks."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
         if _SECRET.search(action.dest) and action.default not in (None, argparse.SUPPRESS):
-            return (action.help or "") + " (default: set, hidden)"
+            return text + " (default: set, hidden)"
+        # Nothing to add for an unset flag or switch, nor where the help already names the value in force
+        # (a default the environment or config file changed is not named there, so it is still shown).
+        if action.default is None or action.default is False or ("default" in text and str(action.default) in text):
+            return text
         return super()._get_help_string(action)
 
 

@@ -169,3 +169,16 @@ def test_other_commands_ignore_edgespec_variables(monkeypatch):
 def test_default_ports_differ():
     assert parse("server", "m").http_port == 8080
     assert parse("client", "serve").port == 8000
+
+
+def test_help_names_each_default_once():
+    parser = LayeredParser(prog="p")
+    parser.add_argument("--tokens", type=int, default=128, help="most new tokens (default 128)")
+    parser.add_argument("--port", type=int, default=50051, help="port")
+    parser.add_argument("--model", default=None, help="model (default: the registry's)")
+    parser.add_argument("--quiet", action="store_true", help="say less")
+    text = " ".join(parser.format_help().split())
+    assert "most new tokens (default 128) --port" in text and "port (default: 50051)" in text
+    assert "(default: None)" not in text and "(default: False)" not in text
+    parser.set_defaults(tokens=64)  # what a layer below the command line does: the help's own figure is stale
+    assert "most new tokens (default 128) (default: 64)" in " ".join(parser.format_help().split())
