@@ -49,7 +49,9 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
             return text + " (default: set, hidden)"
         # Nothing to add for an unset flag or switch, nor where the help already names the value in force
         # (a default the environment or config file changed is not named there, so it is still shown).
-        if action.default is None or action.default is False or ("default" in text and str(action.default) in text):
+        value = re.escape(str(action.default))
+        if action.default is None or action.default is False or re.search(
+                rf"default:? {value}\b|(?<![\w.]){value}, the default", text):
             return text
         return super()._get_help_string(action)
 

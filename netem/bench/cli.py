@@ -96,7 +96,7 @@ def _add_micro_benchmark(benchmarks: argparse._SubParsersAction, name: str, modu
     p = benchmarks.add_parser(name, help=help_text, description=code.__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=0,
-                   help="torch threads (default: torch's, all cores; 1 on a CPU other jobs share, where spare "
+                   help="torch threads (0: torch's choice, all cores; 1 suits a CPU other jobs share, where spare "
                         "threads wait on each other)")
     code.add_arguments(p)
     p.set_defaults(func=_run_micro_benchmark, run=code.run, parser=p)  # parser: for the checks argparse cannot make

@@ -1,7 +1,6 @@
 """Micro-benchmark of the independent drafter: one pass, and whole trees against the target's greedy text.
 
-    edgespec bench independent --humaneval 2 --mtbench 2 --max-tokens 48 \
-        --configs bf16:0:3x12x24@0.05,int8:0:3x12x24@0.05:int8 --threads 1
+    edgespec bench independent --configs bf16:0:3x12x24@0.05,int8:0:3x12x24@0.05:int8 --threads 1
 
 1. Pass cost: the drafter's decoder over 1 and over 3 (a frontier) new tokens
    after a real prompt, the full LM head and a reduced one, in bf16 and fp32.
