@@ -91,7 +91,7 @@ class EdgespecClient:
             return self.config.tokenizer
         if self.config.drafter.name == "independent":
             return self.config.drafter.model
-        name = self.info.model_name
+        name = self.info.registry_name or self.info.model_name  # model_name may be a served alias
         from edgespec.shared.models.registry import REGISTRY
 
         return name if name in REGISTRY or Path(name).is_dir() else self.config.drafter.model

@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the target, as with --model, which it wins over (vLLM's `vllm serve MODEL`)")
     p.add_argument("--model", default=None, help="registry name or local Hugging Face directory of the target")
     p.add_argument("--served-model-name", default=None,
-                   help="the model's name in the API, Info and metrics (None: the model's own)")
+                   help="the model's name in the API, Info and metrics (unset: the model's own); Info still gives "
+                        "a registry model's registry name, by which clients load the tokenizer")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=DEFAULT_GRPC_PORT, help="gRPC port (0 = pick a free one)")
     p.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT,

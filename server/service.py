@@ -23,6 +23,7 @@ from edgespec.proto.edgespec.v1 import pb, pb_grpc
 from edgespec.shared import __version__
 from edgespec.shared.codec import ActivationCodec, Codec
 from edgespec.shared.errors import EdgespecError, FrameError, TokenizerMismatchError
+from edgespec.shared.models.registry import REGISTRY
 from edgespec.shared.verification import SamplingConfig
 from edgespec.shared.wire import (MAX_TOP_LOGPROBS, SERVER_STATUS_METADATA_KEY, SESSION_METADATA_KEY, FeatureKind,
                                   ResumePolicy)
@@ -121,7 +122,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                                    max_sessions=lim.store.max_sessions, max_message_bytes=lim.max_message_bytes,
                                    session_ttl_s=int(lim.store.ttl_s)),
             server_version=__version__, device=str(t.device), dtype=str(t.dtype).removeprefix("torch."),
-            moa_server_parts=sorted(self.core.lsa_parts), eos_token_ids=sorted(t.eos_ids))
+            moa_server_parts=sorted(self.core.lsa_parts), eos_token_ids=sorted(t.eos_ids),
+            registry_name=t.loaded.name if t.loaded.name in REGISTRY else "")
 
     # --------------------------------------------------------------- Session
     async def Session(self, request_iterator: AsyncIterator[pb.ClientMessage],

@@ -47,6 +47,7 @@ def test_info_describes_the_target(stub, tiny_target):
     assert set(info.feature_kinds) == {pb.FEATURE_KIND_NONE, pb.FEATURE_KIND_LAST_HIDDEN, pb.FEATURE_KIND_MOA}
     assert info.limits.max_tree_nodes == 255 and info.limits.max_sessions == 64
     assert info.device == "cpu" and info.dtype == "float32"
+    assert info.registry_name == ""  # a model from a folder: only registry models give their name
 
 
 def test_greedy_session_commits_the_target_greedy_output(open_stream, fingerprint, greedy_reference):
