@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from edgespec.shared.models.cache_arg import with_cache
 from edgespec.shared.models.loading import LoadedModel
 
 
@@ -55,7 +56,8 @@ class TargetModel:
         chunk, which transformers masks itself.
         """
         kwargs = {} if mask is None else {"attention_mask": mask}
-        out = self._decoder(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True, **kwargs)
+        out = self._decoder(input_ids=ids, position_ids=positions, use_cache=True,
+                            **with_cache(self._decoder, cache), **kwargs)
         return out.last_hidden_state
 
     @torch.inference_mode()

@@ -70,13 +70,15 @@ def activations(model, prompts: list[list[int]]) -> dict[str, list]:
     """Per prompt: 'hidden' [T, E] and 'kv' [T, L, 2*E_kv], in the model's dtype."""
     import torch
 
+    from edgespec.shared.models.cache_arg import output_cache
+
     hidden, kv = [], []
     with torch.no_grad():
         for ids in prompts:
             out = model(torch.tensor([ids], device=model.device), use_cache=True, output_hidden_states=True)
             hidden.append(out.hidden_states[-1][0].cpu())
             layers = []
-            for layer in out.past_key_values.layers:
+            for layer in output_cache(out).layers:
                 k = layer.keys[0].transpose(0, 1).flatten(1)  # [T, kv_heads*head_dim]
                 v = layer.values[0].transpose(0, 1).flatten(1)
                 layers.append(torch.cat([k, v], dim=-1))

@@ -68,11 +68,13 @@ def greedy_continuation(model, ids: list[int], max_new: int, eos: set[int]) -> l
     import torch
     from transformers import DynamicCache
 
+    from edgespec.shared.models.cache_arg import with_cache
+
     cache, out, feed, pos = DynamicCache(), [], list(ids), 0
     with torch.inference_mode():
         for _ in range(max_new):
             logits = model(input_ids=torch.tensor([feed]), position_ids=torch.arange(pos, pos + len(feed))[None],
-                           past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+                           use_cache=True, logits_to_keep=1, **with_cache(model, cache)).logits[0, -1]
             pos += len(feed)
             out.append(int(logits.argmax()))
             if out[-1] in eos:
@@ -86,13 +88,15 @@ def verify_cost(model, ids: list[int], nodes: int, repeats: int = 3) -> float:
     import torch
     from transformers import DynamicCache
 
+    from edgespec.shared.models.cache_arg import with_cache
+
     cache = DynamicCache()
     times = []
     with torch.inference_mode():
-        model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=torch.tensor([ids]), use_cache=True, **with_cache(model, cache), logits_to_keep=1)
         for _ in range(repeats):
             t0 = time.perf_counter()
-            model(input_ids=torch.tensor([ids[-nodes - 1:]]), past_key_values=cache, use_cache=True)
+            model(input_ids=torch.tensor([ids[-nodes - 1:]]), use_cache=True, **with_cache(model, cache))
             times.append(time.perf_counter() - t0)
             cache.crop(-(nodes + 1))
     return statistics.median(times)
@@ -104,19 +108,22 @@ def pass_costs(model, ids: list[int], vocab_ids, repeats: int = 5) -> dict[str, 
     import torch
     from transformers import DynamicCache
 
+    from edgespec.shared.models.cache_arg import with_cache
+
     from ...client.drafters.int8_linear import head_rows
 
     with torch.inference_mode():
         body, head = model.get_decoder(), model.get_output_embeddings()
         reduced = head_rows(head, vocab_ids)
         cache = DynamicCache()
-        body(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+        body(input_ids=torch.tensor([ids]), use_cache=True, **with_cache(body, cache))
         out = {}
         for k in (1, 3):
             t_body, t_full, t_red = [], [], []
             for _ in range(repeats):
                 t0 = time.perf_counter()
-                h = body(input_ids=torch.tensor([ids[-k:]]), past_key_values=cache, use_cache=True).last_hidden_state[0]
+                h = body(input_ids=torch.tensor([ids[-k:]]), use_cache=True,
+                         **with_cache(body, cache)).last_hidden_state[0]
                 t1 = time.perf_counter()
                 head(h)
                 t2 = time.perf_counter()

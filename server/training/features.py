@@ -26,6 +26,7 @@ import torch
 
 from ...shared.codec import ActivationCodec, Codec, decode_frame
 from ...shared.drafters.target_parts import TargetShape, target_shape
+from ...shared.models.cache_arg import output_cache
 from .data import chat_text, read_samples
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ def target_features(model, ids: list[int], tli_depths: tuple[int, ...]) -> dict[
     finally:
         for h in hooks:
             h.remove()
-    cache = out.past_key_values
+    cache = output_cache(out)
     kv = torch.stack([torch.cat([_flat(cache.layers[i].keys), _flat(cache.layers[i].values)], -1)
                       for i in range(shape.num_layers)], dim=1)
     feats = {"hidden": norm_io["out"], "kv": kv}

@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from edgespec.shared.models.cache_arg import with_cache
+
 from .blocks import KV
 from .masks import additive
 
@@ -122,7 +124,7 @@ class TargetParts(nn.Module):
         for i, layer in enumerate(self.layers):
             cache = _GivenKV(None if past is None else past[i])
             out = layer(h, attention_mask=attn_mask, position_embeddings=cos_sin, position_ids=pos,
-                        past_key_values=cache, use_cache=True)
+                        use_cache=True, **with_cache(layer, cache))
             h = out[0] if isinstance(out, tuple) else out
             new.append(cache.new)
         return h[0], new

@@ -10,6 +10,7 @@ from edgespec.client.drafters.base import DraftRequest, OfflineUnsupportedError
 from edgespec.client.drafters.independent import IndependentConfig, IndependentDrafter, common_prefix
 from edgespec.client.drafters.ngram import NgramConfig, NgramDrafter, continuations, match_starts, trie_tree
 from edgespec.client.drafters.tree_builder import Candidates, TreeShape, build_tree, select_tree
+from edgespec.shared.models.cache_arg import with_cache
 from edgespec.shared.tree import MAX_NODES, ROOT, DraftTree
 
 
@@ -208,7 +209,7 @@ def _fresh_cache(model, ids):
 
     cache = DynamicCache()
     with torch.inference_mode():
-        model(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
+        model(input_ids=torch.tensor([ids]), use_cache=True, **with_cache(model, cache))
     return cache
 
 
