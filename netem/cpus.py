@@ -61,9 +61,12 @@ def format_cpus(cpus: CpuSet) -> str:
     return ",".join(parts)
 
 
+CAN_PIN = hasattr(os, "sched_setaffinity")  # Linux; macOS and Windows have no affinity call in Python
+
+
 def available_cpus() -> CpuSet:
     """The CPUs this process may run on (its affinity, which a container or taskset may have narrowed)."""
-    return frozenset(os.sched_getaffinity(0))
+    return frozenset(os.sched_getaffinity(0)) if CAN_PIN else frozenset(range(os.cpu_count() or 1))
 
 
 def check_cpus(cpus: CpuSet, what: str, available: CpuSet) -> CpuSet:
@@ -113,9 +116,12 @@ def choose_split(server: str | None = None, client: str | None = None, default_p
     Both lists given: those. One given: the other side gets every other available core. Neither:
     with `default_pinned` and at least 2 cores, the server on the upper half (the odd core too) and
     the client on the lower half, as two machines would be; otherwise not pinned."""
-    available = available_cpus() if available is None else available
+    if available is None:
+        available = available_cpus()
+        if not CAN_PIN and (server is not None or client is not None):
+            raise CpuSetError("--server-cpus/--client-cpus need Linux (CPU affinity); leave them out here")
     if server is None and client is None:
-        if not default_pinned or len(available) < 2:
+        if not default_pinned or len(available) < 2 or not CAN_PIN:
             return NOT_PINNED
         ordered = sorted(available)
         half = len(ordered) // 2

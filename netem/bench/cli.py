@@ -192,6 +192,8 @@ def _run_experiment(args: argparse.Namespace) -> int:
                                  set_limits=args.limit[1], cut_after=args.cut_after, cut_mode=args.cut_mode, **common)
         print(f"results: {run(config)}")
     report = write_report(out)
+    if args.experiment == "specbench":  # its tables on the terminal too (the other experiments have plots)
+        print(report.read_text(encoding="utf-8"))
     print(f"report: {report}")
     if args.readme:
         print(f"README section: {splice_readme(report, Path(args.readme), args.readme_marker)}")

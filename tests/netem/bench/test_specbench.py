@@ -135,3 +135,31 @@ def test_a_tiny_run_writes_spec_bench_answer_files(tmp_path, tiny_model_dir, one
     readme.write_text(f"# x\n{begin}\nplaceholder\n{end}\n")
     splice_readme(out / "report.md", readme, "edgespec-specbench")
     assert "placeholder" not in readme.read_text() and "### Spec-Bench" in readme.read_text()
+
+
+def test_the_command_line_reaches_the_run_settings(tmp_path, monkeypatch):
+    """`edgespec bench specbench` hands its flags (and the CPU split) to the run; bad ones are refused."""
+    from edgespec.netem.bench import experiments
+    from edgespec.shared.cli import main
+
+    seen = {}
+
+    def fake_run(config):  # the run itself is the slow test above; here only what reaches it
+        seen["config"] = config
+        raise SystemExit(0)
+
+    monkeypatch.setattr(experiments, "run", fake_run)
+    with pytest.raises(SystemExit):
+        main(["bench", "specbench", str(tmp_path), "--limit", "2", "--profile", "4g", "--drafters", "ngram",
+              "--max-new-tokens", "32", "--server-cpus", "1", "--client-cpus", "0"])
+    c = seen["config"]
+    assert (c.experiment, c.per_category, c.profiles, c.drafters, c.max_new_tokens) == ("specbench", 2, ("4g",),
+                                                                                       ("ngram",), 32)
+    assert (c.server_cpus, c.client_cpus, c.pin) == ("1", "0", True)
+    assert c.command.startswith("edgespec bench specbench")
+    with pytest.raises(SystemExit):
+        main(["bench", "specbench", str(tmp_path), "--max-new-tokens", "8", "--no-pin"])
+    assert seen["config"].per_category is None and seen["config"].max_new_tokens == 8 and not seen["config"].pin
+    with pytest.raises(SystemExit) as refused:
+        main(["bench", "specbench", str(tmp_path), "--limit", "0"])
+    assert refused.value.code == 2
