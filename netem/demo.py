@@ -4,13 +4,20 @@ The server runs the target in this process; the client reaches it through the
 network relay shaped by a profile (``--profile none``: over plain loopback).
 It lives in netem, beside the experiments, because it puts all three parts
 together: the server, the relay and the client.
+
+``--server-cpus``/``--client-cpus`` put the two on disjoint cores, as two
+machines would be (``cpus.py``): the server then runs as a child process
+(`edgespec server`) on its cores with one torch thread a core, and this
+process (the client and the relay) on the client's.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 from pathlib import Path
+from typing import Iterator
 
 DEFAULT_PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring."
 
@@ -25,52 +32,87 @@ def register(subparsers) -> None:
     p.add_argument("--max-tokens", type=int, default=128, help="most new tokens (default 128)")
     p.add_argument("--profile", default="4g", help="network profile for the relay (default 4g; 'none' = direct)")
     p.add_argument("--color", choices=["auto", "always", "never"], default="auto")
+    p.add_argument("--server-cpus", default=None, metavar="CPUS",
+                   help="run the server on these cores, as taskset writes them: 1, 2-3, 2,3 (default: not pinned)")
+    p.add_argument("--client-cpus", default=None, metavar="CPUS",
+                   help="run the client and the relay on these cores (default: the cores the server does not have)")
     add_client_options(p)
     p.set_defaults(func=main, drafter="independent")
 
 
 def main(args) -> int:
-    from ..client.cli import client_from_args
-    from ..client.commit import ResumePolicy
-    from ..client.generation import GenerationConfig
-    from ..client.render import TerminalPrinter, use_color
-    from ..server.app import ServerConfig, start_server
     from ..shared.models.registry import DEFAULT_TARGET
+    from .cpus import choose_split, pinned
 
     if not getattr(args, "verbose", False):  # the server's and relay's logs would interleave with the text
         for name in ("edgespec.server", "edgespec.netem"):
             logging.getLogger(name).setLevel(logging.WARNING)
     args.target = args.target or DEFAULT_TARGET
+    split = choose_split(args.server_cpus, args.client_cpus, default_pinned=False)
     print(f"edgespec demo: loading target {args.target} ...", file=sys.stderr, flush=True)
-    server = start_server(ServerConfig(model=args.target, http_port=None, moa_server_parts=moa_server_parts(args)))
+    if split.pinned:
+        print(f"edgespec demo: {split.describe()}", file=sys.stderr)
     relay = None
-    address = server.address
-    try:
-        if args.profile != "none":
-            from .profile import load_profile
-            from .relay_thread import RelayThread
-
-            relay = RelayThread(load_profile(args.profile), upstream=("127.0.0.1", server.port), seed=0).start()
-            address = relay.target
-            print(f"edgespec demo: client -> relay ({args.profile}) -> server at {server.address}", file=sys.stderr)
-        else:
-            print(f"edgespec demo: client -> server at {server.address} directly (--profile none)", file=sys.stderr)
-        client = client_from_args(args, address)
+    with _serving(args, split) as server_address, pinned(split.client):
+        address = server_address
         try:
-            ids = client.encode_chat([{"role": "user", "content": args.prompt}])
-            config = GenerationConfig(max_new_tokens=args.max_tokens, resume_policy=ResumePolicy[args.policy.upper()],
-                                      offline_wait_s=args.offline_wait)
-            print(f"edgespec demo: drafter {client.drafter.name}; prompt: {args.prompt}\n", file=sys.stderr)
-            printer = TerminalPrinter(client.decode, sys.stdout, sys.stderr, use_color(args.color, sys.stdout))
-            result = printer.run(client.stream(ids, config))
-            print(result.metrics.summary(), file=sys.stderr)
+            if args.profile != "none":
+                from .cli import host_port
+                from .profile import load_profile
+                from .relay_thread import RelayThread
+
+                relay = RelayThread(load_profile(args.profile), upstream=host_port(server_address), seed=0).start()
+                address = relay.target
+                print(f"edgespec demo: client -> relay ({args.profile}) -> server at {server_address}", file=sys.stderr)
+            else:
+                print(f"edgespec demo: client -> server at {server_address} directly (--profile none)",
+                      file=sys.stderr)
+            _generate(args, address)
         finally:
-            client.close()
-    finally:
-        if relay is not None:
-            relay.stop()
-        server.stop(grace=1.0)
+            if relay is not None:
+                relay.stop()
     return 0
+
+
+@contextlib.contextmanager
+def _serving(args, split) -> Iterator[str]:
+    """The server's gRPC address while the block runs: in this process, or (pinned) a child process on
+    the server's cores."""
+    if not split.pinned:
+        from ..server.app import ServerConfig, start_server
+
+        server = start_server(ServerConfig(model=args.target, http_port=None, moa_server_parts=moa_server_parts(args)))
+        try:
+            yield server.address
+        finally:
+            server.stop(grace=1.0)
+        return
+    from .bench.server_process import ServerProcess
+
+    parts = [a for name, path in moa_server_parts(args).items()
+             for a in ("--moa-server-part", name if name == path else f"{name}={path}")]
+    with ServerProcess(args.target, parts, threads=len(split.server), cpus=split.server) as server:
+        yield server.grpc_address
+
+
+def _generate(args, address: str) -> None:
+    """One prompt through the client, printed as it comes."""
+    from ..client.cli import client_from_args
+    from ..client.commit import ResumePolicy
+    from ..client.generation import GenerationConfig
+    from ..client.render import TerminalPrinter, use_color
+
+    client = client_from_args(args, address)
+    try:
+        ids = client.encode_chat([{"role": "user", "content": args.prompt}])
+        config = GenerationConfig(max_new_tokens=args.max_tokens, resume_policy=ResumePolicy[args.policy.upper()],
+                                  offline_wait_s=args.offline_wait)
+        print(f"edgespec demo: drafter {client.drafter.name}; prompt: {args.prompt}\n", file=sys.stderr)
+        printer = TerminalPrinter(client.decode, sys.stdout, sys.stderr, use_color(args.color, sys.stdout))
+        result = printer.run(client.stream(ids, config))
+        print(result.metrics.summary(), file=sys.stderr)
+    finally:
+        client.close()
 
 
 def moa_server_parts(args) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The experiments of `edgespec bench`: speed, link, disconnect, codec.
+"""The experiments of `edgespec bench`: speed, link, disconnect, codec, specbench (specbench.py).
 
 Each one starts its own server process (and relays), runs a prompt set, and
 appends one JSON line per generation to OUT/<experiment>.jsonl. Baselines are
@@ -6,6 +6,10 @@ measured in the same run on the same prompts:
 - plain API: the server generates alone (its OpenAI-compatible streaming
   endpoint, KV cache, no drafting) over the same link;
 - local only: the small model alone on the client, no server.
+
+The server and the client run on disjoint cores, as two machines would (``cpus.py``): by default,
+on a machine of 2 cores or more, the server on the upper half and the client (with the relays) on
+the lower half; every record's environment says where each ran.
 """
 from __future__ import annotations
 
@@ -17,12 +21,13 @@ from typing import Callable
 from tqdm import tqdm
 
 from ...shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
+from edgespec.netem.cpus import CpuSplit, choose_split, pinned
 from .loopback import relayed
 from .prompt_sets import Prompt, load_prompts
 from .records import JsonLines, environment
 from .server_process import ServerProcess
 
-EXPERIMENTS = ("speed", "link", "disconnect", "codec")
+EXPERIMENTS = ("speed", "link", "disconnect", "codec", "specbench")
 
 
 @dataclass
@@ -42,7 +47,14 @@ class BenchConfig:
     # `disconnect`: generation ends after the answer's first code block, for every system alike (the
     # instruct models add prose after it that HumanEval never reads; it would only cost time)
     humaneval_stop: tuple[str, ...] = ("\n```\n",)
-    server_threads: int | None = None  # torch threads of the server process
+    server_threads: int | None = None  # torch threads of the server process (None: one per server core
+    # when pinned, else torch's default)
+    server_cpus: str | None = None  # the server's cores as a CPU list ("1", "2-3"); None: see pin
+    client_cpus: str | None = None  # the client's (and the relays') cores; None: see pin
+    pin: bool = True  # with neither list given: server on the upper half of the cores, client on the
+    # lower half (on >= 2 cores); False: both share every core
+    questions: str = ""  # `specbench`: a question file in Spec-Bench's format ("": the shipped 480 questions)
+    per_category: int | None = None  # `specbench`: the first N questions of each category (None: all)
     server_args: tuple[str, ...] = ()  # extra `edgespec server` flags
     seed: int = 0  # relay randomness
     progress: bool = True  # a progress bar
@@ -54,24 +66,44 @@ def run(config: BenchConfig) -> Path:
     if config.experiment not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {config.experiment!r}; choose one of {', '.join(EXPERIMENTS)}")
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
-    sink = JsonLines(config.out / f"{config.experiment}.jsonl", environment(settings))
-    if config.experiment == "codec":
+    if config.experiment == "codec":  # no server, no client: nothing to pin
+        sink = JsonLines(config.out / f"{config.experiment}.jsonl", environment(settings))
         _codec(config, sink)
         return sink.path
+    split = choose_split(config.server_cpus, config.client_cpus, config.pin)
+    sink = JsonLines(config.out / f"{config.experiment}.jsonl", environment(settings, split.to_dict()))
+    print(f"cpus: {split.describe()}", flush=True)
+    with pinned(split.client):
+        _serve_and_run(config, split, sink)
+    if config.experiment == "specbench":
+        from .records import read_jsonl
+        from .specbench import write_answer_files
+
+        write_answer_files(config.out, read_jsonl(sink.path))
+    return sink.path
+
+
+def _serve_and_run(config: BenchConfig, split: CpuSplit, sink: JsonLines) -> None:
+    """Start the server (on its cores) and run the experiment's generations against it."""
     if sink.path.exists():
         # A run that stopped half way goes on where it stopped (`--fresh` starts over).
         from .records import read_jsonl
 
         sink.done = {_key(r) for r in read_jsonl(sink.path)}
-    sets = ("humaneval",) if config.experiment == "disconnect" else config.prompt_sets
+    sets = {"disconnect": ("humaneval",), "specbench": ()}.get(config.experiment, config.prompt_sets)
     prompts = [p for name in sets for p in load_prompts(name, config.set_limits.get(name, config.limit))]
     log = config.out / f"{config.experiment}-server.log"
     # MoA drafters (shipped names such as moa-tli0) need their server part on the server
     moa_parts = [a for d in config.drafters if d.startswith("moa") for a in ("--moa-server-part", d)]
-    with ServerProcess(config.model, [*config.server_args, *moa_parts], config.server_threads,
-                       log_path=log) as server:
+    threads = config.server_threads or (len(split.server) if split.server else None)
+    with ServerProcess(config.model, [*config.server_args, *moa_parts], threads, log_path=log,
+                       cpus=split.server) as server:
+        if config.experiment == "specbench":
+            from .specbench import run_specbench
+
+            run_specbench(config, server, sink)
+            return
         {"speed": _speed, "link": _link, "disconnect": _disconnect}[config.experiment](config, server, prompts, sink)
-    return sink.path
 
 
 # ---------------------------------------------------------------- runners

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Iterable
 
 
-def environment(settings: dict) -> dict:
-    """Where and how a run happened: commit, machine, library versions, settings."""
+def environment(settings: dict, cpus: dict | None = None) -> dict:
+    """Where and how a run happened: commit, machine, library versions, settings, and the cores the server
+    and the client ran on (``CpuSplit.to_dict()``; None: the run had no server and client)."""
     import torch
     import transformers
 
@@ -26,7 +27,8 @@ def environment(settings: dict) -> dict:
     return {"commit": commit + ("+dirty" if dirty else ""), "machine": {
         "cpu": cpu_name(), "cores": os.cpu_count(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "settings": settings}
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "settings": settings,
+        **({"cpus": cpus} if cpus is not None else {})}
 
 
 class JsonLines:

@@ -6,6 +6,7 @@ acceptance length is total committed tokens over total verifications.
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -91,8 +92,15 @@ def codec_section(rows: list[dict]) -> str:
     return markdown([Row(**{k: r[k] for k in fields}) for r in rows])
 
 
+def specbench_section(rows: list[dict]) -> str:
+    from .specbench import specbench_section as section
+
+    return section(rows)
+
+
 SECTIONS = {"speed": ("Speed on an ideal link", speed_section), "link": ("Under emulated networks", link_section),
-            "disconnect": ("Disconnection success", disconnect_section), "codec": ("Activation codec", codec_section)}
+            "disconnect": ("Disconnection success", disconnect_section), "codec": ("Activation codec", codec_section),
+            "specbench": ("Spec-Bench", specbench_section)}
 
 
 def _commits(rows: list[dict]) -> str:
@@ -114,6 +122,29 @@ def _stop_note(experiment: str, settings: dict) -> str:
     return f"; every answer (the target's own too) ends at its first {shown} (the end of its first code block)"
 
 
+def _cpus_note(rows: list[dict]) -> str:
+    """Where the server and the client ran (runs from before pinning recorded nothing)."""
+    splits = list(dict.fromkeys(json.dumps(r["env"].get("cpus"), sort_keys=True) for r in rows))
+    notes = []
+    for text in splits:
+        cpus = json.loads(text)
+        if cpus is None:
+            continue
+        notes.append(f"server on CPU {cpus['server']}, client on CPU {cpus['client']}" if cpus.get("pinned")
+                     else "server and client sharing every core")
+    return "; " + " / ".join(notes) if notes else ""
+
+
+def _prompts_note(name: str, settings: dict, rows: list[dict]) -> str:
+    if name == "specbench":
+        from .specbench import prompts_note
+
+        return prompts_note(settings, rows)
+    limits = settings.get("set_limits") or {}
+    sets = ('humaneval',) if name == 'disconnect' else settings['prompt_sets']
+    return "prompts: " + ", ".join(f"{limits.get(x, settings['limit'])} {x}" for x in sets)
+
+
 def write_report(out: Path) -> Path:
     """Read every <experiment>.jsonl in `out`, write out/report.md and the plots."""
     data = {name: read_jsonl(out / f"{name}.jsonl") for name in SECTIONS if (out / f"{name}.jsonl").exists()}
@@ -124,15 +155,17 @@ def write_report(out: Path) -> Path:
         title, section = SECTIONS[name]
         env = rows[0]["env"]
         s = env["settings"]
-        limits = s.get("set_limits") or {}
-        sets = ('humaneval',) if name == 'disconnect' else s['prompt_sets']
-        counts = ", ".join(f"{limits.get(x, s['limit'])} {x}" for x in sets)
         commands = sorted({r["env"]["settings"].get("command") or "" for r in rows} - {""})
         parts += [f"## {title}", ""] + [f"`{c}`" for c in commands] + ([""] if commands else []) + [
                   f"{_commits(rows)}, {env['machine']['cpu']} ({env['machine']['cores']} cores"
-                  f"{', GPU ' + env['machine']['gpu'] if env['machine']['gpu'] else ', no GPU'}), {_times(rows)}; "
-                  f"target `{s['model']}`, small model `{s['drafter_model']}`, prompts: {counts}, "
+                  f"{', GPU ' + env['machine']['gpu'] if env['machine']['gpu'] else ', no GPU'}){_cpus_note(rows)}, "
+                  f"{_times(rows)}; target `{s['model']}`, small model `{s['drafter_model']}`, "
+                  f"{_prompts_note(name, s, rows)}, "
                   f"max {s['max_new_tokens']} new tokens" + _stop_note(name, s) + ".", "", section(rows), ""]
+    if "specbench" in data:  # its answer files, from the same records (`report` makes them again)
+        from .specbench import write_answer_files
+
+        write_answer_files(out, data["specbench"])
     plots = draw_plots(out, data)
     if plots:
         parts += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
@@ -141,17 +174,23 @@ def write_report(out: Path) -> Path:
     return path
 
 
-BEGIN, END = "<!-- edgespec-bench:begin -->", "<!-- edgespec-bench:end -->"
+def markers(name: str = "edgespec-bench") -> tuple[str, str]:
+    """The README's begin and end lines of a section named `name` (the Spec-Bench table has its own)."""
+    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
 
 
-def splice_readme(report: Path, readme: Path) -> Path:
-    """Put a report's sections into ``readme`` between the BEGIN and END marker lines (headings one
+BEGIN, END = markers()
+
+
+def splice_readme(report: Path, readme: Path, marker: str = "edgespec-bench") -> Path:
+    """Put a report's sections into ``readme`` between the begin and end lines of `marker` (headings one
     level down, plots linked relative to the README), so the README's figures come from a run."""
+    begin, end = markers(marker)
     lines = readme.read_text(encoding="utf-8").splitlines(keepends=True)
     # The markers are whole lines: the same words quoted inside a sentence (the CLI table) are not markers.
-    marks = {m: [i for i, line in enumerate(lines) if line.strip() == m] for m in (BEGIN, END)}
-    if len(marks[BEGIN]) != 1 or len(marks[END]) != 1 or marks[BEGIN][0] > marks[END][0]:
-        raise ValueError(f"{readme} needs exactly one line '{BEGIN}' and, after it, one line '{END}' "
+    marks = {m: [i for i, line in enumerate(lines) if line.strip() == m] for m in (begin, end)}
+    if len(marks[begin]) != 1 or len(marks[end]) != 1 or marks[begin][0] > marks[end][0]:
+        raise ValueError(f"{readme} needs exactly one line '{begin}' and, after it, one line '{end}' "
                          f"to put the report between")
     body = []
     for line in report.read_text(encoding="utf-8").splitlines():
@@ -164,6 +203,6 @@ def splice_readme(report: Path, readme: Path) -> Path:
             target = Path(os.path.relpath(report.parent / name, readme.parent))
             line = f"![{name}]({target.as_posix()})"
         body.append(line)
-    head, tail = lines[: marks[BEGIN][0] + 1], lines[marks[END][0]:]
+    head, tail = lines[: marks[begin][0] + 1], lines[marks[end][0]:]
     readme.write_text("".join(head) + "\n".join(body).strip() + "\n" + "".join(tail), encoding="utf-8")
     return readme

@@ -2,7 +2,8 @@
 
 An experiment never reuses a server a person left running: it starts
 `edgespec server` as a child process, waits for its "listening" line, and
-stops it (SIGTERM, then SIGKILL) when done.
+stops it (SIGTERM, then SIGKILL) when done. Given cores, the child runs on
+them from its start (it inherits them, ``cpus.spawning_on``).
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgespec.netem.cpus import spawning_on
+
 _LISTENING = re.compile(r"edgespec server listening grpc=(\S+) http=(\S+)")
 
 
@@ -28,6 +31,7 @@ class ServerProcess:
     threads: int | None = None  # torch threads of the server (None: torch's default)
     startup_timeout_s: float = 600.0  # loading a 1.5B model on a busy CPU takes a while
     log_path: Path | None = None  # where the server's output goes (None: discarded after start)
+    cpus: frozenset[int] | None = None  # the cores it runs on (None: wherever the OS puts it)
 
     def __post_init__(self) -> None:
         self.proc: subprocess.Popen | None = None
@@ -40,7 +44,8 @@ class ServerProcess:
             env["OMP_NUM_THREADS"] = str(self.threads)
         cmd = [sys.executable, "-m", "edgespec.shared.cli", "server", "--model", self.model,
                "--host", "127.0.0.1", "--port", "0", "--http-port", "0", *self.extra_args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        with spawning_on(self.cpus):
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         deadline = time.monotonic() + self.startup_timeout_s
         lines: list[str] = []
         assert self.proc.stdout is not None
