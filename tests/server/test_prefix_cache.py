@@ -32,11 +32,12 @@ from edgespec.shared.verification import SamplingConfig
 from edgespec.shared.wire import LSA
 
 CONTEXT = 1024
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-@pytest.fixture(scope="module")
-def target(tiny_model_dir) -> TargetModel:
-    return TargetModel(load_model(str(tiny_model_dir), device="cpu", dtype="float32"))
+@pytest.fixture(scope="module", params=DEVICES)
+def target(request, tiny_model_dir) -> TargetModel:
+    return TargetModel(load_model(str(tiny_model_dir), device=request.param, dtype="float32"))
 
 
 def make_engine(kind: str, target: TargetModel):
@@ -76,7 +77,7 @@ def guess_chain(truth: list[int], rng: random.Random) -> DraftTree:
 def converse(s: VerifierSession, prompt: list[int], n: int, greedy, seed: int = 0) -> list[int]:
     """Open, then verify chains that follow the target's greedy text, until n tokens after the prompt."""
     rng = random.Random(seed)
-    s.open(prompt)
+    s.open_cached = s.open(prompt).cached_tokens
     while len(s.committed) < len(prompt) + n:
         s.verify(s.steps, len(s.committed), guess_chain(greedy(s.committed, 4), rng))
     return s.committed[len(prompt):len(prompt) + n]
@@ -92,7 +93,7 @@ def test_turn_two_restores_turn_one_and_stays_the_targets_greedy_output(target, 
 
     hit = session(target, scheduler, cache)
     out = converse(hit, turn_two, 16, greedy, seed=5)
-    assert hit.settings and cache.stats.hits == len(first.committed) - 1
+    assert hit.open_cached == len(first.committed) - 1
     miss = session(target, scheduler, None)
     assert converse(miss, turn_two, 16, greedy, seed=5) == out
     assert out == greedy(turn_two, 16)
