@@ -116,9 +116,12 @@ class VerifierSession:
         self._check_room(len(prompt_ids) + depth + 1)  # before the per-id check: a huge prompt is refused at once
         self._check_ids(prompt_ids, "Open.prompt_ids")
         prompt = list(prompt_ids)
+        t0 = time.perf_counter_ns()
         cached = self._restore_prefix(prompt, len(prompt) - 1)  # the last prompt token is fed: it picks the first
+        restore_ns = time.perf_counter_ns() - t0
         result = self._run(self._open_job, prompt, tree if tree else None, cached)
         result.cached_tokens = cached
+        result.timings.total_ns += restore_ns
         return result
 
     def _open_job(self, prompt: list[int], tree: DraftTree | None, cached: int = 0) -> _ModelStep:
