@@ -183,9 +183,8 @@ def summary(turns: list[Turn], systems: list[str]) -> str:
     return markdown_table(header, rows) + "\n\n" + "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m edgespec.netem.bench.multi_turn", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """This benchmark's options (``edgespec bench``'s micro-benchmark interface: add_arguments, run)."""
     p.add_argument("--model", default=DEFAULT_MODEL, help="target (registry name or directory)")
     p.add_argument("--drafter-model", default=DEFAULT_DRAFTER_MODEL, help="small model of the independent drafter")
     p.add_argument("--systems", default="plain,ngram", help="comma-separated: plain and/or drafter names")
@@ -202,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-threads", type=int, default=None, help="torch threads of the server (default: torch's)")
     p.add_argument("--seed", type=int, default=0, help="the relay's seed")
     p.add_argument("--out", type=Path, default=None, help="append one JSON line per turn here")
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     questions = mt_bench_questions(args.questions_file, args.questions)
     turns: list[Turn] = []
@@ -219,6 +220,13 @@ def main(argv: list[str] | None = None) -> int:
           f"(Spec-Bench), {args.profile} link\n")
     print(summary(turns, systems))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m edgespec.netem.bench.multi_turn", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return run(p.parse_args(argv))
 
 
 if __name__ == "__main__":
