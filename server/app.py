@@ -35,6 +35,8 @@ class ServerConfig:
     max_sessions: int = 64  # sessions held at once; Open past it gets RESOURCE_EXHAUSTED
     session_ttl_s: float = 600.0  # idle seconds before a session is dropped
     max_kv_bytes: int = 8 << 30  # KV memory of all sessions; least recently used go first past it
+    prefix_cache_bytes: int = 2 << 30  # KV of closed sessions and finished plain-API requests kept so that a prompt
+    # starting with the same tokens (a chat's next turn) prefills only the rest; LRU past it; 0 = no prefix cache
     engine: str = "auto"  # "batched" (KV pool, one forward for all sessions), "generic" (DynamicCache per
     # session), "auto" (batched on an accelerator for full-attention architectures, else generic)
     max_tree_nodes: int = 255  # most nodes per draft tree
@@ -139,7 +141,7 @@ def start_server(config: ServerConfig) -> ServerHandle:
 
 def _limits(config: ServerConfig, context: int, engine) -> CoreLimits:
     return CoreLimits(max_tree_nodes=min(config.max_tree_nodes, 255), max_context_tokens=context,
-                      max_message_bytes=config.max_message_bytes,
+                      max_message_bytes=config.max_message_bytes, prefix_cache_bytes=config.prefix_cache_bytes,
                       store=StoreLimits(config.max_sessions, config.session_ttl_s,
                                         engine.session_kv_bytes(config.max_kv_bytes)))
 

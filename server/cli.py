@@ -39,6 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-sessions", type=int, default=64, help="sessions held at once")
     p.add_argument("--session-ttl", type=float, default=600.0, help="idle seconds before a session is dropped")
     p.add_argument("--max-kv-gb", type=float, default=8.0, help="KV memory of all sessions, GiB (LRU past it)")
+    p.add_argument("--prefix-cache-gb", type=float, default=2.0,
+                   help="KV of finished sessions and plain-API requests kept for prompts that start the same way "
+                        "(a chat's next turn prefills only its new tokens), GiB, LRU past it; 0 = off (vLLM's "
+                        "automatic prefix caching)")
     p.add_argument("--engine", choices=["auto", "batched", "generic"], default="auto",
                    help="batched: KV pool, one forward for all sessions; generic: a DynamicCache per session; "
                         "auto: batched on a GPU for full-attention models, else generic")
@@ -92,13 +96,16 @@ def server_config(args: argparse.Namespace):
 
     if args.first_message_timeout <= 0:
         raise SystemExit("--first-message-timeout must be above 0 seconds (a stream needs time to send Open)")
+    if args.prefix_cache_gb < 0:
+        raise SystemExit(f"--prefix-cache-gb must be 0 (off) or more, got {args.prefix_cache_gb:g}")
     if bool(args.tls_cert) != bool(args.tls_key):
         raise SystemExit("--tls-cert and --tls-key go together (--ssl-certfile and --ssl-keyfile)")
     return ServerConfig(
         model=model_of(args), served_model_name=args.served_model_name, host=args.host, port=args.port,
         http_port=None if args.http_port < 0 else args.http_port, device=args.device, dtype=args.dtype,
         trust_remote_code=args.trust_remote_code, max_sessions=args.max_sessions, session_ttl_s=args.session_ttl,
-        max_kv_bytes=int(args.max_kv_gb * (1 << 30)), max_context_tokens=args.max_context, engine=args.engine,
+        max_kv_bytes=int(args.max_kv_gb * (1 << 30)), prefix_cache_bytes=int(args.prefix_cache_gb * (1 << 30)),
+        max_context_tokens=args.max_context, engine=args.engine,
         tls_cert=args.tls_cert, tls_key=args.tls_key, api_key=args.api_key,
         moa_server_parts=_parts(args.moa_server_part), random_moa_parts=tuple(args.random_moa_part),
         metrics_need_key=args.metrics_need_key, max_body_bytes=int(args.max_body_mb * (1 << 20)),

@@ -1,7 +1,7 @@
 """VerifierCore: what the gRPC service does, without protobuf.
 
-It owns the target, the model scheduler, the session store, the loaded MoA
-server parts and the metrics; the servicer only converts messages.
+It owns the target, the model scheduler, the session store, the prefix cache,
+the loaded MoA server parts and the metrics; the servicer only converts messages.
 """
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from .errors import (DrainingError, InvalidRequestError, SessionBusyError, Sessi
                      StaleStateError, printable)
 from .metrics import ServerMetrics
 from .engine import Engine, GenericEngine
+from .prefix_cache import PrefixCache
+from .prefix_kv import unsupported as prefix_cache_unsupported
 from .scheduler import ModelScheduler
 from .session import ResumePolicy, SessionSettings, StepResult, VerifierSession
 from .sessions import SessionStore, StoreLimits
@@ -31,6 +33,7 @@ class CoreLimits:
     max_context_tokens: int = 32768  # prompt + generation of one session
     max_message_bytes: int = 64 << 20  # largest gRPC message either way
     store: StoreLimits = field(default_factory=StoreLimits)  # session cap, TTL, KV memory cap
+    prefix_cache_bytes: int = 0  # KV memory of finished sessions' prefixes kept for later prompts; 0 = no cache
 
 
 class VerifierCore:
@@ -41,7 +44,8 @@ class VerifierCore:
         self.lsa_parts = dict(lsa_parts or {})
         self.scheduler = ModelScheduler(engine or GenericEngine(target))  # every forward, batched
         self.metrics = ServerMetrics(target.name)
-        self.store = SessionStore(limits.store, on_drop=self._dropped)
+        self.prefix_cache = self._prefix_cache(limits.prefix_cache_bytes)  # None: off
+        self.store = SessionStore(limits.store, on_drop=self._dropped, on_release=self._keep_prefix)
         self.metrics.watch(self)  # gauges read the store and the scheduler when scraped
         self.draining = threading.Event()
         self._closed = threading.Event()
@@ -56,14 +60,16 @@ class VerifierCore:
         # Validate first, then swap: the session is built (checked and prefilled) outside the store, so a
         # refused Open never touches a live session of the same id; only a good one replaces it.
         self.store.check_room(settings.session_id)
-        session = VerifierSession(settings, self.target, self.scheduler, self.limits.max_context_tokens)
+        session = VerifierSession(settings, self.target, self.scheduler, self.limits.max_context_tokens,
+                                  self.prefix_cache)
         result = session.open(prompt_ids, tree)
         self.store.add(session)
         self.store.touch(session)
         self.metrics.opened(settings.session_id, len(tree) if tree else 0, result)
         # Ids and names come from the peer: printed escaped, so none can forge or flood a log line.
-        log.info("session %s opened: %d prompt tokens, drafter=%s, features=%s, sampling=%s",
-                 printable(settings.session_id), len(prompt_ids), printable(settings.drafter, 64) or "?",
+        log.info("session %s opened: %d prompt tokens (%d from the prefix cache), drafter=%s, features=%s, "
+                 "sampling=%s", printable(settings.session_id), len(prompt_ids), result.cached_tokens,
+                 printable(settings.drafter, 64) or "?",
                  settings.features.kind.name, settings.sampling)
         return result
 
@@ -105,7 +111,9 @@ class VerifierCore:
         return result
 
     def close(self, session_id: str) -> None:
-        self.store.remove(session_id)
+        session = self.store.pop(session_id)
+        if session is not None:
+            self._keep_prefix(session)
         self.metrics.closed(session_id)
         log.info("session %s closed", printable(session_id))
 
@@ -127,7 +135,8 @@ class VerifierCore:
             raise InvalidRequestError(f"session {session_id!r} is not held here, so Resume must carry reopen "
                                       f"(the Open settings) to rebuild it")
         self.store.check_room(session_id)
-        session = VerifierSession(settings, self.target, self.scheduler, self.limits.max_context_tokens)
+        session = VerifierSession(settings, self.target, self.scheduler, self.limits.max_context_tokens,
+                                  self.prefix_cache)
         session.rebuild(committed_ids, confirmed_hash)
         result = session.resume(confirmed_len, confirmed_hash, provisional, policy)
         self.store.add(session)
@@ -146,6 +155,31 @@ class VerifierCore:
         if self.draining.is_set():
             raise DrainingError("the server is shutting down and takes no new sessions; connect to another replica "
                                 "or retry after it restarts (Resume rebuilds the session)")
+
+    def _prefix_cache(self, budget: int) -> PrefixCache | None:
+        """The prefix cache, or None (logged why) when it is off or this engine's KV cannot be copied."""
+        if budget <= 0:
+            log.info("prefix cache: off")
+            return None
+        probe = self.scheduler.new_kv()
+        why_not = prefix_cache_unsupported(probe)
+        probe.close()
+        if why_not:
+            log.info("prefix cache: off (%s)", why_not)
+            return None
+        log.info("prefix cache: up to %.2f GiB of KV", budget / 2**30)
+        return PrefixCache(budget, on_lookup=self._prefix_looked_up)
+
+    def _prefix_looked_up(self, queried: int, hit: int) -> None:
+        self.metrics.prefix_cache_queries.inc(queried)
+        self.metrics.prefix_cache_hits.inc(hit)
+
+    def _keep_prefix(self, session: VerifierSession) -> None:
+        """A session closed or dropped: its committed KV goes to the prefix cache (a failure only loses that)."""
+        try:
+            session.keep_prefix()
+        except Exception:  # noqa: BLE001 - the close itself must not fail for the cache
+            log.exception("session %s: keeping its prefix failed", printable(session.id))
 
     def _dropped(self, session_id: str, why: str) -> None:
         self.metrics.dropped(session_id, why)

@@ -4,10 +4,13 @@ This is the baseline the experiments compare speculative decoding against, so
 it is an ordinary efficient decoder: one prefill (LM head on the last row
 only), then one forward of one token per step on a KV cache. Each forward goes
 through the shared ``ModelScheduler``, so API requests ride in the same batches
-as verification sessions, on the same engine.
+as verification sessions, on the same engine. With a ``PrefixCache`` the prefill
+starts after the longest cached prefix of the prompt, and the generation's KV
+(prompt and output) is kept there when it ends, for the conversation's next turn.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -15,8 +18,11 @@ import torch
 
 from edgespec.shared.verification import SamplingConfig, next_token
 
+from .prefix_cache import PrefixCache
 from .scheduler import ModelScheduler
 from .target import TargetModel
+
+log = logging.getLogger("edgespec.server")
 
 
 @dataclass(frozen=True)
@@ -32,9 +38,11 @@ class GenerationRequest:
 class DecodedToken:
     id: int  # the token generated
     logits: torch.Tensor  # [V] float32: the target's raw logits it was drawn from (for logprobs)
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (the same on every token)
 
 
-def generate(target: TargetModel, scheduler: ModelScheduler, request: GenerationRequest) -> Iterator[DecodedToken]:
+def generate(target: TargetModel, scheduler: ModelScheduler, request: GenerationRequest,
+             prefix_cache: PrefixCache | None = None) -> Iterator[DecodedToken]:
     """Yield generated tokens one by one."""
     generator = torch.Generator()
     if request.seed is None:
@@ -42,16 +50,30 @@ def generate(target: TargetModel, scheduler: ModelScheduler, request: Generation
     else:
         generator.manual_seed(request.seed)
     kv = scheduler.new_kv()  # a pool slot on the batched engine: given back when the generation ends
-    ids: Sequence[int] = request.prompt_ids
+    prompt = list(request.prompt_ids)
+    held: list[int] = []  # the ids whose KV kv holds
     try:
+        if prefix_cache is not None and request.max_new_tokens > 0:
+            kv.reserve()
+            held = prompt[:prefix_cache.restore(kv, prompt, len(prompt) - 1)]  # the last prompt token is fed:
+            # its logits pick the first token
+        cached = len(held)
+        ids: Sequence[int] = prompt[cached:]
         for _ in range(request.max_new_tokens):
             token, logits = scheduler.run_job(_step(scheduler, kv, ids, request.sampling, generator), kv)
-            yield DecodedToken(token, logits)
+            held += ids
+            yield DecodedToken(token, logits, cached)
             if request.stop_at_eos and token in target.eos_ids:
                 return
             ids = [token]
     finally:
-        kv.close()
+        try:  # ended, stopped or left by its caller: the KV goes to the prefix cache (not after a failed step)
+            if prefix_cache is not None and held and len(kv) == len(held):
+                prefix_cache.store(kv, held)
+        except Exception:  # noqa: BLE001 - the generation's tokens are out; only the cache entry is lost
+            log.exception("keeping a plain-API generation's prefix failed")
+        finally:
+            kv.close()
 
 
 def _step(scheduler: ModelScheduler, kv, ids: Sequence[int], sampling: SamplingConfig, generator: torch.Generator):

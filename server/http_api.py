@@ -78,14 +78,18 @@ class PlainRun:
         s = job.sampling
         request = GenerationRequest(job.prompt_ids, job.max_new_tokens, SamplingConfig(s.temperature, s.top_p, s.top_k),
                                     job.seed)
-        self._decoding = generate(core.target, core.scheduler, request)
+        self._decoding = generate(core.target, core.scheduler, request, core.prefix_cache)
         self._tokens = core.metrics.api_generation(self._decoding)
         self.finish_reason = "length"
+        # usage.prompt_tokens_details.cached_tokens, known with the first token; None: no prefix cache
+        self.cached_tokens: int | None = None if core.prefix_cache is None else 0
 
     def __iter__(self) -> Iterator[GeneratedToken]:
         eos = self.core.target.eos_ids
         for step in self._tokens:
             self.core.metrics.api_tokens.inc()
+            if self.cached_tokens is not None:
+                self.cached_tokens = step.cached_tokens
             if step.id in eos:
                 self.finish_reason = "stop"
             yield self._token(step)

@@ -61,6 +61,10 @@ class ServerMetrics(VllmMetrics):
                                      buckets=STEP_BUCKETS, registry=r)
         self.kv_usage = Gauge(PREFIX + "kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
                               registry=r)
+        self.prefix_cache_queries = Counter(PREFIX + "prefix_cache_queries",
+                                            "Prefix cache queries, in terms of number of queried tokens.", registry=r)
+        self.prefix_cache_hits = Counter(PREFIX + "prefix_cache_hits",
+                                         "Prefix cache hits, in terms of number of cached tokens.", registry=r)
         self._api_running = 0  # plain-API generations under way
         self._opened_at: dict[str, float] = {}  # session id -> when its Open arrived (for e2e latency)
         self._mutex = threading.Lock()

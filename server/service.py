@@ -174,7 +174,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             return pb.ServerMessage(opened=pb.Opened(
                 session_id=sid, first_token=result.next_token, committed_len=result.committed_len,
                 features=_features(result), timings=_timings(result), accepted=list(result.accepted),
-                logprobs=_logprobs(result)))
+                logprobs=_logprobs(result), cached_tokens=result.cached_tokens))
         if kind == "draft":
             d = message.draft
             sid = _session_id(d.session_id, meta_id)

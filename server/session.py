@@ -24,10 +24,11 @@ from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.logprobs import TokenLogprob, token_logprobs
 from edgespec.shared.tree import DraftTree
 from edgespec.shared.verification import SamplingConfig, VerifyOutcome, next_token, verify_tree
-from edgespec.shared.wire import ResumePolicy
+from edgespec.shared.wire import FeatureKind, ResumePolicy
 
 from .errors import InvalidRequestError, StaleStateError
 from .features import FeatureSpec, export_features
+from .prefix_cache import PrefixCache
 from .scheduler import ModelScheduler
 from .target import TargetModel
 
@@ -66,6 +67,7 @@ class StepResult:
     features: list[tuple[str, bytes]] = field(default_factory=list)  # (name, codec frame)
     timings: Timings = field(default_factory=Timings)
     logprobs: tuple[TokenLogprob, ...] = ()  # with SessionSettings.logprobs: one per token committed by this step
+    cached_tokens: int = 0  # Open: prompt tokens whose KV came from the prefix cache instead of a prefill
 
 
 @dataclass
@@ -85,7 +87,7 @@ class _ModelStep:
 
 class VerifierSession:
     def __init__(self, settings: SessionSettings, target: TargetModel, scheduler: ModelScheduler,
-                 max_context_tokens: int):
+                 max_context_tokens: int, prefix_cache: PrefixCache | None = None):
         self.settings = settings
         self.id = settings.session_id
         self.target = target
@@ -99,6 +101,10 @@ class VerifierSession:
         self.kv_bytes = 0
         self.steps = 0  # verifications done
         self._last_draft: tuple[int, int, StepResult] | None = None  # (step, committed_len, answer)
+        # Open and rebuild start from the longest cached prefix; close and drop give the KV back to it. Not
+        # for LAST_HIDDEN sessions: Open's features cover every prompt token, and a restored prefix has no
+        # hidden states.
+        self.prefix_cache = prefix_cache if settings.features.kind is not FeatureKind.LAST_HIDDEN else None
 
     # ---------------------------------------------------------------- open
     def open(self, prompt_ids: Sequence[int], tree: DraftTree | None = None) -> StepResult:
@@ -109,18 +115,27 @@ class VerifierSession:
         depth = max(tree.depths(), default=0) if tree else 0
         self._check_room(len(prompt_ids) + depth + 1)  # before the per-id check: a huge prompt is refused at once
         self._check_ids(prompt_ids, "Open.prompt_ids")
-        return self._run(self._open_job, list(prompt_ids), tree if tree else None)
+        prompt = list(prompt_ids)
+        t0 = time.perf_counter_ns()
+        cached = self._restore_prefix(prompt, len(prompt) - 1)  # the last prompt token is fed: it picks the first
+        restore_ns = time.perf_counter_ns() - t0
+        result = self._run(self._open_job, prompt, tree if tree else None, cached)
+        result.cached_tokens = cached
+        result.timings.total_ns += restore_ns
+        return result
 
-    def _open_job(self, prompt: list[int], tree: DraftTree | None) -> _ModelStep:
+    def _open_job(self, prompt: list[int], tree: DraftTree | None, cached: int = 0) -> _ModelStep:
+        # The KV holds prompt[:cached] (from the prefix cache); out.hidden covers the fed rows only, which is
+        # all of them for the one feature kind that reads hidden rows (LAST_HIDDEN never restores).
         if tree is None:
-            out = yield from self.scheduler.prefill(self.kv, prompt)
+            out = yield from self.scheduler.prefill(self.kv, prompt[cached:])
             t1 = time.perf_counter_ns()
             first = next_token(out.logits[-1], self.settings.sampling, self.generator)
             self.committed = prompt + [first]
             kv = self._kv_rows(0, len(prompt))
             return _ModelStep(first, (), 0, out.hidden, kv, out.forward_ns, time.perf_counter_ns() - t1, out.queue_ns,
                               self._logprobs(out.logits[-1:], [first]))
-        out = yield from self.scheduler.prefill_tree(self.kv, prompt, tree)
+        out = yield from self.scheduler.prefill_tree(self.kv, prompt[cached:], tree)
         t1 = time.perf_counter_ns()
         outcome = verify_tree(tree, out.logits, self.settings.sampling, self.generator)
         past = len(prompt) - 1
@@ -128,7 +143,8 @@ class VerifierSession:
         self.kv.keep_rows(past, rows)
         new = [tree.tokens[i] for i in outcome.accepted] + [outcome.next_token]
         self.committed = prompt + new
-        hidden = torch.cat([out.hidden[:past], out.hidden[[past + r for r in rows]]])
+        fed_past = past - cached  # rows of out.hidden before the last prompt token's
+        hidden = torch.cat([out.hidden[:fed_past], out.hidden[[fed_past + r for r in rows]]])
         kv = self._kv_rows(0, past + len(rows))
         return _ModelStep(outcome.next_token, outcome.accepted, 0, hidden, kv, out.forward_ns,
                           time.perf_counter_ns() - t1, out.queue_ns, self._logprobs(out.logits[rows], new))
@@ -179,13 +195,17 @@ class VerifierSession:
             raise InvalidRequestError("Resume.committed_hash is not the sha256 of Resume.committed_ids "
                                       "(uint32 little endian); the client's state is inconsistent")
 
+        self.kv.crop(0)
+        cached = self._restore_prefix(committed_ids, len(committed_ids) - 1)  # the KV holds all ids but the last
+
         def job():
-            self.kv.crop(0)
-            if len(committed_ids) > 1:
-                yield from self.scheduler.prefill(self.kv, list(committed_ids[:-1]))
+            yield from self.scheduler.prefill(self.kv, list(committed_ids[cached:-1]))
             self.committed = list(committed_ids)
 
-        self.scheduler.run_job(job(), self.kv)
+        if cached < len(committed_ids) - 1:
+            self.scheduler.run_job(job(), self.kv)
+        else:  # nothing to feed (and a job without a forward would stop the scheduler's worker: see its _next)
+            self.committed = list(committed_ids)
 
     def resume(self, confirmed_len: int, confirmed_hash: bytes, provisional: Sequence[int],
                policy: ResumePolicy) -> StepResult:
@@ -221,6 +241,26 @@ class VerifierSession:
         kv = self._kv_rows(past, past + len(rows))
         return _ModelStep(after, (), agreed, out.hidden[rows], kv, out.forward_ns, time.perf_counter_ns() - t1,
                           out.queue_ns, self._logprobs(out.logits[rows], kept + [after]))
+
+    # -------------------------------------------------------- prefix cache
+    def _restore_prefix(self, ids: Sequence[int], limit: int) -> int:
+        """Fill the empty KV with the longest cached prefix of ids[:limit]; how many ids it covers. On the
+        caller's thread: the copy touches this session's KV only (its pool slot, taken first)."""
+        if self.prefix_cache is None:
+            return 0
+        self.kv.reserve()
+        return self.prefix_cache.restore(self.kv, ids, limit)
+
+    def keep_prefix(self) -> bool:
+        """Give the committed KV to the prefix cache (the session is closing or dropped); False when there is
+        no cache, the session is busy with a stream, or nothing new was kept."""
+        if self.prefix_cache is None or not self.lock.acquire(blocking=False):
+            return False
+        try:
+            held = min(len(self.kv), len(self.committed) - 1)  # a failed step may have left rows past the committed
+            return held > 0 and self.prefix_cache.store(self.kv, self.committed[:held])
+        finally:
+            self.lock.release()
 
     # ------------------------------------------------------------- helpers
     def _run(self, job, *args) -> StepResult:

@@ -6,6 +6,8 @@
 - ``max_kv_bytes`` caps the KV memory of all sessions: least recently used
   sessions (not in use by a stream) go first. A dropped session is not lost to
   the client: Resume with the confirmed ids rebuilds it.
+- ``on_release`` gets every session dropped either way, outside the store's lock
+  (the server gives its KV to the prefix cache, which may copy it).
 """
 from __future__ import annotations
 
@@ -34,10 +36,13 @@ class StoreLimits:
 
 class SessionStore:
     def __init__(self, limits: StoreLimits, clock: Callable[[], float] = time.monotonic,
-                 on_drop: Callable[[str, str], None] | None = None):
+                 on_drop: Callable[[str, str], None] | None = None,
+                 on_release: Callable[[StoredSession], None] | None = None):
         self.limits = limits
         self._clock = clock
         self._on_drop = on_drop or (lambda session_id, why: None)  # (id, "expired" | "evicted")
+        self._on_release = on_release or (lambda session: None)  # each dropped session, after the lock
+        self._released: list[StoredSession] = []  # dropped under the lock, handed to on_release after it
         self._sessions: OrderedDict[str, StoredSession] = OrderedDict()  # least recently used first
         self._mutex = threading.Lock()
 
@@ -53,18 +58,24 @@ class SessionStore:
         """Hold a new session (replacing one of the same id); SessionCapError when the cap is hit.
 
         Nothing changes when it is refused: a live session of the same id stays."""
-        with self._mutex:
-            self._expire_locked()
-            self._check_room_locked(session.id)
-            self._sessions.pop(session.id, None)
-            session.last_used = self._clock()
-            self._sessions[session.id] = session
+        try:
+            with self._mutex:
+                self._expire_locked()
+                self._check_room_locked(session.id)
+                self._sessions.pop(session.id, None)
+                session.last_used = self._clock()
+                self._sessions[session.id] = session
+        finally:
+            self._release()
 
     def check_room(self, session_id: str) -> None:
         """SessionCapError now when adding this id would pass the cap (before the work of building it)."""
-        with self._mutex:
-            self._expire_locked()
-            self._check_room_locked(session_id)
+        try:
+            with self._mutex:
+                self._expire_locked()
+                self._check_room_locked(session_id)
+        finally:
+            self._release()
 
     def _check_room_locked(self, session_id: str) -> None:
         held = len(self._sessions) - (session_id in self._sessions)  # a replaced session makes room
@@ -75,16 +86,20 @@ class SessionStore:
 
     def get(self, session_id: str) -> StoredSession:
         """The session, marked as just used; SessionNotFoundError when absent."""
-        with self._mutex:
-            self._expire_locked()
-            session = self._sessions.get(session_id)
-            if session is None:
-                raise SessionNotFoundError(
-                    f"unknown session {session_id!r}: never opened here, closed, expired after "
-                    f"{self.limits.ttl_s:g} s idle, or evicted; send Resume with committed_ids and reopen to rebuild it")
-            session.last_used = self._clock()
-            self._sessions.move_to_end(session_id)
-            return session
+        try:
+            with self._mutex:
+                self._expire_locked()
+                session = self._sessions.get(session_id)
+                if session is None:
+                    raise SessionNotFoundError(
+                        f"unknown session {session_id!r}: never opened here, closed, expired after "
+                        f"{self.limits.ttl_s:g} s idle, or evicted; send Resume with committed_ids and reopen to "
+                        f"rebuild it")
+                session.last_used = self._clock()
+                self._sessions.move_to_end(session_id)
+                return session
+        finally:
+            self._release()
 
     def find(self, session_id: str) -> StoredSession | None:
         try:
@@ -93,21 +108,31 @@ class SessionStore:
             return None
 
     def remove(self, session_id: str) -> bool:
+        return self.pop(session_id) is not None
+
+    def pop(self, session_id: str) -> StoredSession | None:
+        """Take the session out of the store (a close); None when absent."""
         with self._mutex:
-            return self._sessions.pop(session_id, None) is not None
+            return self._sessions.pop(session_id, None)
 
     def touch(self, session: StoredSession) -> None:
         """Mark a session used now and enforce the memory cap (call after a step grew its KV)."""
-        with self._mutex:
-            session.last_used = self._clock()
-            if session.id in self._sessions:
-                self._sessions.move_to_end(session.id)
-            self._evict_locked(keep=session.id)
+        try:
+            with self._mutex:
+                session.last_used = self._clock()
+                if session.id in self._sessions:
+                    self._sessions.move_to_end(session.id)
+                self._evict_locked(keep=session.id)
+        finally:
+            self._release()
 
     def expire(self) -> int:
         """Drop idle sessions now; returns how many."""
-        with self._mutex:
-            return self._expire_locked()
+        try:
+            with self._mutex:
+                return self._expire_locked()
+        finally:
+            self._release()
 
     def total_kv_bytes(self) -> int:
         with self._mutex:
@@ -118,7 +143,7 @@ class SessionStore:
         stale = [sid for sid, s in self._sessions.items()
                  if now - s.last_used > self.limits.ttl_s and not s.lock.locked()]
         for sid in stale:
-            del self._sessions[sid]
+            self._released.append(self._sessions.pop(sid))
             self._on_drop(sid, "expired")
         return len(stale)
 
@@ -131,5 +156,14 @@ class SessionStore:
             if sid == keep or session.lock.locked():
                 continue
             total -= session.kv_bytes
-            del self._sessions[sid]
+            self._released.append(self._sessions.pop(sid))
             self._on_drop(sid, "evicted")
+
+    def _release(self) -> None:
+        """Hand the sessions dropped under the lock to on_release, outside it."""
+        if not self._released:
+            return
+        with self._mutex:
+            released, self._released = self._released, []
+        for session in released:
+            self._on_release(session)

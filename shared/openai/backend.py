@@ -37,6 +37,8 @@ class TokenRun(Protocol):
 
     finish_reason: str  # "stop" (EOS, stop string) or "length"; read once iteration ended
     extra: dict | None  # what the backend adds to the answer (edgespec's per-generation metrics), if anything
+    # A run may also have ``cached_tokens`` (read once iteration ended): prompt tokens whose KV came from a prefix
+    # cache, for usage.prompt_tokens_details (vLLM's); a run without it reports no details.
 
     def __iter__(self) -> Iterator[GeneratedToken]: ...
 

@@ -49,6 +49,7 @@ class ChoiceEnd:
     finish_reason: str  # "stop" or "length"
     completion_tokens: int
     extra: dict | None  # the backend's additions (edgespec's metrics on the client)
+    cached_tokens: int | None = None  # prompt tokens read from the backend's prefix cache (None: not reported)
 
 
 @dataclass
@@ -61,6 +62,7 @@ class Choice:
     finish_reason: str = "length"
     completion_tokens: int = 0
     extra: dict | None = None
+    cached_tokens: int | None = None
 
 
 def jobs(plan: Plan) -> list[GenerationJob]:
@@ -96,7 +98,8 @@ def choice_events(backend: Backend, job: GenerationJob, index: int,
     rest = text.finish()
     if rest or pending:
         yield TextPiece(index, rest, pending)
-    yield ChoiceEnd(index, "stop" if text.stopped else run.finish_reason, count, run.extra)
+    yield ChoiceEnd(index, "stop" if text.stopped else run.finish_reason, count, run.extra,
+                    getattr(run, "cached_tokens", None))
 
 
 def events(backend: Backend, plan: Plan, cancel: threading.Event) -> Iterator[TextPiece | ChoiceEnd]:
@@ -115,8 +118,8 @@ def whole(backend: Backend, plan: Plan, cancel: threading.Event) -> list[Choice]
             texts[event.index].append(event.text)
             choice.tokens.extend(event.tokens)
         else:
-            choice.finish_reason, choice.completion_tokens, choice.extra = (
-                event.finish_reason, event.completion_tokens, event.extra)
+            choice.finish_reason, choice.completion_tokens, choice.extra, choice.cached_tokens = (
+                event.finish_reason, event.completion_tokens, event.extra, event.cached_tokens)
     for choice, parts in zip(choices, texts):
         choice.text = "".join(parts)
     return choices

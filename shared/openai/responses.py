@@ -107,9 +107,14 @@ def completion_logprobs(tokens: list[GeneratedToken], texts: TokenTexts, offset:
     return out
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """cached_tokens: the prompt tokens a prefix cache served (the first choice's; later ones reuse its prompt),
+    as vLLM reports them in prompt_tokens_details; None leaves the details out."""
+    out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                           "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out
 
 
 def whole_body(shape: Shape, choices: list[Choice], prompt_tokens: int, texts: TokenTexts | None) -> dict[str, Any]:
@@ -125,7 +130,7 @@ def whole_body(shape: Shape, choices: list[Choice], prompt_tokens: int, texts: T
         choice["finish_reason"] = c.finish_reason
         out.append(choice)
     body = {**shape.head(chunk=False), "choices": out,
-            "usage": usage(prompt_tokens, sum(c.completion_tokens for c in choices))}
+            "usage": usage(prompt_tokens, sum(c.completion_tokens for c in choices), choices[0].cached_tokens)}
     extras = [c.extra for c in choices]
     if any(e is not None for e in extras):
         body["edgespec"] = extras[0] if len(extras) == 1 else extras
@@ -147,6 +152,7 @@ def stream_chunks(shape: Shape, events: Iterator[TextPiece | ChoiceEnd], prompt_
     started: set[int] = set()
     sent_chars = [0] * n  # per choice, for the legacy text_offset
     completion_tokens = 0
+    cached_tokens: int | None = None
     for event in events:
         if shape.chat and event.index not in started:
             started.add(event.index)
@@ -161,11 +167,13 @@ def stream_chunks(shape: Shape, events: Iterator[TextPiece | ChoiceEnd], prompt_
                          logprobs=logprobs)
             continue
         completion_tokens += event.completion_tokens
+        if event.index == 0:
+            cached_tokens = event.cached_tokens
         last = _chunk(shape, event.index, {} if shape.chat else "", event.finish_reason)
         if event.index == n - 1:
-            last["usage"] = usage(prompt_tokens, completion_tokens)
+            last["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
         if event.extra is not None:
             last["edgespec"] = event.extra
         yield last
     if include_usage:
-        yield {**shape.head(chunk=True), "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
+        yield {**shape.head(chunk=True), "choices": [], "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}

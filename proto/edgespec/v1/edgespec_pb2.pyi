@@ -187,7 +187,7 @@ class TokenLogprob(_message.Message):
     def __init__(self, logprob: _Optional[float] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Opened(_message.Message):
-    __slots__ = ("session_id", "first_token", "committed_len", "features", "timings", "accepted", "logprobs")
+    __slots__ = ("session_id", "first_token", "committed_len", "features", "timings", "accepted", "logprobs", "cached_tokens")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -195,6 +195,7 @@ class Opened(_message.Message):
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     first_token: int
     committed_len: int
@@ -202,7 +203,8 @@ class Opened(_message.Message):
     timings: Timings
     accepted: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
-    def __init__(self, session_id: _Optional[str] = ..., first_token: _Optional[int] = ..., committed_len: _Optional[int] = ..., features: _Optional[_Iterable[_Union[Feature, _Mapping]]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., accepted: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
+    cached_tokens: int
+    def __init__(self, session_id: _Optional[str] = ..., first_token: _Optional[int] = ..., committed_len: _Optional[int] = ..., features: _Optional[_Iterable[_Union[Feature, _Mapping]]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., accepted: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class Draft(_message.Message):
     __slots__ = ("session_id", "step", "committed_len", "tree")
