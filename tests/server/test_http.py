@@ -49,11 +49,12 @@ def test_metrics_count_verifications_and_bytes(tiny_server, open_stream, fingerp
     text = httpx.get(f"{tiny_server.http_url}/metrics").text
     values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
               if line and not line.startswith("#")}
-    assert values["edgespec_verifications_total"] >= 1
-    assert values["edgespec_draft_tokens_total"] >= 2
+    values = {k.split("{")[0]: v for k, v in values.items()}
+    assert values["edgespec:spec_decode_num_drafts_total"] >= 1
+    assert values["edgespec:spec_decode_num_draft_tokens_total"] >= 2
     assert values["edgespec_bytes_in_total"] > 0 and values["edgespec_bytes_out_total"] > 0
-    assert values["edgespec_acceptance_length_count"] >= 1
-    assert values["edgespec_verify_latency_seconds_count"] >= 1
+    assert values["edgespec:spec_decode_acceptance_length_count"] >= 1
+    assert values["edgespec:verify_time_seconds_count"] >= 1
     assert "edgespec_sessions" in values
 
 
