@@ -76,6 +76,7 @@ def configure_logging(fmt: str = "text", level: str = "info", stream: TextIO | N
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    logging.captureWarnings(False)  # re-installed even if something replaced warnings.showwarning since
     logging.captureWarnings(True)
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "py.warnings"):
         logging.getLogger(name).handlers[:] = []
