@@ -90,11 +90,10 @@ class ServerHandle:
         log.info("draining: no new sessions; waiting up to %.1f s for in-flight calls", grace,
                  extra={"grace_s": grace})
         self.core.draining.set()
-        if self._http:  # both sides drain at once: the whole stop takes at most `grace`, not twice it
-            self._http.begin_stop(grace)
+        started = time.monotonic()
         self._grpc.stop(grace)
-        if self._http:
-            self._http.stop(grace)
+        if self._http:  # it answered /health with 503 "draining" meanwhile; its requests get what is left
+            self._http.stop(max(0.0, grace - (time.monotonic() - started)))
         self.core.close_all()
         self._stopped.set()
         log.info("stopped")
@@ -215,13 +214,11 @@ class _HttpThread:
         if not self.server.started:
             raise OSError(f"the HTTP server did not start on {config.host}:{self.port}")
 
-    def begin_stop(self, grace: float) -> None:
-        """Stop taking connections; requests in flight get up to `grace` seconds (uvicorn's graceful shutdown)."""
-        self.server.config.timeout_graceful_shutdown = grace
-        self.server.should_exit = True
-
     def stop(self, grace: float | None = None) -> None:
-        if grace is not None or not self.server.should_exit:
-            self.begin_stop(self.server.config.timeout_graceful_shutdown if grace is None else grace)
+        """Stop taking connections; requests in flight get up to `grace` seconds (None: the config's drain grace),
+        then are cancelled (uvicorn's graceful shutdown)."""
+        if grace is not None:
+            self.server.config.timeout_graceful_shutdown = grace
+        self.server.should_exit = True
         self.thread.join(timeout=self.server.config.timeout_graceful_shutdown + 10)
         self.sock.close()

@@ -215,3 +215,14 @@ def test_help_names_each_default_once():
     assert "(default: None)" not in text and "(default: False)" not in text
     parser.set_defaults(tokens=64)  # what a layer below the command line does: the help's own figure is stale
     assert "most new tokens (default 128) (default: 64)" in " ".join(parser.format_help().split())
+
+
+def test_client_serve_keys_mean_what_vllms_mean(monkeypatch):
+    """--api-key guards the local API (vLLM's meaning); the server's key is --server-api-key."""
+    args = parse("client", "serve", "--api-key", "l0cal", "--server-api-key", "rem0te")
+    assert (args.api_key, args.server_api_key) == ("l0cal", "rem0te")
+    assert parse("client", "serve", "--local-api-key", "old").api_key == "old"  # the old name still works
+    monkeypatch.setenv("EDGESPEC_SERVER_API_KEY", "from-env")
+    monkeypatch.setenv("EDGESPEC_LOCAL_API_KEY", "l0cal-env")
+    args = parse("client", "serve")
+    assert (args.api_key, args.server_api_key) == ("l0cal-env", "from-env")
