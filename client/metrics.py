@@ -9,7 +9,8 @@ use vLLM's names (``edgespec.shared.prom``) and meanings, from the client's side
 - ``edgespec_client:e2e_request_latency_seconds``: arrival to the last token;
 - ``edgespec_client:request_queue_time_seconds``: waiting for the client (one generation at a time);
 - ``edgespec_client:num_requests_running`` (0 or 1), ``edgespec_client:num_requests_waiting``;
-- the ``edgespec_client:spec_decode_*`` series (the server counts the same trees under ``edgespec:``), from the per-position acceptance counts;
+- the ``edgespec_client:spec_decode_*`` series, from the per-position acceptance counts (the server counts
+  the same trees under ``edgespec:``);
 - ``edgespec_client:prompt_tokens_total``, ``edgespec_client:generation_tokens_total`` (as vLLM's);
 - ``edgespec_client:round_trip_time_seconds``: every message the server answered (Open, Draft, Resume,
   Close) as the client sees it, link included; ``edgespec_client:request_verify_time_seconds``: the server's own

@@ -66,7 +66,8 @@ class VerifierCore:
         log.info("session %s opened", printable(settings.session_id), extra={
             "session": printable(settings.session_id), "prompt_tokens": len(prompt_ids),
             "drafter": printable(settings.drafter, 64) or "?", "features": settings.features.kind.name,
-            "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "max_new_tokens": settings.max_new_tokens})
+            "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
+            "max_new_tokens": settings.max_new_tokens})
         return result
 
     def verify(self, session_id: str, step: int, committed_len: int, tree_bytes: bytes) -> StepResult:

@@ -153,7 +153,8 @@ class GenerationMetrics(SpecDecodeStats, LinkTraffic):
         out = asdict(self)
         out.pop("round_trips_s")
         out.update(acceptance_length=round(self.acceptance_length, 4),
-                   mean_acceptance_length=round(self.mean_acceptance_length, 4), tokens_per_s=round(self.tokens_per_s, 4),
+                   mean_acceptance_length=round(self.mean_acceptance_length, 4),
+                   tokens_per_s=round(self.tokens_per_s, 4),
                    mean_round_trip_s=round(self.mean_round_trip_s, 6),
                    calls_per_100_tokens=round(self.calls_per_100_tokens, 3),
                    bytes_per_token=round(self.bytes_per_token, 2))

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -62,7 +61,8 @@ def test_serve_health_metrics_and_json_logs(tiny_server, tiny_model_dir, tiny_dr
             "Origin": "http://page.test", "Access-Control-Request-Method": "POST",
             "Access-Control-Request-Headers": "authorization,content-type"})
         assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == "http://page.test"
-        tokens = httpx.post(f"{url}/tokenize", json={"prompt": "def f(x):"}, headers={**key, "Origin": "http://page.test"})
+        tokens = httpx.post(f"{url}/tokenize", json={"prompt": "def f(x):"},
+                            headers={**key, "Origin": "http://page.test"})
         assert tokens.status_code == 200 and tokens.headers["access-control-allow-origin"] == "http://page.test"
         back = httpx.post(f"{url}/detokenize", json={"tokens": tokens.json()["tokens"]}, headers=key).json()
         assert back["prompt"] == "def f(x):"

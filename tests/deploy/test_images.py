@@ -168,7 +168,8 @@ def test_entrypoint_ports_and_keys_mean_what_the_deploy_files_say():
     assert_parses(argv)
     assert not {"--api-key", "--local-api-key", "--server-api-key", "l0cal", "rem0te"} & set(argv)
     compose = yaml.safe_load((REPO / "deploy/compose/compose.yaml").read_text())["services"]["client"]["environment"]
-    k8s = next(d for d in yaml.safe_load_all((REPO / "deploy/k8s/client.yaml").read_text()) if d["kind"] == "Deployment")
+    k8s = next(d for d in yaml.safe_load_all((REPO / "deploy/k8s/client.yaml").read_text())
+               if d["kind"] == "Deployment")
     k8s_env = {e["name"] for c in k8s["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])}
     for names in (set(compose), k8s_env):  # the verifier's key reaches the client as the server's key
         assert "EDGESPEC_SERVER_API_KEY" in names and "EDGESPEC_API_KEY" not in names, names

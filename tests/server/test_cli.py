@@ -24,7 +24,8 @@ def test_cli_serves_until_sigterm(tiny_model_dir, tmp_path):
     config.write_text("served-model-name: tiny-served\ndrain-grace: 2\nlog-format: json\nhttp-port: 1\n"
                       "enable-log-requests: true\n")
     env = dict(os.environ, OMP_NUM_THREADS="1", EDGESPEC_DTYPE="float32", EDGESPEC_GRPC_PORT="0",
-               EDGESPEC_HTTP_PORT="0", EDGESPEC_DEVICE="cpu", EDGESPEC_MAX_SESIONS="3")  # the variable wins over the file's http-port
+               EDGESPEC_HTTP_PORT="0", EDGESPEC_DEVICE="cpu",  # the variable wins over the file's http-port
+               EDGESPEC_MAX_SESIONS="3")  # misspelt: a warning, logged as JSON
     proc = subprocess.Popen(
         [sys.executable, "-m", "edgespec.shared.cli", "server", str(tiny_model_dir), "--config", str(config)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
