@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-from edgespec.shared.config import enable_layers
+from edgespec.shared.config import comma_list, enable_layers
 from edgespec.shared.logging_setup import LEVELS
 
 DEFAULT_SERVER = "127.0.0.1:50051"
@@ -177,8 +177,6 @@ def serve(args) -> int:
         client.metrics, metrics.model_name = metrics, client.model_name
         return client
 
-    from edgespec.server.cli import origins
-
     local_key = args.api_key
     if local_key and not args.server_api_key:
         logging.getLogger("edgespec.client.serve").info(
@@ -188,7 +186,7 @@ def serve(args) -> int:
     slot = ClientSlot.load_in_background(load, args.drafter, link)
     app = build_app(slot, policy=ResumePolicy[args.policy.upper()], offline_wait_s=args.offline_wait,
                     api_key=local_key, metrics=metrics, metrics_need_key=args.metrics_need_key,
-                    max_body_bytes=int(args.max_body_mb * (1 << 20)), allowed_origins=origins(args.allowed_origins),
+                    max_body_bytes=int(args.max_body_mb * (1 << 20)), allowed_origins=comma_list(args.allowed_origins),
                     log_requests=args.enable_log_requests)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                                            log_level=None))  # logging is configured above, not by uvicorn

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from edgespec.shared.config import enable_layers
+from edgespec.shared.config import comma_list, enable_layers
 from edgespec.shared.logging_setup import LEVELS
 
 DEFAULT_GRPC_PORT = 50051
@@ -97,11 +97,6 @@ def model_of(args: argparse.Namespace) -> str:
     return model
 
 
-def origins(values: list[str]) -> tuple[str, ...]:
-    """--allowed-origins values, comma-separated or repeated, as one tuple."""
-    return tuple(o.strip() for v in values for o in v.split(",") if o.strip())
-
-
 def http_port_of(args: argparse.Namespace) -> int:
     """The HTTP port (--port, vLLM's meaning). `--port 50051` with gRPC on its default is the old spelling, when
     --port was the gRPC port: both would take 50051, so it is refused with the new spelling."""
@@ -129,7 +124,7 @@ def server_config(args: argparse.Namespace):
         tls_cert=args.tls_cert, tls_key=args.tls_key, api_key=args.api_key,
         moa_server_parts=_parts(args.moa_server_part), random_moa_parts=tuple(args.random_moa_part),
         metrics_need_key=args.metrics_need_key, max_body_bytes=int(args.max_body_mb * (1 << 20)),
-        first_message_timeout_s=args.first_message_timeout, allowed_origins=origins(args.allowed_origins),
+        first_message_timeout_s=args.first_message_timeout, allowed_origins=comma_list(args.allowed_origins),
         log_requests=args.enable_log_requests, drain_grace_s=args.drain_grace)
 
 

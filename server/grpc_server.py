@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("edgespec.server")
 
 ID_BYTES = 5  # a token id as a protobuf varint, at most (uint32)
-MESSAGE_SLACK_BYTES = 64 << 10  # session id, settings, hash, tree header: everything but the id lists
+# Everything but the id lists (session id, names, fingerprint, settings, hash), with room for a peer's over-long
+# string, which the handler then refuses with a message that says what was wrong (an id over 128 characters).
+MESSAGE_SLACK_BYTES = 2 << 20
 
 
 def session_message_bytes(max_context_tokens: int, max_tree_nodes: int) -> int:

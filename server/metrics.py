@@ -16,6 +16,7 @@ token), ``request_decode_time`` (first token to last), ``request_inference_time`
 and link included, as the server sees it; one observation per answer however many tokens it carries,
 as vLLM observes one per engine step), ``request_time_per_output_token`` (decode time / (tokens - 1)),
 ``request_prompt_tokens``, ``request_generation_tokens``, ``request_max_num_generation_tokens``,
+``request_params_max_tokens`` (Open's max_new_tokens, the plain API's max_tokens),
 ``prompt_tokens_total``, ``generation_tokens_total``, and ``request_success_total{finished_reason}``:
 ``stop`` (EOS, or the client closed before its length: a stop string), ``length`` (max tokens reached),
 ``abort`` (a session dropped by TTL or memory, a plain-API caller gone).
@@ -93,8 +94,12 @@ class ServerMetrics(VllmMetrics):
         self.request_generation_tokens = Histogram(p + "request_generation_tokens",
                                                    "Number of generation tokens processed.", buckets=sizes, registry=r)
         self.request_max_generation_tokens = Histogram(
-            p + "request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens.",
+            p + "request_max_num_generation_tokens",
+            "Histogram of maximum number of generation tokens of a request's sequences (one sequence a request).",
             buckets=sizes, registry=r)
+        self.request_params_max_tokens = Histogram(p + "request_params_max_tokens",
+                                                   "Histogram of the max_tokens request parameter.", buckets=sizes,
+                                                   registry=r)
         self.inter_token_latency = Histogram(
             p + "inter_token_latency_seconds", "Histogram of inter-token latency in seconds (one per answer that "
             "commits tokens).", buckets=TOKEN_LATENCY_BUCKETS, registry=r)
@@ -146,7 +151,9 @@ class ServerMetrics(VllmMetrics):
         self.request_success.labels(finished_reason=reason).inc()
         self.e2e.observe(now - clock.arrived)
         self.request_generation_tokens.observe(clock.generated)
-        self.request_max_generation_tokens.observe(clock.max_new_tokens or clock.generated)
+        self.request_max_generation_tokens.observe(clock.generated)
+        if clock.max_new_tokens:
+            self.request_params_max_tokens.observe(clock.max_new_tokens)
         if clock.first_token is not None:
             prefill, decode = clock.first_token - clock.arrived, (clock.last_token or now) - clock.first_token
             self.prefill_time.observe(prefill)

@@ -72,6 +72,11 @@ def is_secret(action: argparse.Action) -> bool:
     return action.nargs != 0 and bool(_SECRET.search(action.dest))
 
 
+def comma_list(values: list[str]) -> tuple[str, ...]:
+    """A repeatable option's values, each of which may hold several comma-separated items, as one tuple."""
+    return tuple(item.strip() for value in values for item in value.split(",") if item.strip())
+
+
 def _known_env() -> set[str]:
     return set(KNOWN_ENV) | {n for p in _LAYERED for a in _layered_actions(p) for n in env_names(a)}
 

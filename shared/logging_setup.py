@@ -64,8 +64,12 @@ class TextFormatter(_Timestamps):
 
 
 def _text_value(value) -> str:
-    text = str(value)
-    return json.dumps(text, ensure_ascii=False) if (not text or any(c.isspace() or c in '"=' for c in text)) else text
+    """A field's value on a text line: control characters escaped (no forged lines or colours), quoted when it
+    holds a space, a quote or an equals sign."""
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(value))
+    if not text or any(c.isspace() or c in '"=' for c in text):
+        text = '"' + text.replace('"', '\\"') + '"'
+    return text
 
 
 def configure_logging(fmt: str = "text", level: str = "info", stream: TextIO | None = None) -> logging.Handler:

@@ -24,6 +24,7 @@ VLLM_NAMES = {  # family -> type, as vLLM exports them (with vllm: for edgespec:
     "edgespec:request_success": "counter", "edgespec:inter_token_latency_seconds": "histogram",
     "edgespec:request_time_per_output_token_seconds": "histogram", "edgespec:request_prompt_tokens": "histogram",
     "edgespec:request_generation_tokens": "histogram", "edgespec:request_max_num_generation_tokens": "histogram",
+    "edgespec:request_params_max_tokens": "histogram",
     "edgespec:request_prefill_time_seconds": "histogram", "edgespec:request_decode_time_seconds": "histogram",
     "edgespec:request_inference_time_seconds": "histogram", "edgespec:spec_decode_acceptance_length": "histogram",
 }
@@ -103,6 +104,8 @@ def test_names_labels_and_counts_follow_a_real_generation(server, tiny_model_dir
     assert delta(before, after, "edgespec:generation_tokens_total") == generated
     assert delta(before, after, "edgespec:request_generation_tokens_sum") == generated
     assert delta(before, after, "edgespec:request_prompt_tokens_count") == 2
+    assert delta(before, after, "edgespec:request_max_num_generation_tokens_sum") == generated  # one sequence each
+    assert delta(before, after, "edgespec:request_params_max_tokens_sum") == 24 + 3
     # One inter-token observation per answer after the first: the session's Drafts, the plain API's tokens.
     assert delta(before, after, "edgespec:inter_token_latency_seconds_count") == (
         drafts_sent + api_usage["completion_tokens"] - 1)
