@@ -41,9 +41,12 @@ log = logging.getLogger(__name__)
 
 
 def edgespec_extra(result: GenerationResult) -> dict:
+    """The generation's metrics, and its speculative figures in vLLM's and SGLang's words (``spec_decode``, the
+    same object the server's plain API answers with)."""
     extra = result.metrics.to_dict()
     extra.update(finish_detail=result.detail, provisional_tokens=result.provisional,
-                 origins={o.value: sum(x is o for x in result.origins) for o in TokenOrigin})
+                 origins={o.value: sum(x is o for x in result.origins) for o in TokenOrigin},
+                 spec_decode=result.metrics.request_summary())
     return extra
 
 
@@ -155,7 +158,8 @@ def build_app(client: EdgespecClient | ClientSlot, default_max_tokens: int | Non
               policy: ResumePolicy = ResumePolicy.ROLLBACK, api_key: str | None = None,
               probe: LinkProbe | None = None, served_model_name: str | None = None,
               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, metrics_need_key: bool = False,
-              metrics=None, offline_wait_s: float = 30.0) -> FastAPI:
+              metrics=None, offline_wait_s: float = 30.0, allowed_origins: tuple[str, ...] = (),
+              log_requests: bool = False) -> FastAPI:
     """The app; `client` may be a ClientSlot still loading (requests get 503 until it is ready).
 
     default_max_tokens: chat's max_tokens when a request has none (None: the rest of the context, as the
@@ -163,6 +167,7 @@ def build_app(client: EdgespecClient | ClientSlot, default_max_tokens: int | Non
     metrics: what /metrics shows: an object with render() -> bytes and content_type (``ClientMetrics``),
     or a prometheus_client CollectorRegistry; None = no /metrics. offline_wait_s: how long a generation waits
     for a lost link once its drafter cannot go on alone (``GenerationConfig.offline_wait_s``).
+    allowed_origins: CORS origins browser pages may call from ("*": any). log_requests: log every request.
     """
     slot = client if isinstance(client, ClientSlot) else ClientSlot.ready(client)
     probe = probe or LinkProbe(slot.link)
@@ -179,7 +184,8 @@ def build_app(client: EdgespecClient | ClientSlot, default_max_tokens: int | Non
                                                     default_max_tokens, offline_wait_s)
         return backends[id(edge)]
 
-    app = build_openai_app("edgespec local API", backend, ApiSettings(api_key, max_body_bytes, metrics_need_key))
+    app = build_openai_app("edgespec local API", backend, ApiSettings(
+        api_key, max_body_bytes, metrics_need_key, tuple(allowed_origins), log_requests))
     app.state.slot = slot
 
     @app.get("/health")

@@ -2,7 +2,10 @@
 
     edgespec client --server HOST:PORT --drafter ngram --prompt "Write quicksort in Python"
     echo "prompt" | edgespec client --server HOST:PORT --drafter independent
-    edgespec client serve --server HOST:PORT --drafter independent --port 8000
+    edgespec client serve --server HOST:PORT --drafter independent --port 8000 --api-key LOCAL_KEY
+
+As in vLLM, `client serve`'s --port, --host and --api-key are the local API's; the edgespec server's key
+is --server-api-key (EDGESPEC_SERVER_API_KEY). --local-api-key is --api-key's old name.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import sys
 import threading
 import time
 
-from edgespec.shared.config import enable_layers
+from edgespec.shared.config import comma_list, enable_layers
 from edgespec.shared.logging_setup import LEVELS
 
 DEFAULT_SERVER = "127.0.0.1:50051"
@@ -49,8 +52,9 @@ def add_client_options(p: argparse.ArgumentParser) -> None:
                    help="seconds to wait for a lost link when the drafter cannot go on alone")
     p.add_argument("--tls", action="store_true", help="connect with TLS")
     p.add_argument("--ca", default=None, help="PEM file of the CA that signed the server's certificate")
-    p.add_argument("--api-key", default=None, help="API key the server asks for (EDGESPEC_API_KEY keeps it "
-                                                   "out of the process list)")
+    p.add_argument("--server-api-key", default=None,
+                   help="API key the edgespec server asks for (EDGESPEC_SERVER_API_KEY keeps it out of the process "
+                        "list)")
     p.add_argument("--min-deadline", type=float, default=1.0,
                    help="floor of a Draft's deadline in seconds")
 
@@ -91,7 +95,7 @@ def client_from_args(args, address: str):
                              checkpoint=args.checkpoint, target=args.target_model,
                              moa_server_part=args.moa_server_part, tree=tree, ngram=ngram,
                              router=not getattr(args, "no_router", False))
-    link = LinkConfig(address, tls=args.tls, root_certificates=args.ca, api_key=args.api_key,
+    link = LinkConfig(address, tls=args.tls, root_certificates=args.ca, api_key=args.server_api_key,
                       min_deadline_s=args.min_deadline, max_deadline_s=max(30.0, args.min_deadline))
     return EdgespecClient(ClientConfig(link, options, tokenizer=args.tokenizer))
 
@@ -123,8 +127,16 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the metrics as JSON on the last line")
     p.add_argument("--host", default="127.0.0.1", help="serve: interface of the local API")
     p.add_argument("--port", type=int, default=DEFAULT_API_PORT, help="serve: port of the local API")
-    p.add_argument("--local-api-key", default=None, help="serve: require this key from API callers")
-    p.add_argument("--metrics-need-key", action="store_true", help="serve: /metrics asks for --local-api-key too")
+    p.add_argument("--api-key", "--local-api-key", dest="api_key", default=None,
+                   help="serve: require this key from callers of the local API, as vLLM's --api-key "
+                        "(EDGESPEC_API_KEY keeps it out of the process list; --local-api-key is its old name); the "
+                        "edgespec server's key is --server-api-key")
+    p.add_argument("--metrics-need-key", action="store_true", help="serve: /metrics asks for --api-key too")
+    p.add_argument("--allowed-origins", action="append", default=[], metavar="ORIGIN[,ORIGIN]",
+                   help="serve: CORS origins browser pages may call the local API from (* for any); repeatable or "
+                        "comma-separated; unset: no cross-origin calls")
+    p.add_argument("--enable-log-requests", action="store_true",
+                   help="serve: log every request as it is accepted: id, sizes, sampling (never the prompt's text)")
     p.add_argument("--max-body-mb", type=float, default=8.0, help="serve: largest request body, MiB (413 past it)")
     p.add_argument("--log-format", choices=["text", "json"], default="text",
                    help="log lines as text or one JSON object a line (time, level, logger, message, "
@@ -137,6 +149,10 @@ def register(subparsers) -> None:
 def main(args) -> int:
     if args.action == "serve":
         return serve(args)
+    if args.api_key:
+        logging.getLogger("edgespec.client").warning(
+            "--api-key (EDGESPEC_API_KEY) is the local API's key (`client serve`, as vLLM's) and is not sent to the "
+            "server; give the edgespec server's key as --server-api-key (EDGESPEC_SERVER_API_KEY)")
     client = client_from_args(args, args.server)
     try:
         return run_prompt(client, args)
@@ -161,11 +177,17 @@ def serve(args) -> int:
         client.metrics, metrics.model_name = metrics, client.model_name
         return client
 
-    link = LinkConfig(args.server, tls=args.tls, root_certificates=args.ca, api_key=args.api_key)
+    local_key = args.api_key
+    if local_key and not args.server_api_key:
+        logging.getLogger("edgespec.client.serve").info(
+            "--api-key guards the local API (as vLLM's); it is not sent to the edgespec server: if the server "
+            "asks for a key, give it as --server-api-key (EDGESPEC_SERVER_API_KEY)")
+    link = LinkConfig(args.server, tls=args.tls, root_certificates=args.ca, api_key=args.server_api_key)
     slot = ClientSlot.load_in_background(load, args.drafter, link)
     app = build_app(slot, policy=ResumePolicy[args.policy.upper()], offline_wait_s=args.offline_wait,
-                    api_key=args.local_api_key, metrics=metrics, metrics_need_key=args.metrics_need_key,
-                    max_body_bytes=int(args.max_body_mb * (1 << 20)))
+                    api_key=local_key, metrics=metrics, metrics_need_key=args.metrics_need_key,
+                    max_body_bytes=int(args.max_body_mb * (1 << 20)), allowed_origins=comma_list(args.allowed_origins),
+                    log_requests=args.enable_log_requests)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                                            log_level=None))  # logging is configured above, not by uvicorn
     logging.getLogger("edgespec.client.serve").info(

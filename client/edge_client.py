@@ -19,7 +19,7 @@ from .drafters.factory import DrafterOptions, make_drafter
 from .generation import Event, Generation, GenerationConfig, GenerationResult, TokenizerInfo
 from .link import GrpcTransport, Link, LinkConfig
 from .metrics import NO_WATCH, ClientMetrics
-from .verifier import Verifier
+from .verifier import FeatureWidths, Verifier
 
 # Token strings that end a Qwen-style chat turn or text, besides tokenizer.eos_token
 # (Qwen's generation_config lists both <|im_end|> and <|endoftext|>).
@@ -112,7 +112,8 @@ class EdgespecClient:
     def generation(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig()) -> Generation:
         """A Generation to iterate. Use ``stream`` or ``generate`` to hold the client's lock while it runs."""
         limits = self.info.limits
-        return Generation(Verifier(GrpcTransport(self.link)), self.drafter, prompt_ids, config, self.tokens,
+        widths = FeatureWidths(self.info.hidden_size, self.info.kv_size)  # bounds the feature frames it decodes
+        return Generation(Verifier(GrpcTransport(self.link), widths), self.drafter, prompt_ids, config, self.tokens,
                           max_tree_nodes=limits.max_tree_nodes or 255)
 
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig()

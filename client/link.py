@@ -80,7 +80,10 @@ class LinkConfig:
     keepalive_s: float = 2.0  # HTTP/2 ping interval while the channel is up: finds a blackhole when idle
     keepalive_timeout_s: float = 2.0  # a ping unanswered this long closes the connection
     connect_timeout_s: float = 2.0  # one connection attempt's wait for the channel to become ready
-    open_timeout_s: float = 300.0  # deadline of Open and Resume (prefill of a long prompt on a CPU is slow)
+    open_timeout_s: float = 300.0  # deadline of Open (prefill of a long prompt on a CPU is slow)
+    resume_timeout_s: float = 20.0  # deadline of Resume: below GenerationConfig.offline_wait_s (30 s), so a server
+    # that takes the stream and never answers cannot hold the client past its offline wait; a Resume re-prefills
+    # only when the server lost the session
     deadline_factor: float = 4.0  # a Draft's deadline is this times the slowest recent round trip ...
     min_deadline_s: float = 1.0  # ... but at least this (scheduling noise on a busy laptop) ...
     max_deadline_s: float = 30.0  # ... and at most this
@@ -97,6 +100,8 @@ class LinkConfig:
             raise ValueError(f"server address must be HOST:PORT, got {self.address!r}")
         if self.min_deadline_s <= 0 or self.max_deadline_s < self.min_deadline_s:
             raise ValueError("need 0 < min_deadline_s <= max_deadline_s")
+        if self.open_timeout_s <= 0 or self.resume_timeout_s <= 0:
+            raise ValueError("open_timeout_s and resume_timeout_s must be above 0 seconds")
 
 
 def draft_deadline(round_trips: Sequence[float], config: LinkConfig, fallback_s: float | None = None) -> float:
@@ -337,8 +342,10 @@ class GrpcTransport:
         if self._stream is None:
             raise LinkDownError("not connected")
         kind, link = message.WhichOneof("kind"), self.link
-        if kind in ("open", "resume"):  # may prefill a long prompt (on a CPU, slowly)
+        if kind == "open":  # may prefill a long prompt (on a CPU, slowly)
             timeout_s = link.config.open_timeout_s
+        elif kind == "resume":  # the link just came back: a silent server must not outlast the offline wait
+            timeout_s = link.config.resume_timeout_s
         elif kind == "draft":  # a few times the recent round trips: a blackhole is found in about one
             timeout_s = link.draft_deadline()
         else:  # Close: no work for the model

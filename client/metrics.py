@@ -5,14 +5,15 @@ request arrived, when it got the client (requests run one at a time: the wait is
 time), its first token, and at the end the generation's own ``GenerationMetrics``. The series
 use vLLM's names (``edgespec.shared.prom``) and meanings, from the client's side:
 
-- ``edgespec:time_to_first_token_seconds``: request arrival to its first token, queue included;
-- ``edgespec:e2e_request_latency_seconds``: arrival to the last token;
-- ``edgespec:request_queue_time_seconds``: waiting for the client (one generation at a time);
-- ``edgespec:num_requests_running`` (0 or 1), ``edgespec:num_requests_waiting``;
-- the four ``edgespec:spec_decode_*`` counters, from the per-position acceptance counts;
-- ``edgespec:prompt_tokens_total``, ``edgespec:generation_tokens_total`` (as vLLM's);
-- ``edgespec:round_trip_time_seconds``: every message the server answered (Open, Draft, Resume,
-  Close) as the client sees it, link included; ``edgespec:request_verify_time_seconds``: the server's own
+- ``edgespec_client:time_to_first_token_seconds``: request arrival to its first token, queue included;
+- ``edgespec_client:e2e_request_latency_seconds``: arrival to the last token;
+- ``edgespec_client:request_queue_time_seconds``: waiting for the client (one generation at a time);
+- ``edgespec_client:num_requests_running`` (0 or 1), ``edgespec_client:num_requests_waiting``;
+- the ``edgespec_client:spec_decode_*`` series, from the per-position acceptance counts (the server counts
+  the same trees under ``edgespec:``);
+- ``edgespec_client:prompt_tokens_total``, ``edgespec_client:generation_tokens_total`` (as vLLM's);
+- ``edgespec_client:round_trip_time_seconds``: every message the server answered (Open, Draft, Resume,
+  Close) as the client sees it, link included; ``edgespec_client:request_verify_time_seconds``: the server's own
   verification time over one generation (the server's ``verify_time_seconds`` has it per tree).
 
 No ``kv_cache_usage_perc``: the drafter's cache has no capacity to be a share of.
@@ -24,23 +25,23 @@ import time
 
 from prometheus_client import Counter, Histogram
 
-from edgespec.shared.prom import PREFIX, REQUEST_BUCKETS, STEP_BUCKETS, VllmMetrics
+from edgespec.shared.prom import CLIENT_PREFIX, REQUEST_BUCKETS, STEP_BUCKETS, VllmMetrics
 
 from .generation import GenerationResult, TokenEvent
 
 
 class ClientMetrics(VllmMetrics):
     def __init__(self, model_name: str = "") -> None:  # the server's model, set once the client loaded
-        super().__init__(model_name, "Number of requests generating now.")
+        super().__init__(model_name, "Number of requests generating now.", CLIENT_PREFIX)
         r = self.registry
-        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Number of prefill tokens processed.", registry=r)
-        self.generation_tokens = Counter(PREFIX + "generation_tokens", "Number of generation tokens processed.",
+        self.prompt_tokens = Counter(CLIENT_PREFIX + "prompt_tokens", "Number of prefill tokens processed.", registry=r)
+        self.generation_tokens = Counter(CLIENT_PREFIX + "generation_tokens", "Number of generation tokens processed.",
                                          registry=r)
-        self.round_trip = Histogram(PREFIX + "round_trip_time_seconds",
+        self.round_trip = Histogram(CLIENT_PREFIX + "round_trip_time_seconds",
                                     "Round trip of each message to the server as the client sees it, in seconds.",
                                     buckets=STEP_BUCKETS, registry=r)
         self.request_verify_time = Histogram(
-            PREFIX + "request_verify_time_seconds",
+            CLIENT_PREFIX + "request_verify_time_seconds",
             "The server's verification time over one request, in seconds.", buckets=REQUEST_BUCKETS, registry=r)
 
     def watch(self) -> "RequestWatch":

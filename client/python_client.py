@@ -14,13 +14,18 @@
         async for piece in await client.chat(messages, stream=True):
             ...
 
-Text is what the target itself would write: at temperature 0 it is the target's greedy output.
+Sampling defaults are the HTTP APIs' (OpenAI's and vLLM's): temperature 1, top_p 1, top_k off; pass
+temperature=0 for the target's greedy output. Text is what the target itself would write: at
+temperature 0 exactly its greedy output, otherwise distributed as its own samples. A keyword that is not
+a sampling option is refused with a TypeError that names it and the options there are.
 When the link is lost and the drafter cannot finish alone, the text ends early and
 ``last_result.finish_reason`` is "link_lost" (``last_result.detail`` says why).
 """
 from __future__ import annotations
 
 import asyncio
+import difflib
+import inspect
 from typing import AsyncIterator, Iterator, Sequence
 
 from .commit import ResumePolicy
@@ -67,7 +72,8 @@ class Client:
     def chat(self, messages: Messages, stream: bool = False, **sampling) -> str | Iterator[str]:
         """The assistant's answer to chat messages ({role, content}), under the target's chat template.
 
-        sampling: max_tokens, temperature (0 = greedy), top_p, top_k, stop (strings), seed, and logprobs (the
+        sampling: max_tokens, temperature (default 1, as the HTTP APIs; 0 = greedy), top_p, top_k, stop (strings),
+        seed, and logprobs (the
         N most likely alternatives, 0 to 20): then ``last_result.logprobs`` holds the target's log-probability
         of every token, and no offline token is handed out before the target has scored it."""
         ids = self.edge.encode_chat([{"role": m["role"], "content": m["content"]} for m in messages])
@@ -78,11 +84,12 @@ class Client:
         return self._run(self.edge.encode(prompt), stream, sampling)
 
     def _run(self, ids: list[int], stream: bool, sampling: dict) -> str | Iterator[str]:
+        _check_sampling(sampling)
         config = self._config(**sampling)
         pieces = self._pieces(ids, config)
         return pieces if stream else "".join(pieces)
 
-    def _config(self, max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
+    def _config(self, max_tokens: int | None = None, temperature: float = 1.0, top_p: float = 1.0,
                 top_k: int = 0, stop: str | Sequence[str] | None = None, seed: int = 0,
                 logprobs: int | None = None) -> GenerationConfig:
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
@@ -113,6 +120,19 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+SAMPLING_OPTIONS = tuple(inspect.signature(Client._config).parameters)[1:]  # what chat/complete take besides stream
+
+
+def _check_sampling(sampling: dict) -> None:
+    """Refuse a keyword that is no sampling option, naming it (and the option it looks like)."""
+    for name in sampling:
+        if name not in SAMPLING_OPTIONS:
+            near = difflib.get_close_matches(name, SAMPLING_OPTIONS, n=1)
+            raise TypeError(f"{name!r} is not a sampling option of edgespec.Client"
+                            + (f" (did you mean {near[0]!r}?)" if near else "")
+                            + f"; chat() and complete() take stream and {', '.join(SAMPLING_OPTIONS)}")
 
 
 class AsyncClient:

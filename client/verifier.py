@@ -28,13 +28,13 @@ from typing import Mapping, Protocol, Sequence
 import torch
 
 from edgespec.proto.edgespec.v1 import pb
-from edgespec.shared.codec import Codec, decode_frame, frame_shape
+from edgespec.shared.codec import MAX_ELEMENTS, Codec, decode_frame, frame_element_limit, frame_shape
 from edgespec.shared.errors import EdgespecError
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.logprobs import TokenLogprob
 from edgespec.shared.metrics import LinkTraffic
 from edgespec.shared.tree import DraftTree, encode_tree
-from edgespec.shared.wire import ResumePolicy
+from edgespec.shared.wire import FeatureKind, ResumePolicy
 
 from .commit import ProtocolError
 from .drafters.base import FeatureNeeds
@@ -87,6 +87,23 @@ class SessionSpec:
 
 
 @dataclass(frozen=True)
+class FeatureWidths:
+    """The target's sizes that fix how many values a feature frame carries per token (from Info)."""
+
+    hidden_size: int  # E: HIDDEN's width
+    kv_size: int  # E_kv: LSA is 2*E_kv wide; TLI_K and TLI_V carry N*E_kv values per token
+
+    def per_token(self, needs: FeatureNeeds) -> int:
+        """The most values any one feature frame of this session carries per token (0: no frames at all)."""
+        kind = FeatureKind(needs.kind)
+        if kind is FeatureKind.NONE:
+            return 0
+        if kind is FeatureKind.LAST_HIDDEN:
+            return self.hidden_size
+        return max(2 * self.kv_size, needs.tli_layers * self.kv_size)
+
+
+@dataclass(frozen=True)
 class ServerTimings:
     """The server's own time on one message, in nanoseconds."""
 
@@ -135,20 +152,27 @@ class Transport(Protocol):
 class Verifier:
     """One session with the target's verifier, over a transport. Each call raises the errors listed above."""
 
-    def __init__(self, transport: Transport):
+    def __init__(self, transport: Transport, widths: FeatureWidths | None = None):
         self.transport = transport
+        # Bounds every feature frame by what the answer can carry (its tokens x the feature width); None: only the
+        # codec's own MAX_ELEMENTS (a caller that does not know the target's sizes).
+        self.widths = widths
         self.traffic = LinkTraffic()  # every message of the session, failed ones included
         self._open: pb.Open | None = None  # the session's Open without a tree: Resume carries it as reopen
+        self._spec: SessionSpec | None = None  # the session's settings (its feature needs bound its frames)
         self._streaming = False  # a stream was started and not dropped since
 
     def open(self, session: SessionSpec, tree: DraftTree | None = None) -> Verdict:
         """Prefill the prompt (and verify a tree hung from its last token in the same pass)."""
         self._open = _open_message(session)  # without the tree: a rebuilt session starts from the prompt
         self._start(session.session_id)
+        self._spec = session
         opened = self._call(pb.ClientMessage(open=_open_message(session, tree)), "opened")
         if tree is None and len(opened.accepted):
             raise ProtocolError("Opened lists accepted nodes but the Open carried no tree")
-        return self._verdict(opened, opened.first_token, len(opened.accepted) + 1, accepted=opened.accepted)
+        rows = len(session.prompt_ids) + (len(tree) if tree is not None else 0) + 1
+        return self._verdict(opened, opened.first_token, len(opened.accepted) + 1, accepted=opened.accepted,
+                             rows=rows)
 
     def verify(self, step: int, committed_len: int, tree: DraftTree) -> Verdict:
         """Verify a tree hung from the last of committed_len committed tokens."""
@@ -157,7 +181,8 @@ class Verifier:
         verified = self._call(pb.ClientMessage(draft=draft), "verified")
         if verified.step != step:
             raise ProtocolError(f"Verified answers step {verified.step}, the client sent step {step}")
-        return self._verdict(verified, verified.bonus_token, len(verified.accepted) + 1, accepted=verified.accepted)
+        return self._verdict(verified, verified.bonus_token, len(verified.accepted) + 1, accepted=verified.accepted,
+                             rows=len(tree) + 1)
 
     def resume(self, confirmed: Sequence[int], provisional: Sequence[int], policy: ResumePolicy,
                step: int) -> Verdict:
@@ -169,7 +194,8 @@ class Verifier:
         self._start(self._open.session_id)
         resumed = self._call(pb.ClientMessage(resume=resume), "resumed")
         kept = len(provisional) if policy is ResumePolicy.KEEP else min(resumed.agreed, len(provisional))
-        return self._verdict(resumed, resumed.bonus_token, kept + 1, agreed=resumed.agreed, restored=resumed.restored)
+        return self._verdict(resumed, resumed.bonus_token, kept + 1, agreed=resumed.agreed, restored=resumed.restored,
+                             rows=len(confirmed) + len(provisional) + 1)
 
     def close(self) -> None:
         """End the session: Close it on the server while a stream is up, then drop the link's session state.
@@ -196,13 +222,16 @@ class Verifier:
         self._streaming = True
 
     def _verdict(self, body, bonus_token: int, committed: int, accepted: Sequence[int] = (), agreed: int = 0,
-                 restored: bool = True) -> Verdict:
+                 restored: bool = True, rows: int = 0) -> Verdict:
         """An Opened, Verified or Resumed as a Verdict (a Resume's chain has no nodes: it reports `agreed`);
-        `committed`: how many tokens the answer commits, the bonus token included."""
+        `committed`: how many tokens the answer commits, the bonus token included; `rows`: the most tokens its
+        features can cover (what the client sent, plus one)."""
         t = body.timings
+        limit = MAX_ELEMENTS if self.widths is None else frame_element_limit(
+            rows, self.widths.per_token(self._spec.features))
         return Verdict(bonus_token=bonus_token, committed_len=body.committed_len, accepted=tuple(accepted),
                        agreed=agreed, restored=restored,
-                       features={f.name: decode_frame(f.frame) for f in body.features},
+                       features={f.name: decode_frame(f.frame, limit) for f in body.features},
                        timings=ServerTimings(t.queue_ns, t.forward_ns, t.verify_ns, t.encode_ns, t.total_ns),
                        logprobs=_logprobs(body, committed, self._open.HasField("logprobs")))
 

@@ -26,8 +26,9 @@ log = logging.getLogger("edgespec.server")
 class ServerConfig:
     model: str  # registry name or local Hugging Face directory of the target
     host: str = "127.0.0.1"  # interface both ports bind to
-    port: int = 0  # gRPC port; 0 = pick a free one
-    http_port: int | None = 0  # HTTP port (health, metrics, plain API); 0 = pick a free one, None = no HTTP
+    port: int = 0  # gRPC port; 0 = pick a free one (the CLI's --grpc-port)
+    http_port: int | None = 0  # HTTP port (health, metrics, plain API; the CLI's --port, as vLLM's); 0 = pick a
+    # free one, None = no HTTP
     device: str | None = None  # "cpu", "cuda:0"; None = CUDA when present
     dtype: str | None = None  # "bfloat16" (default), "float16", "float32", "auto" (the checkpoint's own)
     trust_remote_code: bool = False  # let the model repository run its own Python code (custom architectures)
@@ -54,6 +55,9 @@ class ServerConfig:
     keepalive_min_ping_s: float = 1.0  # clients may ping this often without data (they ping every 2 s)
     max_body_bytes: int = 8 << 20  # HTTP request bodies larger than this get 413 before they are read
     metrics_need_key: bool = False  # /metrics asks for api_key too (it names the model and the load)
+    allowed_origins: tuple[str, ...] = ()  # CORS origins browser pages may call the HTTP API from ("*": any)
+    log_requests: bool = False  # log every plain-API request as it is accepted (--enable-log-requests)
+    drain_grace_s: float = 10.0  # on stop, seconds in-flight gRPC calls and HTTP requests get to finish
 
     @property
     def tls(self) -> bool:
@@ -79,15 +83,19 @@ class ServerHandle:
         scheme = "https" if self.config.tls else "http"
         return None if self.http_port is None else f"{scheme}://{self.config.host}:{self.http_port}"
 
-    def stop(self, grace: float = 5.0) -> None:
-        """Refuse new sessions, let in-flight calls finish for up to `grace` seconds, then stop."""
+    def stop(self, grace: float | None = None) -> None:
+        """Refuse new sessions, let in-flight calls (gRPC and HTTP alike) finish for up to `grace` seconds
+        (None: the config's drain_grace_s), then stop."""
         if self._stopped.is_set():
             return
-        log.info("draining: no new sessions; waiting up to %.1f s for in-flight calls", grace)
+        grace = self.config.drain_grace_s if grace is None else grace
+        log.info("draining: no new sessions; waiting up to %.1f s for in-flight calls", grace,
+                 extra={"grace_s": grace})
         self.core.draining.set()
+        started = time.monotonic()
         self._grpc.stop(grace)
-        if self._http:
-            self._http.stop()
+        if self._http:  # it answered /health with 503 "draining" meanwhile; its requests get what is left
+            self._http.stop(max(0.0, grace - (time.monotonic() - started)))
         self.core.close_all()
         self._stopped.set()
         log.info("stopped")
@@ -112,7 +120,8 @@ def start_server(config: ServerConfig) -> ServerHandle:
     from .target import TargetModel
 
     state = HttpState(api_key=config.api_key, served_model_name=config.served_model_name,
-                      max_body_bytes=config.max_body_bytes, metrics_need_key=config.metrics_need_key)
+                      max_body_bytes=config.max_body_bytes, metrics_need_key=config.metrics_need_key,
+                      allowed_origins=config.allowed_origins, log_requests=config.log_requests)
     http = _HttpThread(build_http_app(state), config) if config.http_port is not None else None
     try:
         t0 = time.monotonic()
@@ -120,7 +129,9 @@ def start_server(config: ServerConfig) -> ServerHandle:
                             trust_remote_code=config.trust_remote_code)
         support = adapt_for_tree_verification(loaded.model, config.max_context_tokens)
         target = TargetModel(loaded)
-        target.name = config.served_model_name or target.name  # what clients and dashboards see
+        # What clients and dashboards see: the served name, else the model as given (vLLM's default), not the
+        # folder's basename; Info's registry_name still names a registry model's tokenizer.
+        target.name = config.served_model_name or config.model
         log.info("loaded target %s (%d layers, hidden %d, vocab %d) on %s in %s in %.1f s", target.name,
                  target.num_layers, target.hidden_size, target.vocab_size, target.device,
                  str(target.dtype).removeprefix("torch."), time.monotonic() - t0)
@@ -195,7 +206,7 @@ class _HttpThread:
         self.port = self.sock.getsockname()[1]
         ssl = dict(ssl_certfile=config.tls_cert, ssl_keyfile=config.tls_key) if config.tls else {}
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, log_config=None,
-                                                    timeout_graceful_shutdown=5, **ssl))
+                                                    timeout_graceful_shutdown=config.drain_grace_s, **ssl))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="edgespec-http", daemon=True)
         self.thread.start()
@@ -205,7 +216,11 @@ class _HttpThread:
         if not self.server.started:
             raise OSError(f"the HTTP server did not start on {config.host}:{self.port}")
 
-    def stop(self) -> None:
+    def stop(self, grace: float | None = None) -> None:
+        """Stop taking connections; requests in flight get up to `grace` seconds (None: the config's drain grace),
+        then are cancelled (uvicorn's graceful shutdown)."""
+        if grace is not None:
+            self.server.config.timeout_graceful_shutdown = grace
         self.server.should_exit = True
-        self.thread.join(timeout=10)
+        self.thread.join(timeout=self.server.config.timeout_graceful_shutdown + 10)
         self.sock.close()

@@ -1,16 +1,19 @@
 """`edgespec server`: run the verification server until SIGTERM/SIGINT.
 
     edgespec server qwen2.5-coder-1.5b-instruct --host 0.0.0.0
-    EDGESPEC_HTTP_PORT=9000 edgespec server --config server.yaml
+    edgespec server MODEL --port 8000 --grpc-port 50051
+    EDGESPEC_PORT=9000 edgespec server --config server.yaml
 
+--port is the HTTP port (the OpenAI-compatible API, /health, /metrics), as vLLM's --port is;
+the gRPC Verifier listens on --grpc-port. --http-port is --port's old name and still works.
 vLLM's spellings work too: a positional MODEL, --max-model-len, --ssl-certfile/--ssl-keyfile,
---served-model-name, --dtype auto, --trust-remote-code.
+--served-model-name, --dtype auto, --trust-remote-code, --allowed-origins, --enable-log-requests.
 """
 from __future__ import annotations
 
 import argparse
 
-from edgespec.shared.config import enable_layers
+from edgespec.shared.config import comma_list, enable_layers
 from edgespec.shared.logging_setup import LEVELS
 
 DEFAULT_GRPC_PORT = 50051
@@ -27,10 +30,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the model's name in the API, Info and metrics (unset: the model's own); Info still gives "
                         "a registry model's registry name, by which clients load the tokenizer")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (0.0.0.0 for all)")
-    p.add_argument("--port", type=int, default=DEFAULT_GRPC_PORT, help="gRPC port (0 = pick a free one)")
-    p.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT,
-                   help="HTTP port: /health, /metrics, plain API (0 = pick a free one, -1 = none)")
-    p.add_argument("--device", default=None, help="cpu, cuda:0, ... (None: CUDA when present)")
+    p.add_argument("--port", "--http-port", dest="port", type=int, default=DEFAULT_HTTP_PORT,
+                   help="HTTP port, as vLLM's --port: OpenAI-compatible API, /health, /metrics (0 = pick a free one, "
+                        "-1 = none); --http-port is its old name")
+    p.add_argument("--grpc-port", type=int, default=DEFAULT_GRPC_PORT,
+                   help="gRPC port of the Verifier, where clients connect (0 = pick a free one)")
+    p.add_argument("--device", default=None, help="cpu, cuda:0, ... (unset: CUDA when present)")
     p.add_argument("--dtype", default=None, choices=DTYPES,
                    help="weights' dtype; auto = the checkpoint's own; unset: bfloat16 on a GPU or a CPU that "
                         "computes it natively (AVX512-BF16, AMX), float32 on other CPUs")
@@ -65,7 +70,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-format", choices=["text", "json"], default="text",
                    help="log lines as text or one JSON object a line (no progress bars) on stderr")
     p.add_argument("--log-level", choices=LEVELS, default="info", help="least severe level logged")
-    p.add_argument("--drain-grace", type=float, default=10.0, help="seconds in-flight calls get on shutdown")
+    p.add_argument("--drain-grace", type=float, default=10.0,
+                   help="seconds in-flight gRPC calls and HTTP requests get on shutdown")
+    p.add_argument("--allowed-origins", action="append", default=[], metavar="ORIGIN[,ORIGIN]",
+                   help="CORS: origins browser pages may call the HTTP API from (https://app.example, or * for any); "
+                        "repeatable or comma-separated; unset: no cross-origin calls")
+    p.add_argument("--enable-log-requests", action="store_true",
+                   help="log every plain-API request as it is accepted: id, sizes, sampling (never the prompt's text)")
     p.set_defaults(func=run)
     enable_layers(p)
 
@@ -90,6 +101,16 @@ def model_of(args: argparse.Namespace) -> str:
     return model
 
 
+def http_port_of(args: argparse.Namespace) -> int:
+    """The HTTP port (--port, vLLM's meaning). `--port 50051` with gRPC on its default is the old spelling, when
+    --port was the gRPC port: both would take 50051, so it is refused with the new spelling."""
+    if args.port == DEFAULT_GRPC_PORT and args.grpc_port == DEFAULT_GRPC_PORT:
+        raise SystemExit(f"--port {args.port}: --port is the HTTP port now, as vLLM's, and {DEFAULT_GRPC_PORT} is "
+                         f"the gRPC port (--grpc-port); for gRPC on {args.port} write --grpc-port {args.port} "
+                         f"(HTTP stays on {DEFAULT_HTTP_PORT}, or give it as --port)")
+    return args.port
+
+
 def server_config(args: argparse.Namespace):
     """ServerConfig from parsed arguments."""
     from .app import ServerConfig
@@ -100,16 +121,18 @@ def server_config(args: argparse.Namespace):
         raise SystemExit(f"--prefix-cache-gb must be 0 (off) or more, got {args.prefix_cache_gb:g}")
     if bool(args.tls_cert) != bool(args.tls_key):
         raise SystemExit("--tls-cert and --tls-key go together (--ssl-certfile and --ssl-keyfile)")
+    http_port = http_port_of(args)
     return ServerConfig(
-        model=model_of(args), served_model_name=args.served_model_name, host=args.host, port=args.port,
-        http_port=None if args.http_port < 0 else args.http_port, device=args.device, dtype=args.dtype,
+        model=model_of(args), served_model_name=args.served_model_name, host=args.host, port=args.grpc_port,
+        http_port=None if http_port < 0 else http_port, device=args.device, dtype=args.dtype,
         trust_remote_code=args.trust_remote_code, max_sessions=args.max_sessions, session_ttl_s=args.session_ttl,
         max_kv_bytes=int(args.max_kv_gb * (1 << 30)), prefix_cache_bytes=int(args.prefix_cache_gb * (1 << 30)),
         max_context_tokens=args.max_context, engine=args.engine,
         tls_cert=args.tls_cert, tls_key=args.tls_key, api_key=args.api_key,
         moa_server_parts=_parts(args.moa_server_part), random_moa_parts=tuple(args.random_moa_part),
         metrics_need_key=args.metrics_need_key, max_body_bytes=int(args.max_body_mb * (1 << 20)),
-        first_message_timeout_s=args.first_message_timeout)
+        first_message_timeout_s=args.first_message_timeout, allowed_origins=comma_list(args.allowed_origins),
+        log_requests=args.enable_log_requests, drain_grace_s=args.drain_grace)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -127,5 +150,5 @@ def run(args: argparse.Namespace) -> int:
     print(f"edgespec server listening grpc={handle.address} http={http}", flush=True)
     while not stop.wait(0.5):
         pass
-    handle.stop(grace=args.drain_grace)
+    handle.stop()  # --drain-grace, on both sides
     return 0

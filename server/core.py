@@ -43,7 +43,7 @@ class VerifierCore:
         self.limits = limits
         self.lsa_parts = dict(lsa_parts or {})
         self.scheduler = ModelScheduler(engine or GenericEngine(target))  # every forward, batched
-        self.metrics = ServerMetrics(target.name)
+        self.metrics = ServerMetrics(target.name, limits.max_context_tokens)
         self.prefix_cache = self._prefix_cache(limits.prefix_cache_bytes)  # None: off
         self.store = SessionStore(limits.store, on_drop=self._dropped, on_release=self._keep_prefix)
         self.metrics.watch(self)  # gauges read the store and the scheduler when scraped
@@ -65,12 +65,15 @@ class VerifierCore:
         result = session.open(prompt_ids, tree)
         self.store.add(session)
         self.store.touch(session)
-        self.metrics.opened(settings.session_id, len(tree) if tree else 0, result)
+        self.metrics.opened(settings.session_id, len(tree) if tree else 0, result, settings.max_new_tokens)
         # Ids and names come from the peer: printed escaped, so none can forge or flood a log line.
-        log.info("session %s opened: %d prompt tokens (%d from the prefix cache), drafter=%s, features=%s, "
-                 "sampling=%s", printable(settings.session_id), len(prompt_ids), result.cached_tokens,
-                 printable(settings.drafter, 64) or "?",
-                 settings.features.kind.name, settings.sampling)
+        s = settings.sampling
+        log.info("session %s opened", printable(settings.session_id), extra={
+            "session": printable(settings.session_id), "prompt_tokens": len(prompt_ids),
+            "cached_tokens": result.cached_tokens,
+            "drafter": printable(settings.drafter, 64) or "?", "features": settings.features.kind.name,
+            "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
+            "max_new_tokens": settings.max_new_tokens})
         return result
 
     def verify(self, session_id: str, step: int, committed_len: int, tree_bytes: bytes) -> StepResult:
@@ -81,7 +84,7 @@ class VerifierCore:
             self.store.touch(session)
         finally:
             session.lock.release()
-        self.metrics.verified(len(tree), result)
+        self.metrics.verified(session_id, len(tree), result)
         return result
 
     def resume(self, session_id: str, confirmed_len: int, confirmed_hash: bytes, committed_ids: Sequence[int],
@@ -105,9 +108,11 @@ class VerifierCore:
             result = self._rebuild(session_id, confirmed_len, confirmed_hash, committed_ids, provisional, policy,
                                    reopen, session)
         result.restored = restored
-        self.metrics.resumed(session_id, restored, result)
-        log.info("session %s resumed (%s): %d provisional tokens, %d agreed, policy %s", printable(session_id),
-                 "restored" if restored else "re-prefilled", len(provisional), result.agreed, policy.name)
+        kept = len(provisional) if policy is ResumePolicy.KEEP else min(result.agreed, len(provisional))
+        self.metrics.resumed(session_id, restored, result, kept, (reopen.max_new_tokens if reopen else 0))
+        log.info("session %s resumed", printable(session_id), extra={
+            "session": printable(session_id), "restored": restored, "provisional_tokens": len(provisional),
+            "agreed": result.agreed, "policy": policy.name})
         return result
 
     def close(self, session_id: str) -> None:
@@ -115,7 +120,7 @@ class VerifierCore:
         if session is not None:
             self._keep_prefix(session)
         self.metrics.closed(session_id)
-        log.info("session %s closed", printable(session_id))
+        log.info("session %s closed", printable(session_id), extra={"session": printable(session_id)})
 
     def _rebuild(self, session_id: str, confirmed_len: int, confirmed_hash: bytes,
                  committed_ids: Sequence[int], provisional: Sequence[int], policy: ResumePolicy,
@@ -183,7 +188,8 @@ class VerifierCore:
 
     def _dropped(self, session_id: str, why: str) -> None:
         self.metrics.dropped(session_id, why)
-        log.info("session %s dropped (%s)", printable(session_id), why)
+        log.info("session %s dropped (%s)", printable(session_id), why,
+                 extra={"session": printable(session_id), "reason": why})
 
     def _reap(self) -> None:
         period = min(30.0, max(0.5, self.limits.store.ttl_s / 4))

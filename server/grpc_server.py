@@ -27,6 +27,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edgespec.server")
 
+ID_BYTES = 5  # a token id as a protobuf varint, at most (uint32)
+# Everything but the id lists (session id, names, fingerprint, settings, hash), with room for a peer's over-long
+# string, which the handler then refuses with a message that says what was wrong (an id over 128 characters).
+MESSAGE_SLACK_BYTES = 2 << 20
+
+
+def session_message_bytes(max_context_tokens: int, max_tree_nodes: int) -> int:
+    """The largest ClientMessage a session can legitimately send: a Resume, whose committed ids, provisional ids
+    and reopen's prompt are each at most a context long, or an Open's prompt and tree. gRPC refuses anything
+    larger (RESOURCE_EXHAUSTED) before it is parsed: a 30 MB Open would otherwise become hundreds of MB of
+    Python objects before its length check refused it."""
+    return 3 * ID_BYTES * max_context_tokens + 4 * max_tree_nodes + MESSAGE_SLACK_BYTES
+
 
 class GrpcServer:
     """A started gRPC server; ``port`` is the one it listens on."""
@@ -38,6 +51,9 @@ class GrpcServer:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="edgespec-grpc-loop", daemon=True)
         self._thread.start()
+        # Requests (Info's is empty; Session's are ClientMessages) are bounded by what a session can send.
+        self.max_receive_bytes = min(config.max_message_bytes, session_message_bytes(
+            core.limits.max_context_tokens, core.limits.max_tree_nodes))
         try:
             self._server, self.port = self._on_loop(self._start(config))
         except BaseException:
@@ -47,7 +63,7 @@ class GrpcServer:
     async def _start(self, config: "ServerConfig") -> tuple[grpc.aio.Server, int]:
         ping_ms = int(config.keepalive_min_ping_s * 1000)
         options = [
-            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.max_receive_message_length", self.max_receive_bytes),
             ("grpc.max_send_message_length", config.max_message_bytes),
             # Clients ping every few seconds to notice a dead link; allow it, even with no call open.
             ("grpc.keepalive_permit_without_calls", 1),

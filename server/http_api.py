@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from edgespec.shared.logprobs import token_logprobs
+from edgespec.shared.metrics import SpecDecodeStats
 from edgespec.shared.openai.backend import GeneratedToken, GenerationJob
 from edgespec.shared.openai.errors import unavailable
 from edgespec.shared.openai.gate import DEFAULT_MAX_BODY_BYTES
@@ -28,12 +29,15 @@ class HttpState:
     """What the HTTP side sees of the server: the core once the model is loaded, and how the API is guarded."""
 
     def __init__(self, api_key: str | None = None, served_model_name: str | None = None,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, metrics_need_key: bool = False):
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, metrics_need_key: bool = False,
+                 allowed_origins: tuple[str, ...] = (), log_requests: bool = False):
         self.core = None  # VerifierCore, set when the model is loaded
         self.api_key = api_key  # every /v1 request (and /metrics when metrics_need_key) must carry it
         self.served_model_name = served_model_name  # the name the API answers to; None = the target's name
         self.max_body_bytes = max_body_bytes  # larger request bodies get 413
         self.metrics_need_key = metrics_need_key
+        self.allowed_origins = tuple(allowed_origins)  # CORS: origins browser pages may call from
+        self.log_requests = log_requests  # log each plain-API request (--enable-log-requests)
         self._backend: PlainBackend | None = None
 
     def backend(self) -> "PlainBackend":
@@ -61,25 +65,30 @@ class PlainBackend:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     def start(self, job: GenerationJob, cancel: threading.Event) -> "PlainRun":
-        return PlainRun(self.core, job)
+        return PlainRun(self.core, job, cancel)
 
     def count_request(self, endpoint: str) -> None:
         self.core.metrics.api_requests.labels(endpoint=endpoint).inc()
 
 
 class PlainRun:
-    """One choice from the plain decoder; the tokens are pulled, so not pulling stops the decoding."""
+    """One choice from the plain decoder; the tokens are pulled, so not pulling stops the decoding.
 
-    extra = None
+    Its ``edgespec`` field has the local API's ``spec_decode`` object, with no drafts: a client reads the
+    same keys from both APIs."""
 
-    def __init__(self, core, job: GenerationJob):
+    extra = {"spec_decode": SpecDecodeStats().request_summary()}
+
+    def __init__(self, core, job: GenerationJob, cancel: threading.Event | None = None):
         self.core = core
         self.top_logprobs = job.top_logprobs
         s = job.sampling
         request = GenerationRequest(job.prompt_ids, job.max_new_tokens, SamplingConfig(s.temperature, s.top_p, s.top_k),
                                     job.seed)
         self._decoding = generate(core.target, core.scheduler, request, core.prefix_cache)
-        self._tokens = core.metrics.api_generation(self._decoding)
+        cancel = cancel or threading.Event()
+        self._tokens = core.metrics.api_generation(self._decoding, len(job.prompt_ids), job.max_new_tokens,
+                                                   lambda step: step.id, cancel.is_set)
         self.finish_reason = "length"
         # usage.prompt_tokens_details.cached_tokens, known with the first token; None: no prefix cache
         self.cached_tokens: int | None = None if core.prefix_cache is None else 0
@@ -87,7 +96,6 @@ class PlainRun:
     def __iter__(self) -> Iterator[GeneratedToken]:
         eos = self.core.target.eos_ids
         for step in self._tokens:
-            self.core.metrics.api_tokens.inc()
             if self.cached_tokens is not None:
                 self.cached_tokens = step.cached_tokens
             if step.id in eos:
@@ -107,7 +115,8 @@ class PlainRun:
 
 def build_http_app(state: HttpState) -> FastAPI:
     settings = ApiSettings(api_key=state.api_key, max_body_bytes=state.max_body_bytes,
-                           metrics_need_key=state.metrics_need_key)
+                           metrics_need_key=state.metrics_need_key, allowed_origins=state.allowed_origins,
+                           log_requests=state.log_requests)
     app = build_openai_app("edgespec server", state.backend, settings)
 
     @app.get("/health")

@@ -4,7 +4,9 @@ One helper for every door that asks for a key: the server's gRPC calls, its
 HTTP API, and the client's local HTTP API. A key is read from
 ``Authorization: Bearer KEY`` (the scheme in any case, as RFC 7235 allows) or
 from ``x-api-key: KEY``, and compared in constant time so a wrong key's
-timing says nothing about the right one.
+timing says nothing about the right one. A caller that sends both must send
+the right key in both: a wrong one is refused, whichever header holds it (a
+proxy in front that reads the other header must not see a key that passed).
 """
 from __future__ import annotations
 
@@ -15,17 +17,26 @@ HOW_TO_SEND = "send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')"
 
 
 def api_key_from_headers(headers: Mapping[str, str]) -> str | None:
-    """The key a caller sent, or None.
+    """The key a caller sent (the bearer's first), or None.
 
     ``headers`` maps lower-case names to values: Starlette's headers (any case
     works there) or dict(gRPC metadata), whose keys are lower-case by the spec.
     """
+    keys = api_keys_from_headers(headers)
+    return keys[0] if keys else None
+
+
+def api_keys_from_headers(headers: Mapping[str, str]) -> list[str]:
+    """Every key a caller sent: the bearer credentials and x-api-key, each when present."""
+    keys = []
     authorization = headers.get("authorization") or ""
     scheme, _, credentials = authorization.strip().partition(" ")
     if scheme.lower() == "bearer" and credentials.strip():
-        return credentials.strip()
+        keys.append(credentials.strip())
     key = (headers.get("x-api-key") or "").strip()
-    return key or None
+    if key:
+        keys.append(key)
+    return keys
 
 
 def api_key_matches(given: str | None, expected: str) -> bool:
@@ -39,9 +50,9 @@ def api_key_problem(headers: Mapping[str, str], expected: str | None) -> str | N
     """None when the request may pass (no key needed, or the right one sent); else what is wrong, for a person."""
     if not expected:
         return None
-    given = api_key_from_headers(headers)
-    if given is None:
+    given = api_keys_from_headers(headers)
+    if not given:
         return f"this server needs an API key: {HOW_TO_SEND}"
-    if not api_key_matches(given, expected):
+    if not all([api_key_matches(key, expected) for key in given]):  # a list: every key is compared, in full
         return "the API key sent is not this server's"
     return None

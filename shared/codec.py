@@ -105,6 +105,15 @@ class ActivationCodec:
         return decode_frame(frame, max_elements)
 
 
+def frame_element_limit(rows: int, values_per_row: int) -> int:
+    """The most elements a frame may claim when it carries `rows` tokens of at most `values_per_row` values each:
+    what a live message can legitimately hold (a session's rows x its feature width), far below MAX_ELEMENTS,
+    so a small hostile frame cannot make the decoder allocate more than the session's own activations."""
+    if rows < 0 or values_per_row < 0:
+        raise ValueError(f"rows and values_per_row must be >= 0, got {rows} and {values_per_row}")
+    return rows * values_per_row
+
+
 def _row_shape(shape: tuple[int, ...]) -> tuple[int, int]:
     """[T, C] view of a shape: C is the last dimension, T the product of the rest."""
     if not shape:

@@ -10,7 +10,10 @@ the flag's own ``type`` and ``choices``; a bad value or an unknown key in the fi
 that names it. Switches (``store_true``) take true/false, 1/0, yes/no, on/off; repeatable flags
 (``append``) take a YAML list (``[a, b]`` in a variable too).
 
-The environment and the file are read when the parser parses, never at import.
+The environment and the file are read when the parser parses, never at import. An ``EDGESPEC_*``
+variable that no option of any command reads, and that is not one of ``KNOWN_ENV``, is reported
+(``Namespace.config_warnings``, logged once logging is set up), as vLLM warns about unknown ``VLLM_*``
+variables: a misspelt variable is otherwise silently ignored.
 """
 from __future__ import annotations
 
@@ -27,9 +30,17 @@ ENV_PREFIX = "EDGESPEC_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
 # Variables that already mean something else: EDGESPEC_HOME is the model cache folder.
 RESERVED_ENV = frozenset({ENV_PREFIX + "HOME"})
+# Variables read by something other than a command's options: the model cache, the config file, and the
+# deploy/ entrypoint's and compose files' own settings (which become flags or stay in the shell).
+KNOWN_ENV = RESERVED_ENV | {CONFIG_ENV} | {ENV_PREFIX + name for name in (
+    "CLIENT_PORT", "PREPARE", "DRY_RUN", "HEALTH_ROLE", "PROFILE", "RELAY_LISTEN", "RELAY_UPSTREAM",
+    "PROXY_LISTEN", "PROXY_ACCESS_LOG", "UPSTREAMS", "SERVER_VARIANT", "CLIENT_PUBLISH", "SERVER_HTTP_PUBLISH")}
+# Every layered parser made in this process: an unknown variable is one that none of them reads.
+_LAYERED: list[argparse.ArgumentParser] = []
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
-# Defaults of these options are not printed by --help: an API key from the environment would show.
+# Defaults of these options are not printed by --help: an API key from the environment would show. Only
+# options that take a value can hold a secret (a switch such as --metrics-need-key holds none).
 _SECRET = re.compile(r"(^|_)(key|token|password|secret)$")
 # argparse actions whose value is "the flag was given" (const) rather than a parsed value.
 _SWITCHES = (argparse._StoreConstAction, argparse.BooleanOptionalAction)
@@ -45,7 +56,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if _SECRET.search(action.dest) and action.default not in (None, argparse.SUPPRESS):
+        if is_secret(action) and action.default not in (None, argparse.SUPPRESS):
             return text + " (default: set, hidden)"
         # Nothing to add for an unset flag or switch, nor where the help already names the value in force
         # (a default the environment or config file changed is not named there, so it is still shown).
@@ -54,6 +65,37 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
                 rf"default:? {value}\b|(?<![\w.]){value}, the default", text):
             return text
         return super()._get_help_string(action)
+
+
+def is_secret(action: argparse.Action) -> bool:
+    """An option whose value may be a secret (an API key, a token): one that takes a value and is named so."""
+    return action.nargs != 0 and bool(_SECRET.search(action.dest))
+
+
+def comma_list(values: list[str]) -> tuple[str, ...]:
+    """A repeatable option's values, each of which may hold several comma-separated items, as one tuple."""
+    return tuple(item.strip() for value in values for item in value.split(",") if item.strip())
+
+
+def _known_env() -> set[str]:
+    return set(KNOWN_ENV) | {n for p in _LAYERED for a in _layered_actions(p) for n in env_names(a)}
+
+
+def unknown_env(environ: Mapping[str, str]) -> list[str]:
+    """EDGESPEC_* variables set in `environ` that no command's option and no part of edgespec reads."""
+    known = _known_env()
+    return sorted(name for name in environ if name.startswith(ENV_PREFIX) and name not in known)
+
+
+def unknown_env_warnings(environ: Mapping[str, str]) -> list[str]:
+    """One line per unknown EDGESPEC_* variable, with the nearest known name when there is one."""
+    known = sorted(_known_env())
+    out = []
+    for name in unknown_env(environ):
+        near = difflib.get_close_matches(name, known, n=1)
+        out.append(f"unknown environment variable {name}: no edgespec option reads it"
+                   + (f" (did you mean {near[0]}?)" if near else ""))
+    return out
 
 
 @dataclass(frozen=True)
@@ -113,6 +155,7 @@ class LayeredParser(argparse.ArgumentParser):
         given = getattr(ns, "config", None)
         if given is not None and (config_path is None or Path(given) != config_path):
             self.error(f"write --config in full (the file is read before the other options); got {given}")
+        ns.config_warnings = unknown_env_warnings(os.environ)  # logged by the caller once logging is set up
         return ns, extras
 
 
@@ -132,6 +175,7 @@ def enable_layers(parser: argparse.ArgumentParser) -> None:
         f"Every option can also be set as {ENV_PREFIX}<OPTION> (--http-port: {ENV_PREFIX}HTTP_PORT)\n"
         f"or in --config FILE.yaml; precedence: command line > environment > config file > default.")
     parser.layered = True
+    _LAYERED.append(parser)
 
 
 def env_names(action: argparse.Action) -> list[str]:

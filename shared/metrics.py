@@ -2,12 +2,19 @@
 one generation's counters, which hold both.
 
 Words, as vLLM uses them:
-- a *draft* is one tree sent for verification; *draft tokens* are its nodes;
-- *accepted tokens* are draft tokens the target agreed with;
+- a *verification* is one tree sent to the target (with Open or Draft), empty trees included;
+- a *draft* is a verification whose tree has at least one node (vLLM: a step with draft tokens); an
+  empty tree asks for the target's next token alone and is no draft;
+- *draft tokens* are a draft's tree nodes, every branch counted (a tree of 16 nodes and depth 5 is 16
+  draft tokens, of which at most 5 can be accepted);
+- *accepted tokens* are draft tokens the target agreed with (one path, root to leaf);
 - the *bonus token* is the target's own token after the last accepted one
   (every verification yields exactly one);
+- *mean acceptance length* (vLLM's, chain-equivalent) = 1 + accepted tokens / drafts: tokens a draft
+  commits, bonus included, whatever the tree's width; SGLang's ``spec_accept_length`` is the same;
 - *acceptance length* tau = tokens committed per verification, bonus included:
-  (accepted tokens + verifications) / verifications. Plain decoding has tau = 1.
+  (accepted tokens + verifications) / verifications. Plain decoding has tau = 1; it equals the mean
+  acceptance length when no tree was empty.
 - *calls* are requests answered by the server: the prefill (Open), every
   verification (Draft) and every Resume.
 - *bytes up/down* are serialized message sizes, both directions, every message.
@@ -25,13 +32,18 @@ class SpecDecodeStats:
     The one place that counts acceptance per position; the generation loop and the server's
     metrics observe drafts here, and the Prometheus sink (``edgespec.shared.prom``) reads it."""
 
-    num_drafts: int = 0  # trees sent for verification (verifications)
-    num_draft_tokens: int = 0  # nodes in those trees
+    num_drafts: int = 0  # verified trees with at least one node (vLLM: steps with draft tokens)
+    num_draft_tokens: int = 0  # nodes in those trees, every branch counted
     num_accepted_tokens: int = 0  # nodes the target accepted
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: drafts accepted to depth i+1 or deeper
+    num_verifications: int = 0  # trees verified, empty ones included (tau's denominator)
 
     def observe_draft(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
-        """One verified tree of num_draft_tokens nodes whose accepted path is num_accepted_tokens long."""
+        """One verified tree of num_draft_tokens nodes whose accepted path is num_accepted_tokens long
+        (an empty tree is a verification, not a draft)."""
+        self.num_verifications += 1
+        if num_draft_tokens == 0:
+            return
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted_tokens
@@ -43,7 +55,40 @@ class SpecDecodeStats:
     @property
     def acceptance_length(self) -> float:
         """tau: tokens committed per verification, bonus included (0 when nothing was verified)."""
-        return (self.num_accepted_tokens + self.num_drafts) / self.num_drafts if self.num_drafts else 0.0
+        n = self.num_verifications
+        return (self.num_accepted_tokens + n) / n if n else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """vLLM's mean acceptance length: 1 + accepted tokens per draft (0 when there was no draft)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+    def drafts_by_accepted(self) -> list[int]:
+        """[k]: drafts whose accepted path is exactly k tokens long (from the per-position counts)."""
+        reached = [self.num_drafts, *self.accepted_per_position, 0]
+        return [reached[k] - reached[k + 1] for k in range(len(reached) - 1)]
+
+    def request_summary(self) -> dict:
+        """One request's speculative figures in vLLM's words and SGLang's (``meta_info``) at once.
+
+        vLLM: num_drafts, num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos and
+        mean_acceptance_length (1 + accepted / drafts). SGLang: spec_verify_ct (verifications),
+        spec_accept_length (the mean acceptance length: tokens a draft commits, bonus included, the
+        chain-equivalent figure whatever the tree's width), spec_accept_rate (accepted / draft tokens,
+        tree nodes counted, so a wide tree's rate is low while its accept length is high),
+        spec_accept_token_num, spec_draft_token_num."""
+        length = self.mean_acceptance_length
+        return {
+            "num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "num_accepted_tokens_per_pos": list(self.accepted_per_position),
+            "mean_acceptance_length": round(length, 4),
+            "spec_verify_ct": self.num_verifications,
+            "spec_accept_length": round(length, 4),
+            "spec_accept_rate": round(self.num_accepted_tokens / self.num_draft_tokens, 4)
+            if self.num_draft_tokens else 0.0,
+            "spec_accept_token_num": self.num_accepted_tokens, "spec_draft_token_num": self.num_draft_tokens,
+        }
 
 
 @dataclass
@@ -107,7 +152,9 @@ class GenerationMetrics(SpecDecodeStats, LinkTraffic):
         """Plain values for JSON, derived figures included."""
         out = asdict(self)
         out.pop("round_trips_s")
-        out.update(acceptance_length=round(self.acceptance_length, 4), tokens_per_s=round(self.tokens_per_s, 4),
+        out.update(acceptance_length=round(self.acceptance_length, 4),
+                   mean_acceptance_length=round(self.mean_acceptance_length, 4),
+                   tokens_per_s=round(self.tokens_per_s, 4),
                    mean_round_trip_s=round(self.mean_round_trip_s, 6),
                    calls_per_100_tokens=round(self.calls_per_100_tokens, 3),
                    bytes_per_token=round(self.bytes_per_token, 2))

@@ -108,7 +108,7 @@ def summarize(runs: list[Run]) -> dict:
             for r in rs:
                 total.add(r.metrics)
             drafts, accepted = total.num_drafts, total.num_accepted_tokens
-            row["tau_vllm"] = round(total.acceptance_length, 3)
+            row["tau_vllm"] = round(total.mean_acceptance_length, 3)  # 1 + accepted / drafts
             row["draft_s"] = round(total.draft_s, 2)
             row["verify_s"] = round(total.verify_s, 2)
             row["draft_ms_per_tree"] = round(1000 * total.draft_s / drafts, 1) if drafts else None

@@ -15,9 +15,12 @@ from .records import group_by, markdown_table, read_jsonl
 
 
 def _agg(rows: list[dict]) -> dict:
-    tokens, wall, drafts, accepted, calls, up, down = (
+    tokens, wall, accepted, calls, up, down = (
         sum(r.get(k, 0) for r in rows)
-        for k in ("new_tokens", "wall_s", "num_drafts", "num_accepted_tokens", "calls", "bytes_up", "bytes_down"))
+        for k in ("new_tokens", "wall_s", "num_accepted_tokens", "calls", "bytes_up", "bytes_down"))
+    # tau is per verification, empty trees included: num_verifications (num_drafts in records made before drafts
+    # became vLLM's, trees with nodes)
+    drafts = sum(r.get("num_verifications", r.get("num_drafts", 0)) for r in rows)
     rtts = sorted(x for r in rows for x in r.get("round_trips_s", []) or [])
     return {"n": len(rows), "tokens": tokens, "tok_s": tokens / wall if wall else 0.0,
             "tau": (accepted + drafts) / drafts if drafts else None,

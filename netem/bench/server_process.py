@@ -43,7 +43,7 @@ class ServerProcess:
         if self.threads:
             env["OMP_NUM_THREADS"] = str(self.threads)
         cmd = [sys.executable, "-m", "edgespec.shared.cli", "server", "--model", self.model,
-               "--host", "127.0.0.1", "--port", "0", "--http-port", "0", *self.extra_args]
+               "--host", "127.0.0.1", "--grpc-port", "0", "--port", "0", *self.extra_args]
         with spawning_on(self.cpus):
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         deadline = time.monotonic() + self.startup_timeout_s

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible app both APIs serve: /v1/models, /v1/completions, /v1/chat/completions.
+"""The OpenAI-compatible app both APIs serve: /v1/models, /v1/completions, /v1/chat/completions, and
+vLLM's /tokenize, /detokenize and /version.
 
 A request goes through the same steps on both sides:
   1. ``ApiGate``: the API key, then the declared body size (before any parsing);
@@ -8,10 +9,16 @@ A request goes through the same steps on both sides:
   5. the choices are generated: whole on a worker thread, cancelled if the
      caller disconnects, or streamed as server-sent events.
 The app returned has no /health or /metrics: each side adds its own.
+
+CORS (``allowed_origins``) wraps everything, so a browser's preflight is answered before the key is
+asked for (a preflight carries none) and refusals carry the headers a page needs to read them. With
+``log_requests`` every generation request is logged as it is accepted (vLLM's --enable-log-requests):
+its id, endpoint, sizes and sampling settings as fields, never the prompt's text.
 """
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -29,6 +36,9 @@ from .prompts import chat_text, check_ids, encode_text
 from .requests import ChatCompletionRequest, CompletionRequest, Settings, parse_request
 from .responses import Shape, TokenTexts, stream_chunks, whole_body
 from .sse import frames
+from .tokenize import DetokenizeRequest, TokenizeRequest, detokenize, parse, tokenize
+
+log = logging.getLogger("edgespec.requests")
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy default; chat's is the rest of the context
 
@@ -40,6 +50,8 @@ class ApiSettings:
     api_key: str | None = None  # when set, every path but /health (and /metrics unless protected) needs it
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies get 413
     metrics_need_key: bool = False  # /metrics asks for the key too (off: scrapers usually have none)
+    allowed_origins: tuple[str, ...] = ()  # CORS: origins a browser page may call from ("*": any); () = none
+    log_requests: bool = False  # log every generation request as it is accepted (vLLM's --enable-log-requests)
 
 
 def build_openai_app(title: str, get_backend: Callable[[], Backend], settings: ApiSettings = ApiSettings()
@@ -50,6 +62,11 @@ def build_openai_app(title: str, get_backend: Callable[[], Backend], settings: A
     open_paths = {"/health"} if settings.metrics_need_key else {"/health", "/metrics"}
     app.add_middleware(ApiGate, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes,
                        open_paths=frozenset(open_paths))
+    if settings.allowed_origins:  # added last, so it runs first: preflights never meet the key check
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"], allow_credentials=False)
     created = int(time.time())
 
     def card(backend: Backend) -> dict:
@@ -69,25 +86,54 @@ def build_openai_app(title: str, get_backend: Callable[[], Backend], settings: A
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await _answer(request, CompletionRequest, get_backend, settings.max_body_bytes)
+        return await _answer(request, CompletionRequest, get_backend, settings)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
-        return await _answer(request, ChatCompletionRequest, get_backend, settings.max_body_bytes)
+        return await _answer(request, ChatCompletionRequest, get_backend, settings)
+
+    @app.get("/version")
+    async def version():
+        from edgespec.shared import __version__
+
+        return json_response({"version": __version__})
+
+    @app.post("/tokenize")
+    async def tokenize_route(request: Request):
+        body = parse(await read_body(request, settings.max_body_bytes), TokenizeRequest)
+        backend = _named(get_backend(), body.model)
+        return json_response(await run_in_threadpool(tokenize, backend, body))
+
+    @app.post("/detokenize")
+    async def detokenize_route(request: Request):
+        body = parse(await read_body(request, settings.max_body_bytes), DetokenizeRequest)
+        backend = _named(get_backend(), body.model)
+        return json_response(await run_in_threadpool(detokenize, backend, body))
 
     return app
 
 
-async def _answer(request: Request, kind, get_backend: Callable[[], Backend], max_body_bytes: int):
+def _named(backend: Backend, model: str | None) -> Backend:
+    if model is not None and model != backend.name:
+        raise model_not_found(model, backend.name)
+    return backend
+
+
+async def _answer(request: Request, kind, get_backend: Callable[[], Backend], api: ApiSettings):
     chat = kind is ChatCompletionRequest
-    body = parse_request(await read_body(request, max_body_bytes), kind)
+    body = parse_request(await read_body(request, api.max_body_bytes), kind)
     settings = body.settings()
-    backend = get_backend()
-    if body.model is not None and body.model != backend.name:
-        raise model_not_found(body.model, backend.name)
+    backend = _named(get_backend(), body.model)
     plan = await run_in_threadpool(_plan, backend, body, chat, settings)
     backend.count_request("chat" if chat else "completions")
     shape = Shape.new(chat, backend.name)
+    if api.log_requests:
+        s = settings.sampling
+        log.info("request %s received", shape.id, extra={
+            "request_id": shape.id, "endpoint": "chat" if chat else "completions", "model": backend.name,
+            "prompt_tokens": len(plan.prompt_ids), "max_tokens": plan.max_new_tokens, "n": settings.n,
+            "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "seed": settings.seed,
+            "stop_strings": len(settings.stop), "logprobs": settings.top_logprobs, "stream": settings.stream})
     texts = TokenTexts(backend.tokenizer) if settings.top_logprobs is not None else None
     if settings.stream:
         return await _stream(backend, plan, shape, texts)

@@ -9,6 +9,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from edgespec.client.generation import GenerationConfig
 from edgespec.client.metrics import ClientMetrics
 
+P = "edgespec_client:"  # the client's series; the server's are edgespec:
+
 
 def values(metrics: ClientMetrics) -> dict:
     out = {}
@@ -29,23 +31,27 @@ def test_counters_and_histograms_follow_generations(tiny_server, make_client, ti
     v = values(metrics)
     m1, m2 = first.metrics, second.metrics
     assert m1.num_accepted_tokens >= 2
-    assert v[("edgespec:spec_decode_num_drafts_total", None)] == m1.num_drafts + m2.num_drafts
-    assert v[("edgespec:spec_decode_num_draft_tokens_total", None)] == m1.num_draft_tokens + m2.num_draft_tokens
-    assert v[("edgespec:spec_decode_num_accepted_tokens_total", None)] == (m1.num_accepted_tokens
+    assert v[(P + "spec_decode_num_drafts_total", None)] == m1.num_drafts + m2.num_drafts
+    assert v[(P + "spec_decode_num_draft_tokens_total", None)] == m1.num_draft_tokens + m2.num_draft_tokens
+    assert v[(P + "spec_decode_num_accepted_tokens_total", None)] == (m1.num_accepted_tokens
                                                                           + m2.num_accepted_tokens)
     for pos, count in enumerate(m1.accepted_per_position):
         other = m2.accepted_per_position[pos] if pos < len(m2.accepted_per_position) else 0
-        assert v[("edgespec:spec_decode_num_accepted_tokens_per_pos_total", str(pos))] == count + other
+        assert v[(P + "spec_decode_num_accepted_tokens_per_pos_total", str(pos))] == count + other
+    # The chain-equivalent figure: tokens each draft committed, bonus included; its mean is 1 + accepted / drafts.
+    drafts, accepted = m1.num_drafts + m2.num_drafts, m1.num_accepted_tokens + m2.num_accepted_tokens
+    assert v[(P + "spec_decode_acceptance_length_count", None)] == drafts
+    assert v[(P + "spec_decode_acceptance_length_sum", None)] == drafts + accepted
     for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
                  "request_verify_time_seconds"):
-        assert v[(f"edgespec:{name}_count", None)] == 2, name
+        assert v[(f"{P}{name}_count", None)] == 2, name
     # every message answered (Open, Draft, Resume and the Close, which is no call to the model)
-    assert v[("edgespec:round_trip_time_seconds_count", None)] == len(m1.round_trips_s) + len(m2.round_trips_s)
+    assert v[(P + "round_trip_time_seconds_count", None)] == len(m1.round_trips_s) + len(m2.round_trips_s)
     assert len(m1.round_trips_s) > m1.calls
-    assert v[("edgespec:generation_tokens_total", None)] == 28
-    assert v[("edgespec:prompt_tokens_total", None)] == 2 * len(ids)
-    assert v[("edgespec:num_requests_running", None)] == 0 and v[("edgespec:num_requests_waiting", None)] == 0
-    assert v[("edgespec:e2e_request_latency_seconds_sum", None)] >= v[("edgespec:time_to_first_token_seconds_sum",
+    assert v[(P + "generation_tokens_total", None)] == 28
+    assert v[(P + "prompt_tokens_total", None)] == 2 * len(ids)
+    assert v[(P + "num_requests_running", None)] == 0 and v[(P + "num_requests_waiting", None)] == 0
+    assert v[(P + "e2e_request_latency_seconds_sum", None)] >= v[(P + "time_to_first_token_seconds_sum",
                                                                         None)]
 
 
@@ -59,14 +65,14 @@ def test_a_second_request_waits_while_one_runs_and_an_abandoned_one_leaves_the_g
     waiter = threading.Thread(target=lambda: (client.generate(ids, GenerationConfig(max_new_tokens=3)), done.set()))
     waiter.start()
     deadline = time.monotonic() + 10
-    while values(metrics)[("edgespec:num_requests_waiting", None)] != 1 and time.monotonic() < deadline:
+    while values(metrics)[(P + "num_requests_waiting", None)] != 1 and time.monotonic() < deadline:
         time.sleep(0.02)
     v = values(metrics)
-    assert v[("edgespec:num_requests_waiting", None)] == 1 and v[("edgespec:num_requests_running", None)] == 1
+    assert v[(P + "num_requests_waiting", None)] == 1 and v[(P + "num_requests_running", None)] == 1
     running.close()  # abandoned mid-way: it leaves the gauges and frees the client
     waiter.join(timeout=60)
     assert done.is_set()
     v = values(metrics)
-    assert v[("edgespec:num_requests_running", None)] == 0 and v[("edgespec:num_requests_waiting", None)] == 0
-    assert v[("edgespec:request_queue_time_seconds_count", None)] == 2
-    assert v[("edgespec:e2e_request_latency_seconds_count", None)] == 1  # only the finished one
+    assert v[(P + "num_requests_running", None)] == 0 and v[(P + "num_requests_waiting", None)] == 0
+    assert v[(P + "request_queue_time_seconds_count", None)] == 2
+    assert v[(P + "e2e_request_latency_seconds_count", None)] == 1  # only the finished one

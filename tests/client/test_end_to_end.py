@@ -18,7 +18,7 @@ def test_greedy_equals_target(tiny_server, make_client, tiny_target_f32, greedy,
     assert result.token_ids == greedy(tiny_target_f32, ids, 48, client.tokens.eos_ids)
     m = result.metrics
     # one call per verified tree, plus the prefill when Open carried no tree (nothing drafted from the prompt)
-    assert m.calls in (m.num_drafts, m.num_drafts + 1)
+    assert m.calls in (m.num_verifications, m.num_verifications + 1)
     assert m.new_tokens == len(result.token_ids)
     assert m.offline_tokens == 0 and m.disconnects == 0
     assert m.bytes_up > 0 and m.bytes_down > 0
@@ -35,7 +35,7 @@ def test_target_as_drafter_accepts_deep_trees(tiny_server, make_client, tiny_mod
     assert TokenOrigin.ACCEPTED in result.origins
     # tau counts the bonus: committed tokens per verification (the first token came from Open)
     m = result.metrics
-    assert m.num_accepted_tokens + m.num_drafts + 1 >= m.new_tokens
+    assert m.num_accepted_tokens + m.num_verifications + 1 >= m.new_tokens
 
 
 @pytest.mark.parametrize("draft_on_open", [True, False])
@@ -49,10 +49,10 @@ def test_open_carries_a_tree_verified_with_the_prefill(tiny_server, make_client,
     assert result.token_ids == greedy(tiny_target_f32, ids, 30, set())
     m = result.metrics
     if draft_on_open:  # no separate prefill call; the first tokens are accepted drafts
-        assert m.calls == m.num_drafts
+        assert m.calls == m.num_verifications
         assert result.origins[0] is TokenOrigin.ACCEPTED
     else:
-        assert m.calls == m.num_drafts + 1
+        assert m.calls == m.num_verifications + 1
         assert result.origins[0] is TokenOrigin.BONUS
 
 

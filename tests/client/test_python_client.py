@@ -33,11 +33,11 @@ def expected(tiny_tokenizer, tiny_target_f32, greedy):
 def test_chat_is_the_targets_greedy_answer_whole_and_streamed(client, tiny_tokenizer, expected):
     ids = client.edge.encode_chat(MESSAGES)
     want_ids, want_text = expected(ids, 20)
-    text = client.chat(MESSAGES, max_tokens=20)
+    text = client.chat(MESSAGES, max_tokens=20, temperature=0)
     assert isinstance(text, str) and text == want_text
     assert client.last_result.token_ids == want_ids
     assert client.last_result.metrics.num_drafts >= 1  # it really went through the speculative loop
-    pieces = list(client.chat(MESSAGES, stream=True, max_tokens=20))
+    pieces = list(client.chat(MESSAGES, stream=True, max_tokens=20, temperature=0))
     assert len(pieces) > 1 and all(isinstance(p, str) and p for p in pieces)
     assert "".join(pieces) == want_text and client.last_result.token_ids == want_ids
 
@@ -47,10 +47,10 @@ def test_complete_with_a_stop_string_and_the_ngram_drafter(tiny_server, tiny_mod
     want_ids, want_text = expected(tiny_tokenizer(prompt, add_special_tokens=False)["input_ids"], 16)
     with Client(tiny_server.address, "ngram", tokenizer=str(tiny_model_dir), **LINK) as c:
         assert c.model_name
-        assert c.complete(prompt, max_tokens=16) == want_text
+        assert c.complete(prompt, max_tokens=16, temperature=0) == want_text
         assert c.last_result.token_ids == want_ids
         stop = want_text[len(want_text) // 2:][:3]  # a piece of the answer, so it must cut there
-        cut = c.complete(prompt, max_tokens=16, stop=stop)
+        cut = c.complete(prompt, max_tokens=16, stop=stop, temperature=0)
         assert cut == want_text[: want_text.index(stop)]
 
 
@@ -62,8 +62,8 @@ def test_async_client_chat_and_stream(tiny_server, tiny_model_dir, tiny_drafter_
     async def go():
         async with AsyncClient(tiny_server.address, "independent", drafter_model=str(tiny_drafter_dir),
                                tokenizer=str(tiny_model_dir), **LINK) as client:
-            whole = await client.chat(MESSAGES, max_tokens=12)
-            pieces = [p async for p in await client.chat(MESSAGES, stream=True, max_tokens=12)]
+            whole = await client.chat(MESSAGES, max_tokens=12, temperature=0)
+            pieces = [p async for p in await client.chat(MESSAGES, stream=True, max_tokens=12, temperature=0)]
             completed = await client.complete("x = 1\n", max_tokens=5)
             return whole, pieces, completed, client.last_result
 
@@ -86,14 +86,23 @@ def test_async_stream_abandoned_early_frees_the_client(tiny_server, tiny_model_d
 
 
 def test_bad_sampling_option_is_named(client):
-    with pytest.raises(TypeError, match="temprature"):
+    with pytest.raises(TypeError, match="'temprature' is not a sampling option .*did you mean 'temperature'"):
         client.chat(MESSAGES, temprature=0.5)
+    with pytest.raises(TypeError, match="'max_new_tokens' is not a sampling option.*max_tokens"):
+        client.complete("x", max_new_tokens=3)
+
+
+def test_default_temperature_is_the_http_apis_one(client):
+    """1, as OpenAI's and vLLM's (and both edgespec HTTP APIs'): the session is opened sampling."""
+    from edgespec.shared.openai.requests import Sampling
+
+    assert client._config().temperature == Sampling().temperature == 1.0
 
 
 def test_logprobs_are_the_targets_for_every_token_of_the_answer(client, tiny_target_f32):
     import torch
 
-    text = client.chat(MESSAGES, max_tokens=12, logprobs=2)
+    text = client.chat(MESSAGES, max_tokens=12, logprobs=2, temperature=0)
     r = client.last_result
     assert text and len(r.logprobs) == len(r.token_ids)
     ids = client.edge.encode_chat(MESSAGES)

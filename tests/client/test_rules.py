@@ -115,12 +115,14 @@ def test_link_config_checks_and_metadata():
 
 
 def test_metrics_derived_figures():
-    m = GenerationMetrics(new_tokens=30, num_drafts=10, num_accepted_tokens=19, calls=11, bytes_up=600,
-                          bytes_down=300, wall_s=2.0)
-    assert m.acceptance_length == pytest.approx(2.9)
+    m = GenerationMetrics(new_tokens=30, num_drafts=8, num_verifications=10, num_accepted_tokens=19, calls=11,
+                          bytes_up=600, bytes_down=300, wall_s=2.0)
+    assert m.acceptance_length == pytest.approx(2.9)  # per verification, the 2 empty trees included
+    assert m.mean_acceptance_length == pytest.approx(1 + 19 / 8)  # vLLM's, per draft
     assert m.tokens_per_s == 15
     assert m.calls_per_100_tokens == pytest.approx(100 * 11 / 30)
     assert m.bytes_per_token == 30
     d = m.to_dict()
     assert d["acceptance_length"] == 2.9 and "round_trips_s" not in d
+    assert d["mean_acceptance_length"] == round(1 + 19 / 8, 4) and d["num_verifications"] == 10
     assert GenerationMetrics().acceptance_length == 0.0

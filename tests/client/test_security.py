@@ -72,3 +72,9 @@ def test_the_key_is_read_from_any_case_of_bearer_and_from_x_api_key(secure_serve
         with pytest.raises(grpc.RpcError) as err:
             stub.Info(pb.InfoRequest(), metadata=(("authorization", "Bearer wrong"),), timeout=10)
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED and "not this server's" in err.value.details()
+        # The right bearer does not carry a wrong x-api-key through (nor the other way round).
+        for metadata in ((("authorization", "Bearer s3cret"), ("x-api-key", "wrong")),
+                         (("authorization", "Bearer wrong"), ("x-api-key", "s3cret"))):
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Info(pb.InfoRequest(), metadata=metadata, timeout=10)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, metadata

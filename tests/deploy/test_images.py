@@ -154,6 +154,27 @@ def test_entrypoint_passes_optional_settings_and_extra_flags():
     assert extra[-2:] == ["--port", "6000"]
 
 
+def test_entrypoint_ports_and_keys_mean_what_the_deploy_files_say():
+    """EDGESPEC_GRPC_PORT is the gRPC port and EDGESPEC_HTTP_PORT the HTTP one (--port, as vLLM's); the client's
+    keys stay in the environment: the server's as EDGESPEC_SERVER_API_KEY, the local API's as
+    EDGESPEC_LOCAL_API_KEY (--local-api-key, --api-key's old name)."""
+    from edgespec.server.cli import server_config
+    from edgespec.shared.cli import build_parser
+
+    argv = entrypoint_argv("server", {"EDGESPEC_GRPC_PORT": "6001", "EDGESPEC_HTTP_PORT": "6002"})
+    config = server_config(build_parser().parse_args(argv[1:]))
+    assert (config.port, config.http_port) == (6001, 6002)
+    argv = entrypoint_argv("client", {"EDGESPEC_LOCAL_API_KEY": "l0cal", "EDGESPEC_SERVER_API_KEY": "rem0te"})
+    assert_parses(argv)
+    assert not {"--api-key", "--local-api-key", "--server-api-key", "l0cal", "rem0te"} & set(argv)
+    compose = yaml.safe_load((REPO / "deploy/compose/compose.yaml").read_text())["services"]["client"]["environment"]
+    k8s = next(d for d in yaml.safe_load_all((REPO / "deploy/k8s/client.yaml").read_text())
+               if d["kind"] == "Deployment")
+    k8s_env = {e["name"] for c in k8s["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])}
+    for names in (set(compose), k8s_env):  # the verifier's key reaches the client as the server's key
+        assert "EDGESPEC_SERVER_API_KEY" in names and "EDGESPEC_API_KEY" not in names, names
+
+
 def test_entrypoint_refuses_unknown_roles_and_half_tls():
     proc = subprocess.run(["bash", str(ENTRYPOINT), "serve"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "unknown role 'serve'" in proc.stderr

@@ -21,9 +21,11 @@ READY = re.compile(r"edgespec server listening grpc=(\S+) http=(\S+)")
 def test_cli_serves_until_sigterm(tiny_model_dir, tmp_path):
     """Settings from all three layers (positional model, EDGESPEC_* variables, a config file); JSON logs."""
     config = tmp_path / "server.yaml"
-    config.write_text("served-model-name: tiny-served\ndrain-grace: 2\nlog-format: json\nhttp-port: 1\n")
-    env = dict(os.environ, OMP_NUM_THREADS="1", EDGESPEC_DTYPE="float32", EDGESPEC_PORT="0",
-               EDGESPEC_HTTP_PORT="0", EDGESPEC_DEVICE="cpu")  # the variable wins over the file's http-port
+    config.write_text("served-model-name: tiny-served\ndrain-grace: 2\nlog-format: json\nhttp-port: 1\n"
+                      "enable-log-requests: true\n")
+    env = dict(os.environ, OMP_NUM_THREADS="1", EDGESPEC_DTYPE="float32", EDGESPEC_GRPC_PORT="0",
+               EDGESPEC_HTTP_PORT="0", EDGESPEC_DEVICE="cpu",  # the variable wins over the file's http-port
+               EDGESPEC_MAX_SESIONS="3")  # misspelt: a warning, logged as JSON
     proc = subprocess.Popen(
         [sys.executable, "-m", "edgespec.shared.cli", "server", str(tiny_model_dir), "--config", str(config)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -37,10 +39,18 @@ def test_cli_serves_until_sigterm(tiny_model_dir, tmp_path):
         assert info.vocab_size == 320 and info.dtype == "float32" and info.model_name == "tiny-served"
         health = httpx.get(f"http://{http_addr}/health").json()
         assert health["status"] == "ok" and health["model"] == "tiny-served"
+        done = httpx.post(f"http://{http_addr}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=60)
+        assert done.status_code == 200
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
-        lines = [x for x in proc.stderr.read().splitlines() if x.strip()]
+        raw = proc.stderr.read()
+        lines = [x for x in raw.splitlines() if x.strip()]
         logs = [json.loads(x) for x in lines]  # every line is one JSON object: no progress bars, no stray text
+        assert "\x1b" not in raw and not any("color_message" in e for e in logs)
+        assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}[+-]\d\d:\d\d", e["time"]) for e in logs)
+        assert any("EDGESPEC_MAX_SESIONS" in e["message"] and e["level"] == "WARNING" for e in logs)
+        request = next(e for e in logs if e.get("request_id"))  # --enable-log-requests
+        assert request["endpoint"] == "completions" and request["prompt_tokens"] >= 1
         messages = " | ".join(entry["message"] for entry in logs)
         assert "loaded target" in messages and "on cpu" in messages and "listening grpc=" in messages
         assert "draining" in messages and "stopped" in messages
@@ -90,3 +100,28 @@ def test_http_guards_and_admission_reach_the_server_config():
                                                                                                        5.0)
     with pytest.raises(SystemExit, match="first-message-timeout"):
         server_config(build_parser().parse_args(["server", "m", "--first-message-timeout", "0"]))
+
+
+def test_port_is_the_http_port_as_in_vllm_and_grpc_has_its_own_flag():
+    from edgespec.server.cli import server_config
+    from edgespec.shared.cli import build_parser
+
+    def ports(*argv):
+        config = server_config(build_parser().parse_args(["server", "m", *argv]))
+        return config.port, config.http_port
+
+    assert ports() == (50051, 8080)
+    assert ports("--port", "8000") == (50051, 8000)  # a vLLM user's --port moves the HTTP API
+    assert ports("--grpc-port", "6000", "--http-port", "9000") == (6000, 9000)  # --http-port: --port's old name
+    assert ports("--port", "50051", "--http-port", "8080") == (50051, 8080)  # the README's old line still works
+    with pytest.raises(SystemExit, match="--port is the HTTP port now.*--grpc-port 50051"):
+        ports("--port", "50051")  # the old meaning, which would put both sides on one port
+    text = build_parser()._subparsers._group_actions[0].choices["server"].format_help()
+    assert "None" not in text[text.index("--device"):][:90]
+
+
+def test_the_default_served_name_is_the_model_as_given(tiny_model_dir):
+    from support.servers import running_server
+
+    with running_server(tiny_model_dir, http_port=None) as handle:
+        assert handle.core.target.name == str(tiny_model_dir)  # vLLM's default, not the folder's basename

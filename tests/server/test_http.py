@@ -49,11 +49,12 @@ def test_metrics_count_verifications_and_bytes(tiny_server, open_stream, fingerp
     text = httpx.get(f"{tiny_server.http_url}/metrics").text
     values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
               if line and not line.startswith("#")}
-    assert values["edgespec_verifications_total"] >= 1
-    assert values["edgespec_draft_tokens_total"] >= 2
+    values = {k.split("{")[0]: v for k, v in values.items()}
+    assert values["edgespec:spec_decode_num_drafts_total"] >= 1
+    assert values["edgespec:spec_decode_num_draft_tokens_total"] >= 2
     assert values["edgespec_bytes_in_total"] > 0 and values["edgespec_bytes_out_total"] > 0
-    assert values["edgespec_acceptance_length_count"] >= 1
-    assert values["edgespec_verify_latency_seconds_count"] >= 1
+    assert values["edgespec:spec_decode_acceptance_length_count"] >= 1
+    assert values["edgespec:verify_time_seconds_count"] >= 1
     assert "edgespec_sessions" in values
 
 
@@ -215,3 +216,54 @@ def test_a_streaming_generation_stops_when_its_caller_disconnects(tiny_server, m
         for _ in zip(range(3), reply.iter_lines()):
             pass
     assert assert_calls_stopped(steps) < 100
+
+
+def test_a_browser_page_tokenizes_and_reads_the_version_of_the_plain_api(tiny_server, caplog):
+    """CORS (--allowed-origins): the preflight is answered before the key is asked for, answers carry the
+    origin; /tokenize, /detokenize, /version in vLLM's shapes; --enable-log-requests logs fields only."""
+    import logging
+
+    from edgespec.server.http_api import HttpState
+    from edgespec.shared import __version__
+
+    tokenizer = tiny_server.core.target.tokenizer
+    state = HttpState(api_key="s3cret", allowed_origins=("http://page.test",), log_requests=True)
+    with serving(state, tiny_server.core) as url:
+        preflight = httpx.options(f"{url}/tokenize", headers={
+            "Origin": "http://page.test", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"})
+        assert preflight.status_code == 200, preflight.text
+        assert preflight.headers["access-control-allow-origin"] == "http://page.test"
+        other = httpx.options(f"{url}/tokenize", headers={"Origin": "http://evil.test",
+                                                          "Access-Control-Request-Method": "POST"})
+        assert "access-control-allow-origin" not in other.headers
+        key = {"Authorization": "Bearer s3cret", "Origin": "http://page.test"}
+        refused = httpx.post(f"{url}/tokenize", json={"prompt": "def f"}, headers={"Origin": "http://page.test"})
+        assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == "http://page.test"
+        tokens = httpx.post(f"{url}/tokenize", json={"prompt": "def f(x):", "return_token_strs": True},
+                            headers=key).json()
+        want = tokenizer("def f(x):", add_special_tokens=False)["input_ids"]
+        assert tokens["tokens"] == want and tokens["count"] == len(want) and len(tokens["token_strs"]) == len(want)
+        assert tokens["max_model_len"] == tiny_server.core.limits.max_context_tokens
+        chat = httpx.post(f"{url}/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}, headers=key)
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                             add_generation_prompt=True)
+        assert chat.json()["tokens"] == tokenizer(text, add_special_tokens=False)["input_ids"]
+        back = httpx.post(f"{url}/detokenize", json={"tokens": want}, headers=key).json()
+        assert back == {"prompt": "def f(x):"}
+        bad = httpx.post(f"{url}/detokenize", json={"tokens": [10 ** 9]}, headers=key)
+        assert bad.status_code == 400 and "outside the vocabulary" in bad.json()["error"]["message"]
+        neither = httpx.post(f"{url}/tokenize", json={}, headers=key)
+        assert neither.status_code == 400 and "either 'prompt'" in neither.json()["error"]["message"]
+        assert httpx.get(f"{url}/version", headers=key).json() == {"version": __version__}
+        with caplog.at_level(logging.INFO, logger="edgespec.requests"):
+            done = httpx.post(f"{url}/v1/completions", json={"prompt": "secret text", "max_tokens": 2,
+                                                             "temperature": 0}, headers=key, timeout=60)
+        assert done.status_code == 200
+        # The plain API answers with the local API's per-request speculative object: no drafts here.
+        spec = done.json()["edgespec"]["spec_decode"]
+        assert spec["num_drafts"] == 0 and {"spec_accept_length", "spec_accept_rate", "spec_verify_ct",
+                                            "num_accepted_tokens_per_pos", "mean_acceptance_length"} <= set(spec)
+    logged = [r for r in caplog.records if getattr(r, "request_id", None)]
+    assert len(logged) == 1 and logged[0].endpoint == "completions" and logged[0].max_tokens == 2
+    assert "secret text" not in logged[0].getMessage() and "secret" not in str(vars(logged[0]))

@@ -27,7 +27,10 @@ def server_log(caplog):
 
 
 def _lines(caplog) -> list[str]:
-    return [caplog.handler.format(r) for r in caplog.records]
+    """The records as the server's text log shows them: the message and its fields (key=value)."""
+    from edgespec.shared.logging_setup import TextFormatter
+
+    return [TextFormatter().format(r) for r in caplog.records]
 
 
 # ------------------------------------------------------------------ session ids

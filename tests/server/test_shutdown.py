@@ -45,3 +45,21 @@ def test_stop_finishes_the_verification_in_flight_and_refuses_new_sessions(tiny_
     busy.join()
     assert answers and answers[0].verified.committed_len >= 5
     channel.close()
+
+
+def test_http_requests_in_flight_get_the_drain_grace_not_a_fixed_five_seconds(tiny_model_dir):
+    """A request whose body never ends holds the HTTP side until the grace runs out: --drain-grace (0.5 s here)
+    bounds it, as it bounds gRPC calls."""
+    import socket
+
+    from edgespec.server.app import start_server
+
+    handle = start_server(tiny_server_config(tiny_model_dir, drain_grace_s=0.5))
+    with socket.create_connection(("127.0.0.1", handle.http_port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"prompt\": ")  # the rest never comes
+        time.sleep(0.3)  # the request is in flight, waiting for its body
+        t0 = time.monotonic()
+        handle.stop()  # the config's grace
+        took = time.monotonic() - t0
+    assert took < 3.0, took  # 0.5 s of grace and the loop's own ticks; it was 5 s + before

@@ -23,3 +23,10 @@ def test_the_problem_says_missing_or_wrong():
     assert "needs an API key" in api_key_problem({}, "k")
     assert "not this server's" in api_key_problem({"x-api-key": "j"}, "k")
     assert api_key_problem({"authorization": "bearer k"}, "k") is None
+
+
+def test_a_wrong_key_in_either_header_is_refused_even_beside_the_right_one():
+    for headers in ({"authorization": "Bearer k", "x-api-key": "wrong"},
+                    {"authorization": "Bearer wrong", "x-api-key": "k"}):
+        assert "not this server's" in api_key_problem(headers, "k"), headers
+    assert api_key_problem({"authorization": "Bearer k", "x-api-key": "k"}, "k") is None

@@ -39,12 +39,12 @@ def test_precedence_command_line_over_environment_over_file_over_default(tmp_pat
     monkeypatch.setenv("EDGESPEC_SESSION_TTL", "6.5")
     args = parse("server", "--config", str(cfg), "--session-ttl", "7")
     assert args.model == "from-file"  # file only
-    assert args.http_port == 7002  # environment over file, converted by the flag's type
+    assert args.port == 7002  # environment over file, converted by the flag's type (--http-port: --port's old name)
     assert args.max_sessions == 3  # file, underscore spelling
     assert args.session_ttl == 7.0  # command line over both
-    assert args.port == 50051  # nobody set it: the default
+    assert args.grpc_port == 50051  # nobody set it: the default
     bare = parse("server", "m")
-    assert (bare.http_port, bare.model_positional) == (7002, "m")  # environment without a file
+    assert (bare.port, bare.model_positional) == (7002, "m")  # environment without a file
 
 
 def test_config_file_from_the_environment_and_the_equals_spelling(tmp_path, monkeypatch):
@@ -149,7 +149,7 @@ def test_environment_is_read_at_parse_time_and_defaults_show_in_help(monkeypatch
     parser = build_parser()  # built before the variable exists
     monkeypatch.setenv("EDGESPEC_HTTP_PORT", "9123")
     monkeypatch.setenv("EDGESPEC_API_KEY", "s3cret")
-    assert parser.parse_args(["server", "m"]).http_port == 9123
+    assert parser.parse_args(["server", "m"]).port == 9123
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
         parser.parse_args(["server", "--help"])
@@ -167,8 +167,41 @@ def test_other_commands_ignore_edgespec_variables(monkeypatch):
 
 
 def test_default_ports_differ():
-    assert parse("server", "m").http_port == 8080
+    assert parse("server", "m").port == 8080
     assert parse("client", "serve").port == 8000
+
+
+def test_switches_are_not_secrets_in_help(monkeypatch):
+    """The hiding rule matches options that take a value (keys), not switches such as --metrics-need-key."""
+    monkeypatch.setenv("EDGESPEC_METRICS_NEED_KEY", "1")
+    monkeypatch.setenv("EDGESPEC_SERVER_API_KEY", "s3cret")
+    for command in ("server", "client"):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+            build_parser().parse_args([command, "--help"])
+        text = " ".join(out.getvalue().split())
+        need_key = text[text.rindex("--metrics-need-key"):][:120]  # its help entry, not the usage line
+        assert "hidden" not in need_key and "(default: True)" in need_key, need_key
+        assert "s3cret" not in text
+        if command == "server":
+            assert "None" not in text[text.rindex("--device"):][:80]
+
+
+def test_a_misspelt_variable_is_reported_with_the_name_it_looks_like(monkeypatch):
+    monkeypatch.setenv("EDGESPEC_MAX_SESIONS", "3")
+    monkeypatch.setenv("EDGESPEC_HOME", "/tmp/models")  # known: the model cache
+    monkeypatch.setenv("EDGESPEC_CONFIG_UNUSED_X", "1")
+    args = build_parser().parse_args(["server", "m"])
+    warnings = " | ".join(args.config_warnings)
+    assert "EDGESPEC_MAX_SESIONS" in warnings and "did you mean EDGESPEC_MAX_SESSIONS" in warnings
+    assert "EDGESPEC_CONFIG_UNUSED_X" in warnings
+    assert "EDGESPEC_HOME" not in warnings.replace("EDGESPEC_HOME?", "")
+    # A variable of the other command is known: one environment serves both.
+    monkeypatch.delenv("EDGESPEC_MAX_SESIONS")
+    monkeypatch.delenv("EDGESPEC_CONFIG_UNUSED_X")
+    monkeypatch.setenv("EDGESPEC_DRAFTER", "ngram")
+    monkeypatch.setenv("EDGESPEC_CLIENT_PORT", "8000")  # the deploy entrypoint's own
+    assert build_parser().parse_args(["server", "m"]).config_warnings == []
 
 
 def test_help_names_each_default_once():
@@ -182,3 +215,14 @@ def test_help_names_each_default_once():
     assert "(default: None)" not in text and "(default: False)" not in text
     parser.set_defaults(tokens=64)  # what a layer below the command line does: the help's own figure is stale
     assert "most new tokens (default 128) (default: 64)" in " ".join(parser.format_help().split())
+
+
+def test_client_serve_keys_mean_what_vllms_mean(monkeypatch):
+    """--api-key guards the local API (vLLM's meaning); the server's key is --server-api-key."""
+    args = parse("client", "serve", "--api-key", "l0cal", "--server-api-key", "rem0te")
+    assert (args.api_key, args.server_api_key) == ("l0cal", "rem0te")
+    assert parse("client", "serve", "--local-api-key", "old").api_key == "old"  # the old name still works
+    monkeypatch.setenv("EDGESPEC_SERVER_API_KEY", "from-env")
+    monkeypatch.setenv("EDGESPEC_LOCAL_API_KEY", "l0cal-env")
+    args = parse("client", "serve")
+    assert (args.api_key, args.server_api_key) == ("l0cal-env", "from-env")

@@ -46,3 +46,39 @@ def test_generations_add_up_field_by_field_and_position_by_position():
     traffic = LinkTraffic(calls=2, bytes_up=100, round_trips_s=[0.1, 0.2])
     a.add(traffic)  # a session's traffic into its generation
     assert (a.calls, a.bytes_up, a.round_trips_s, a.num_drafts) == (2, 100, [0.02, 0.1, 0.2], 3)
+
+
+def test_an_empty_tree_is_a_verification_not_a_draft():
+    """vLLM counts steps with draft tokens; tau (per verification) still counts the empty tree's bonus token."""
+    stats = SpecDecodeStats()
+    stats.observe_draft(0, 0)  # an ngram drafter with nothing to propose
+    stats.observe_draft(8, 3)
+    assert (stats.num_drafts, stats.num_verifications, stats.num_draft_tokens) == (1, 2, 8)
+    assert stats.mean_acceptance_length == 4.0  # 1 + 3 / 1: vLLM's, chain-equivalent
+    assert stats.acceptance_length == (3 + 2) / 2  # tau: tokens per verification
+    assert stats.drafts_by_accepted() == [0, 0, 0, 1]
+
+
+def test_the_request_summary_speaks_vllm_and_sglang():
+    stats = SpecDecodeStats()
+    for nodes, accepted in ((16, 4), (16, 2), (0, 0)):
+        stats.observe_draft(nodes, accepted)
+    s = stats.request_summary()
+    assert (s["num_drafts"], s["num_draft_tokens"], s["num_accepted_tokens"]) == (2, 32, 6)
+    assert s["num_accepted_tokens_per_pos"] == [2, 2, 1, 1] and s["spec_verify_ct"] == 3
+    assert s["spec_accept_length"] == s["mean_acceptance_length"] == 4.0  # 1 + 6 / 2
+    assert s["spec_accept_rate"] == round(6 / 32, 4)  # nodes counted: low for a wide tree
+    assert SpecDecodeStats().request_summary()["spec_accept_length"] == 0.0
+
+
+def test_the_histogram_sink_observes_each_draft_once():
+    registry = CollectorRegistry()
+    counters = SpecDecodeCounters(registry)
+    stats = SpecDecodeStats()
+    for nodes, accepted in ((6, 2), (6, 0), (0, 0), (6, 5)):
+        stats.observe_draft(nodes, accepted)
+    counters.observe(stats)
+    value = registry.get_sample_value
+    assert value("edgespec:spec_decode_num_drafts_total") == 3
+    assert value("edgespec:spec_decode_acceptance_length_count") == 3
+    assert value("edgespec:spec_decode_acceptance_length_sum") == 3 + 2 + 0 + 5
