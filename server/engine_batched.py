@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -56,7 +56,7 @@ class PoolConfig:
     # computed for nothing
     graphs: bool = False  # capture the step once per grid bucket at start as a CUDA graph (needs shape_buckets
     # and a CUDA device; off = --enforce-eager)
-    compile_backend: str | None = None  # run the step through torch.compile with this backend instead (tests,
+    compile_backend: str | Callable | None = None  # run the step through torch.compile with this backend instead (tests,
     # and a CPU where it measures faster); None = eager or graphs
     max_batch: int = 64  # most sessions a bucket holds (SchedulerConfig.max_batch_items)
     max_batch_rows: int = 2048  # most rows (sessions x tokens) a bucket holds (SchedulerConfig.max_batch_tokens)
@@ -137,7 +137,7 @@ class BatchedEngine(Engine):
         keys = min(round_up(end, cfg.key_bucket), self.pool.slot_tokens)
         return Bucket(b, t, keys, sum(len(w) - w.logits_from for w in works)), False
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: a compiled step cannot take inference tensors (aot_autograd)
     def run(self, items: Sequence[tuple[SessionKV, Work]]) -> list[ForwardOutput]:
         t0 = time.perf_counter_ns()
         kvs = [kv for kv, _ in items]

@@ -103,7 +103,7 @@ class GraphRunner(EagerRunner):
     def captured(self, bucket: Bucket) -> bool:
         return bucket in self.graphs
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def _capture(self, bucket: Bucket) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, StepOutput]:
         step, device = self.step, self.step.target.device
         # a batch of padding only: it reads and writes the scratch slot, never a session's

@@ -48,7 +48,8 @@ class TargetModel:
         self.eos_ids: frozenset[int] = frozenset(_eos_ids(self.model, self.tokenizer))
 
     # ---------------------------------------------------------------- forwards
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: the batched engine's step may be compiled, and aot_autograd refuses
+    # inference tensors
     def decode(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache) -> torch.Tensor:
         """The decoder over ids [B, T] at positions [B, T] after what `cache` holds; hidden [B, T, E].
 
@@ -60,7 +61,7 @@ class TargetModel:
                             **with_cache(self._decoder, cache), **kwargs)
         return out.last_hidden_state
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head on the rows that are read only: [R, E] -> [R, V] float32."""
         logits = self._head(hidden).float()
