@@ -103,6 +103,8 @@ class BatchedEngine(Engine):
     def describe(self) -> str:
         p = self.pool
         shapes = "shape buckets" if self.config.shape_buckets else "exact shapes"
+        if isinstance(self.runner, GraphRunner):
+            shapes += f", {len(self.runner.graphs)} graphs captured in {self.runner.capture_s:.1f} s"
         return (f"batched (KV pool: {p.slots} slots x {p.slot_tokens} tokens, "
                 f"{p.kv.nbytes / 2**30:.2f} GiB on {p.kv.device}; step: {self.runner.kind}, {shapes})")
 

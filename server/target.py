@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from edgespec.shared.models.cache_arg import with_cache
+from edgespec.shared.models.cache_arg import cache_kwarg
 from edgespec.shared.models.loading import LoadedModel
 
 
@@ -41,6 +41,7 @@ class TargetModel:
         self.kv_size: int = self.num_kv_heads * self.head_dim
         self.max_positions: int = int(getattr(cfg, "max_position_embeddings", 32768))
         self._decoder = self.model.get_decoder()
+        self._cache_kwarg = cache_kwarg(self._decoder)  # read once, outside any traced step
         self._head = self.model.get_output_embeddings()
         # Gemma2 caps its logits with tanh inside ForCausalLM.forward, which the server does not call.
         softcap = getattr(cfg, "final_logit_softcapping", None)
@@ -57,8 +58,8 @@ class TargetModel:
         chunk, which transformers masks itself.
         """
         kwargs = {} if mask is None else {"attention_mask": mask}
-        out = self._decoder(input_ids=ids, position_ids=positions, use_cache=True,
-                            **with_cache(self._decoder, cache), **kwargs)
+        out = self._decoder(input_ids=ids, position_ids=positions, use_cache=True, **{self._cache_kwarg: cache},
+                            **kwargs)
         return out.last_hidden_state
 
     @torch.no_grad()

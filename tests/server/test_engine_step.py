@@ -58,6 +58,7 @@ def packed(eng: BatchedEngine, works: list[Work], pasts: list[int], bucket: Buck
 GRID = [Bucket(1, 1, 256, 1), Bucket(2, 4, 256, 8), Bucket(4, 8, 512, 32)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bucket", GRID, ids=lambda b: f"B{b.batch}-T{b.tokens}-K{b.keys}")
 def test_the_step_of_every_bucket_traces_in_one_graph(target, bucket):
     import torch._dynamo
@@ -72,6 +73,7 @@ def test_the_step_of_every_bucket_traces_in_one_graph(target, bucket):
     assert explained.graph_count == 1
 
 
+@pytest.mark.slow
 def test_the_compiled_step_is_bitwise_the_eager_step(target):
     """Same batches through an eager and an aot_eager-compiled engine: hidden, logits, readback and the whole
     KV pool equal bit for bit (float32)."""
@@ -93,6 +95,7 @@ def test_the_compiled_step_is_bitwise_the_eager_step(target):
         assert torch.equal(eager.pool.kv, compiled.pool.kv)
 
 
+@pytest.mark.slow
 def test_compiled_graphs_are_the_distinct_buckets_used(target):
     """Mixed sessions (prompts, trees of 0-20 nodes, one to four sessions a batch) on a compiled engine: one graph
     per distinct bucket, no recompilation within a bucket."""
