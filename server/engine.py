@@ -7,7 +7,9 @@ a ``ForwardOutput``. An ``Engine`` runs a list of (KV, Work) pairs:
 - ``GenericEngine``: one forward per item on a transformers ``DynamicCache``
   with a 4-D mask. Any architecture Hugging Face runs; the CPU default.
 - ``BatchedEngine`` (``engine_batched``): one forward for all items, their KV
-  in a pre-allocated pool. Full-attention decoder architectures only.
+  in a pre-allocated pool, one upload and one readback per batch; it answers
+  greedy acceptance itself (``Work.accept``). Full-attention decoder
+  architectures only.
 
 ``build_engine`` picks one by architecture and device (``--engine auto``) and
 says which in the log. The ``ModelScheduler`` feeds engines their batches.

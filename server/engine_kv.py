@@ -132,7 +132,8 @@ class BatchPlan:
     """Where one forward's rows go in the pool and what the attention reads back."""
 
     slots: torch.Tensor  # [B] long: each batch row's slot
-    single: int | None  # the slot when B == 1 (read as a view, no gather)
+    single: int | None  # the slot when B == 1, read as a view with no gather (eager steps only: a captured or
+    # compiled step would bake the slot in)
     write_slot: torch.Tensor  # [B, T] long: slot each new row is written to (scratch for padding)
     write_pos: torch.Tensor  # [B, T] long: position within that slot
     key_len: int  # keys the attention reads per row: [0, key_len) of its slot
