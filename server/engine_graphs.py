@@ -93,8 +93,15 @@ class GraphRunner(EagerRunner):
         self.graphs: dict[Bucket, tuple[torch.cuda.CUDAGraph, torch.Tensor, StepOutput]] = {}
         self.capture_s = 0.0
         self._pool = None
+        buckets = sorted(buckets, key=lambda b: (b.batch * b.tokens, b.keys), reverse=True)
+        # Every graph's outputs stay allocated (they are read after its replay), so the big one, the logits
+        # [R, V] float32, goes to one buffer all graphs write into: one graph's would be 1.2 GB at 2,048 rows
+        # of a 152k vocabulary, and a grid holds a couple of hundred graphs. hidden [B, T, E] stays per graph.
+        target = step.target
+        self.logits = torch.empty(max((b.head for b in buckets), default=0), target.vocab_size, dtype=torch.float32,
+                                  device=target.device)
         t0 = time.perf_counter()
-        for bucket in sorted(buckets, key=lambda b: (b.batch * b.tokens, b.keys), reverse=True):
+        for bucket in buckets:
             self.graphs[bucket] = self._capture(bucket)
         self.capture_s = time.perf_counter() - t0
         log.info("captured %d CUDA graphs in %.1f s: batch %s x tokens %s x keys %s", len(self.graphs),
@@ -114,11 +121,11 @@ class GraphRunner(EagerRunner):
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):  # warm-up off the capture (cuBLAS workspaces, lazy inits)
             for _ in range(2):
-                step(static, bucket)
+                step(static, bucket, logits_out=self.logits[:bucket.head])
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = step(static, bucket)
+            out = step(static, bucket, logits_out=self.logits[:bucket.head])
         self._pool = graph.pool()  # one pool for every graph: they never run at once
         return graph, static, out
 

@@ -81,9 +81,11 @@ class DeviceStep:
     def __init__(self, target: TargetModel, pool: KVPool, cache: PoolCache):
         self.target, self.pool, self.cache = target, pool, cache
 
-    def __call__(self, packed: torch.Tensor, bucket: Bucket, single: int | None = None) -> StepOutput:
+    def __call__(self, packed: torch.Tensor, bucket: Bucket, single: int | None = None,
+                 logits_out: torch.Tensor | None = None) -> StepOutput:
         """packed: [bucket.packed] long on the device. single: the slot of a one-item batch read as a view (no
-        gather of its keys; eager only: a captured or compiled step would bake the slot in)."""
+        gather of its keys; eager only: a captured or compiled step would bake the slot in). logits_out: a
+        float32 [R, V] buffer for the logits (see ``GraphRunner``)."""
         b, t, k = bucket.batch, bucket.tokens, bucket.keys
         pool, target = self.pool, self.target
         table = packed[:b * bucket.width].view(b, bucket.width)
@@ -103,7 +105,7 @@ class DeviceStep:
         finally:
             self.cache.plan = None
 
-        logits = target.logits(hidden.reshape(b * t, -1).index_select(0, head))  # [R, V]
+        logits = target.logits(hidden.reshape(b * t, -1).index_select(0, head), logits_out)  # [R, V]
         best = torch.full((b * t,), -1, dtype=torch.long, device=packed.device)
         best = best.index_copy(0, head, logits.argmax(-1)).view(b, t)  # [B, T]
         accepted = greedy_accept(ids, parents, best, logits_from, n_rows, accept.bool(), sees)  # [B, T]

@@ -63,11 +63,17 @@ class TargetModel:
         return out.last_hidden_state
 
     @torch.no_grad()
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The LM head on the rows that are read only: [R, E] -> [R, V] float32."""
-        logits = self._head(hidden).float()
+    def logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The LM head on the rows that are read only: [R, E] -> [R, V] float32.
+
+        out: a float32 [R, V] buffer to write them into (a captured step's logits live in one buffer shared by
+        every graph, not one per graph); the dtype conversion is then the copy itself."""
+        logits = self._head(hidden)
+        logits = logits.float() if out is None else out.copy_(logits)
         if self.logit_softcap is not None:
             logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+            if out is not None:
+                logits = out.copy_(logits)
         return logits
 
 

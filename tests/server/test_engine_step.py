@@ -95,6 +95,22 @@ def test_the_compiled_step_is_bitwise_the_eager_step(target):
         assert torch.equal(eager.pool.kv, compiled.pool.kv)
 
 
+def test_logits_written_into_a_shared_buffer_are_the_same(target):
+    """Captured graphs write their logits into one buffer (``GraphRunner``): the same values as the step's own."""
+    eng = engine(target, shape_buckets=True)
+    rng = random.Random(2)
+    works = [tree_work(rng, 5, 7), tree_work(rng, 2, 3)]
+    bucket, _ = eng.bucket(works, 16)
+    flat = packed(eng, works, [7, 3], bucket)
+    buffer = torch.full((bucket.head + 3, target.vocab_size), float("nan"))
+    with torch.no_grad():
+        own = eng.step(flat, bucket)
+        shared = eng.step(flat, bucket, logits_out=buffer[:bucket.head])
+    assert shared.logits.data_ptr() == buffer.data_ptr()
+    assert torch.equal(own.logits, shared.logits) and torch.equal(own.readback, shared.readback)
+    assert torch.isnan(buffer[bucket.head:]).all()
+
+
 @pytest.mark.slow
 def test_compiled_graphs_are_the_distinct_buckets_used(target):
     """Mixed sessions (prompts, trees of 0-20 nodes, one to four sessions a batch) on a compiled engine: one graph
