@@ -148,9 +148,9 @@ class BatchedEngine(Engine):
         assert len(set(slots)) == len(slots), "one session's work twice in one batch"
         past = [len(kv) for kv in kvs]
         end = max(p + len(w) for p, w in zip(past, works))  # items were checked (``check``) before they queued
-        bucket, grid = self.bucket(works, end)
+        bucket, in_grid = self.bucket(works, end)
         t = bucket.tokens
-        if grid:  # the head over every row of the bucket: one static index
+        if in_grid:  # the head over every row of the bucket: one static index
             head = list(range(bucket.head))
             offsets = [i * t + w.logits_from for i, w in enumerate(works)]
         else:
@@ -158,7 +158,7 @@ class BatchedEngine(Engine):
             offsets = list(itertools.accumulate((len(w) - w.logits_from for w in works[:-1]), initial=0))
         flat = pack_batch([(s, p, w, w.accept) for s, p, w in zip(slots, past, works)], bucket, self.pool.scratch,
                           head)
-        single = slots[0] if bucket.batch == 1 and not grid else None
+        single = slots[0] if bucket.batch == 1 and not in_grid else None
         out = self.runner(flat, bucket, single)
         readback = out.readback.tolist()  # the batch's one device-to-host copy: [B][2][T]
 
