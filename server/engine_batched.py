@@ -51,7 +51,7 @@ class PoolConfig:
     max_context_tokens: int = 4096  # tokens of one session's context (the slot adds a tree's rows to it)
     max_tree_nodes: int = 255  # nodes of the largest tree a slot must take behind its context
     key_bucket: int = 64  # without shape buckets, keys read per row are rounded up to a multiple of this
-    shape_buckets: bool = False  # pad batches to a grid of (sessions, rows, keys) buckets (``buckets``) so a
+    shape_buckets: bool = False  # pad batches to a grid of (sessions, rows, keys) buckets (``grid``) so a
     # few static shapes serve every batch: what CUDA-graph capture needs; off on a CPU, where the padding is
     # computed for nothing
     graphs: bool = False  # capture the step once per grid bucket at start as a CUDA graph (needs shape_buckets

@@ -18,7 +18,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from edgespec.server.engine import Work
-from edgespec.server.engine_batched import BatchedEngine, PoolConfig
+from edgespec.server.engine_batched import BatchedEngine, PoolConfig, grid
 from edgespec.server.engine_step import Bucket, pack_batch
 from edgespec.server.features import FeatureSpec
 from edgespec.server.scheduler import ModelScheduler, SchedulerConfig
@@ -146,6 +146,22 @@ def test_compiled_graphs_are_the_distinct_buckets_used(target):
         scheduler.close()
     assert len(set(used)) > 3, "the run should span several buckets"
     assert len(graphs) == len(set(used)), (len(graphs), sorted(set(used), key=str))
+
+
+def test_every_batch_the_scheduler_forms_has_a_captured_bucket(target):
+    """The grid a server captures (64 sessions + 8 API slots, 4k context): every batch within the scheduler's
+    budget (padded rows <= 2,048, rows of a session <= 64) lands on one of its buckets."""
+    config = PoolConfig(max_kv_bytes=1 << 40, max_slots=72, max_context_tokens=4096, shape_buckets=True)
+    eng = BatchedEngine(target, config)
+    buckets = set(grid(config, eng.pool.slot_tokens))
+    assert len(buckets) == 192 and {b.keys for b in buckets} == {256, 1024, 4096, eng.pool.slot_tokens}
+    rng = random.Random(0)
+    for _ in range(300):
+        works = [Work.chunk([1] * rng.randint(1, 64), 0) for _ in range(rng.randint(1, 64))]
+        if eng.cost(works) > 2048:
+            continue
+        bucket, in_grid = eng.bucket(works, rng.randint(1, eng.pool.slot_tokens))
+        assert in_grid and bucket in buckets, bucket
 
 
 class TransferCounter(TorchDispatchMode):
