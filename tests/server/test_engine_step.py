@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import threading
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -207,6 +208,44 @@ class TransferCounter(TorchDispatchMode):
         self.__exit__(None, None, None)
         for name, original in self._saved.items():
             setattr(torch.Tensor, name, original)
+
+
+def test_a_batch_of_greedy_sessions_makes_one_upload_and_one_readback(target):
+    """Four sessions verifying at once, their trees in shared batches: still one upload and one readback a batch."""
+    eng = engine(target)
+    scheduler = ModelScheduler(eng)
+    counter = TransferCounter()
+    try:
+        sessions = [VerifierSession(SessionSettings(f"s{i}"), target, scheduler, 200) for i in range(4)]
+        for i, s in enumerate(sessions):
+            s.open(list(range(10 + i, 30)))
+        scheduler.run(counter.install)
+        gate, running = threading.Event(), threading.Event()
+        holder = threading.Thread(target=scheduler.run, args=(lambda: (running.set(), gate.wait()),))
+        holder.start()
+        running.wait()
+        before = replace(scheduler.stats)
+
+        def verify(s: VerifierSession, seed: int) -> None:
+            rng = random.Random(seed)
+            for step in range(1, 4):
+                s.verify(step, len(s.committed), random_tree(rng, 9))
+
+        threads = [threading.Thread(target=verify, args=(s, i)) for i, s in enumerate(sessions)]
+        for th in threads:
+            th.start()
+        while scheduler.pending() < len(sessions):  # every first verification queued behind the holder
+            threading.Event().wait(0.005)
+        gate.set()
+        for th in threads:
+            th.join()
+        holder.join()
+        scheduler.run(counter.uninstall)
+        batches = scheduler.stats.forwards - before.forwards
+        assert scheduler.stats.items - before.items == 12 and batches < 12, "no batch carried two sessions"
+        assert counter.counts["upload"] <= batches and counter.counts["readback"] <= batches, (counter.counts, batches)
+    finally:
+        scheduler.close()
 
 
 def count_verifications(target, settings: SessionSettings, steps: int = 6) -> tuple[Counter, int]:
