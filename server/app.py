@@ -40,6 +40,9 @@ class ServerConfig:
     # starting with the same tokens (a chat's next turn) prefills only the rest; LRU past it; 0 = no prefix cache
     engine: str = "auto"  # "batched" (KV pool, one forward for all sessions), "generic" (DynamicCache per
     # session), "auto" (batched on an accelerator for full-attention architectures, else generic)
+    shape_buckets: bool | None = None  # batched engine: pad batches to a grid of static shapes (what CUDA graphs
+    # need); None = on for a CUDA device, off elsewhere (the padding costs a CPU compute)
+    enforce_eager: bool = False  # batched engine: never capture CUDA graphs; run the step eagerly (vLLM's flag)
     max_tree_nodes: int = 255  # most nodes per draft tree
     max_context_tokens: int = 0  # per session; 0 = the model's max positions (at most 32768)
     max_message_bytes: int = 64 << 20  # gRPC message size limit, both directions
@@ -162,7 +165,9 @@ def _engine(config: ServerConfig, target, context: int):
     from .engine import build_engine
     from .engine_batched import API_SLOTS, PoolConfig
 
-    pool = PoolConfig(config.max_kv_bytes, config.max_sessions + API_SLOTS, context, min(config.max_tree_nodes, 255))
+    buckets = target.device.type == "cuda" if config.shape_buckets is None else config.shape_buckets
+    pool = PoolConfig(config.max_kv_bytes, config.max_sessions + API_SLOTS, context, min(config.max_tree_nodes, 255),
+                      shape_buckets=buckets, graphs=buckets and not config.enforce_eager)
     return build_engine(target, config.engine, pool)
 
 

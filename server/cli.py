@@ -51,6 +51,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engine", choices=["auto", "batched", "generic"], default="auto",
                    help="batched: KV pool, one forward for all sessions; generic: a DynamicCache per session; "
                         "auto: batched on a GPU for full-attention models, else generic")
+    p.add_argument("--shape-buckets", action=argparse.BooleanOptionalAction, default=None,
+                   help="batched engine: pad batches to a grid of static shapes, each captured once as a CUDA graph "
+                        "(unset: on for a CUDA device, off elsewhere)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="batched engine: capture no CUDA graphs; run every step eagerly (as vLLM's flag)")
     p.add_argument("--max-context", "--max-model-len", type=int, default=0,
                    help="tokens per session (0 = the model's limit)")
     p.add_argument("--tls-cert", "--ssl-certfile", default=None,
@@ -128,6 +133,7 @@ def server_config(args: argparse.Namespace):
         trust_remote_code=args.trust_remote_code, max_sessions=args.max_sessions, session_ttl_s=args.session_ttl,
         max_kv_bytes=int(args.max_kv_gb * (1 << 30)), prefix_cache_bytes=int(args.prefix_cache_gb * (1 << 30)),
         max_context_tokens=args.max_context, engine=args.engine,
+        shape_buckets=args.shape_buckets, enforce_eager=args.enforce_eager,
         tls_cert=args.tls_cert, tls_key=args.tls_key, api_key=args.api_key,
         moa_server_parts=_parts(args.moa_server_part), random_moa_parts=tuple(args.random_moa_part),
         metrics_need_key=args.metrics_need_key, max_body_bytes=int(args.max_body_mb * (1 << 20)),

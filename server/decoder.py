@@ -80,4 +80,7 @@ def _step(scheduler: ModelScheduler, kv, ids: Sequence[int], sampling: SamplingC
     """One step as a scheduler job: the forward batched with every other session's work, the draw on the
     model thread too; (token, its logits [V])."""
     out = yield from scheduler.prefill(kv, ids)
-    return next_token(out.logits[-1], sampling, generator), out.logits[-1]
+    logits = out.logits[-1].clone()  # outlives the job: the forward's buffers are reused
+    if sampling.greedy and out.best:
+        return out.best[-1], logits  # the argmax the engine read back with the batch
+    return next_token(logits, sampling, generator), logits

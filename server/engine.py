@@ -7,7 +7,9 @@ a ``ForwardOutput``. An ``Engine`` runs a list of (KV, Work) pairs:
 - ``GenericEngine``: one forward per item on a transformers ``DynamicCache``
   with a 4-D mask. Any architecture Hugging Face runs; the CPU default.
 - ``BatchedEngine`` (``engine_batched``): one forward for all items, their KV
-  in a pre-allocated pool. Full-attention decoder architectures only.
+  in a pre-allocated pool, one upload and one readback per batch; it answers
+  greedy acceptance itself (``Work.accept``). Full-attention decoder
+  architectures only.
 
 ``build_engine`` picks one by architecture and device (``--engine auto``) and
 says which in the log. The ``ModelScheduler`` feeds engines their batches.
@@ -48,6 +50,8 @@ class Work:
     positions: tuple[int, ...]  # [T] RoPE positions
     parents: tuple[int, ...]  # [T] earlier row each row hangs from; -1 = the cached past only
     logits_from: int  # rows [logits_from, T) get logits; T = none
+    accept: bool = False  # greedy verification of the rows after logits_from (a tree hung from row
+    # logits_from): the engine may accept a path and keep only its KV (``ForwardOutput.accepted``)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -64,9 +68,11 @@ class Work:
         return cls(tuple(ids), tuple(range(start, start + n)), tuple(range(-1, n - 1)), n - 1 if logits else n)
 
     @classmethod
-    def tree(cls, root: int, tree: DraftTree, past: int) -> "Work":
-        """[root] + nodes after `past` cached tokens; logits of every row."""
-        return cls.chunk_tree([root], tree, past)
+    def tree(cls, root: int, tree: DraftTree, past: int, accept: bool = False) -> "Work":
+        """[root] + nodes after `past` cached tokens; logits of every row. accept: verify greedily
+        (``Work.accept``)."""
+        work = cls.chunk_tree([root], tree, past)
+        return cls(work.ids, work.positions, work.parents, work.logits_from, accept) if accept else work
 
     @classmethod
     def chunk_tree(cls, ids: Sequence[int], tree: DraftTree, past: int) -> "Work":
@@ -79,11 +85,18 @@ class Work:
 
 @dataclass
 class ForwardOutput:
+    """One item's share of a forward. hidden and logits may be views of buffers the next forward reuses
+    (a replayed CUDA graph's outputs): copy what must outlive the job's next yield."""
+
     hidden: torch.Tensor  # [T, E]: the final norm's output (the LM head's input) of every row
     logits: torch.Tensor  # [T - logits_from, V] float32
     forward_ns: int = 0  # the forward this work rode in
     queue_ns: int = 0  # waiting for that forward to start
     batch: int = 1  # items in that forward
+    best: list[int] | None = None  # [T - logits_from]: argmax of each logits row, when the engine read it back
+    accepted: tuple[int, ...] | None = None  # Work.accept answered: accepted node indices, root to leaf, and
+    # the KV already holds only the past, the root and them; None = the caller verifies and keeps rows
+    next_token: int | None = None  # with accepted: the bonus token (argmax at the last accepted row)
 
 
 class Engine(ABC):

@@ -1,29 +1,39 @@
 """BatchedEngine: one forward for every session's work, their KV in a pre-allocated pool.
 
 A batch is B items (sessions' prefill chunks, trees, resume chains, plain-API
-decode steps), padded to the longest: ids, positions and parents [B, T]. The
-host sends those small integer tensors in one copy; the mask
-(``engine_masks``), write positions and read length are made on the device.
-The model writes each row's K/V into its session's slot (``PoolCache``) and
-reads its slot's keys up to ``key_len``. Each item gets its own rows back:
-the hidden states of all its rows and logits of the rows it asked for.
+decode steps), padded to the longest. The host packs everything the step needs
+into one long tensor and sends it in one copy (``engine_step``); the mask,
+write positions, LM head, argmax, greedy acceptance and KV compaction happen
+on the device, and one small tensor comes back. The model writes each row's
+K/V into its session's slot (``PoolCache``) and reads its slot's keys up to the
+bucket's key length. Each item gets its own rows back: the hidden states of
+all its rows, logits of the rows it asked for, their argmax, and with
+``Work.accept`` the accepted path (its KV already kept).
+
+With ``shape_buckets`` a batch is padded to a grid bucket (powers of two of
+sessions and rows, coarse key lengths), so a few static shapes serve every
+batch and each can be captured once as a CUDA graph (``engine_graphs``).
 
 Results do not depend on what else is in the batch: a row attends only its
 own slot's keys, and masked keys weigh exactly zero.
 """
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from edgespec.shared.kv import SessionKV
 
+from .device_accept import accepted_nodes
 from .engine import Engine, ForwardOutput, Work
-from .engine_kv import BatchPlan, KVPool, PoolCache, SlotKV, pool_slot_tokens
-from .engine_masks import batch_attention_mask, round_up
+from .engine_graphs import CompiledRunner, EagerRunner, GraphRunner
+from .engine_kv import KVPool, PoolCache, SlotKV, pool_slot_tokens
+from .engine_masks import round_up
+from .engine_step import Bucket, DeviceStep, pack_batch
 from .errors import InvalidRequestError
 from .target import TargetModel
 
@@ -33,17 +43,27 @@ API_SLOTS = 8  # slots a server adds to max_sessions for plain-API generations r
 
 @dataclass(frozen=True)
 class PoolConfig:
-    """How big the KV pool is."""
+    """How big the KV pool is, and how the device step runs."""
 
     max_kv_bytes: int = 8 << 30  # memory of all slots together (ServerConfig.max_kv_bytes, --max-kv-gb)
     max_slots: int = 72  # slots worth allocating: sessions + plain-API generations held at once (a server
     # asks for max_sessions + API_SLOTS)
     max_context_tokens: int = 4096  # tokens of one session's context (the slot adds a tree's rows to it)
     max_tree_nodes: int = 255  # nodes of the largest tree a slot must take behind its context
-    key_bucket: int = 64  # keys read per row are rounded up to a multiple of this: fewer shapes
-    shape_buckets: bool = False  # pad sessions, rows and keys up to powers of two, and read slots by index
-    # even for one session: a few fixed shapes, what CUDA-graph capture per (batch, tokens) bucket needs;
-    # off on a CPU, where the padding is computed for nothing
+    key_bucket: int = 64  # without shape buckets, keys read per row are rounded up to a multiple of this
+    shape_buckets: bool = False  # pad batches to a grid of (sessions, rows, keys) buckets (``grid``) so a
+    # few static shapes serve every batch: what CUDA-graph capture needs; off on a CPU, where the padding is
+    # computed for nothing
+    graphs: bool = False  # capture the step once per grid bucket at start as a CUDA graph (needs shape_buckets
+    # and a CUDA device; off = --enforce-eager)
+    compile_backend: str | Callable | None = None  # run the step through torch.compile with this backend instead (tests,
+    # and a CPU where it measures faster); None = eager or graphs
+    max_batch: int = 64  # most sessions a bucket holds (SchedulerConfig.max_batch_items)
+    max_batch_rows: int = 2048  # most rows (sessions x tokens) a bucket holds (SchedulerConfig.max_batch_tokens)
+    bucket_tokens: int = 64  # most rows per session a bucket holds; longer work (prefill chunks) runs eagerly
+    # at its own shape
+    first_key_bucket: int = 256  # the smallest key bucket
+    key_growth: int = 4  # each key bucket this many times the last (coarse: few shapes, at most 4x the keys)
 
 
 class BatchedEngine(Engine):
@@ -60,6 +80,17 @@ class BatchedEngine(Engine):
         self.pool = KVPool(target.num_layers, target.num_kv_heads, target.head_dim, slots, slot_tokens,
                            target.dtype, target.device)
         self.cache = PoolCache(self.pool, target.num_layers)
+        self.key_buckets = key_buckets(slot_tokens, config.first_key_bucket, config.key_growth)
+        self.step = DeviceStep(target, self.pool, self.cache)
+        self.runner = self._runner()
+
+    def _runner(self):
+        cfg, device = self.config, self.target.device
+        if cfg.compile_backend:
+            return CompiledRunner(self.step, cfg.compile_backend)
+        if cfg.graphs and cfg.shape_buckets and device.type == "cuda":
+            return GraphRunner(self.step, grid(cfg, self.pool.slot_tokens))
+        return EagerRunner(self.step)
 
     @staticmethod
     def slots_that_fit(target: TargetModel, config: PoolConfig) -> tuple[int, int, int]:
@@ -71,8 +102,11 @@ class BatchedEngine(Engine):
 
     def describe(self) -> str:
         p = self.pool
+        shapes = "shape buckets" if self.config.shape_buckets else "exact shapes"
+        if isinstance(self.runner, GraphRunner):
+            shapes += f", {len(self.runner.graphs)} graphs captured in {self.runner.capture_s:.1f} s"
         return (f"batched (KV pool: {p.slots} slots x {p.slot_tokens} tokens, "
-                f"{p.kv.nbytes / 2**30:.2f} GiB on {p.kv.device})")
+                f"{p.kv.nbytes / 2**30:.2f} GiB on {p.kv.device}; step: {self.runner.kind}, {shapes})")
 
     def session_kv_bytes(self, budget: int) -> int:
         """Sessions report a whole slot each; the store evicts the least recently used past all slots but
@@ -88,65 +122,88 @@ class BatchedEngine(Engine):
                                       f"{self.pool.slot_tokens}")
 
     def cost(self, items: Sequence[Work]) -> int:
-        b, t = self._shape(len(items), max((len(w) for w in items), default=0))
+        b, t = len(items), max((len(w) for w in items), default=0)
+        if self.config.shape_buckets and t <= self.config.bucket_tokens:
+            b, t = _pow2(b), _pow2(t)
         return b * t  # padded rows are computed too
 
-    def _shape(self, b: int, t: int) -> tuple[int, int]:
-        """The batch's padded [B, T]."""
-        return (_pow2(b), _pow2(t)) if self.config.shape_buckets else (b, t)
+    def bucket(self, works: Sequence[Work], end: int) -> tuple[Bucket, bool]:
+        """The step's shape for these items, and whether it is a grid bucket (else: the batch's own shape).
+        end: the longest slot length the batch reaches (keys to read)."""
+        b, t = len(works), max(len(w) for w in works)
+        cfg = self.config
+        if cfg.shape_buckets and t <= cfg.bucket_tokens and _pow2(b) <= cfg.max_batch:
+            b, t = _pow2(b), _pow2(t)
+            keys = next(k for k in self.key_buckets if k >= end)
+            return Bucket(b, t, keys, b * t), True
+        keys = min(round_up(end, cfg.key_bucket), self.pool.slot_tokens)
+        return Bucket(b, t, keys, sum(len(w) - w.logits_from for w in works)), False
 
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: a compiled step cannot take inference tensors (aot_autograd)
     def run(self, items: Sequence[tuple[SessionKV, Work]]) -> list[ForwardOutput]:
         t0 = time.perf_counter_ns()
-        target, pool = self.target, self.pool
         kvs = [kv for kv, _ in items]
         works = [w for _, w in items]
         slots = [kv.ensure_slot() for kv in kvs]
         assert len(set(slots)) == len(slots), "one session's work twice in one batch"
         past = [len(kv) for kv in kvs]
-        sizes = [len(w) for w in works]
-        end = max(p + n for p, n in zip(past, sizes))  # items were checked (``check``) before they queued
-        b, t = self._shape(len(items), max(sizes))
-        key_len = _pow2(end) if self.config.shape_buckets else round_up(end, self.config.key_bucket)
-        key_len = min(key_len, pool.slot_tokens)
+        end = max(p + len(w) for p, w in zip(past, works))  # items were checked (``check``) before they queued
+        bucket, in_grid = self.bucket(works, end)
+        t = bucket.tokens
+        if in_grid:  # the head over every row of the bucket: one static index
+            head = list(range(bucket.head))
+            offsets = [i * t + w.logits_from for i, w in enumerate(works)]
+        else:
+            head = [i * t + r for i, w in enumerate(works) for r in range(w.logits_from, len(w))]
+            offsets = list(itertools.accumulate((len(w) - w.logits_from for w in works[:-1]), initial=0))
+        flat = pack_batch([(s, p, w, w.accept) for s, p, w in zip(slots, past, works)], bucket, self.pool.scratch,
+                          head)
+        single = slots[0] if bucket.batch == 1 and not in_grid else None
+        out = self.runner(flat, bucket, single)
+        readback = out.readback.tolist()  # the batch's one device-to-host copy: [B][2][T]
 
-        # One host-to-device copy: [B, 3T + 3] = ids | positions | parents | slot, past, rows; padding
-        # sessions have no rows and read the scratch slot
-        rows = [_padded(w.ids, t, 0) + _padded(w.positions, t, 0) + _padded(w.parents, t, -1) + [s, p, n]
-                for w, s, p, n in zip(works, slots, past, sizes)]
-        rows += [[0] * (2 * t) + [-1] * t + [pool.scratch, 0, 0]] * (b - len(items))
-        packed = torch.tensor(rows, dtype=torch.long)
-        packed = packed.to(target.device)
-        ids, positions, parents = packed[:, :t], packed[:, t:2 * t], packed[:, 2 * t:3 * t]  # [B, T] each
-        slot_t, past_t, rows_t = packed[:, 3 * t], packed[:, 3 * t + 1], packed[:, 3 * t + 2]  # [B] each
-
-        mask = batch_attention_mask(parents, positions, past_t, rows_t, key_len, target.dtype)  # [B, 1, T, keys]
-        row = torch.arange(t, device=target.device).view(1, t)
-        real = row < rows_t.view(b, 1)  # [B, T]: not padding
-        write_slot = torch.where(real, slot_t.view(b, 1), pool.scratch)  # [B, T]
-        write_pos = torch.where(real, past_t.view(b, 1) + row, row.clamp(max=pool.slot_tokens - 1))  # [B, T]
-        single = slots[0] if b == 1 and not self.config.shape_buckets else None
-        self.cache.plan = BatchPlan(slot_t, single, write_slot, write_pos, key_len)
-        try:
-            hidden = target.decode(ids, positions, mask, self.cache)  # [B, T, E]
-        finally:
-            self.cache.plan = None
-        for kv, p, n in zip(kvs, past, sizes):
-            kv.length = p + n
-
-        # The LM head once, on the rows asked for: [R, V]
-        wanted = [i * t + r for i, w in enumerate(works) for r in range(w.logits_from, len(w))]
-        flat = hidden.reshape(b * t, -1)
-        logits = target.logits(flat[torch.tensor(wanted, dtype=torch.long, device=flat.device)])
-        counts = [len(w) - w.logits_from for w in works]
+        results = []
+        for i, (kv, p, w) in enumerate(zip(kvs, past, works)):
+            best, flags = readback[i]
+            n, lf = len(w), w.logits_from
+            accepted = accepted_nodes(flags, w.positions, lf) if w.accept else None
+            kv.length = p + (lf + 1 + len(accepted) if accepted is not None else n)
+            last = lf + 1 + accepted[-1] if accepted else lf
+            results.append(ForwardOutput(out.hidden[i, :n], out.logits[offsets[i]:offsets[i] + n - lf], 0,
+                                         batch=bucket.batch, best=best[lf:n], accepted=accepted,
+                                         next_token=best[last] if accepted is not None else None))
         forward_ns = time.perf_counter_ns() - t0
-        return [ForwardOutput(hidden[i, :n], part, forward_ns, batch=b)
-                for i, (n, part) in enumerate(zip(sizes, logits.split(counts)))]
+        for r in results:
+            r.forward_ns = forward_ns
+        return results
+
+
+def key_buckets(slot_tokens: int, first: int, growth: int) -> list[int]:
+    """Key lengths of the grid: first, first * growth, ... and the whole slot last."""
+    keys, k = [], first
+    while k < slot_tokens:
+        keys.append(k)
+        k *= growth
+    return keys + [slot_tokens]
+
+
+def grid(config: PoolConfig, slot_tokens: int) -> list[Bucket]:
+    """Every grid bucket: powers of two of sessions and rows within the limits, times the key buckets."""
+    out = []
+    for b in _powers(min(config.max_batch, config.max_slots)):
+        for t in _powers(min(config.bucket_tokens, config.max_batch_rows // b)):
+            out += [Bucket(b, t, k, b * t) for k in key_buckets(slot_tokens, config.first_key_bucket,
+                                                                config.key_growth)]
+    return out
+
+
+def _powers(limit: int) -> list[int]:
+    """1, 2, 4, ... up to the power of two that holds limit."""
+    out = [1]
+    while out[-1] < limit:
+        out.append(out[-1] * 2)
+    return out
 
 
 def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
-
-
-def _padded(values: Sequence[int], length: int, fill: int) -> list[int]:
-    return list(values) + [fill] * (length - len(values))

@@ -41,7 +41,7 @@ class KVPool:
         self.slots = slots
         self.slot_tokens = slot_tokens  # S_max: most tokens one slot holds
         self.wait_s = wait_s  # how long acquire waits for a slot to free before refusing
-        with torch.inference_mode():
+        with torch.no_grad():  # a plain tensor, not an inference one: a compiled step may take it as an input
             # kv: [L, 2, slots + 1, H_kv, S_max, D]; zeros so that never-written keys are finite (a masked
             # column must not bring a NaN into the softmax)
             self.kv = torch.zeros(num_layers, 2, slots + 1, kv_heads, slot_tokens, head_dim, dtype=dtype,
@@ -132,7 +132,8 @@ class BatchPlan:
     """Where one forward's rows go in the pool and what the attention reads back."""
 
     slots: torch.Tensor  # [B] long: each batch row's slot
-    single: int | None  # the slot when B == 1 (read as a view, no gather)
+    single: int | None  # the slot when B == 1, read as a view with no gather (eager steps only: a captured or
+    # compiled step would bake the slot in)
     write_slot: torch.Tensor  # [B, T] long: slot each new row is written to (scratch for padding)
     write_pos: torch.Tensor  # [B, T] long: position within that slot
     key_len: int  # keys the attention reads per row: [0, key_len) of its slot

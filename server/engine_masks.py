@@ -47,11 +47,17 @@ def batch_attention_mask(parents: torch.Tensor, positions: torch.Tensor, past: t
     parents, positions: [B, T] long; past, n_rows: [B] long. Padding rows (row >= n_rows[b]) see
     the past and key 0, so their softmax stays finite; their outputs are never read.
     """
-    b, t = parents.shape
-    device = parents.device
+    return mask_from_ancestors(ancestor_mask(parents, positions), past, n_rows, key_len, dtype)
+
+
+def mask_from_ancestors(tree: torch.Tensor, past: torch.Tensor, n_rows: torch.Tensor, key_len: int,
+                        dtype: torch.dtype) -> torch.Tensor:
+    """``batch_attention_mask`` from the rows' ancestor mask tree [B, T, T] (``ancestor_mask``), which the
+    device step shares with greedy acceptance."""
+    b, t, _ = tree.shape
+    device = tree.device
     rows = torch.arange(t, device=device)
     keys = torch.arange(key_len, device=device)
-    tree = ancestor_mask(parents, positions)  # [B, T, T]
     row_of_key = keys.view(1, key_len) - past.view(b, 1)  # [B, L]: which new row a key position holds
     is_new = (row_of_key >= 0) & (row_of_key < n_rows.view(b, 1))  # [B, L]
     sees_new = tree.gather(2, row_of_key.clamp(0, t - 1).view(b, 1, key_len).expand(b, t, key_len))

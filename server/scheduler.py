@@ -56,7 +56,8 @@ class SchedulerStats:
     forwards: int = 0  # engine calls
     items: int = 0  # work items in them
     tokens: int = 0  # rows fed, padding excluded
-    busy_ns: int = 0  # time inside the engine (a CUDA device is synchronised at the end of each batch)
+    busy_ns: int = 0  # time inside the engine: on CUDA the device's, from events (no synchronisation: a
+    # batch's readback finishes it; ``ModelScheduler.settle`` waits for the last), else wall time
 
 
 class _Item:
@@ -74,6 +75,7 @@ class ModelScheduler:
         self.engine = engine
         self.config = config
         self.stats = SchedulerStats()
+        self._clock = BusyClock(engine.target.device if engine is not None else torch.device("cpu"))
         self._queue: deque[_Item] = deque()
         self._cv = threading.Condition()
         self._closed = False
@@ -128,9 +130,14 @@ class ModelScheduler:
         return _joined(outs)
 
     @staticmethod
-    def forward_tree(kv: SessionKV, root: int, tree: DraftTree) -> Job[ForwardOutput]:
-        """[root] + nodes after the cached past (the committed tokens but the last). Rows: [1 + N]."""
-        return (yield kv, Work.tree(root, tree, len(kv)))
+    def forward_tree(kv: SessionKV, root: int, tree: DraftTree, accept: bool = False) -> Job[ForwardOutput]:
+        """[root] + nodes after the cached past (the committed tokens but the last). Rows: [1 + N].
+        accept: greedy verification by the engine where it can (``Work.accept``)."""
+        return (yield kv, Work.tree(root, tree, len(kv), accept))
+
+    def settle(self) -> SchedulerStats:
+        """The stats with every finished batch's device time counted (waits for the device; for benchmarks)."""
+        return self.run(lambda: (self._clock.collect(self.stats, wait=True), self.stats)[1])[0]
 
     def pending(self) -> int:
         """Items waiting for the worker (not counting what it runs now)."""
@@ -214,16 +221,16 @@ class ModelScheduler:
                     item.future.set_exception(exc)
                 continue
             try:
+                mark = self._clock.start()
                 outs = self.engine.run([i.waiting for i in batch])
-                _sync(self.engine)
+                self._clock.stop(mark, started, self.stats)
             except BaseException as exc:  # noqa: BLE001 - every job in the batch gets it
                 for item in batch:
                     item.job.close()
                     item.future.set_exception(exc)
                 continue
-            busy = time.perf_counter_ns() - started
             s = self.stats
-            s.forwards, s.items, s.busy_ns = s.forwards + 1, s.items + len(batch), s.busy_ns + busy
+            s.forwards, s.items = s.forwards + 1, s.items + len(batch)
             s.tokens += sum(len(i.waiting[1]) for i in batch)
             again = []
             for item, out in zip(batch, outs):
@@ -235,15 +242,43 @@ class ModelScheduler:
                     self._queue.extend(again)
 
 
-def _sync(engine: Engine) -> None:
-    """Wait for the device so busy time is device time (a no-op on a CPU)."""
-    device = engine.target.device
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+class BusyClock:
+    """Busy time of the engine's batches without synchronising for it: on CUDA a pair of events a batch,
+    counted once the end event has completed (a batch's readback completes it, so by the next batch it
+    has); elsewhere wall time."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._pending: deque = deque()  # (start, end) events not counted yet
+
+    def start(self):
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def stop(self, mark, started_ns: int, stats: SchedulerStats) -> None:
+        if not self.cuda:
+            stats.busy_ns += time.perf_counter_ns() - started_ns
+            return
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self._pending.append((mark, end))
+        self.collect(stats)
+
+    def collect(self, stats: SchedulerStats, wait: bool = False) -> None:
+        while self._pending and (wait or self._pending[0][1].query()):
+            begin, end = self._pending.popleft()
+            end.synchronize()  # a no-op unless wait: query() said it is done
+            stats.busy_ns += int(begin.elapsed_time(end) * 1e6)
 
 
 def _joined(outs: list[ForwardOutput]) -> ForwardOutput:
     """Chunks' outputs as one: every chunk's hidden rows, the last chunk's logits, the times summed."""
-    hidden = outs[0].hidden if len(outs) == 1 else torch.cat([o.hidden for o in outs])
-    return ForwardOutput(hidden, outs[-1].logits, sum(o.forward_ns for o in outs), sum(o.queue_ns for o in outs),
-                         max(o.batch for o in outs))
+    if len(outs) == 1:
+        return outs[0]
+    last = outs[-1]
+    return ForwardOutput(torch.cat([o.hidden for o in outs]), last.logits, sum(o.forward_ns for o in outs),
+                         sum(o.queue_ns for o in outs), max(o.batch for o in outs), last.best, last.accepted,
+                         last.next_token)

@@ -23,7 +23,8 @@ import torch
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.logprobs import TokenLogprob, token_logprobs
 from edgespec.shared.tree import DraftTree
-from edgespec.shared.verification import SamplingConfig, VerifyOutcome, next_token, verify_tree
+from edgespec.shared.verification import (SamplingConfig, VerifyOutcome, next_token, sample_verify, target_probs,
+                                          verify_tree)
 from edgespec.shared.wire import FeatureKind, ResumePolicy
 
 from .errors import InvalidRequestError, StaleStateError
@@ -133,8 +134,8 @@ class VerifierSession:
             first = next_token(out.logits[-1], self.settings.sampling, self.generator)
             self.committed = prompt + [first]
             kv = self._kv_rows(0, len(prompt))
-            return _ModelStep(first, (), 0, out.hidden, kv, out.forward_ns, time.perf_counter_ns() - t1, out.queue_ns,
-                              self._logprobs(out.logits[-1:], [first]))
+            return _ModelStep(first, (), 0, self._hidden_rows(out.hidden, slice(None)), kv, out.forward_ns,
+                              time.perf_counter_ns() - t1, out.queue_ns, self._logprobs(out.logits, [-1], [first]))
         out = yield from self.scheduler.prefill_tree(self.kv, prompt[cached:], tree)
         t1 = time.perf_counter_ns()
         outcome = verify_tree(tree, out.logits, self.settings.sampling, self.generator)
@@ -144,10 +145,11 @@ class VerifierSession:
         new = [tree.tokens[i] for i in outcome.accepted] + [outcome.next_token]
         self.committed = prompt + new
         fed_past = past - cached  # rows of out.hidden before the last prompt token's
-        hidden = torch.cat([out.hidden[:fed_past], out.hidden[[fed_past + r for r in rows]]])
+        hidden = torch.cat([out.hidden[:fed_past], out.hidden[[fed_past + r for r in rows]]]) if self._wants_hidden \
+            else out.hidden[:0]
         kv = self._kv_rows(0, past + len(rows))
         return _ModelStep(outcome.next_token, outcome.accepted, 0, hidden, kv, out.forward_ns,
-                          time.perf_counter_ns() - t1, out.queue_ns, self._logprobs(out.logits[rows], new))
+                          time.perf_counter_ns() - t1, out.queue_ns, self._logprobs(out.logits, rows, new))
 
     # -------------------------------------------------------------- verify
     def verify(self, step: int, committed_len: int, tree: DraftTree) -> StepResult:
@@ -166,17 +168,27 @@ class VerifierSession:
 
     def _verify_job(self, tree: DraftTree) -> _ModelStep:
         past = len(self.committed) - 1
-        out = yield from self.scheduler.forward_tree(self.kv, self.committed[-1], tree)
+        sampling = self.settings.sampling
+        # greedy: the engine may accept on the device and keep the path's KV there (out.accepted)
+        out = yield from self.scheduler.forward_tree(self.kv, self.committed[-1], tree, accept=sampling.greedy)
         t1 = time.perf_counter_ns()
-        outcome = verify_tree(tree, out.logits, self.settings.sampling, self.generator)
+        if out.accepted is not None:
+            outcome = VerifyOutcome(out.accepted, out.next_token)
+        else:
+            # sampling reads its rows' distributions back once, then draws on the host with the session's
+            # generator (seeded runs give the same tokens on every device and engine)
+            logits = out.logits if sampling.greedy else target_probs(out.logits, sampling).cpu()
+            outcome = verify_tree(tree, logits, sampling, self.generator) if sampling.greedy \
+                else sample_verify(tree, logits, self.generator)
         rows = [0] + [i + 1 for i in outcome.accepted]
-        self.kv.keep_rows(past, rows)
+        if out.accepted is None:
+            self.kv.keep_rows(past, rows)
         new = [tree.tokens[i] for i in outcome.accepted] + [outcome.next_token]
         self.committed += new
-        hidden = out.hidden[rows]
         kv = self._kv_rows(past, past + len(rows))
-        return _ModelStep(outcome.next_token, outcome.accepted, 0, hidden, kv, out.forward_ns,
-                          time.perf_counter_ns() - t1, out.queue_ns, self._logprobs(out.logits[rows], new))
+        return _ModelStep(outcome.next_token, outcome.accepted, 0, self._hidden_rows(out.hidden, rows), kv,
+                          out.forward_ns, time.perf_counter_ns() - t1, out.queue_ns,
+                          self._logprobs(out.logits, rows, new))
 
     # -------------------------------------------------------------- resume
     def matches(self, confirmed_len: int, confirmed_hash: bytes) -> bool:
@@ -239,8 +251,8 @@ class VerifierSession:
         self.kv.keep_rows(past, rows)
         self.committed += kept + [after]
         kv = self._kv_rows(past, past + len(rows))
-        return _ModelStep(after, (), agreed, out.hidden[rows], kv, out.forward_ns, time.perf_counter_ns() - t1,
-                          out.queue_ns, self._logprobs(out.logits[rows], kept + [after]))
+        return _ModelStep(after, (), agreed, self._hidden_rows(out.hidden, rows), kv, out.forward_ns,
+                          time.perf_counter_ns() - t1, out.queue_ns, self._logprobs(out.logits, rows, kept + [after]))
 
     # -------------------------------------------------------- prefix cache
     def _restore_prefix(self, ids: Sequence[int], limit: int) -> int:
@@ -276,11 +288,21 @@ class VerifierSession:
         return StepResult(step.next_token, len(self.committed), step.accepted, step.agreed,
                           True, features, timings, step.logprobs)
 
-    def _logprobs(self, rows: torch.Tensor, tokens: list[int]) -> tuple[TokenLogprob, ...]:
-        """rows [n, V]: the logits each of the n newly committed tokens was chosen from."""
+    def _logprobs(self, logits: torch.Tensor, rows, tokens: list[int]) -> tuple[TokenLogprob, ...]:
+        """logits[rows] [n, V]: the logits each of the n newly committed tokens was chosen from (gathered
+        only when logprobs were asked: the index is an upload)."""
         if self.settings.logprobs is None:
             return ()
-        return token_logprobs(rows, tokens, self.settings.logprobs)
+        return token_logprobs(logits[rows], tokens, self.settings.logprobs)
+
+    @property
+    def _wants_hidden(self) -> bool:
+        return self.settings.features.kind is FeatureKind.LAST_HIDDEN
+
+    def _hidden_rows(self, hidden: torch.Tensor, rows) -> torch.Tensor:
+        """hidden[rows] (a copy: the forward's buffers are reused) when the features carry hidden states, else
+        an empty tensor: no index upload, no gather."""
+        return hidden[rows].clone() if self._wants_hidden else hidden[:0]
 
     def _kv_rows(self, start: int, end: int) -> torch.Tensor | None:
         if not self.settings.features.needs_kv:

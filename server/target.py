@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from edgespec.shared.models.cache_arg import with_cache
+from edgespec.shared.models.cache_arg import cache_kwarg
 from edgespec.shared.models.loading import LoadedModel
 
 
@@ -41,6 +41,7 @@ class TargetModel:
         self.kv_size: int = self.num_kv_heads * self.head_dim
         self.max_positions: int = int(getattr(cfg, "max_position_embeddings", 32768))
         self._decoder = self.model.get_decoder()
+        self._cache_kwarg = cache_kwarg(self._decoder)  # read once, outside any traced step
         self._head = self.model.get_output_embeddings()
         # Gemma2 caps its logits with tanh inside ForCausalLM.forward, which the server does not call.
         softcap = getattr(cfg, "final_logit_softcapping", None)
@@ -48,7 +49,8 @@ class TargetModel:
         self.eos_ids: frozenset[int] = frozenset(_eos_ids(self.model, self.tokenizer))
 
     # ---------------------------------------------------------------- forwards
-    @torch.inference_mode()
+    @torch.no_grad()  # not inference_mode: the batched engine's step may be compiled, and aot_autograd refuses
+    # inference tensors
     def decode(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache) -> torch.Tensor:
         """The decoder over ids [B, T] at positions [B, T] after what `cache` holds; hidden [B, T, E].
 
@@ -56,16 +58,22 @@ class TargetModel:
         chunk, which transformers masks itself.
         """
         kwargs = {} if mask is None else {"attention_mask": mask}
-        out = self._decoder(input_ids=ids, position_ids=positions, use_cache=True,
-                            **with_cache(self._decoder, cache), **kwargs)
+        out = self._decoder(input_ids=ids, position_ids=positions, use_cache=True, **{self._cache_kwarg: cache},
+                            **kwargs)
         return out.last_hidden_state
 
-    @torch.inference_mode()
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The LM head on the rows that are read only: [R, E] -> [R, V] float32."""
-        logits = self._head(hidden).float()
+    @torch.no_grad()
+    def logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The LM head on the rows that are read only: [R, E] -> [R, V] float32.
+
+        out: a float32 [R, V] buffer to write them into (a captured step's logits live in one buffer shared by
+        every graph, not one per graph); the dtype conversion is then the copy itself."""
+        logits = self._head(hidden)
+        logits = logits.float() if out is None else out.copy_(logits)
         if self.logit_softcap is not None:
             logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+            if out is not None:
+                logits = out.copy_(logits)
         return logits
 
 

@@ -1,10 +1,13 @@
 """Server benchmark: the engines side by side on one target, in one run.
 
     edgespec models random --like qwen2.5-coder-1.5b-instruct /tmp/rnd-1.5b      # no weights needed
-    edgespec bench server --models /tmp/rnd-1.5b --engines generic batched
+    edgespec bench server --models /tmp/rnd-1.5b --engines generic batched bucketed
 
 For each engine (``generic``: a DynamicCache per session, one forward each;
-``batched``: the KV pool, one forward for every session's work):
+``batched``: the KV pool, one forward for every session's work, as the server
+builds it on that device: exact shapes and eager on a CPU, shape buckets with a
+CUDA graph per bucket on a GPU unless --enforce-eager; ``bucketed``: the pool
+with shape buckets forced on, graphs as for batched):
 
 - latency: one session at --context tokens; a plain decode step (one token)
   and a verification per tree size (random trees, depth up to 6), median of
@@ -12,8 +15,8 @@ For each engine (``generic``: a DynamicCache per session, one forward each;
 - throughput: N sessions (--sessions, 1/4/16/64) on threads, each verifying
   random --tree-nodes trees as fast as answers come, for --seconds; the
   figures are verifications per second and device-ms per verification (the
-  model thread's busy time, the device synchronised after each batch, over the
-  verifications done). Then the plain API (the server decoding alone) with N
+  model thread's busy time, from CUDA events on a GPU, over the verifications
+  done). Then the plain API (the server decoding alone) with N
   generations at once: tokens per second and device-ms per token;
 - device-ms per committed token: random weights accept nothing, so the
   acceptance length is a parameter (--tau, tokens committed per verification,
@@ -36,6 +39,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from .records import markdown_table
+
+ENGINES = {"generic": "a DynamicCache per session, one forward each",
+           "batched": "the KV pool, one forward for all sessions, as the server builds it on the device",
+           "bucketed": "the KV pool with shape buckets forced on (a CUDA graph per bucket on a GPU)"}
 
 
 def random_tree(rng: random.Random, nodes: int, vocab: int, max_depth: int = 6):
@@ -76,10 +83,11 @@ class ThroughputRow:
 class Bench:
     """One target, one engine, its scheduler, and sessions held at a fixed context."""
 
-    def __init__(self, target, engine, context: int, seed: int = 0):
+    def __init__(self, target, engine, context: int, seed: int = 0, name: str | None = None):
         from ...server.scheduler import ModelScheduler
 
         self.target, self.engine, self.context = target, engine, context
+        self.name = name or engine.name  # the row label: two benches may share an engine class
         self.scheduler = ModelScheduler(engine)
         self.rng = random.Random(seed)
 
@@ -135,7 +143,7 @@ class Bench:
         for s in opened:
             s.kv.close()
         tokens, token_ns, _ = self._window(sessions, seconds, self._generate)
-        return ThroughputRow(self.engine.name, sessions, verifications / seconds, verify_ns / 1e6 / max(1, verifications),
+        return ThroughputRow(self.name, sessions, verifications / seconds, verify_ns / 1e6 / max(1, verifications),
                              tokens / seconds, token_ns / 1e6 / max(1, tokens), batch)
 
     def _generate(self, i: int, stop: threading.Event, counts: list[int], ready: list[bool]) -> None:
@@ -169,9 +177,9 @@ class Bench:
         while not all(ready):
             time.sleep(0.01)
         time.sleep(min(1.0, seconds / 4))  # past the first batches' shapes
-        c0, s0 = sum(counts), replace(self.scheduler.stats)
+        c0, s0 = sum(counts), replace(self.scheduler.settle())
         time.sleep(seconds)
-        c1, busy = sum(counts), self.scheduler.stats.busy_ns - s0.busy_ns
+        c1, busy = sum(counts), self.scheduler.settle().busy_ns - s0.busy_ns
         stop.set()
         for r in runners:
             r.join()
@@ -193,17 +201,17 @@ class Bench:
 def measure_latency(benches: list[Bench], tree_sizes: list[int], repeats: int) -> list[LatencyRow]:
     """Medians of `repeats`, the engines taking turns call by call: a machine's load (other processes on a
     shared CPU) then weighs on all of them alike."""
-    decode = {b.engine.name: [] for b in benches}
+    decode = {b.name: [] for b in benches}
     for _ in range(repeats):
         for b in benches:
-            decode[b.engine.name].append(b.decode_once())
+            decode[b.name].append(b.decode_once())
     base = {name: statistics.median(v) for name, v in decode.items()}
     rows = [LatencyRow(name, 0, t * 1e3, 1.0) for name, t in base.items()]
     for nodes in tree_sizes:
-        times = {b.engine.name: [] for b in benches}
+        times = {b.name: [] for b in benches}
         for _ in range(repeats):
             for b in benches:
-                times[b.engine.name].append(b.verify_once(nodes))
+                times[b.name].append(b.verify_once(nodes))
         rows += [LatencyRow(name, nodes, statistics.median(v) * 1e3, statistics.median(v) / base[name])
                  for name, v in times.items()]
     return rows
@@ -243,8 +251,11 @@ def print_report(name: str, latency: list[LatencyRow], throughput: list[Throughp
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", nargs="+", default=["qwen2.5-coder-1.5b-instruct"],
                         help="registry names or model folders (e.g. from `edgespec models random`)")
-    parser.add_argument("--engines", nargs="+", default=["generic", "batched"], choices=["generic", "batched"],
-                        help="the first is the baseline of the ratios")
+    parser.add_argument("--engines", nargs="+", default=["generic", "batched"], choices=list(ENGINES),
+                        help="the first is the baseline of the ratios; " + "; ".join(f"{k}: {v}" for k, v in
+                                                                                     ENGINES.items()))
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="batched and bucketed capture no CUDA graphs (the server's --enforce-eager)")
     parser.add_argument("--tree-sizes", nargs="+", type=int, default=[1, 4, 8, 16, 32, 64])
     parser.add_argument("--sessions", nargs="+", type=int, default=[1, 4, 16, 64])
     parser.add_argument("--tau", nargs="+", type=float, default=[1, 3, 5], help="acceptance lengths to cost at")
@@ -258,6 +269,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     import torch
 
     from ...server.engine import build_engine
@@ -267,14 +280,18 @@ def run(args: argparse.Namespace) -> int:
 
     for name in args.models:
         target = TargetModel(load_model(name, device=args.device, dtype=args.dtype))
+        cuda = target.device.type == "cuda"
         pool = PoolConfig(max_kv_bytes=1 << 50, max_slots=max(args.sessions) + 2,
                           max_context_tokens=args.context + 8, max_tree_nodes=max(args.tree_sizes + [args.tree_nodes]))
+        pools = {"generic": pool, "batched": replace(pool, shape_buckets=cuda, graphs=cuda and not args.enforce_eager),
+                 "bucketed": replace(pool, shape_buckets=True, graphs=not args.enforce_eager)}
         print(f"# {target.name} on {target.device} ({str(target.dtype).removeprefix('torch.')}), "
               f"torch threads {torch.get_num_threads()}", flush=True)
-        benches = [Bench(target, build_engine(target, kind, pool), args.context) for kind in args.engines]
+        benches = [Bench(target, build_engine(target, "generic" if kind == "generic" else "batched", pools[kind]),
+                         args.context, name=kind) for kind in args.engines]
         try:
             for b in benches:
-                print(f"engine {b.engine.name}: {b.engine.describe()}", flush=True)
+                print(f"engine {b.name}: {b.engine.describe()}", flush=True)
                 b.warm_up(args.warmup)
             latency = measure_latency(benches, args.tree_sizes, args.repeats)
             throughput: list[ThroughputRow] = []

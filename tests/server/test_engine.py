@@ -56,9 +56,9 @@ class Held:
         self.gate.set()
 
 
-def batched(target, slots: int = 8, shape_buckets: bool = False) -> BatchedEngine:
+def batched(target, slots: int = 8, shape_buckets: bool = False, graphs: bool = False) -> BatchedEngine:
     return BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_slots=slots, max_context_tokens=512,
-                                            shape_buckets=shape_buckets))
+                                            shape_buckets=shape_buckets, graphs=graphs))
 
 
 def random_tree(rng: random.Random, truth: list[int], vocab: int = 300) -> DraftTree:
@@ -130,9 +130,11 @@ def greedy_truths(target) -> dict[int, list[int]]:
 def test_batched_sessions_give_the_tokens_of_sessions_run_alone(target, sampling):
     truths = greedy_truths(target) if sampling.greedy else None
     results = {}
-    for name, engine, together in [("generic", GenericEngine(target), False), ("alone", batched(target), False),
-                                   ("batched", batched(target), True),
-                                   ("bucketed", batched(target, shape_buckets=True), True)]:
+    runs = [("generic", GenericEngine(target), False), ("alone", batched(target), False),
+            ("batched", batched(target), True), ("bucketed", batched(target, shape_buckets=True), True)]
+    if target.device.type == "cuda":  # a CUDA graph per bucket, replayed
+        runs.append(("graphs", batched(target, shape_buckets=True, graphs=True), True))
+    for name, engine, together in runs:
         scheduler = ModelScheduler(engine, SMALL_CHUNKS)
         try:
             results[name] = run_all(target, scheduler, sampling, truths, together)
@@ -141,6 +143,7 @@ def test_batched_sessions_give_the_tokens_of_sessions_run_alone(target, sampling
         if together:
             assert scheduler.stats.items > scheduler.stats.forwards, "no forward carried two sessions"
     assert results["batched"] == results["bucketed"] == results["alone"] == results["generic"]
+    assert results.get("graphs", results["batched"]) == results["batched"]
     if truths:  # and greedy verification is the target's own greedy decoding
         for seed, committed in results["batched"].items():
             assert committed == truths[seed][:len(committed)], seed
@@ -181,6 +184,8 @@ def test_plain_api_batched_gives_the_tokens_of_requests_run_alone(target, sampli
     assert alone(batched(target)) == reference
     assert together(batched(target)) == reference
     assert together(batched(target, shape_buckets=True)) == reference  # padded to power-of-two shapes
+    if target.device.type == "cuda":
+        assert together(batched(target, shape_buckets=True, graphs=True)) == reference  # replayed graphs
     if sampling.greedy:
         for r, got in zip(requests, reference):
             assert got == recomputed_greedy(target.model, list(r.prompt_ids), 12)
@@ -384,3 +389,27 @@ def test_other_full_attention_architectures_verify_exactly_on_the_pool(arch, tmp
             assert session.committed[4:] == truth[:len(session.committed) - 4], engine.name
         finally:
             scheduler.close()
+
+
+def test_server_settings_choose_shape_buckets_and_eager(tiny_model_dir):
+    """--shape-buckets and --enforce-eager reach the batched engine; unset, buckets follow the device."""
+    from edgespec.server.app import ServerConfig, _engine
+    from edgespec.server.cli import server_config
+    from edgespec.shared.cli import build_parser
+
+    target = TargetModel(load_model(str(tiny_model_dir), device=DEVICES[-1], dtype="float32"))
+
+    def engine_of(*flags: str) -> BatchedEngine:
+        args = build_parser().parse_args(["server", str(tiny_model_dir), "--engine", "batched", "--max-context",
+                                          "64", "--max-sessions", "2", *flags])
+        config: ServerConfig = server_config(args)
+        return _engine(config, target, 64)
+
+    cuda = target.device.type == "cuda"
+    default = engine_of()
+    assert default.config.shape_buckets == cuda and default.config.graphs == cuda
+    assert default.runner.kind == ("cuda-graphs" if cuda else "eager")
+    forced = engine_of("--shape-buckets", "--enforce-eager")
+    assert forced.config.shape_buckets and not forced.config.graphs and forced.runner.kind == "eager"
+    assert "shape buckets" in forced.describe()
+    assert not engine_of("--no-shape-buckets").config.shape_buckets

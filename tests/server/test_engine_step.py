@@ -1,0 +1,324 @@
+"""The batched engine's device step is graph-ready (issue 24), proven on a CPU with the tiny target.
+
+- dynamo traces the step of every bucket of a small grid in one graph, no break;
+- the step compiled (fullgraph, aot_eager) is bitwise the eager step in float32;
+- over a run of mixed sessions and tree sizes, dynamo compiles one graph per distinct bucket used;
+- counted on the model thread, a greedy verification without features costs one upload and one readback
+  per batch; features, logprobs and sampling add what they need, no more;
+- on a CUDA device (skipped without one) a step launches with synchronisation forbidden.
+"""
+from __future__ import annotations
+
+import random
+import threading
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from edgespec.server.engine import Work
+from edgespec.server.engine_batched import BatchedEngine, PoolConfig, grid
+from edgespec.server.engine_step import Bucket, pack_batch
+from edgespec.server.features import FeatureSpec
+from edgespec.server.scheduler import ModelScheduler, SchedulerConfig
+from edgespec.server.session import SessionSettings, VerifierSession
+from edgespec.server.target import TargetModel
+from edgespec.shared.models.loading import load_model
+from edgespec.shared.tree import ROOT, DraftTree
+from edgespec.shared.verification import SamplingConfig
+from edgespec.shared.wire import FeatureKind
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(scope="module")
+def target(tiny_model_dir) -> TargetModel:
+    return TargetModel(load_model(str(tiny_model_dir), device="cpu", dtype="float32"))
+
+
+def engine(target, **kw) -> BatchedEngine:
+    return BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_slots=8, max_context_tokens=256, **kw))
+
+
+def random_tree(rng: random.Random, nodes: int) -> DraftTree:
+    parents = tuple(rng.choice([ROOT] + list(range(i))) for i in range(nodes))
+    return DraftTree(tuple(rng.randrange(300) for _ in range(nodes)), parents)
+
+
+def tree_work(rng: random.Random, nodes: int, past: int, accept: bool = True) -> Work:
+    return Work.tree(rng.randrange(300), random_tree(rng, nodes), past, accept)
+
+
+def packed(eng: BatchedEngine, works: list[Work], pasts: list[int], bucket: Bucket) -> torch.Tensor:
+    items = [(slot, p, w, w.accept) for slot, (p, w) in enumerate(zip(pasts, works))]
+    return torch.tensor(pack_batch(items, bucket, eng.pool.scratch, list(range(bucket.head))), dtype=torch.long)
+
+
+GRID = [Bucket(1, 1, 256, 1), Bucket(2, 4, 256, 8), Bucket(4, 8, 512, 32)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bucket", GRID, ids=lambda b: f"B{b.batch}-T{b.tokens}-K{b.keys}")
+def test_the_step_of_every_bucket_traces_in_one_graph(target, bucket):
+    import torch._dynamo
+
+    eng = engine(target, shape_buckets=True)
+    rng = random.Random(bucket.tokens)
+    works = [tree_work(rng, bucket.tokens - 1, 5 + i) for i in range(bucket.batch)]
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(eng.step.__call__)(packed(eng, works, [5, 6][:bucket.batch], bucket), bucket)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert explained.graph_count == 1
+
+
+@pytest.mark.slow
+def test_the_compiled_step_is_bitwise_the_eager_step(target):
+    """Same batches through an eager and an aot_eager-compiled engine: hidden, logits, readback and the whole
+    KV pool equal bit for bit (float32)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    eager, compiled = engine(target, shape_buckets=True), engine(target, shape_buckets=True, compile_backend="aot_eager")
+    rng = random.Random(0)
+    for step in range(2):
+        works = [tree_work(rng, rng.randint(1, 7), 9 * step + i) for i in range(3)]
+        pasts = [9 * step + i for i in range(3)]
+        bucket, _ = eager.bucket(works, max(p + len(w) for p, w in zip(pasts, works)))
+        flat = packed(eager, works, pasts, bucket).tolist()
+        with torch.no_grad():
+            a = eager.runner(flat, bucket)
+            b = compiled.runner(flat, bucket)
+        assert torch.equal(a.hidden, b.hidden) and torch.equal(a.logits, b.logits)
+        assert torch.equal(a.readback, b.readback)
+        assert torch.equal(eager.pool.kv, compiled.pool.kv)
+
+
+def test_logits_written_into_a_shared_buffer_are_the_same(target):
+    """Captured graphs write their logits into one buffer (``GraphRunner``): the same values as the step's own."""
+    eng = engine(target, shape_buckets=True)
+    rng = random.Random(2)
+    works = [tree_work(rng, 5, 7), tree_work(rng, 2, 3)]
+    bucket, _ = eng.bucket(works, 16)
+    flat = packed(eng, works, [7, 3], bucket)
+    buffer = torch.full((bucket.head + 3, target.vocab_size), float("nan"))
+    with torch.no_grad():
+        own = eng.step(flat, bucket)
+        shared = eng.step(flat, bucket, logits_out=buffer[:bucket.head])
+    assert shared.logits.data_ptr() == buffer.data_ptr()
+    assert torch.equal(own.logits, shared.logits) and torch.equal(own.readback, shared.readback)
+    assert torch.isnan(buffer[bucket.head:]).all()
+
+
+@pytest.mark.slow
+def test_compiled_graphs_are_the_distinct_buckets_used(target):
+    """Mixed sessions (prompts, trees of 0-20 nodes, one to four sessions a batch) on a compiled engine: one graph
+    per distinct bucket, no recompilation within a bucket."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    graphs: list = []
+
+    def counting_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    eng = engine(target, shape_buckets=True, compile_backend=counting_backend)
+    used: list[Bucket] = []
+    runner = eng.runner
+    eng.runner = lambda flat, bucket, single=None: (used.append(bucket), runner(flat, bucket, single))[1]
+    scheduler = ModelScheduler(eng, SchedulerConfig(prefill_chunk=16))
+    try:
+        def session(seed: int) -> None:
+            rng = random.Random(seed)
+            s = VerifierSession(SessionSettings(f"s{seed}"), target, scheduler, 200)
+            s.open([rng.randrange(256) for _ in range(rng.randint(2, 40))])
+            for step in range(1, 4):
+                s.verify(step, len(s.committed), random_tree(rng, rng.randint(0, 20)))
+
+        threads = [threading.Thread(target=session, args=(i,)) for i in range(3)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        scheduler.close()
+    assert len(set(used)) > 3, "the run should span several buckets"
+    assert len(graphs) == len(set(used)), (len(graphs), sorted(set(used), key=str))
+
+
+def test_every_batch_the_scheduler_forms_has_a_captured_bucket(target):
+    """The grid a server captures (64 sessions + 8 API slots, 4k context): every batch within the scheduler's
+    budget (padded rows <= 2,048, rows of a session <= 64) lands on one of its buckets."""
+    config = PoolConfig(max_kv_bytes=1 << 40, max_slots=72, max_context_tokens=4096, shape_buckets=True)
+    eng = BatchedEngine(target, config)
+    buckets = set(grid(config, eng.pool.slot_tokens))
+    assert len(buckets) == 192 and {b.keys for b in buckets} == {256, 1024, 4096, eng.pool.slot_tokens}
+    rng = random.Random(0)
+    for _ in range(300):
+        works = [Work.chunk([1] * rng.randint(1, 64), 0) for _ in range(rng.randint(1, 64))]
+        if eng.cost(works) > 2048:
+            continue
+        bucket, in_grid = eng.bucket(works, rng.randint(1, eng.pool.slot_tokens))
+        assert in_grid and bucket in buckets, bucket
+
+
+class TransferCounter(TorchDispatchMode):
+    """Host<->device traffic of one thread: uploads are tensors made from host data (``torch.tensor``, list
+    indices); readbacks are scalar reads (``.item()``, ``int()``) and ``tolist`` / ``cpu`` / ``numpy`` / ``to("cpu")``
+    calls. On a CPU nothing moves, but each is a transfer (and a synchronisation) on an accelerator."""
+
+    READS = ("tolist", "cpu", "numpy")
+
+    def __init__(self):
+        super().__init__()
+        self.counts: Counter = Counter()
+        self.thread = None
+        self.paused = False
+        self._saved = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.paused:
+            if func is torch.ops.aten.lift_fresh.default:
+                self.counts["upload"] += 1
+            elif func is torch.ops.aten._local_scalar_dense.default:
+                self.counts["readback"] += 1
+        return func(*args, **(kwargs or {}))
+
+    def install(self) -> None:
+        """Patch the Tensor methods that read back (counted on the model thread only); enter on that thread."""
+        self.thread = threading.get_ident()
+        for name in self.READS + ("to",):
+            original = getattr(torch.Tensor, name)
+            self._saved[name] = original
+
+            def wrapped(tensor, *args, _original=original, _name=name, **kwargs):
+                if threading.get_ident() == self.thread and not self.paused and (
+                        _name != "to" or "cpu" in (*args, kwargs.get("device"))):  # to("cpu"): host code's
+                    # readback; a move to the tensor's own device (x.device) is not one
+                    self.counts["readback"] += 1
+                return _original(tensor, *args, **kwargs)
+
+            setattr(torch.Tensor, name, wrapped)
+        self.__enter__()
+
+    def uninstall(self) -> None:
+        self.__exit__(None, None, None)
+        for name, original in self._saved.items():
+            setattr(torch.Tensor, name, original)
+
+
+def test_a_batch_of_greedy_sessions_makes_one_upload_and_one_readback(target):
+    """Four sessions verifying at once, their trees in shared batches: still one upload and one readback a batch."""
+    eng = engine(target)
+    scheduler = ModelScheduler(eng)
+    counter = TransferCounter()
+    try:
+        sessions = [VerifierSession(SessionSettings(f"s{i}"), target, scheduler, 200) for i in range(4)]
+        for i, s in enumerate(sessions):
+            s.open(list(range(10 + i, 30)))
+        scheduler.run(counter.install)
+        gate, running = threading.Event(), threading.Event()
+        holder = threading.Thread(target=scheduler.run, args=(lambda: (running.set(), gate.wait()),))
+        holder.start()
+        running.wait()
+        before = replace(scheduler.stats)
+
+        def verify(s: VerifierSession, seed: int) -> None:
+            rng = random.Random(seed)
+            for step in range(1, 4):
+                s.verify(step, len(s.committed), random_tree(rng, 9))
+
+        threads = [threading.Thread(target=verify, args=(s, i)) for i, s in enumerate(sessions)]
+        for th in threads:
+            th.start()
+        while scheduler.pending() < len(sessions):  # every first verification queued behind the holder
+            threading.Event().wait(0.005)
+        gate.set()
+        for th in threads:
+            th.join()
+        holder.join()
+        scheduler.run(counter.uninstall)
+        batches = scheduler.stats.forwards - before.forwards
+        assert scheduler.stats.items - before.items == 12 and batches < 12, "no batch carried two sessions"
+        assert counter.counts["upload"] <= batches and counter.counts["readback"] <= batches, (counter.counts, batches)
+    finally:
+        scheduler.close()
+
+
+def count_verifications(target, settings: SessionSettings, steps: int = 6) -> tuple[Counter, int]:
+    """Transfers on the model thread over `steps` verifications of one session; (counts, batches)."""
+    import edgespec.server.session as session_module
+
+    eng = engine(target)
+    scheduler = ModelScheduler(eng)
+    counter = TransferCounter()
+    sample_verify = session_module.sample_verify
+
+    def host_draws(*args, **kwargs):  # the draws work on the host copy of the probabilities: not transfers
+        counter.paused = True
+        try:
+            return sample_verify(*args, **kwargs)
+        finally:
+            counter.paused = False
+
+    try:
+        session = VerifierSession(settings, target, scheduler, 200)
+        session.open(list(range(10, 30)))
+        rng = random.Random(0)
+        scheduler.run(counter.install)
+        session_module.sample_verify = host_draws
+        before = scheduler.stats.forwards
+        try:
+            for step in range(1, steps + 1):
+                session.verify(step, len(session.committed), random_tree(rng, 12))
+        finally:
+            scheduler.run(counter.uninstall)
+            session_module.sample_verify = sample_verify
+        return counter.counts, scheduler.stats.forwards - before
+    finally:
+        scheduler.close()
+
+
+def test_a_greedy_verification_makes_one_upload_and_one_readback(target):
+    counts, batches = count_verifications(target, SessionSettings("g"))
+    assert batches == 6
+    assert counts["upload"] <= batches and counts["readback"] <= batches, counts
+
+
+@pytest.mark.parametrize("what", ["hidden", "logprobs", "sampling"])
+def test_features_logprobs_and_sampling_add_only_their_own_transfers(target, what):
+    settings = {"hidden": SessionSettings("h", features=FeatureSpec(FeatureKind.LAST_HIDDEN)),
+                "logprobs": SessionSettings("l", logprobs=2),
+                "sampling": SessionSettings("s", SamplingConfig(temperature=0.8), seed=3)}[what]
+    counts, batches = count_verifications(target, settings)
+    assert batches == 6
+    if what == "hidden":  # the accepted rows' index; their hidden states are encoded off the model thread
+        assert counts["upload"] == 2 * batches and counts["readback"] == batches, counts
+    elif what == "logprobs":  # the committed rows' index, and shared.logprobs.token_logprobs: the committed
+        # tokens' index up, then the chosen log-probabilities, the top ids and the top values back
+        assert counts["upload"] == 3 * batches and counts["readback"] == 4 * batches, counts
+    else:  # the tree's distributions read back once; keeping rows off a prefix uploads their index
+        assert counts["upload"] <= 2 * batches and counts["readback"] == 2 * batches, counts
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "cuda-graphs"])
+def test_a_step_launches_without_synchronising_on_cuda(tiny_model_dir, graphs):
+    cuda = TargetModel(load_model(str(tiny_model_dir), device="cuda", dtype="float32"))
+    eng = BatchedEngine(cuda, PoolConfig(max_kv_bytes=1 << 30, max_slots=4, max_context_tokens=256, shape_buckets=True,
+                                         graphs=graphs, max_batch=2, bucket_tokens=8))
+    rng = random.Random(0)
+    works = [tree_work(rng, 6, 4), tree_work(rng, 3, 9)]
+    bucket, _ = eng.bucket(works, 16)
+    flat = packed(eng, works, [4, 9], bucket).tolist()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.no_grad():
+            out = eng.runner(flat, bucket)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert out.readback.shape == (bucket.batch, 2, bucket.tokens)
