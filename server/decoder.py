@@ -13,6 +13,8 @@ from typing import Iterator, Sequence
 
 import torch
 
+from edgespec.shared.grammar import GrammarConstraint, grammar_tokenizer
+from edgespec.shared.logits_processors import Penalties, RowProcessors
 from edgespec.shared.verification import SamplingConfig, next_token
 
 from .scheduler import ModelScheduler
@@ -26,6 +28,8 @@ class GenerationRequest:
     sampling: SamplingConfig = SamplingConfig()  # greedy unless temperature > 0
     seed: int | None = None  # None = a fresh random seed
     stop_at_eos: bool = True  # stop after the target's end-of-sequence token (yielded last: it was generated)
+    penalties: Penalties = Penalties()  # presence/frequency/repetition penalties and logit_bias
+    grammar: str = ""  # llguidance grammar (shared.grammar) the output must follow; '' = none
 
 
 @dataclass(frozen=True)
@@ -41,21 +45,38 @@ def generate(target: TargetModel, scheduler: ModelScheduler, request: Generation
         generator.seed()
     else:
         generator.manual_seed(request.seed)
+    rows = processors(target, request)
+    history = list(request.prompt_ids)  # what the processors see: prompt + output so far
     kv = scheduler.new_kv()  # a pool slot on the batched engine: given back when the generation ends
     ids: Sequence[int] = request.prompt_ids
     try:
         for _ in range(request.max_new_tokens):
-            token, logits = scheduler.run_job(_step(scheduler, kv, ids, request.sampling, generator), kv)
+            token, logits = scheduler.run_job(_step(scheduler, kv, ids, request.sampling, generator, rows, history),
+                                              kv)
             yield DecodedToken(token, logits)
             if request.stop_at_eos and token in target.eos_ids:
                 return
             ids = [token]
+            history.append(token)
     finally:
         kv.close()
 
 
-def _step(scheduler: ModelScheduler, kv, ids: Sequence[int], sampling: SamplingConfig, generator: torch.Generator):
+def processors(target: TargetModel, request: GenerationRequest) -> RowProcessors | None:
+    """The request's logits processors (penalties, logit_bias, grammar), or None when it has none."""
+    if not (request.penalties.active or request.grammar):
+        return None
+    constraint = None
+    if request.grammar:
+        constraint = GrammarConstraint(grammar_tokenizer(target.tokenizer, target.vocab_size, target.eos_ids),
+                                       request.grammar)
+    return RowProcessors(request.penalties, request.prompt_ids, target.vocab_size, constraint)
+
+
+def _step(scheduler: ModelScheduler, kv, ids: Sequence[int], sampling: SamplingConfig, generator: torch.Generator,
+          rows: RowProcessors | None = None, history: Sequence[int] = ()):
     """One step as a scheduler job: the forward batched with every other session's work, the draw on the
-    model thread too; (token, its logits [V])."""
+    model thread too; (token, its raw logits [V])."""
     out = yield from scheduler.prefill(kv, ids)
-    return next_token(out.logits[-1], sampling, generator), out.logits[-1]
+    logits = out.logits[-1] if rows is None else rows.next_logits(out.logits[-1], history)
+    return next_token(logits, sampling, generator), out.logits[-1]

@@ -76,8 +76,10 @@ class PlainRun:
         self.core = core
         self.top_logprobs = job.top_logprobs
         s = job.sampling
-        request = GenerationRequest(job.prompt_ids, job.max_new_tokens, SamplingConfig(s.temperature, s.top_p, s.top_k),
-                                    job.seed)
+        self.ignore_eos = s.ignore_eos
+        request = GenerationRequest(job.prompt_ids, job.max_new_tokens,
+                                    SamplingConfig(s.temperature, s.top_p, s.top_k, s.min_p), job.seed,
+                                    stop_at_eos=not s.ignore_eos, penalties=s.penalties(), grammar=job.grammar or "")
         self._decoding = generate(core.target, core.scheduler, request)
         self._tokens = core.metrics.api_generation(self._decoding)
         self.finish_reason = "length"
@@ -86,7 +88,7 @@ class PlainRun:
         eos = self.core.target.eos_ids
         for step in self._tokens:
             self.core.metrics.api_tokens.inc()
-            if step.id in eos:
+            if step.id in eos and not self.ignore_eos:
                 self.finish_reason = "stop"
             yield self._token(step)
 

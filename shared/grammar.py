@@ -195,6 +195,10 @@ class GrammarConstraint:
                 self._pop()
         return rows
 
+    def after(self, output: Sequence[int]) -> "PathMasks":
+        """This constraint after `output`, as a drafter asks it (``tree_builder.DraftConstraint``)."""
+        return PathMasks(self, tuple(output))
+
     def prune(self, output: Sequence[int], tree: DraftTree) -> DraftTree:
         """The tree without the nodes the grammar refuses (and their subtrees): for drafters that draft without
         distributions (n-gram), whose refused nodes would only cost the verifier rows."""
@@ -208,6 +212,16 @@ class GrammarConstraint:
                 where[i] = len(kept)
                 kept.append(i)
         return DraftTree(tuple(tree.tokens[i] for i in kept), tuple(where[tree.parents[i]] for i in kept))
+
+
+class PathMasks:
+    """A constraint at a fixed committed output: what it allows after each of some draft paths."""
+
+    def __init__(self, constraint: GrammarConstraint, output: tuple[int, ...]):
+        self.constraint, self.output = constraint, output
+
+    def path_masks(self, paths: Sequence[Sequence[int]]) -> torch.Tensor:
+        return self.constraint.path_masks(self.output, paths, self.constraint.vocab_size)
 
 
 def tree_parent_row(tree: DraftTree, node: int) -> int:
