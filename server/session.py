@@ -242,12 +242,15 @@ class VerifierSession:
             return
         try:
             s.penalties.check_vocab(self.target.vocab_size)
-            constraint = None
-            if s.grammar:
+        except ValueError as err:
+            raise InvalidRequestError(f"SamplingParams: {err}") from None
+        constraint = None
+        if s.grammar:
+            try:
                 tok = grammar_tokenizer(self.target.tokenizer, self.target.vocab_size, self.target.eos_ids)
                 constraint = GrammarConstraint(tok, s.grammar)
-        except (ValueError, GrammarError) as err:
-            raise InvalidRequestError(f"SamplingParams: {err}") from None
+            except GrammarError as err:
+                raise InvalidRequestError(f"SamplingParams.grammar is not a grammar llguidance takes: {err}") from None
         self.rows = RowProcessors(s.penalties, prompt, self.target.vocab_size, constraint)
 
     def _shaped(self, logits: torch.Tensor, committed: Sequence[int], tree: DraftTree | None = None) -> torch.Tensor:

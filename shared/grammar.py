@@ -111,6 +111,7 @@ class GrammarConstraint:
         if self.matcher.is_error():
             raise GrammarError(self.matcher.get_error())
         self.vocab_size = llg_tokenizer.vocab_size
+        self.eos_ids = list(llg_tokenizer.eos_tokens)
         self.consumed: list[int] = []
         self.broken = False
 
@@ -143,11 +144,14 @@ class GrammarConstraint:
         self.consumed.pop()
 
     def _allowed(self, vocab_size: int) -> torch.Tensor:
-        """[vocab_size] bool: what may come next (EOS once the grammar is complete)."""
+        """[vocab_size] bool: what may come next (EOS once the grammar is complete; after an EOS, which
+        ended the grammar, EOS again: a row that allowed nothing would be no distribution at all)."""
         row = torch.zeros(vocab_size, dtype=torch.bool)
         mask = np.frombuffer(self.matcher.compute_logit_bias(), dtype=np.uint8) > 0
         n = min(vocab_size, len(mask))
         row[:n] = torch.from_numpy(mask[:n].copy())
+        if not row.any():
+            row[[t for t in self.eos_ids if t < vocab_size]] = True
         return row
 
     def tree_masks(self, output: Sequence[int], tree: DraftTree, vocab_size: int) -> torch.Tensor:
