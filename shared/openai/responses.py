@@ -37,6 +37,10 @@ class Shape:
         return cls(chat, ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24], int(time.time()), model,
                    parse_tools)
 
+    def head(self, chunk: bool) -> dict[str, Any]:
+        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
 
 def tool_message(text: str, finish_reason: str) -> tuple[dict[str, Any], str]:
     """A chat choice's message and finish_reason with its tool calls parsed out ("tool_calls" when any)."""
@@ -44,10 +48,6 @@ def tool_message(text: str, finish_reason: str) -> tuple[dict[str, Any], str]:
     if not calls:
         return {"role": "assistant", "content": text}, finish_reason
     return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
-
-    def head(self, chunk: bool) -> dict[str, Any]:
-        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
 
 def _bytes_to_unicode() -> dict[int, str]:
