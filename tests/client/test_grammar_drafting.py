@@ -4,6 +4,7 @@ penalties is token for token the target's own constrained greedy output (a real 
 process, no sockets)."""
 from __future__ import annotations
 
+import llguidance
 import pytest
 import torch
 from support.constrained import Controls, constrained_greedy
@@ -13,11 +14,8 @@ from edgespec.client.drafters.tree_builder import TreeShape, build_tree
 from edgespec.client.generation import Generation, GenerationConfig, TokenizerInfo
 from edgespec.client.in_process import InProcessTransport
 from edgespec.client.verifier import Verifier
+from edgespec.shared.grammar import GrammarConstraint, grammar_tokenizer, json_schema_grammar
 from edgespec.shared.tree import DraftTree
-
-llguidance = pytest.importorskip("llguidance")
-
-from edgespec.shared.grammar import GrammarConstraint, grammar_tokenizer, json_schema_grammar  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {
     "id": {"type": "integer", "minimum": 0, "maximum": 999},

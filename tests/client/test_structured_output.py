@@ -14,7 +14,6 @@ from support.asgi_server import serving
 from support.servers import running_server
 
 openai = pytest.importorskip("openai")
-pytest.importorskip("llguidance")
 
 EOS_PROMPT = "cx"  # the tiny target's greedy continuation of it ends with EOS after 16 tokens
 SCHEMA = {"type": "object", "properties": {

@@ -2,17 +2,15 @@
 is the step-by-step reference's (tests/support/constrained.py), and ignore_eos runs past EOS."""
 from __future__ import annotations
 
+import llguidance
 import pytest
 from support.constrained import Controls, constrained_greedy
 
 from edgespec.server.decoder import GenerationRequest, generate
 from edgespec.server.engine import GenericEngine
 from edgespec.server.scheduler import ModelScheduler
+from edgespec.shared.grammar import grammar_tokenizer, tool_call_grammar
 from edgespec.shared.logits_processors import Penalties
-
-llguidance = pytest.importorskip("llguidance")
-
-from edgespec.shared.grammar import grammar_tokenizer, tool_call_grammar  # noqa: E402
 
 FUNCTIONS = [{"name": "lookup", "parameters": {"type": "object", "properties": {"key": {"enum": ["a", "b"]}},
                                                "required": ["key"], "additionalProperties": False}}]

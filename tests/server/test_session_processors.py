@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 
+import llguidance
 import pytest
 import torch
 from support.constrained import Controls, constrained_greedy
@@ -26,7 +27,6 @@ from edgespec.shared.logits_processors import Penalties
 from edgespec.shared.models.loading import load_model
 from edgespec.shared.tree import ROOT, DraftTree
 
-llguidance = pytest.importorskip("llguidance")
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 12},

@@ -7,13 +7,10 @@ import json
 import pytest
 import torch
 
+from edgespec.shared.grammar import (GrammarConstraint, GrammarError, grammar_tokenizer, json_schema_grammar,
+                                     tool_call_grammar)
+from edgespec.shared.openai.tool_calls import parse_tool_calls
 from edgespec.shared.tree import ROOT, DraftTree
-
-pytest.importorskip("llguidance")
-
-from edgespec.shared.grammar import (GrammarConstraint, GrammarError, grammar_tokenizer,  # noqa: E402
-                                     json_schema_grammar, tool_call_grammar)
-from edgespec.shared.openai.tool_calls import parse_tool_calls  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"enum": ["x", "yz"]}},
           "required": ["a", "b"], "additionalProperties": False}

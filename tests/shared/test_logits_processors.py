@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import llguidance
 import pytest
 import torch
 from support.constrained import Controls, grammar_allowed, processed
@@ -87,7 +88,6 @@ def digits_grammar(tiny_tokenizer):
     """A grammar over the tiny byte tokenizer: a digit in 1-4, then one in 5-8, then EOS."""
     from edgespec.shared.grammar import check_grammar, grammar_tokenizer
 
-    llguidance = pytest.importorskip("llguidance")
     grammar = check_grammar(llguidance.LLMatcher.grammar_from_regex("[1-4][5-8]"))
     return grammar_tokenizer(tiny_tokenizer, 320, [258]), grammar
 
@@ -96,8 +96,6 @@ def test_sampling_under_processors_and_a_grammar_is_distributed_as_the_processed
                                                                                           digits_grammar):
     """The committed token at the root and after an accepted node follow the target's processed (penalised,
     masked, tempered) distribution there, whatever the drafts, the grammar refusing some of them."""
-    import llguidance
-
     from edgespec.shared.grammar import GrammarConstraint
 
     llg_tok, grammar = digits_grammar
