@@ -97,15 +97,10 @@ class _Common(_Strict):
     min_p: float | None = Field(default=None, ge=0, le=1)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(default=None, gt=0, le=2)
+    repetition_penalty: float | None = Field(default=None, gt=0)
     logit_bias: dict[str, float] | None = None  # OpenAI's: token id (as a string) -> bias, clamped to [-100, 100]
     ignore_eos: bool | None = None
     response_format: dict[str, Any] | None = None  # {"type": "text" | "json_object" | "json_schema", ...}
-
-    @field_validator("presence_penalty", "frequency_penalty", "min_p", "repetition_penalty", mode="before")
-    @classmethod
-    def _number(cls, value: Any) -> Any:
-        return float(value) if type(value) is int else value  # 1 is a number here, as in OpenAI's API
 
     @field_validator("logit_bias")
     @classmethod

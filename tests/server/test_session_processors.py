@@ -96,7 +96,7 @@ def run_trees(session, prompt, truth, rng, open_tree: bool) -> list[int]:
     return session.committed[len(prompt):]
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
 def test_penalised_greedy_trees_commit_the_penalised_reference(target, scheduler, seed):
     rng = random.Random(seed)
     prompt = [rng.randrange(256) for _ in range(rng.randint(3, 10))]
