@@ -42,7 +42,11 @@ def _llg():
 # ------------------------------------------------------------------ grammars from requests
 def json_schema_grammar(schema: dict[str, Any]) -> str:
     """A grammar for documents valid under a JSON schema."""
-    return check_grammar(_llg().LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS))
+    try:
+        grammar = _llg().LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+    except (ValueError, TypeError) as err:  # not a JSON object, options it does not know
+        raise GrammarError(str(err)) from None
+    return check_grammar(grammar)
 
 
 def json_object_grammar() -> str:
