@@ -61,17 +61,29 @@ def _call_schema(function: dict[str, Any]) -> dict[str, Any]:
             "required": ["name", "arguments"], "additionalProperties": False}
 
 
-def tool_call_grammar(functions: Sequence[dict[str, Any]], parallel: bool = True) -> str:
+def tool_call_grammar(functions: Sequence[dict[str, Any]], parallel: bool = True, tags_are_tokens: bool = False) -> str:
     """A grammar for one (or, when parallel, one or more) tool calls to `functions` in the Qwen2.5 / Hermes
-    format: <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>, one per line."""
+    format: <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>, one per line. `tags_are_tokens`:
+    the tokenizer has <tool_call> and </tool_call> as tokens of their own (Qwen2.5's added tokens), which
+    llguidance matches as special tokens, not as text."""
     if not functions:
         raise GrammarError("a tool call needs at least one function to call")
     schema = {"anyOf": [_call_schema(f) for f in functions]} if len(functions) > 1 else _call_schema(functions[0])
     options = {**JSON_OPTIONS, "coerce_one_of": True}
-    call = f'"{TOOL_CALL_OPEN}\\n" %json {json.dumps({**schema, "x-guidance": options})} "\\n{TOOL_CALL_CLOSE}"'
+    if tags_are_tokens:
+        open_tag, close_tag = f'{TOOL_CALL_OPEN} "\\n"', f'"\\n" {TOOL_CALL_CLOSE}'
+    else:
+        open_tag, close_tag = f'"{TOOL_CALL_OPEN}\\n"', f'"\\n{TOOL_CALL_CLOSE}"'
+    call = f"{open_tag} %json {json.dumps({**schema, 'x-guidance': options})} {close_tag}"
     more = ' ("\\n" call)*' if parallel else ""
     lark = f"start: call{more}\ncall: {call}\n"
     return check_grammar(_llg().LLMatcher.grammar_from_lark(lark))
+
+
+def tool_tags_are_tokens(hf_tokenizer) -> bool:
+    """True when the tokenizer has the tool-call tags as added tokens of their own (Qwen2.5 has)."""
+    added = hf_tokenizer.get_added_vocab() if hasattr(hf_tokenizer, "get_added_vocab") else {}
+    return TOOL_CALL_OPEN in added and TOOL_CALL_CLOSE in added
 
 
 def check_grammar(grammar: str) -> str:

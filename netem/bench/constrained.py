@@ -72,7 +72,7 @@ class Tally:
         return (self.accepted + self.drafts) / self.drafts if self.drafts else 0.0
 
 
-def tasks(args) -> list[Task]:
+def tasks(args, tokenizer) -> list[Task]:
     from ...shared.grammar import json_schema_grammar
     from ...shared.openai.tool_calls import tool_use
 
@@ -81,7 +81,7 @@ def tasks(args) -> list[Task]:
     for p in humaneval_prompts(args.humaneval) if args.humaneval else []:
         message = {"role": "user", "content": JSON_INSTRUCTION.format(prompt=p.problem["prompt"])}
         out.append(Task("json", p.id, (message,), None, schema_grammar))
-    tool_grammar = tool_use(TOOLS, "required", True).grammar
+    tool_grammar = tool_use(TOOLS, "required", True).grammar_for(tokenizer)
     for p in mtbench_first_turns(args.mtbench) if args.mtbench else []:
         out.append(Task("tool", p.id, tuple(p.messages()), tuple(TOOLS), tool_grammar))
     return out
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     tok = target.tokenizer
     drafter = make_drafter(DrafterOptions(name=args.drafter, model=args.drafter_model))
     llg = grammar_tokenizer(tok, target.vocab_size, target.eos_ids)
-    chosen = tasks(args)
+    chosen = tasks(args, tok)
     print(f"# tau under a grammar: {len(chosen)} prompts, {args.max_tokens} tokens, drafter {args.drafter}, "
           f"{torch.get_num_threads()} threads")
     tallies = {(t.kind, w): Tally() for t in chosen for w in ways}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from fastapi import FastAPI, Request
@@ -109,6 +109,8 @@ def _plan(backend: Backend, body, chat: bool, settings: Settings) -> Plan:
     if bad is not None:
         raise bad_request(f"Invalid value for 'logit_bias': token id {bad} is outside the vocabulary "
                           f"[0, {backend.vocab_size})", "logit_bias", "invalid_value")
+    if settings.tools is not None and settings.tools.grammar:
+        settings = replace(settings, grammar=settings.tools.grammar_for(backend.tokenizer))
     room = limit - len(ids)  # >= 1: a prompt that fills the context was refused
     default = (backend.default_chat_max_tokens or room) if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
     return Plan(chat, tuple(ids), min(settings.max_tokens or default, room), settings)

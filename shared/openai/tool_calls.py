@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgespec.shared.grammar import (TOOL_CALL_CLOSE, TOOL_CALL_OPEN, GrammarError, json_object_grammar,
-                                     json_schema_grammar, tool_call_grammar)
+                                     json_schema_grammar, tool_call_grammar, tool_tags_are_tokens)
 
 from .errors import bad_request
 
@@ -31,8 +31,17 @@ class ToolUse:
     """A chat request's tools, as the template and the answer need them."""
 
     tools: tuple[dict[str, Any], ...]  # [{"type": "function", "function": {...}}], for the chat template
-    grammar: str | None  # the constraint for "required" or a named function; None: the model chooses
+    grammar: str | None  # the constraint for "required" or a named function, tags as text; None: the model chooses
     parse: bool  # parse calls out of the output (not for tool_choice "none")
+    chosen: tuple[dict[str, Any], ...] = ()  # the functions the constraint allows calls to
+    parallel: bool = True  # more than one call allowed
+
+    def grammar_for(self, tokenizer) -> str | None:
+        """The constraint for this tokenizer: where the tags are tokens of their own (Qwen2.5), the grammar
+        asks for those tokens (the model writes them so; their text spelt out is not what it would write)."""
+        if self.grammar is None or not tool_tags_are_tokens(tokenizer):
+            return self.grammar
+        return tool_call_grammar(self.chosen, self.parallel, tags_are_tokens=True)
 
 
 def response_format_grammar(response_format: dict[str, Any] | None) -> str | None:
@@ -110,7 +119,7 @@ def tool_use(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, An
     except GrammarError as err:
         raise bad_request(f"Invalid value for 'tools': a function's parameters cannot be used: {err}",
                           "tools") from None
-    return ToolUse(tuple(tools), grammar, True)
+    return ToolUse(tuple(tools), grammar, True, tuple(chosen), parallel)
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:

@@ -73,3 +73,21 @@ def test_tool_call_grammar_takes_qwens_format_and_the_parser_reads_it(tiny_token
     assert parse_tool_calls("just text")[0] == "just text"
     with pytest.raises(GrammarError):
         json_schema_grammar({"type": "nonsense"})
+
+
+def test_tool_tags_that_are_tokens_are_asked_for_as_tokens():
+    """Qwen2.5 has <tool_call> and </tool_call> as added tokens, and writes them so: a grammar spelling them
+    out as text would allow a token llguidance then refuses to consume (found on the real 1.5B)."""
+    from edgespec.shared.models.tiny import tiny_tokenizer
+    from edgespec.shared.openai.tool_calls import tool_use
+
+    tok = tiny_tokenizer()
+    tok.add_tokens(["<tool_call>", "</tool_call>"])  # ids 259, 260, as Qwen's (not special to HF)
+    open_id, close_id = tok.convert_tokens_to_ids(["<tool_call>", "</tool_call>"])
+    use = tool_use([{"type": "function", "function": {"name": "now"}}], "required", False)
+    c = GrammarConstraint(grammar_tokenizer(tok, 320, [258]), use.grammar_for(tok))
+    text = ids(tok, '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>')
+    assert text[0] == open_id and text[-1] == close_id
+    assert c.path_masks([], [[]], 320)[0].nonzero().flatten().tolist() == [open_id]
+    assert c.path_masks([], [text], 320)[0].nonzero().flatten().tolist() == [258]
+    assert use.grammar_for(tiny_tokenizer()) == use.grammar  # no such tokens: the tags as text
