@@ -13,6 +13,7 @@ from typing import Iterator, Sequence
 
 from edgespec.shared.errors import TokenizerMismatchError
 from edgespec.shared.fingerprint import tokenizer_fingerprint
+from edgespec.shared.grammar import grammar_tokenizer
 
 from .drafters.base import Drafter
 from .drafters.factory import DrafterOptions, make_drafter
@@ -81,8 +82,10 @@ class EdgespecClient:
                 f"the client's tokenizer ({self._tokenizer_source()}) is not the server's target tokenizer "
                 f"(model {self.info.model_name}); pass --tokenizer with the target's model name or directory")
         self.drafter = drafter if drafter is not None else make_drafter(config.drafter, self.info)
-        self.tokens = TokenizerInfo(fingerprint, stop_ids(self.info, self.tokenizer),
-                                    lambda ids: self.tokenizer.decode(list(ids), skip_special_tokens=True))
+        eos = stop_ids(self.info, self.tokenizer)
+        self.tokens = TokenizerInfo(fingerprint, eos,
+                                    lambda ids: self.tokenizer.decode(list(ids), skip_special_tokens=True),
+                                    lambda: grammar_tokenizer(self.tokenizer, self.info.vocab_size, eos))
         self._lock = threading.Lock()
         self.metrics: ClientMetrics | None = None  # told about every generation (client serve's /metrics)
 

@@ -111,6 +111,12 @@ class GenerationConfig:
     draft_on_open: bool = True  # a drafter that needs no features drafts from the prompt and sends the tree
     # with Open: the server verifies it in the prefill's forward pass, which saves one verification
     logprobs: int | None = None  # None: no logprobs; k: each token's under the target and the k most likely
+    min_p: float = 0.0  # vLLM's min_p; 0 = off
+    presence_penalty: float = 0.0  # vLLM's, [-2, 2]; the server applies it per tree node
+    frequency_penalty: float = 0.0  # vLLM's, [-2, 2]
+    repetition_penalty: float = 1.0  # vLLM's, > 0; 1 = off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
+    grammar: str = ""  # llguidance grammar (shared.grammar): the server constrains, the drafter drafts within it
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -154,6 +160,8 @@ class TokenizerInfo:
     fingerprint: str  # tokenizer_fingerprint of the client's tokenizer
     eos_ids: set[int]  # ids that end the output
     decode: Callable[[Sequence[int]], str]  # ids -> text (for stop strings)
+    grammar_tokenizer: Callable[[], object] | None = None  # llguidance's view of the tokenizer, for drafting
+    # inside a grammar (None: the drafter drafts freely and only the server constrains)
 
 
 @dataclass
@@ -193,6 +201,11 @@ class Generation:
         self._detail = ""
         self._lost = False
         self._stops = StopStrings(tokenizer.decode, config.stop) if config.stop else None
+        self._grammar = None  # the drafter drafts inside the grammar the server verifies with
+        if config.grammar and tokenizer.grammar_tokenizer is not None:
+            from edgespec.shared.grammar import GrammarConstraint
+
+            self._grammar = GrammarConstraint(tokenizer.grammar_tokenizer(), config.grammar)
 
     def __iter__(self) -> Iterator[Event]:
         return self._run()
@@ -238,8 +251,7 @@ class Generation:
         s = self.state
         tree = None
         if self.config.draft_on_open and self.drafter.feature_request().kind is FeatureKind.NONE:
-            tree = self.drafter.propose(DraftRequest(tuple(s.committed), self.max_tree_nodes,
-                                                     max(0, self.config.max_new_tokens - 1)))
+            tree = self._propose(max(0, self.config.max_new_tokens - 1))
             self.metrics.draft_s += time.perf_counter() - t0
             tree = tree if len(tree) else None  # an empty tree asks for the prefill alone
         try:
@@ -260,6 +272,14 @@ class Generation:
         self.drafter.start(s.committed[: s.prompt_len + len(tokens)], verdict.bonus_token, verdict.features)
         yield from self._emit()
 
+    def _propose(self, max_depth: int) -> DraftTree:
+        """The drafter's tree; under a grammar, drafted inside it (and cut to it, for drafters that draft
+        without distributions), so no node is spent on a token the target's verification must refuse."""
+        s = self.state
+        constraint = None if self._grammar is None else self._grammar.after(s.generated)
+        tree = self.drafter.propose(DraftRequest(tuple(s.committed), self.max_tree_nodes, max_depth, constraint))
+        return tree if self._grammar is None else self._grammar.prune(s.generated, tree)
+
     def _take_verdict(self, tree: DraftTree, verdict: Verdict, what: str) -> list[int]:
         """Count and commit a verified tree's accepted nodes and the bonus token; returns the accepted tokens."""
         tokens = accepted_path(tree, verdict.accepted)
@@ -274,7 +294,7 @@ class Generation:
         remaining = self.config.max_new_tokens - len(s.generated)
         # 1. fetch a tree from the drafter
         t0 = time.perf_counter()
-        tree = self.drafter.propose(DraftRequest(tuple(s.committed), self.max_tree_nodes, max(0, remaining - 1)))
+        tree = self._propose(max(0, remaining - 1))
         m.draft_s += time.perf_counter() - t0
         # 2. the target verifies it (within a deadline from recent round trips)
         self._step += 1
@@ -438,4 +458,6 @@ class Generation:
             features=self.drafter.feature_request(), temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
             seed=c.seed, codec=c.codec, zstd_level=c.zstd_level, outlier_channels=c.outlier_channels,
             max_new_tokens=c.max_new_tokens, tokenizer_fingerprint=self.tok.fingerprint, drafter=self.drafter.name,
-            logprobs=c.logprobs)
+            logprobs=c.logprobs, min_p=c.min_p, presence_penalty=c.presence_penalty,
+            frequency_penalty=c.frequency_penalty, repetition_penalty=c.repetition_penalty, logit_bias=c.logit_bias,
+            grammar=c.grammar)

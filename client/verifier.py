@@ -84,6 +84,12 @@ class SessionSpec:
     tokenizer_fingerprint: str = ""  # the client's tokenizer: the server refuses one that is not its own
     drafter: str = ""  # the drafter's name, for the server's logs and metrics
     logprobs: int | None = None  # None: no logprobs; k: each committed token's and the k most likely
+    min_p: float = 0.0  # 0 = off
+    presence_penalty: float = 0.0  # vLLM's, [-2, 2]
+    frequency_penalty: float = 0.0  # vLLM's, [-2, 2]
+    repetition_penalty: float = 1.0  # vLLM's, > 0; 1 = off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
+    grammar: str = ""  # llguidance grammar the output must follow; '' = none
 
 
 @dataclass(frozen=True)
@@ -259,7 +265,10 @@ def _open_message(s: SessionSpec, tree: DraftTree | None = None) -> pb.Open:
     n = s.features
     return pb.Open(
         session_id=s.session_id, prompt_ids=s.prompt_ids,
-        sampling=pb.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed),
+        sampling=pb.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed,
+                                   min_p=s.min_p, presence_penalty=s.presence_penalty,
+                                   frequency_penalty=s.frequency_penalty, repetition_penalty=s.repetition_penalty,
+                                   logit_bias=dict(s.logit_bias), grammar=s.grammar),
         features=pb.FeatureRequest(kind=int(n.kind), moa_server_part=n.moa_server_part, tli_layers=n.tli_layers),
         codec=pb.CodecChoice(codec=int(s.codec), zstd_level=s.zstd_level, outlier_channels=s.outlier_channels),
         max_new_tokens=s.max_new_tokens, tokenizer_fingerprint=s.tokenizer_fingerprint, drafter=s.drafter,

@@ -16,6 +16,8 @@ from typing import Iterator, Sequence
 
 import torch
 
+from edgespec.shared.grammar import GrammarConstraint, grammar_tokenizer
+from edgespec.shared.logits_processors import Penalties, RowProcessors
 from edgespec.shared.verification import SamplingConfig, next_token
 
 from .prefix_cache import PrefixCache
@@ -32,6 +34,8 @@ class GenerationRequest:
     sampling: SamplingConfig = SamplingConfig()  # greedy unless temperature > 0
     seed: int | None = None  # None = a fresh random seed
     stop_at_eos: bool = True  # stop after the target's end-of-sequence token (yielded last: it was generated)
+    penalties: Penalties = Penalties()  # presence/frequency/repetition penalties and logit_bias
+    grammar: str = ""  # llguidance grammar (shared.grammar) the output must follow; '' = none
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,8 @@ def generate(target: TargetModel, scheduler: ModelScheduler, request: Generation
         generator.seed()
     else:
         generator.manual_seed(request.seed)
+    rows = processors(target, request)
+    history = list(request.prompt_ids)  # what the processors see: prompt + output so far
     kv = scheduler.new_kv()  # a pool slot on the batched engine: given back when the generation ends
     prompt = list(request.prompt_ids)
     held: list[int] = []  # the ids whose KV kv holds
@@ -60,12 +66,14 @@ def generate(target: TargetModel, scheduler: ModelScheduler, request: Generation
         cached = len(held)
         ids: Sequence[int] = prompt[cached:]
         for _ in range(request.max_new_tokens):
-            token, logits = scheduler.run_job(_step(scheduler, kv, ids, request.sampling, generator), kv)
+            token, logits = scheduler.run_job(_step(scheduler, kv, ids, request.sampling, generator, rows, history),
+                                              kv)
             held += ids
             yield DecodedToken(token, logits, cached)
             if request.stop_at_eos and token in target.eos_ids:
                 return
             ids = [token]
+            history.append(token)
     finally:
         try:  # ended, stopped or left by its caller: the KV goes to the prefix cache (not after a failed step)
             if prefix_cache is not None and held and len(kv) == len(held):
@@ -76,11 +84,24 @@ def generate(target: TargetModel, scheduler: ModelScheduler, request: Generation
             kv.close()
 
 
-def _step(scheduler: ModelScheduler, kv, ids: Sequence[int], sampling: SamplingConfig, generator: torch.Generator):
+def processors(target: TargetModel, request: GenerationRequest) -> RowProcessors | None:
+    """The request's logits processors (penalties, logit_bias, grammar), or None when it has none."""
+    if not (request.penalties.active or request.grammar):
+        return None
+    constraint = None
+    if request.grammar:
+        constraint = GrammarConstraint(grammar_tokenizer(target.tokenizer, target.vocab_size, target.eos_ids),
+                                       request.grammar)
+    return RowProcessors(request.penalties, request.prompt_ids, target.vocab_size, constraint)
+
+
+def _step(scheduler: ModelScheduler, kv, ids: Sequence[int], sampling: SamplingConfig, generator: torch.Generator,
+          rows: RowProcessors | None = None, history: Sequence[int] = ()):
     """One step as a scheduler job: the forward batched with every other session's work, the draw on the
-    model thread too; (token, its logits [V])."""
+    model thread too; (token, its raw logits [V])."""
     out = yield from scheduler.prefill(kv, ids)
-    logits = out.logits[-1].clone()  # outlives the job: the forward's buffers are reused
-    if sampling.greedy and out.best:
-        return out.best[-1], logits  # the argmax the engine read back with the batch
-    return next_token(logits, sampling, generator), logits
+    raw = out.logits[-1].clone()  # outlives the job: the forward's buffers are reused
+    if rows is None and sampling.greedy and out.best:
+        return out.best[-1], raw  # the argmax the engine read back with the batch
+    logits = raw if rows is None else rows.next_logits(raw, history)
+    return next_token(logits, sampling, generator), raw

@@ -83,8 +83,10 @@ class PlainRun:
         self.core = core
         self.top_logprobs = job.top_logprobs
         s = job.sampling
-        request = GenerationRequest(job.prompt_ids, job.max_new_tokens, SamplingConfig(s.temperature, s.top_p, s.top_k),
-                                    job.seed)
+        self.ignore_eos = s.ignore_eos
+        request = GenerationRequest(job.prompt_ids, job.max_new_tokens,
+                                    SamplingConfig(s.temperature, s.top_p, s.top_k, s.min_p), job.seed,
+                                    stop_at_eos=not s.ignore_eos, penalties=s.penalties(), grammar=job.grammar or "")
         self._decoding = generate(core.target, core.scheduler, request, core.prefix_cache)
         cancel = cancel or threading.Event()
         self._tokens = core.metrics.api_generation(self._decoding, len(job.prompt_ids), job.max_new_tokens,
@@ -98,7 +100,7 @@ class PlainRun:
         for step in self._tokens:
             if self.cached_tokens is not None:
                 self.cached_tokens = step.cached_tokens
-            if step.id in eos:
+            if step.id in eos and not self.ignore_eos:
                 self.finish_reason = "stop"
             yield self._token(step)
 

@@ -24,6 +24,7 @@ from edgespec.shared import __version__
 from edgespec.shared.codec import ActivationCodec, Codec
 from edgespec.shared.errors import EdgespecError, FrameError, TokenizerMismatchError
 from edgespec.shared.models.registry import REGISTRY
+from edgespec.shared.logits_processors import Penalties
 from edgespec.shared.verification import SamplingConfig
 from edgespec.shared.wire import (MAX_TOP_LOGPROBS, SERVER_STATUS_METADATA_KEY, SESSION_METADATA_KEY, FeatureKind,
                                   ResumePolicy)
@@ -212,7 +213,10 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 f"({target.fingerprint[:16]}..., model {target.name}): the client must use the target's tokenizer "
                 f"(see Info.tokenizer_fingerprint)")
         try:
-            sampling = SamplingConfig(o.sampling.temperature, o.sampling.top_p or 1.0, o.sampling.top_k)
+            sp = o.sampling
+            sampling = SamplingConfig(sp.temperature, sp.top_p or 1.0, sp.top_k, sp.min_p)
+            penalties = Penalties.of(sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty or 1.0,
+                                     dict(sp.logit_bias))
         except ValueError as exc:
             raise InvalidRequestError(f"bad sampling parameters: {exc}") from None
         lsa = check_feature_request(o.features.kind, o.features.tli_layers, target.num_layers,
@@ -229,7 +233,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             raise InvalidRequestError(f"Open.logprobs.top is {logprobs}; at most {MAX_TOP_LOGPROBS} alternatives "
                                       f"per token are sent")
         return SessionSettings(session_id, sampling, o.sampling.seed, features, o.max_new_tokens, o.drafter,
-                               logprobs)
+                               logprobs, penalties, o.sampling.grammar, len(o.prompt_ids))
 
     # --------------------------------------------------------------- helpers
     def _authenticate(self, context: grpc.ServicerContext) -> None:

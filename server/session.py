@@ -21,6 +21,8 @@ from typing import Sequence
 import torch
 
 from edgespec.shared.fingerprint import committed_hash
+from edgespec.shared.grammar import GrammarConstraint, GrammarError, grammar_tokenizer
+from edgespec.shared.logits_processors import Penalties, RowProcessors
 from edgespec.shared.logprobs import TokenLogprob, token_logprobs
 from edgespec.shared.tree import DraftTree
 from edgespec.shared.verification import (SamplingConfig, VerifyOutcome, next_token, sample_verify, target_probs,
@@ -45,6 +47,9 @@ class SessionSettings:
     max_new_tokens: int = 0  # the client's budget (informational; the context limit is enforced)
     drafter: str = ""  # the client's drafter name, for logs and metrics
     logprobs: int | None = None  # None: no logprobs; k: each committed token's and the k most likely
+    penalties: Penalties = Penalties()  # presence/frequency/repetition penalties, logit_bias: applied per tree row
+    grammar: str = ""  # llguidance grammar (shared.grammar) the output must follow; '' = none
+    prompt_len: int = 0  # Open's prompt length: the output the penalties count starts after it (Resume rebuilds)
 
 
 @dataclass
@@ -106,6 +111,7 @@ class VerifierSession:
         # for LAST_HIDDEN sessions: Open's features cover every prompt token, and a restored prefix has no
         # hidden states.
         self.prefix_cache = prefix_cache if settings.features.kind is not FeatureKind.LAST_HIDDEN else None
+        self.rows: RowProcessors | None = None  # the logits processors, once the prompt is known (None: none)
 
     # ---------------------------------------------------------------- open
     def open(self, prompt_ids: Sequence[int], tree: DraftTree | None = None) -> StepResult:
@@ -117,6 +123,7 @@ class VerifierSession:
         self._check_room(len(prompt_ids) + depth + 1)  # before the per-id check: a huge prompt is refused at once
         self._check_ids(prompt_ids, "Open.prompt_ids")
         prompt = list(prompt_ids)
+        self._start_processors(prompt)
         t0 = time.perf_counter_ns()
         cached = self._restore_prefix(prompt, len(prompt) - 1)  # the last prompt token is fed: it picks the first
         restore_ns = time.perf_counter_ns() - t0
@@ -131,14 +138,14 @@ class VerifierSession:
         if tree is None:
             out = yield from self.scheduler.prefill(self.kv, prompt[cached:])
             t1 = time.perf_counter_ns()
-            first = next_token(out.logits[-1], self.settings.sampling, self.generator)
+            first = next_token(self._shaped(out.logits[-1:], prompt)[0], self.settings.sampling, self.generator)
             self.committed = prompt + [first]
             kv = self._kv_rows(0, len(prompt))
             return _ModelStep(first, (), 0, self._hidden_rows(out.hidden, slice(None)), kv, out.forward_ns,
                               time.perf_counter_ns() - t1, out.queue_ns, self._logprobs(out.logits, [-1], [first]))
         out = yield from self.scheduler.prefill_tree(self.kv, prompt[cached:], tree)
         t1 = time.perf_counter_ns()
-        outcome = verify_tree(tree, out.logits, self.settings.sampling, self.generator)
+        outcome = verify_tree(tree, self._shaped(out.logits, prompt, tree), self.settings.sampling, self.generator)
         past = len(prompt) - 1
         rows = [0] + [i + 1 for i in outcome.accepted]  # of [last prompt token] + nodes
         self.kv.keep_rows(past, rows)
@@ -169,17 +176,21 @@ class VerifierSession:
     def _verify_job(self, tree: DraftTree) -> _ModelStep:
         past = len(self.committed) - 1
         sampling = self.settings.sampling
-        # greedy: the engine may accept on the device and keep the path's KV there (out.accepted)
-        out = yield from self.scheduler.forward_tree(self.kv, self.committed[-1], tree, accept=sampling.greedy)
+        # greedy without logits processors: the engine may accept on the device and keep the path's KV there
+        # (out.accepted); processors (penalties, grammar) run on the host, per node
+        out = yield from self.scheduler.forward_tree(self.kv, self.committed[-1], tree,
+                                                   accept=sampling.greedy and self.rows is None)
         t1 = time.perf_counter_ns()
         if out.accepted is not None:
             outcome = VerifyOutcome(out.accepted, out.next_token)
         else:
-            # sampling reads its rows' distributions back once, then draws on the host with the session's
-            # generator (seeded runs give the same tokens on every device and engine)
-            logits = out.logits if sampling.greedy else target_probs(out.logits, sampling).cpu()
-            outcome = verify_tree(tree, logits, sampling, self.generator) if sampling.greedy \
-                else sample_verify(tree, logits, self.generator)
+            logits = self._shaped(out.logits, self.committed, tree)  # penalties and grammar, per node
+            if sampling.greedy:
+                outcome = verify_tree(tree, logits, sampling, self.generator)
+            else:
+                # sampling reads its rows' distributions back once, then draws on the host with the session's
+                # generator (seeded runs give the same tokens on every device and engine)
+                outcome = sample_verify(tree, target_probs(logits, sampling).cpu(), self.generator)
         rows = [0] + [i + 1 for i in outcome.accepted]
         if out.accepted is None:
             self.kv.keep_rows(past, rows)
@@ -207,6 +218,7 @@ class VerifierSession:
             raise InvalidRequestError("Resume.committed_hash is not the sha256 of Resume.committed_ids "
                                       "(uint32 little endian); the client's state is inconsistent")
 
+        self._start_processors(committed_ids[:self.settings.prompt_len or len(committed_ids)])
         self.kv.crop(0)
         cached = self._restore_prefix(committed_ids, len(committed_ids) - 1)  # the KV holds all ids but the last
 
@@ -238,12 +250,13 @@ class VerifierSession:
         chain = DraftTree.chain(provisional)
         out = yield from self.scheduler.forward_tree(self.kv, self.committed[-1], chain)
         t1 = time.perf_counter_ns()
-        outcome: VerifyOutcome = verify_tree(chain, out.logits, self.settings.sampling, self.generator)
+        logits = self._shaped(out.logits, self.committed, chain)
+        outcome: VerifyOutcome = verify_tree(chain, logits, self.settings.sampling, self.generator)
         agreed = len(outcome.accepted)
         if policy is ResumePolicy.KEEP:
             kept = provisional
             after = outcome.next_token if agreed == len(provisional) else next_token(
-                out.logits[len(provisional)], self.settings.sampling, self.generator)
+                logits[len(provisional)], self.settings.sampling, self.generator)
         else:
             kept = provisional[:agreed]
             after = outcome.next_token
@@ -275,6 +288,32 @@ class VerifierSession:
             self.lock.release()
 
     # ------------------------------------------------------------- helpers
+    def _start_processors(self, prompt: Sequence[int]) -> None:
+        """The session's logits processors (penalties, logit_bias, grammar), or None when it has none: then the
+        target's logits go to acceptance untouched."""
+        s = self.settings
+        if not (s.penalties.active or s.grammar):
+            return
+        try:
+            s.penalties.check_vocab(self.target.vocab_size)
+        except ValueError as err:
+            raise InvalidRequestError(f"SamplingParams: {err}") from None
+        constraint = None
+        if s.grammar:
+            try:
+                tok = grammar_tokenizer(self.target.tokenizer, self.target.vocab_size, self.target.eos_ids)
+                constraint = GrammarConstraint(tok, s.grammar)
+            except GrammarError as err:
+                raise InvalidRequestError(f"SamplingParams.grammar is not a grammar llguidance takes: {err}") from None
+        self.rows = RowProcessors(s.penalties, prompt, self.target.vocab_size, constraint)
+
+    def _shaped(self, logits: torch.Tensor, committed: Sequence[int], tree: DraftTree | None = None) -> torch.Tensor:
+        """logits [1 + N, V] of [root] + tree nodes hung after `committed`, each row processed from its own
+        history (committed + the node's path), as a plain decoder would have at that point."""
+        if self.rows is None:
+            return logits
+        return self.rows.tree_logits(logits, committed, tree if tree is not None else DraftTree((), ()))
+
     def _run(self, job, *args) -> StepResult:
         start = time.perf_counter_ns()
         step = self.scheduler.run_job(job(*args), self.kv)  # on the model thread, batched with other sessions

@@ -42,8 +42,11 @@ class SamplingConfig:
     temperature: float = 0.0  # 0 = greedy (argmax); > 0 divides the logits
     top_p: float = 1.0  # nucleus mass in (0, 1]; 0 or 1 = off
     top_k: int = 0  # keep the k most probable tokens; 0 = off
+    min_p: float = 0.0  # drop tokens below min_p x the most probable one's probability (after temperature); 0 = off
 
     def __post_init__(self) -> None:
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 <= self.top_p <= 1:
@@ -70,7 +73,8 @@ class VerifyOutcome:
 
 
 def target_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
-    """Shape logits [..., V] into probabilities [..., V] (float64) by temperature, top-k, top-p.
+    """Shape logits [..., V] into probabilities [..., V] (float64) by temperature, min-p, top-k, top-p
+    (vLLM's order).
 
     Greedy configs give a one-hot on the argmax, so one code path serves both.
     """
@@ -78,6 +82,10 @@ def target_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     if config.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).double()
     logits = logits / config.temperature
+    if config.min_p > 0:
+        probs = torch.softmax(logits, dim=-1)
+        floor = config.min_p * probs.amax(-1, keepdim=True)
+        logits = logits.masked_fill(probs < floor, float("-inf"))
     if 0 < config.top_k < logits.shape[-1]:
         kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -46,6 +46,7 @@ class DraftRequest:
     committed: Sequence[int]  # all committed ids; the last is the tree root
     max_nodes: int  # the server's limit on nodes per tree
     max_depth: int  # no point in drafting deeper than the tokens still wanted
+    constraint: object | None = None  # the grammar (tree_builder.DraftConstraint): draft only what it allows
 
 
 @dataclass(frozen=True)

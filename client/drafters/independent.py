@@ -211,7 +211,8 @@ class IndependentDrafter(Drafter):
             return self._draft_logprobs(hidden)
 
         try:
-            tree, cands = build_tree(root_logprobs, expand, self.config.tree, request.max_nodes, request.max_depth)
+            tree, cands = build_tree(root_logprobs, expand, self.config.tree, request.max_nodes, request.max_depth,
+                                     request.constraint, self.vocab_ids)
         except BaseException:
             kv.crop(self._cache, n)
             raise

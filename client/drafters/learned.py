@@ -114,7 +114,8 @@ class LearnedDrafter(Drafter):
             return self.rt.expand([self._target_id(t) for t in nodes.tokens[k0:]], nodes.parents[k0:])
 
         try:
-            tree, _ = build_tree(self.rt.root_logprobs(), expand, self.tree, request.max_nodes, request.max_depth)
+            tree, _ = build_tree(self.rt.root_logprobs(), expand, self.tree, request.max_nodes, request.max_depth,
+                                 request.constraint, self._to_target)
         finally:
             self.rt.clear_draft()
         return DraftTree(tuple(self._target_id(t) for t in tree.tokens), tree.parents)

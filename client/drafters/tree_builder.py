@@ -8,6 +8,10 @@ log-probability. After depth D (or when even the best frontier path has become
 improbable) the best M candidates overall are kept. A child never scores above
 its parent (log-probabilities are <= 0), so the kept set is a connected tree.
 
+Under a grammar (``constraint``) every row of log-probabilities is masked by what the grammar allows
+after that candidate's path and renormalised, so the drafter proposes only tokens the target's
+verification can accept, ranked by its distribution within the grammar.
+
 Only frontier candidates are ever fed to the drafter's model, so a drafter keeps
 KV for those alone; ``expand`` receives their indices in ``Candidates``. Candidates
 are numbered the way ``DraftTree`` numbers nodes (parent ROOT = the last committed
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
@@ -95,33 +99,67 @@ class Candidates:
 Expand = Callable[[list[int], Candidates], torch.Tensor]
 
 
+class DraftConstraint(Protocol):
+    """What a grammar allows after the committed tokens and each of some paths (target token ids)."""
+
+    def path_masks(self, paths: Sequence[Sequence[int]]) -> torch.Tensor:
+        """[len(paths), V_target] bool."""
+
+
+def constrain(logprobs: torch.Tensor, paths: Sequence[Sequence[int]], constraint: DraftConstraint,
+              to_target: Sequence[int] | None = None) -> torch.Tensor:
+    """logprobs [k, V'] masked to what the grammar allows after each path and renormalised; `to_target` maps
+    a reduced draft vocabulary's rows to target ids (paths are target ids already). A row whose path the
+    grammar allows nothing after stays all -inf."""
+    allowed = constraint.path_masks(paths)  # [k, V_target]
+    if to_target is not None:
+        allowed = allowed[:, torch.as_tensor(to_target, dtype=torch.long)]
+    width = logprobs.shape[-1]
+    if allowed.shape[-1] < width:  # a drafter head wider than the target's vocabulary: its extra rows are no token
+        allowed = torch.cat([allowed, allowed.new_zeros(allowed.shape[0], width - allowed.shape[-1])], -1)
+    masked = logprobs.float().masked_fill(~allowed[:, :width].to(logprobs.device), -math.inf)
+    norm = torch.logsumexp(masked, -1, keepdim=True)
+    return torch.where(torch.isfinite(norm), masked - norm, masked)
+
+
 def build_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape,
-               max_nodes: int | None = None, max_depth: int | None = None) -> tuple[DraftTree, Candidates]:
-    """Grow candidates EAGLE-2 style and keep the best; returns the tree and all candidates."""
+               max_nodes: int | None = None, max_depth: int | None = None,
+               constraint: DraftConstraint | None = None,
+               to_target: Sequence[int] | None = None) -> tuple[DraftTree, Candidates]:
+    """Grow candidates EAGLE-2 style and keep the best; returns the tree and all candidates. With a
+    constraint (a grammar) only tokens it allows are candidates; `to_target` maps candidate ids (rows of a
+    reduced draft vocabulary) to target ids."""
     # root_logprobs: [V]
     depth_limit = shape.depth if max_depth is None else min(shape.depth, max_depth)
     keep = shape.max_nodes if max_nodes is None else min(shape.max_nodes, max_nodes)
     cands = Candidates()
     if depth_limit < 1 or keep < 1:
         return DraftTree((), ()), cands
+    target_id = (lambda t: t) if to_target is None else (lambda t: int(to_target[t]))
+    if constraint is not None:
+        root_logprobs = constrain(root_logprobs[None], [[]], constraint, to_target)[0]
     floor = math.log(shape.min_prob) if shape.min_prob > 0 else -math.inf
     top_lp, top_tok = root_logprobs.float().topk(min(shape.branch, root_logprobs.shape[-1]))
-    layer = [cands.add(t, ROOT, lp, 1) for lp, t in zip(top_lp.tolist(), top_tok.tolist())]
+    layer = [cands.add(t, ROOT, lp, 1) for lp, t in zip(top_lp.tolist(), top_tok.tolist()) if lp > -math.inf]
     for depth in range(2, depth_limit + 1):
         frontier = sorted(layer, key=lambda i: -cands.scores[i])[: shape.branch]
-        if cands.scores[frontier[0]] < floor:
+        if not frontier or cands.scores[frontier[0]] < floor:
             break
         if shape.prune_frontier:
             frontier = [c for c in frontier if cands.scores[c] >= floor]
         if len(cands.tokens) + len(frontier) * shape.branch > MAX_NODES:
             break  # candidate 255 would read as ROOT
         logprobs = expand(frontier, cands).float()  # [k, V]
+        if constraint is not None:
+            paths = [[target_id(cands.tokens[a]) for a in cands.ancestors(c)] for c in frontier]
+            logprobs = constrain(logprobs, paths, constraint, to_target)
         top_lp, top_tok = logprobs.topk(min(shape.branch, logprobs.shape[-1]), dim=-1)  # [k, B]
         layer = []
         for row, parent in enumerate(frontier):
             base = cands.scores[parent]
             for lp, t in zip(top_lp[row].tolist(), top_tok[row].tolist()):
-                layer.append(cands.add(t, parent, base + lp, depth))
+                if lp > -math.inf:  # the grammar allows nothing more on this path
+                    layer.append(cands.add(t, parent, base + lp, depth))
     return select_tree(cands, keep), cands
 
 

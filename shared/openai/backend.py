@@ -23,6 +23,7 @@ class GenerationJob:
     seed: int  # this choice's sampling seed, in [0, 2**64)
     stop: tuple[str, ...]  # stop strings; the backend may use them to end early, the shared layer cuts the text
     top_logprobs: int | None  # None: no logprobs wanted; k: the chosen token's and the k most likely
+    grammar: str | None = None  # llguidance grammar the output is constrained to (shared.grammar); None: free
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,10 @@ a caller whose option would be ignored should hear so.
 
 Defaults follow OpenAI and vLLM: temperature 1, top_p 1, n 1, a fresh random
 seed when none is given, 16 tokens for completions and the rest of the
-context for chat.
+context for chat. vLLM's sampling controls (min_p, the three penalties,
+logit_bias, ignore_eos) take vLLM's ranges; ``response_format`` and (chat)
+``tools`` / ``tool_choice`` become a grammar (``shared.grammar``) the output
+is constrained to.
 """
 from __future__ import annotations
 
@@ -18,9 +21,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from edgespec.shared.logits_processors import Penalties
 from edgespec.shared.wire import MAX_TOP_LOGPROBS
 
 from .errors import OpenAIError, bad_request, unsupported
+from .tool_calls import ToolUse, response_format_grammar, template_tool_calls, tool_use
 
 MAX_N = 8  # choices per request; they are generated one after another
 MAX_STOPS = 16  # OpenAI allows 4; matching costs the same for any number, this bounds the automaton
@@ -34,6 +39,15 @@ class Sampling:
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0  # nucleus mass in (0, 1]; 1 = off
     top_k: int = 0  # keep the k most probable tokens; 0 = off
+    min_p: float = 0.0  # drop tokens below min_p x the top token's probability; 0 = off
+    presence_penalty: float = 0.0  # [-2, 2], on tokens already in the output
+    frequency_penalty: float = 0.0  # [-2, 2], per occurrence in the output
+    repetition_penalty: float = 1.0  # > 0, on tokens of the prompt and the output; 1 = off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
+    ignore_eos: bool = False  # keep generating past EOS (vLLM's; for fixed-length benchmarks)
+
+    def penalties(self) -> Penalties:
+        return Penalties(self.presence_penalty, self.frequency_penalty, self.repetition_penalty, self.logit_bias)
 
 
 @dataclass(frozen=True)
@@ -48,6 +62,8 @@ class Settings:
     top_logprobs: int | None  # None: no logprobs; k: the chosen token's logprob and the k most likely
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage
+    grammar: str | None = None  # llguidance grammar the output is constrained to (response_format, tool_choice)
+    tools: ToolUse | None = None  # chat with tools: rendered by the template, calls parsed from the output
 
 
 class _Strict(BaseModel):
@@ -78,6 +94,24 @@ class _Common(_Strict):
     stop: tuple[str, ...] = ()
     seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     user: str | None = None  # an end-user id for OpenAI's abuse monitoring; nothing to do here
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(default=None, gt=0)
+    logit_bias: dict[str, float] | None = None  # OpenAI's: token id (as a string) -> bias, clamped to [-100, 100]
+    ignore_eos: bool | None = None
+    response_format: dict[str, Any] | None = None  # {"type": "text" | "json_object" | "json_schema", ...}
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not (key.isascii() and key.isdigit()):
+                raise ValueError(f"keys are token ids written as strings ('50256'), got {key!r}")
+        return value
+
+    def _grammar(self) -> str | None:
+        return response_format_grammar(self.response_format)
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -100,12 +134,22 @@ class _Common(_Strict):
         if self.stream_options is not None and not self.stream:
             raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
         top_k = self.top_k or 0
-        return Settings(max_tokens=max_tokens,
-                        sampling=Sampling(1.0 if self.temperature is None else self.temperature,
-                                          1.0 if self.top_p is None else self.top_p, max(0, top_k)),
+        bias = tuple((int(k), max(-100.0, min(100.0, float(v)))) for k, v in (self.logit_bias or {}).items())
+        sampling = Sampling(1.0 if self.temperature is None else self.temperature,
+                            1.0 if self.top_p is None else self.top_p, max(0, top_k), self.min_p or 0.0,
+                            self.presence_penalty or 0.0, self.frequency_penalty or 0.0,
+                            1.0 if self.repetition_penalty is None else self.repetition_penalty, bias,
+                            bool(self.ignore_eos))
+        tools = self._tools()
+        grammar = tools.grammar if tools is not None and tools.grammar else self._grammar()
+        return Settings(max_tokens=max_tokens, sampling=sampling,
                         seed=self.seed, n=self.n or 1, stop=self.stop, top_logprobs=top_logprobs,
                         stream=bool(self.stream),
-                        include_usage=bool(self.stream_options and self.stream_options.include_usage))
+                        include_usage=bool(self.stream_options and self.stream_options.include_usage),
+                        grammar=grammar, tools=tools)
+
+    def _tools(self) -> ToolUse | None:
+        return None
 
 
 class CompletionRequest(_Common):
@@ -133,24 +177,32 @@ class CompletionRequest(_Common):
         return self._settings(self.max_tokens, self.logprobs)
 
 
-_MESSAGE_OFF = {"tool_calls", "function_call", "tool_call_id", "refusal", "audio", "annotations"}
+_MESSAGE_OFF = {"function_call", "refusal", "audio", "annotations"}
 
 
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | None = None
     name: str | None = None  # a participant's name; chat templates do not show it
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls, shown to the template
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     @model_validator(mode="before")
     @classmethod
-    def _no_tool_calls(cls, value: Any) -> Any:
+    def _no_refusals(cls, value: Any) -> Any:
         # An assistant message given back as the openai library dumps it carries these as null.
         if isinstance(value, dict) and _MESSAGE_OFF & set(value):
             for field in _MESSAGE_OFF & set(value):
                 if value[field] not in (None, []):
-                    raise ValueError(f"'{field}' is not supported: this API has no tool calling, refusals or audio")
+                    raise ValueError(f"'{field}' is not supported: this API has no refusals, audio or legacy "
+                                     f"function calls")
             value = {k: v for k, v in value.items() if k not in _MESSAGE_OFF}
         return value
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _tool_calls(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        return template_tool_calls(value, "tool_calls") if value else None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -171,10 +223,15 @@ class ChatMessage(_Strict):
             texts.append(_check_text(part["text"], f"part {j}"))
         return "\n".join(texts)  # as vLLM joins text parts
 
-    def template_message(self) -> dict[str, str]:
+    def template_message(self) -> dict[str, Any]:
         """The message as a chat template takes it (templates know 'system', not OpenAI's newer 'developer')."""
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": self.content or ""}
+        out: dict[str, Any] = {"role": role, "content": self.content or ""}
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 class ChatCompletionRequest(_Common):
@@ -182,6 +239,12 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[dict[str, Any]] | None = None  # [{"type": "function", "function": {"name", "parameters", ...}}]
+    tool_choice: str | dict[str, Any] | None = None  # "none" | "auto" | "required" | {"type": "function", ...}
+    parallel_tool_calls: bool | None = None
+
+    def _tools(self) -> ToolUse | None:
+        return tool_use(self.tools, self.tool_choice, self.parallel_tool_calls is not False)
 
     def settings(self) -> Settings:
         for i, m in enumerate(self.messages):
@@ -194,20 +257,10 @@ class ChatCompletionRequest(_Common):
 
 
 # Fields this API does not implement, accepted only with the value that changes nothing.
-def _is_zero(v: Any) -> bool:
-    return v is None or (type(v) in (int, float) and v == 0)
-
-
 _OFF: dict[str, tuple[Any, str]] = {
-    "frequency_penalty": (_is_zero, "only 0 (no penalty)"),
-    "presence_penalty": (_is_zero, "only 0 (no penalty)"),
-    "logit_bias": (lambda v: v is None or v == {}, "only an empty map"),
-    "response_format": (lambda v: v is None or v == {"type": "text"}, "only {'type': 'text'} (no JSON mode)"),
-    "tools": (lambda v: v is None or v == [], "this API has no tool calling"),
-    "tool_choice": (lambda v: v is None or v == "none", "this API has no tool calling"),
-    "functions": (lambda v: v is None or v == [], "this API has no function calling"),
-    "function_call": (lambda v: v is None or v == "none", "this API has no function calling"),
-    "parallel_tool_calls": (lambda v: v is None or isinstance(v, bool), "this API has no tool calling"),
+    "functions": (lambda v: v is None or v == [], "the legacy 'functions' are not supported; use 'tools'"),
+    "function_call": (lambda v: v is None or v == "none", "the legacy 'function_call' is not supported; use "
+                                                          "'tool_choice'"),
     "echo": (lambda v: v is None or v is False, "the prompt is not echoed"),
     "suffix": (lambda v: v is None or v == "", "no insertion after a suffix"),
     "store": (lambda v: v is None or v is False, "nothing is stored"),
@@ -217,9 +270,17 @@ _OFF: dict[str, tuple[Any, str]] = {
 }
 
 
-def _refuse_features(body: dict[str, Any]) -> dict[str, Any]:
+# Chat's tool fields, on /v1/completions (as OpenAI's and vLLM's completions have none).
+_COMPLETIONS_OFF: dict[str, tuple[Any, str]] = {
+    "tools": (lambda v: v is None or v == [], "tools are for /v1/chat/completions"),
+    "tool_choice": (lambda v: v is None or v == "none", "tools are for /v1/chat/completions"),
+    "parallel_tool_calls": (lambda v: v is None or isinstance(v, bool), "tools are for /v1/chat/completions"),
+}
+
+
+def _refuse_features(body: dict[str, Any], chat: bool = True) -> dict[str, Any]:
     body = dict(body)
-    for field, (is_off, why) in _OFF.items():
+    for field, (is_off, why) in (_OFF if chat else {**_OFF, **_COMPLETIONS_OFF}).items():
         if field in body:
             if not is_off(body[field]):
                 raise unsupported(field, f"{why}; leave it out")
@@ -249,7 +310,7 @@ def parse_json(raw: bytes) -> dict[str, Any]:
 
 def parse_request(raw: bytes, model: type[CompletionRequest] | type[ChatCompletionRequest]):
     """A validated request, or an OpenAIError (400) naming the first field that is wrong."""
-    body = _refuse_features(parse_json(raw))
+    body = _refuse_features(parse_json(raw), model is ChatCompletionRequest)
     try:
         return model.model_validate(body)
     except ValidationError as err:

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 from .backend import GeneratedToken
 from .generate import Choice, ChoiceEnd, TextPiece
+from .tool_calls import parse_tool_calls
 
 LOGPROB_FLOOR = -9999.0  # as vLLM: -inf (a masked token) is no JSON number
 
@@ -29,14 +30,24 @@ class Shape:
     id: str
     created: int
     model: str
+    parse_tools: bool = False  # chat with tools: tool calls are parsed out of each choice's text
 
     @classmethod
-    def new(cls, chat: bool, model: str) -> "Shape":
-        return cls(chat, ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24], int(time.time()), model)
+    def new(cls, chat: bool, model: str, parse_tools: bool = False) -> "Shape":
+        return cls(chat, ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24], int(time.time()), model,
+                   parse_tools)
 
     def head(self, chunk: bool) -> dict[str, Any]:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+
+def tool_message(text: str, finish_reason: str) -> tuple[dict[str, Any], str]:
+    """A chat choice's message and finish_reason with its tool calls parsed out ("tool_calls" when any)."""
+    content, calls = parse_tool_calls(text)
+    if not calls:
+        return {"role": "assistant", "content": text}, finish_reason
+    return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -121,13 +132,17 @@ def whole_body(shape: Shape, choices: list[Choice], prompt_tokens: int, texts: T
     """The answer of a non-streamed request; `texts` when logprobs were asked for."""
     out = []
     for c in choices:
+        finish_reason = c.finish_reason
         if shape.chat:
-            choice: dict[str, Any] = {"index": c.index, "message": {"role": "assistant", "content": c.text},
+            message: dict[str, Any] = {"role": "assistant", "content": c.text}
+            if shape.parse_tools:
+                message, finish_reason = tool_message(c.text, finish_reason)
+            choice: dict[str, Any] = {"index": c.index, "message": message,
                                       "logprobs": chat_logprobs(c.tokens, texts) if texts else None}
         else:
             choice = {"index": c.index, "text": c.text,
                       "logprobs": completion_logprobs(c.tokens, texts, 0) if texts else None}
-        choice["finish_reason"] = c.finish_reason
+        choice["finish_reason"] = finish_reason
         out.append(choice)
     body = {**shape.head(chunk=False), "choices": out,
             "usage": usage(prompt_tokens, sum(c.completion_tokens for c in choices), choices[0].cached_tokens)}
@@ -148,7 +163,11 @@ def _chunk(shape: Shape, index: int, delta: dict[str, Any] | str, finish_reason:
 
 def stream_chunks(shape: Shape, events: Iterator[TextPiece | ChoiceEnd], prompt_tokens: int, n: int,
                   texts: TokenTexts | None, include_usage: bool) -> Iterator[dict[str, Any]]:
-    """Chunks of a streamed answer, as the events come."""
+    """Chunks of a streamed answer, as the events come. With tools, a choice's text is held until it ends and
+    then sent as one delta: its content, or its tool calls (whose text is not known to be a call until its
+    end)."""
+    if shape.parse_tools:
+        events = _held(events)
     started: set[int] = set()
     sent_chars = [0] * n  # per choice, for the legacy text_offset
     completion_tokens = 0
@@ -169,7 +188,13 @@ def stream_chunks(shape: Shape, events: Iterator[TextPiece | ChoiceEnd], prompt_
         completion_tokens += event.completion_tokens
         if event.index == 0:
             cached_tokens = event.cached_tokens
-        last = _chunk(shape, event.index, {} if shape.chat else "", event.finish_reason)
+        finish_reason = event.finish_reason
+        if isinstance(event, _ToolsEnd):
+            finish_reason = event.tool_finish
+            if event.calls:
+                deltas = [{"index": i, **call} for i, call in enumerate(event.calls)]
+                yield _chunk(shape, event.index, {"tool_calls": deltas})
+        last = _chunk(shape, event.index, {} if shape.chat else "", finish_reason)
         if event.index == n - 1:
             last["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
         if event.extra is not None:
@@ -177,3 +202,28 @@ def stream_chunks(shape: Shape, events: Iterator[TextPiece | ChoiceEnd], prompt_
         yield last
     if include_usage:
         yield {**shape.head(chunk=True), "choices": [], "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
+
+
+@dataclass
+class _ToolsEnd(ChoiceEnd):
+    tool_finish: str = "stop"  # "tool_calls" when the choice made calls
+    calls: list[dict[str, Any]] | None = None
+
+
+def _held(events: Iterator[TextPiece | ChoiceEnd]) -> Iterator[TextPiece | ChoiceEnd]:
+    """Each choice's pieces held to its end: one piece with its content (outside the calls), then its end with
+    the calls parsed."""
+    held: dict[int, list[TextPiece]] = {}
+    for event in events:
+        if isinstance(event, TextPiece):
+            held.setdefault(event.index, []).append(event)
+            continue
+        pieces = held.pop(event.index, [])
+        text = "".join(p.text for p in pieces)
+        content, calls = parse_tool_calls(text)
+        tokens = [t for p in pieces for t in p.tokens]
+        if content or tokens:
+            yield TextPiece(event.index, content or "", tokens)
+        yield _ToolsEnd(event.index, event.finish_reason, event.completion_tokens, event.extra,
+                        cached_tokens=event.cached_tokens,
+                        tool_finish="tool_calls" if calls else event.finish_reason, calls=calls)

@@ -21,7 +21,7 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from fastapi import FastAPI, Request
@@ -29,7 +29,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from .backend import Backend
-from .errors import install_error_handlers, json_response, model_not_found
+from .errors import bad_request, install_error_handlers, json_response, model_not_found
 from .gate import DEFAULT_MAX_BODY_BYTES, ApiGate, read_body, until_done_or_gone
 from .generate import Plan, events, whole
 from .prompts import chat_text, check_ids, encode_text
@@ -126,7 +126,7 @@ async def _answer(request: Request, kind, get_backend: Callable[[], Backend], ap
     backend = _named(get_backend(), body.model)
     plan = await run_in_threadpool(_plan, backend, body, chat, settings)
     backend.count_request("chat" if chat else "completions")
-    shape = Shape.new(chat, backend.name)
+    shape = Shape.new(chat, backend.name, parse_tools=settings.tools is not None and settings.tools.parse)
     if api.log_requests:
         s = settings.sampling
         log.info("request %s received", shape.id, extra={
@@ -144,12 +144,19 @@ async def _answer(request: Request, kind, get_backend: Callable[[], Backend], ap
 def _plan(backend: Backend, body, chat: bool, settings: Settings) -> Plan:
     limit = backend.max_context_tokens
     if chat:
-        text = chat_text(backend.tokenizer, [m.template_message() for m in body.messages], limit)
+        tools = settings.tools.tools if settings.tools is not None else None
+        text = chat_text(backend.tokenizer, [m.template_message() for m in body.messages], limit, tools)
         ids = encode_text(text, backend.tokenizer, limit, "messages")
     elif isinstance(body.prompt, str):
         ids = encode_text(body.prompt, backend.tokenizer, limit, "prompt")
     else:
         ids = check_ids(body.prompt, backend.vocab_size, limit, "prompt")
+    bad = next((t for t, _ in settings.sampling.logit_bias if t >= backend.vocab_size), None)
+    if bad is not None:
+        raise bad_request(f"Invalid value for 'logit_bias': token id {bad} is outside the vocabulary "
+                          f"[0, {backend.vocab_size})", "logit_bias", "invalid_value")
+    if settings.tools is not None and settings.tools.grammar:
+        settings = replace(settings, grammar=settings.tools.grammar_for(backend.tokenizer))
     room = limit - len(ids)  # >= 1: a prompt that fills the context was refused
     default = (backend.default_chat_max_tokens or room) if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
     return Plan(chat, tuple(ids), min(settings.max_tokens or default, room), settings)

@@ -48,6 +48,8 @@ FIELDS = {
     "echo": json_value, "best_of": json_value, "suffix": json_value, "logit_bias": json_value, "tools": json_value,
     "tool_choice": json_value, "response_format": json_value, "frequency_penalty": json_value,
     "presence_penalty": json_value, "user": json_value, "stream_options_typo": json_value,
+    "min_p": json_value, "repetition_penalty": json_value, "ignore_eos": json_value,
+    "parallel_tool_calls": json_value,
 }
 
 def some_fields(most: int) -> st.SearchStrategy:

@@ -31,7 +31,7 @@ def test_defaults_follow_openai():
 def test_fields_that_change_nothing_are_accepted_and_others_named():
     parse(ChatCompletionRequest, messages=[{"role": "user", "content": "x"}], frequency_penalty=0, tools=[],
           response_format={"type": "text"}, tool_choice="none", user="u", parallel_tool_calls=False).settings()
-    assert refused(ChatCompletionRequest, messages=[{"role": "user", "content": "x"}], presence_penalty=0.1).param \
+    assert refused(ChatCompletionRequest, messages=[{"role": "user", "content": "x"}], presence_penalty=2.5).param \
         == "presence_penalty"
     assert refused(CompletionRequest, prompt="x", whatever=1).message == \
         "Unrecognized request argument supplied: whatever"
@@ -49,7 +49,7 @@ def test_messages_as_the_openai_library_dumps_them_are_accepted():
 def test_refusals_name_the_field():
     chat = {"messages": [{"role": "user", "content": "x"}]}
     assert refused(ChatCompletionRequest, **chat, top_logprobs=2).param == "top_logprobs"
-    assert refused(ChatCompletionRequest, messages=[{"role": "tool", "content": "x"}]).param == "messages[0].role"
+    assert refused(ChatCompletionRequest, messages=[{"role": "function", "content": "x"}]).param == "messages[0].role"
     assert refused(ChatCompletionRequest, messages=[{"role": "user", "content": [{"type": "image_url"}]}]).param \
         == "messages[0].content"
     assert refused(ChatCompletionRequest, messages=[{"role": "user"}]).param == "messages[0].content"
