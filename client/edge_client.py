@@ -19,6 +19,7 @@ from .drafters.factory import DrafterOptions, make_drafter
 from .generation import Event, Generation, GenerationConfig, GenerationResult, TokenizerInfo
 from .link import GrpcTransport, Link, LinkConfig
 from .metrics import NO_WATCH, ClientMetrics
+from .step_plan import LoopConfig, LoopEstimates
 from .verifier import Verifier
 
 # Token strings that end a Qwen-style chat turn or text, besides tokenizer.eos_token
@@ -67,6 +68,7 @@ class ClientConfig:
     drafter: DrafterOptions = field(default_factory=DrafterOptions)  # which drafter to run
     tokenizer: str | None = None  # the target's tokenizer (name or dir); None: the drafter's model, whose
     # tokenizer is the target's for the default pair (the fingerprint check catches a wrong one)
+    loop: LoopConfig = field(default_factory=LoopConfig)  # pipelining and tree sizing (auto or fixed)
 
 
 class EdgespecClient:
@@ -84,6 +86,8 @@ class EdgespecClient:
         self.tokens = TokenizerInfo(fingerprint, stop_ids(self.info, self.tokenizer),
                                     lambda ids: self.tokenizer.decode(list(ids), skip_special_tokens=True))
         self._lock = threading.Lock()
+        # what the loop measures to size trees, kept across generations; it starts from the server's cost curve
+        self.estimates = LoopEstimates(self.info.verify_cost_nodes, [ns / 1e9 for ns in self.info.verify_cost_ns])
         self.metrics: ClientMetrics | None = None  # told about every generation (client serve's /metrics)
 
     def _tokenizer_source(self) -> str:
@@ -113,7 +117,8 @@ class EdgespecClient:
         """A Generation to iterate. Use ``stream`` or ``generate`` to hold the client's lock while it runs."""
         limits = self.info.limits
         return Generation(Verifier(GrpcTransport(self.link)), self.drafter, prompt_ids, config, self.tokens,
-                          max_tree_nodes=limits.max_tree_nodes or 255)
+                          max_tree_nodes=limits.max_tree_nodes or 255, loop=self.config.loop,
+                          estimates=self.estimates)
 
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig()
                ) -> Iterator[Event | GenerationResult]:

@@ -43,6 +43,7 @@ class VerifierCore:
         self.metrics = ServerMetrics(target.name)
         self.store = SessionStore(limits.store, on_drop=self._dropped)
         self.metrics.watch(self)  # gauges read the store and the scheduler when scraped
+        self.cost_curve = None  # verification time by tree size (cost_curve.CostCurve), once measured: Info reports it
         self.draining = threading.Event()
         self._closed = threading.Event()
         # Idle sessions hold KV memory: drop them on time even when no call comes to trigger it.

@@ -72,6 +72,11 @@ class Candidates:
     parents: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)  # cumulative log-probability from the root
     depths: list[int] = field(default_factory=list)
+    kept: list[int] = field(default_factory=list)  # the candidates select_tree kept, in the tree's node order
+
+    def kept_scores(self) -> list[float]:
+        """Cumulative log-probability of each node of the tree select_tree made (drafting ahead guesses from it)."""
+        return [self.scores[i] for i in self.kept]
 
     def add(self, token: int, parent: int, score: float, depth: int) -> int:
         self.tokens.append(int(token))
@@ -129,4 +134,5 @@ def select_tree(cands: Candidates, keep: int) -> DraftTree:
     """The best `keep` candidates by score as a tree (ties go to the shallower, earlier node). A child
     never scores above its parent with log-probabilities; scores that do (NaN) raise ValueError."""
     ranked = sorted(range(len(cands.tokens)), key=lambda i: (-cands.scores[i], cands.depths[i], i))
-    return cands.subtree(sorted(ranked[:keep]))  # candidate order is depth order: parents first
+    cands.kept = sorted(ranked[:keep])  # candidate order is depth order: parents first
+    return cands.subtree(cands.kept)

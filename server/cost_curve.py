@@ -1,0 +1,66 @@
+"""The server's verification cost by tree size, measured once at start and reported in Info.
+
+A client sizes each tree from what a verification of that size costs here (DESIGN
+section 1, "Two machines, one pipeline"): on a GPU a tree of 64 nodes costs about
+what one token does, on a CPU it costs several times more. So the server opens
+one throwaway session on a short context and verifies chain trees of a few sizes
+through the same path a client's Draft takes (``VerifierCore.verify``: scheduler,
+forward, acceptance, KV bookkeeping), keeping the median of a few tries per size.
+Size 0 is a plain decode step (an empty tree). Clients refine the curve with the
+timings each Verified carries, so a rough measurement at start is enough.
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+import uuid
+from dataclasses import dataclass
+from typing import Sequence
+
+from edgespec.shared.tree import DraftTree, encode_tree
+from edgespec.shared.verification import SamplingConfig
+
+from .session import SessionSettings
+
+log = logging.getLogger("edgespec.server")
+
+DEFAULT_SIZES = (0, 4, 16, 64)  # tree sizes measured: a decode step, a chain, the default trees, a wide one
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """What Info reports: verification time by tree size, on a session of ``context`` tokens."""
+
+    nodes: tuple[int, ...] = ()  # tree sizes, ascending (0: a plain decode step)
+    total_ns: tuple[int, ...] = ()  # median server time of a Draft of that size
+    context: int = 0  # committed tokens of the session it was measured on
+
+
+def measure_cost_curve(core, sizes: Sequence[int] = DEFAULT_SIZES, context: int = 64,
+                       repeats: int = 3) -> CostCurve:
+    """Median ``Timings.total_ns`` of verifying a chain of each size (capped at the server's tree limit)
+    on a fresh session of ``context`` tokens; the session is closed again. The first verification warms the
+    model up and is not counted."""
+    sizes = sorted({min(int(n), core.limits.max_tree_nodes) for n in sizes if n >= 0})
+    vocab = core.target.vocab_size
+    prompt = [(7 * i + 3) % vocab for i in range(max(2, context))]
+    session_id = f"cost-curve-{uuid.uuid4()}"
+    core.open(SessionSettings(session_id, SamplingConfig()), prompt)
+    times: dict[int, list[int]] = {n: [] for n in sizes}
+    try:
+        committed, step = len(prompt) + 1, 0
+        for round_ in range(repeats + 1):
+            for n in sizes:
+                # A chain of tokens the target will mostly reject keeps the context about the same length.
+                tree = DraftTree.chain([(11 * i + round_) % vocab for i in range(n)])
+                step += 1
+                result = core.verify(session_id, step, committed, encode_tree(tree))
+                committed = result.committed_len
+                if round_:
+                    times[n].append(result.timings.total_ns)
+    finally:
+        core.close(session_id)
+    curve = CostCurve(tuple(sizes), tuple(int(statistics.median(times[n])) for n in sizes), len(prompt))
+    log.info("verification cost by tree size: %s", ", ".join(
+        f"{n} nodes {ns / 1e6:.1f} ms" for n, ns in zip(curve.nodes, curve.total_ns)))
+    return curve
