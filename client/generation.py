@@ -416,7 +416,7 @@ class Generation:
             context = flight.committed + tuple(flight.tree.tokens[i] for i in outcome.path)
             # one level more (the bonus token's) and room for the other bonus tokens beside the likeliest
             request = DraftRequest(context, min(self.max_tree_nodes, size.nodes + max(2, size.nodes // 2)),
-                                   min(size.depth + 1, left))
+                                   min(size.depth + 1, left), ahead=True)
             t0 = time.perf_counter()
             tree = self.drafter.propose(request)
             took = time.perf_counter() - t0

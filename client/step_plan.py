@@ -16,7 +16,7 @@ from typing import Sequence
 
 from edgespec.shared.tree import DraftTree
 
-from .planner import PLAIN, PlanInputs, TreeSize, plan_tree
+from .planner import PLAIN, PlanInputs, TreeSize, plan_tree, verify_time
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,8 @@ class LoopConfig:
     tree: str = "auto"  # "auto": each step's tree sized to the most tokens per second (planner.py); "fixed":
     # the drafter's own shape every step, as the serial loop always did
     max_guesses: int = 2  # most verdicts drafted ahead for per verification, the likeliest first, while it is out
-    min_guess_probability: float = 0.05  # a guess less likely than this is not drafted ahead for
+    min_guess_probability: float = 0.0  # a guess less likely than this is not drafted ahead for (drafting ahead
+    # costs nothing while the client would idle, and the planner weighs it by the hit rate measured otherwise)
     max_depth: int = 16  # deepest tree the planner weighs (the drafter's own shape caps it too)
     explore_every: int = 8  # after this many plain steps in a row one step drafts a tree of the drafter's own
     # shape, so acceptance keeps being measured while trees lose
@@ -43,6 +44,11 @@ def _ema(old: float | None, new: float, weight: float) -> float:
     return new if old is None else old + weight * (new - old)
 
 
+def _interpolate(curve: dict[int, float], nodes: int) -> float:
+    sizes = sorted(curve)
+    return verify_time(nodes, sizes, [curve[n] for n in sizes])
+
+
 class LoopEstimates:
     """Running figures of one client (its generations run one at a time; the lock guards the odd reader)."""
 
@@ -53,9 +59,11 @@ class LoopEstimates:
 
     def __init__(self, curve_nodes: Sequence[int] = (), curve_s: Sequence[float] = ()):
         self._lock = threading.Lock()
-        # The server's curve as Info reported it; `_scale` follows what its answers show (a longer context, a
-        # busier server). Without one, the sizes seen are the curve.
-        self.curve = dict(zip((int(n) for n in curve_nodes), (float(s) for s in curve_s)))
+        # The server's curve as Info reported it (measured on a short context at start), scaled by what its
+        # answers show (a longer context, a busier server); the sizes actually verified replace it with their
+        # own running averages. Without a curve from Info, the sizes seen are the curve.
+        self.reported = dict(zip((int(n) for n in curve_nodes), (float(s) for s in curve_s)))
+        self.seen: dict[int, float] = {}  # tree size -> running average of the server's time on it
         self._scale = 1.0
         self.round_trip_s: float | None = None
         self.pass_s: float | None = None
@@ -80,11 +88,11 @@ class LoopEstimates:
             self.round_trip_s = _ema(self.round_trip_s, max(0.0, round_trip_s - server_s), self.WEIGHT)
             n = len(tree)
             if server_s > 0:
-                base = self._curve_at(n) if self.curve else None
-                if base:
-                    self._scale = _ema(self._scale, server_s / base, self.WEIGHT)
-                else:
-                    self.curve[n] = _ema(self.curve.get(n), server_s, self.WEIGHT)
+                self.seen[n] = _ema(self.seen.get(n), server_s, self.WEIGHT)
+                if self.reported:
+                    base = _interpolate(self.reported, n)
+                    if base > 0:
+                        self._scale = _ema(self._scale, server_s / base, self.WEIGHT)
             if not n:
                 return
             depth = max(tree.depths())
@@ -101,11 +109,11 @@ class LoopEstimates:
             self.hit_rate = _ema(self.hit_rate, 1.0 if hit else 0.0, self.WEIGHT)
 
     # ------------------------------------------------------------- planning
-    def _curve_at(self, nodes: int) -> float:
-        from .planner import verify_time
-
-        sizes = sorted(self.curve)
-        return verify_time(nodes, sizes, [self.curve[n] for n in sizes])
+    def curve(self) -> dict[int, float]:
+        """Verification time by tree size: the sizes seen, and the reported ones (scaled) between them."""
+        out = {n: t * self._scale for n, t in self.reported.items()}
+        out.update(self.seen)
+        return out
 
     def acceptance(self) -> tuple[float, ...]:
         """Per-depth acceptance, each depth's prior the depth before it (the first: PRIOR_ACCEPTANCE)."""
@@ -118,8 +126,8 @@ class LoopEstimates:
     def verify_flight_s(self, nodes: int) -> float:
         """Expected round trip of a Draft of `nodes` nodes (link and server)."""
         with self._lock:
-            server = self._curve_at(nodes) * self._scale if self.curve else 0.0
-            return (self.round_trip_s or 0.0) + server
+            curve = self.curve()
+            return (self.round_trip_s or 0.0) + (_interpolate(curve, nodes) if curve else 0.0)
 
     def draft_s(self, depth: int) -> float:
         return (self.pass_s or 0.0) * (depth + 1)
@@ -128,12 +136,13 @@ class LoopEstimates:
         """What the planner needs, or None while something is not measured yet (no curve, no round trip,
         no drafting time)."""
         with self._lock:
-            if not self.curve or self.round_trip_s is None or self.pass_s is None:
+            curve = self.curve()
+            if not curve or self.round_trip_s is None or self.pass_s is None:
                 return None
-            sizes = sorted(self.curve)
+            sizes = sorted(curve)
             return PlanInputs(
                 round_trip_s=self.round_trip_s, verify_nodes=tuple(sizes),
-                verify_s=tuple(self.curve[n] * self._scale for n in sizes), draft_pass_s=self.pass_s,
+                verify_s=tuple(curve[n] for n in sizes), draft_pass_s=self.pass_s,
                 acceptance=self.acceptance(), nodes_per_depth=self.nodes_per_depth or 1.0,
                 max_nodes=max_nodes, max_depth=max_depth, hit_rate=self.hit_rate if pipelined else 0.0)
 

@@ -5,14 +5,14 @@ section 1, "Two machines, one pipeline"): on a GPU a tree of 64 nodes costs abou
 what one token does, on a CPU it costs several times more. So the server opens
 one throwaway session on a short context and verifies chain trees of a few sizes
 through the same path a client's Draft takes (``VerifierCore.verify``: scheduler,
-forward, acceptance, KV bookkeeping), keeping the median of a few tries per size.
+forward, acceptance, KV bookkeeping), keeping the fastest of a few tries per size
+(other work on the machine only ever adds time, so the fastest is the truest).
 Size 0 is a plain decode step (an empty tree). Clients refine the curve with the
 timings each Verified carries, so a rough measurement at start is enough.
 """
 from __future__ import annotations
 
 import logging
-import statistics
 import uuid
 from dataclasses import dataclass
 from typing import Sequence
@@ -32,13 +32,13 @@ class CostCurve:
     """What Info reports: verification time by tree size, on a session of ``context`` tokens."""
 
     nodes: tuple[int, ...] = ()  # tree sizes, ascending (0: a plain decode step)
-    total_ns: tuple[int, ...] = ()  # median server time of a Draft of that size
+    total_ns: tuple[int, ...] = ()  # server time of a Draft of that size (the fastest try)
     context: int = 0  # committed tokens of the session it was measured on
 
 
 def measure_cost_curve(core, sizes: Sequence[int] = DEFAULT_SIZES, context: int = 64,
                        repeats: int = 3) -> CostCurve:
-    """Median ``Timings.total_ns`` of verifying a chain of each size (capped at the server's tree limit)
+    """The fastest ``Timings.total_ns`` of verifying a chain of each size (capped at the server's tree limit)
     on a fresh session of ``context`` tokens; the session is closed again. The first verification warms the
     model up and is not counted."""
     sizes = sorted({min(int(n), core.limits.max_tree_nodes) for n in sizes if n >= 0})
@@ -60,7 +60,7 @@ def measure_cost_curve(core, sizes: Sequence[int] = DEFAULT_SIZES, context: int 
                     times[n].append(result.timings.total_ns)
     finally:
         core.close(session_id)
-    curve = CostCurve(tuple(sizes), tuple(int(statistics.median(times[n])) for n in sizes), len(prompt))
+    curve = CostCurve(tuple(sizes), tuple(min(times[n]) for n in sizes), len(prompt))
     log.info("verification cost by tree size: %s", ", ".join(
         f"{n} nodes {ns / 1e6:.1f} ms" for n, ns in zip(curve.nodes, curve.total_ns)))
     return curve

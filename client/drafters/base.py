@@ -54,6 +54,8 @@ class DraftRequest:
     committed: Sequence[int]  # all committed ids; the last is the tree root
     max_nodes: int  # the server's limit on nodes per tree
     max_depth: int  # no point in drafting deeper than the tokens still wanted
+    ahead: bool = False  # drafted ahead from a guessed text: the first level guesses the target's bonus token,
+    # so a drafter that stops on improbable paths judges them from the level below it
 
 
 @dataclass(frozen=True)

@@ -212,7 +212,8 @@ class IndependentDrafter(Drafter):
             return self._draft_logprobs(hidden)
 
         try:
-            tree, cands = build_tree(root_logprobs, expand, self.config.tree, request.max_nodes, request.max_depth)
+            tree, cands = build_tree(root_logprobs, expand, self.config.tree, request.max_nodes, request.max_depth,
+                                     request.ahead)
         except BaseException:
             kv.crop(self._cache, n)
             raise

@@ -130,7 +130,7 @@ class LearnedDrafter(Drafter):
 
         try:
             tree, cands = build_tree(self.rt.root_logprobs(), expand, self.tree, request.max_nodes,
-                                     request.max_depth)
+                                     request.max_depth, request.ahead)
         finally:
             self.rt.clear_draft()
         self._scores = cands.kept_scores()

@@ -101,23 +101,32 @@ Expand = Callable[[list[int], Candidates], torch.Tensor]
 
 
 def build_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape,
-               max_nodes: int | None = None, max_depth: int | None = None) -> tuple[DraftTree, Candidates]:
-    """Grow candidates EAGLE-2 style and keep the best; returns the tree and all candidates."""
+               max_nodes: int | None = None, max_depth: int | None = None,
+               ahead: bool = False) -> tuple[DraftTree, Candidates]:
+    """Grow candidates EAGLE-2 style and keep the best; returns the tree and all candidates.
+
+    ahead: the tree is drafted ahead (``DraftRequest.ahead``) and its first level guesses the bonus token:
+    that level comes on top of the shape (one level more, ``branch`` nodes more) and paths are judged
+    against min_prob from below it, as the tree the loop will send hangs from there."""
     # root_logprobs: [V]
-    depth_limit = shape.depth if max_depth is None else min(shape.depth, max_depth)
-    keep = shape.max_nodes if max_nodes is None else min(shape.max_nodes, max_nodes)
+    extra = 1 if ahead else 0
+    depth_limit = shape.depth + extra if max_depth is None else min(shape.depth + extra, max_depth)
+    keep = (shape.max_nodes if max_nodes is None else min(shape.max_nodes, max_nodes)) + extra * shape.branch
     cands = Candidates()
     if depth_limit < 1 or keep < 1:
         return DraftTree((), ()), cands
     floor = math.log(shape.min_prob) if shape.min_prob > 0 else -math.inf
+
+    def judged(c: int) -> float:  # the path's log-probability below the guessed bonus level, if any
+        return cands.scores[c] - (cands.scores[cands.ancestors(c)[0]] if extra else 0.0)
     top_lp, top_tok = root_logprobs.float().topk(min(shape.branch, root_logprobs.shape[-1]))
     layer = [cands.add(t, ROOT, lp, 1) for lp, t in zip(top_lp.tolist(), top_tok.tolist())]
     for depth in range(2, depth_limit + 1):
         frontier = sorted(layer, key=lambda i: -cands.scores[i])[: shape.branch]
-        if cands.scores[frontier[0]] < floor:
+        if max(judged(c) for c in frontier) < floor:
             break
         if shape.prune_frontier:
-            frontier = [c for c in frontier if cands.scores[c] >= floor]
+            frontier = [c for c in frontier if judged(c) >= floor]
         if len(cands.tokens) + len(frontier) * shape.branch > MAX_NODES:
             break  # candidate 255 would read as ROOT
         logprobs = expand(frontier, cands).float()  # [k, V]
