@@ -63,6 +63,8 @@ class InProcessTransport:
         self._session_id, self._ended = session_id, False
 
     def request(self, message: pb.ClientMessage) -> pb.ServerMessage:
+        if self.round_trip_s:  # on the way: a cut meanwhile loses the request
+            time.sleep(self.round_trip_s)
         if self._session_id is None:
             raise LinkDownError("not connected")
         if self._ended:
@@ -73,8 +75,6 @@ class InProcessTransport:
         if failing and not self._answered:
             self._failing -= 1
             raise LinkDownError("link to the in-process verifier failed before the request arrived")
-        if self.round_trip_s:
-            time.sleep(self.round_trip_s)
         try:
             answer = self.servicer.answer(message, self._session_id)
         except Exception as exc:  # noqa: BLE001 - every server error becomes what the gRPC status would
