@@ -40,6 +40,23 @@ class LoopConfig:
             raise ValueError(f"need max_guesses >= 0, max_depth >= 1 and explore_every >= 1, got {self}")
 
 
+# The loops a benchmark can compare in one run, named after the drafter as "independent@serial" and so on.
+LOOP_MODES = {
+    "serial": LoopConfig(pipeline=False, tree="fixed"),  # the loop before issue 25: draft, send, wait, commit
+    "pipelined": LoopConfig(tree="fixed"),  # drafting ahead, the drafter's own shape every step
+    "auto-serial": LoopConfig(pipeline=False),  # trees sized each step, no drafting ahead
+    "auto": LoopConfig(),  # the default: both
+}
+
+
+def loop_mode(system: str) -> tuple[str, LoopConfig]:
+    """"independent@serial" -> ("independent", the serial loop); a name without "@" gets the default loop."""
+    drafter, _, mode = system.partition("@")
+    if mode and mode not in LOOP_MODES:
+        raise ValueError(f"unknown loop {mode!r} in {system!r}; choose one of {', '.join(LOOP_MODES)}")
+    return drafter, LOOP_MODES[mode or "auto"]
+
+
 def _ema(old: float | None, new: float, weight: float) -> float:
     return new if old is None else old + weight * (new - old)
 

@@ -74,7 +74,9 @@ def _add_experiment(benchmarks: argparse._SubParsersAction, name: str, help_text
     p.add_argument("out", nargs="?", default="runs/bench", help="output folder (default runs/bench)")
     p.add_argument("--model", default=None, help="target (default qwen2.5-coder-1.5b-instruct)")
     p.add_argument("--drafter-model", default=None, help="small model (default qwen2.5-coder-0.5b-instruct)")
-    p.add_argument("--drafters", type=_csv, default=("ngram", "independent"), help="comma-separated")
+    p.add_argument("--drafters", type=_csv, default=("ngram", "independent"),
+                   help="comma-separated; NAME@serial, @pipelined, @auto-serial or @auto (the default) picks the "
+                        "client's loop, so loops compare in one run")
     p.add_argument("--profiles", type=_csv, default=("5g", "4g"), help="comma-separated network profiles")
     p.add_argument("--sets", type=_csv, default=("humaneval", "mtbench"), help="prompt sets, comma-separated")
     p.add_argument("--limit", type=_limits, default=(20, {}),
