@@ -68,7 +68,9 @@ class ClientConfig:
     drafter: DrafterOptions = field(default_factory=DrafterOptions)  # which drafter to run
     tokenizer: str | None = None  # the target's tokenizer (name or dir); None: the drafter's model, whose
     # tokenizer is the target's for the default pair (the fingerprint check catches a wrong one)
-    loop: LoopConfig = field(default_factory=LoopConfig)  # pipelining and tree sizing (auto or fixed)
+    loop: LoopConfig = field(default_factory=lambda: LoopConfig(tree="fixed"))  # drafting ahead and tree
+    # sizing: a library user's drafter shape is kept every step unless asked otherwise; `edgespec client`,
+    # `client serve` and edgespec.Client default to tree="auto"
 
 
 class EdgespecClient:

@@ -215,7 +215,7 @@ class Generation:
     """One generation session; iterate it for events, then read ``result``."""
 
     def __init__(self, verifier: Verifier, drafter: Drafter, prompt_ids: Sequence[int], config: GenerationConfig,
-                 tokenizer: TokenizerInfo, max_tree_nodes: int = MAX_NODES, loop: LoopConfig = LoopConfig(),
+                 tokenizer: TokenizerInfo, max_tree_nodes: int = MAX_NODES, loop: LoopConfig = LoopConfig(tree="fixed"),
                  estimates: LoopEstimates | None = None):
         if not prompt_ids:
             raise ValueError("the prompt is empty: give at least one token")
