@@ -30,3 +30,18 @@ def test_tree_after_the_bonus_token():
     assert tree_after_bonus(tree, scores, 7, 8)[0] == DraftTree((9,), (ROOT,))
     assert tree_after_bonus(tree, scores, 5, 1)[0] == DraftTree((6,), (ROOT,))  # capped, still connected
     assert tree_after_bonus(tree, scores, 6, 8) is None  # 6 is not a depth-1 node: the guess missed
+
+
+def test_ngram_scores_are_its_match_shares():
+    from edgespec.client.drafters.base import DraftRequest
+    from edgespec.client.drafters.ngram import NgramConfig, NgramDrafter
+
+    drafter = NgramDrafter(NgramConfig(max_ngram=2, min_ngram=2, max_continuation=3))
+    # "1 2" was followed by "3 4 5" twice and by "3 9 9" once
+    context = [1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 9, 9, 0, 1, 2]
+    tree = drafter.propose(DraftRequest(context, 24, 8))
+    p = {tuple(tree.tokens[i] for i in tree.ancestors(n)): math.exp(s)
+         for n, s in enumerate(drafter.tree_scores())}
+    assert p[(3,)] == pytest.approx(1.0) and p[(3, 4, 5)] == pytest.approx(2 / 3) and p[(3, 9)] == pytest.approx(1 / 3)
+    best = likely_outcomes(tree, drafter.tree_scores(), 1)[0]
+    assert [tree.tokens[i] for i in best.path] == [3, 4, 5]  # the path most matches follow, to its end

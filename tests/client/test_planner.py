@@ -84,3 +84,20 @@ def test_fixed_keeps_the_drafters_shape_and_auto_explores_after_plain_steps():
 def test_loop_config_says_what_is_wrong():
     with pytest.raises(ValueError, match="auto"):
         LoopConfig(tree="big")
+
+
+def test_loops_by_name_and_by_flag():
+    import argparse
+
+    from edgespec.client.cli import add_loop_arguments, loop_config
+    from edgespec.client.step_plan import LOOP_MODES, loop_mode
+
+    assert loop_mode("independent") == ("independent", LoopConfig())
+    assert loop_mode("ngram@serial") == ("ngram", LoopConfig(pipeline=False, tree="fixed"))
+    assert set(LOOP_MODES) == {"serial", "pipelined", "auto-serial", "auto"}
+    with pytest.raises(ValueError, match="unknown loop 'fast'"):
+        loop_mode("ngram@fast")
+    p = argparse.ArgumentParser()
+    add_loop_arguments(p)
+    assert loop_config(p.parse_args([])) == LoopConfig()  # the CLI's default: auto, pipelined
+    assert loop_config(p.parse_args(["--no-pipeline", "--tree", "fixed"])) == LoopConfig(pipeline=False, tree="fixed")
