@@ -184,3 +184,35 @@ def test_over_grpc_pipelined_and_auto_write_the_serial_output(tiny_server, make_
             outputs[name], metrics[name] = r.token_ids, r.metrics
         assert outputs["serial"] == outputs["pipelined"] == outputs["auto"] == greedy(tiny_target_f32, ids, 40, set())
         assert metrics["pipelined"].guesses > 0 and metrics["serial"].guesses == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cut", ["blackhole", "reset"])
+def test_relay_outage_while_a_tree_drafted_ahead_is_out(tiny_server, make_client, tiny_model_dir, tiny_target_f32,
+                                                        greedy, cut):
+    """netem's relay drops the link while the tree sent at once for a right guess is on its way: offline,
+    reconnect, Resume, and the output is the target's greedy text (rollback)."""
+    import dataclasses
+
+    from support.relays import relay_to
+
+    with relay_to(tiny_server, "5g") as relay:
+        client = make_client(relay.target, "independent", drafter_dir=tiny_model_dir)
+        client.config = dataclasses.replace(client.config, loop=PIPELINED)
+        client.estimates = slow_server()
+        ids = client.encode(PROMPT)
+        gen = client.generation(ids, GenerationConfig(max_new_tokens=40, ignore_eos=True))
+        cut_with_flight, offline = False, 0
+        for e in gen:
+            if isinstance(e, TokenEvent) and e.origin is not TokenOrigin.OFFLINE and not cut_with_flight \
+                    and e.index >= 4 and gen._flight is not None:
+                relay.cut(cut)
+                cut_with_flight = True
+            if isinstance(e, TokenEvent) and e.origin is TokenOrigin.OFFLINE:
+                offline += 1
+                if offline >= 3 and relay.state != "up":
+                    relay.restore()
+        r = gen.result
+    assert cut_with_flight and r.metrics.disconnects >= 1 and r.metrics.resumes >= 1
+    assert r.token_ids == greedy(tiny_target_f32, ids, 40, set()) and r.provisional == 0
+    assert r.metrics.guess_hits > 0
