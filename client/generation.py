@@ -24,7 +24,7 @@ One online step:
   5. a tree drafted ahead for this verdict goes out at once
   6. hand the verification (and its features) to the drafter
   7. emit the new tokens; stop at EOS, max tokens or a stop string
-Steps 3 and 5 are the pipeline (DESIGN section 1, ``guess.py``): the Draft waits
+Steps 3 and 5 are the pipeline (``pipeline.py``, DESIGN section 1): the Draft waits
 for its answer on a worker thread (the gRPC stream reads on its own thread, and
 torch releases the GIL), so the client drafts while the server verifies. A
 verdict no guess matched drops the trees drafted ahead, and the drafter rewinds
@@ -49,7 +49,6 @@ import enum
 import logging
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
@@ -63,9 +62,8 @@ from edgespec.shared.wire import MAX_TOP_LOGPROBS, FeatureKind, ResumePolicy
 from .commit import (Finish, ProtocolError, StopStrings, accepted_path, check_committed_len, finish_point,
                      resume_commit)
 from .drafters.base import Drafter, DraftRequest, OfflineUnsupportedError, Verification
-from .guess import Outcome, likely_outcomes, tree_after_bonus
-from .planner import TreeSize
-from .step_plan import LoopConfig, LoopEstimates, TreePlanner
+from .pipeline import DraftPipeline, Flight
+from .step_plan import LoopConfig, LoopEstimates
 from .verifier import LinkDownError, ServerRefusedError, SessionSpec, Verdict, Verifier
 
 log = logging.getLogger(__name__)
@@ -187,30 +185,6 @@ class _State:
         return self.committed[self.prompt_len:]
 
 
-@dataclass
-class _Flight:
-    """A Draft out for verification."""
-
-    step: int
-    committed: tuple[int, ...]  # the committed ids the tree hangs from
-    tree: DraftTree
-    scores: Sequence[float] | None  # the drafter's log-probability per node (None: it cannot guess)
-    sent: float  # perf_counter when it was sent
-    future: Future  # -> (Verdict, perf_counter when it came)
-    waited_s: float = 0.0  # a serial Draft: the client's wait for its answer
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    """A tree drafted ahead, while a Draft was out, for a guessed verdict."""
-
-    outcome: Outcome  # the accepted path guessed
-    tree: DraftTree  # hangs from the flight's text plus that path: its depth-1 nodes are the bonus tokens covered
-    scores: Sequence[float]
-    size: TreeSize  # what the tree after the bonus token may hold
-    draft_s: float  # drafting it took
-
-
 class Generation:
     """One generation session; iterate it for events, then read ``result``."""
 
@@ -221,17 +195,13 @@ class Generation:
             raise ValueError("the prompt is empty: give at least one token")
         self.verifier, self.drafter, self.config, self.tok = verifier, drafter, config, tokenizer
         self.max_tree_nodes = max_tree_nodes
-        self.loop = loop
         # the client's running figures (kept across its generations); a Generation alone measures its own
         self.estimates = estimates if estimates is not None else LoopEstimates()
-        can_guess = type(drafter).tree_scores is not Drafter.tree_scores
-        self.planner = TreePlanner(loop, self.estimates, max_tree_nodes, can_guess)
-        self._pipelined = self.planner.pipelined
-        self._pool: ThreadPoolExecutor | None = None  # the worker a Draft waits for its answer on (pipelined)
-        self._flight: _Flight | None = None  # a Draft sent at the end of the last step (a guess hit)
+        self.metrics = GenerationMetrics(drafter=drafter.name, prompt_tokens=len(prompt_ids))
+        self.pipe = DraftPipeline(verifier, drafter, loop, self.estimates, max_tree_nodes, self.metrics)
+        self._flight: Flight | None = None  # a Draft sent at the end of the last step (a guess hit)
         self.session_id = str(uuid.uuid4())
         self.state = _State(list(prompt_ids), len(prompt_ids), confirmed=len(prompt_ids))
-        self.metrics = GenerationMetrics(drafter=drafter.name, prompt_tokens=len(prompt_ids))
         self.result: GenerationResult | None = None
         self._online = False  # the verifier answered on the current stream: draft; else offline
         self._verified_at = time.perf_counter()  # when the server last answered a request (or the start)
@@ -318,15 +288,15 @@ class Generation:
         return tokens
 
     def _online_step(self) -> Iterator[Event]:
-        s, m = self.state, self.metrics
+        s, m, pipe = self.state, self.metrics, self.pipe
         # 1. the tree: sent already (drafted ahead for the last verdict), or drafted now
         flight, self._flight = self._flight, None
         if flight is None:
-            flight = self._send(*self._draft_now())
+            flight = self._send(*pipe.draft_now(s.committed, self.config.max_new_tokens - len(s.generated)))
         # 2-3. while the target verifies it, draft ahead from the likeliest verdicts
-        prepared = self._draft_ahead(flight)
+        prepared = pipe.draft_ahead(flight, self.config.max_new_tokens - len(s.generated))
         try:
-            verdict, round_trip = self._land(flight)
+            verdict, _ = pipe.land(flight)
         except LinkDownError as err:
             if prepared:
                 self.drafter.rewind(flight.committed)
@@ -335,11 +305,10 @@ class Generation:
         self._verified()
         # 4. commit accepted + bonus
         m.verify_s += verdict.timings.total_ns / 1e9
-        accepted = self._take_verdict(flight.tree, verdict, "Verified")
-        self.estimates.observe_verdict(flight.tree, len(accepted), round_trip, verdict.timings.total_ns / 1e9)
+        self._take_verdict(flight.tree, verdict, "Verified")
         after = tuple(s.committed)
         # 5. a tree drafted ahead for this verdict goes out at once, unless the output just ended
-        ready = self._match(prepared, verdict)
+        ready = pipe.match(prepared, verdict)
         self._settle()
         if ready is not None and s.finish.reason is None:
             self._flight = self._send(*ready)
@@ -351,99 +320,9 @@ class Generation:
         # 7. emit
         yield from self._events()
 
-    def _draft_now(self) -> tuple[DraftTree, Sequence[float] | None]:
-        """A tree from the committed text, of the size the planner picks (none: an empty tree)."""
-        s, m = self.state, self.metrics
-        size = self.planner.size(self.config.max_new_tokens - len(s.generated))
-        if size.plain:
-            return DraftTree((), ()), None
-        t0 = time.perf_counter()
-        tree = self.drafter.propose(DraftRequest(tuple(s.committed), size.nodes, size.depth))
-        took = time.perf_counter() - t0
-        m.draft_s += took
-        self.estimates.observe_draft(tree, took)
-        return tree, self.drafter.tree_scores()
-
-    def _send(self, tree: DraftTree, scores: Sequence[float] | None) -> _Flight:
-        """Send a Draft: on the worker when there will be drafting ahead to do meanwhile, else here."""
+    def _send(self, tree: DraftTree, scores: Sequence[float] | None) -> Flight:
         self._step += 1
-        committed = tuple(self.state.committed)
-        if not len(tree):
-            self.metrics.plain_steps += 1
-        flight = _Flight(self._step, committed, tree, scores, time.perf_counter(), Future())
-        if self._pipelined and scores is not None and len(tree):
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="edgespec-verify")
-            flight.future = self._pool.submit(self._verify, flight)
-        else:
-            try:
-                flight.future.set_result(self._verify(flight))
-            except Exception as err:  # noqa: BLE001 - raised where the answer is taken, as on the worker
-                flight.future.set_exception(err)
-            flight.waited_s = time.perf_counter() - flight.sent
-        return flight
-
-    def _verify(self, flight: _Flight) -> tuple[Verdict, float]:
-        verdict = self.verifier.verify(flight.step, len(flight.committed), flight.tree)
-        return verdict, time.perf_counter()
-
-    def _land(self, flight: _Flight) -> tuple[Verdict, float]:
-        """Wait for the flight's answer (the client's idle time); returns it and its round trip."""
-        t0 = time.perf_counter()
-        try:
-            verdict, arrived = flight.future.result()
-        finally:
-            self.metrics.idle_s += flight.waited_s + (time.perf_counter() - t0)
-        return verdict, arrived - flight.sent
-
-    def _draft_ahead(self, flight: _Flight) -> list[_Prepared]:
-        """Trees for the likeliest verdicts on the flight's tree, drafted while it is out, most likely first,
-        as long as the verdict has not come and drafting another is likely to pay."""
-        if not (self._pipelined and flight.scores is not None and len(flight.tree)):
-            return []
-        s, m, cfg = self.state, self.metrics, self.loop
-        prepared: list[_Prepared] = []
-        for outcome in likely_outcomes(flight.tree, flight.scores, cfg.max_guesses, cfg.min_guess_probability):
-            if flight.future.done():
-                break
-            left = self.config.max_new_tokens - (len(s.generated) + len(outcome.path) + 1)  # after the bonus
-            size = self.planner.size(left, explore=False)
-            if size.plain:
-                continue
-            if not self.planner.worth_drafting_ahead(len(flight.tree), size.depth,
-                                                     time.perf_counter() - flight.sent, first=not prepared):
-                break
-            context = flight.committed + tuple(flight.tree.tokens[i] for i in outcome.path)
-            # one level more (the bonus token's) and room for the other bonus tokens beside the likeliest
-            request = DraftRequest(context, min(self.max_tree_nodes, size.nodes + max(2, size.nodes // 2)),
-                                   min(size.depth + 1, left), ahead=True)
-            t0 = time.perf_counter()
-            tree = self.drafter.propose(request)
-            took = time.perf_counter() - t0
-            m.draft_s += took
-            m.draft_ahead_s += took
-            scores = self.drafter.tree_scores()
-            if scores is not None and len(tree):
-                prepared.append(_Prepared(outcome, tree, scores, size, took))
-        return prepared
-
-    def _match(self, prepared: list[_Prepared], verdict: Verdict) -> tuple[DraftTree, Sequence[float]] | None:
-        """The tree (and its scores) drafted ahead for this verdict, if a guess matched it."""
-        if not prepared:
-            return None
-        m = self.metrics
-        m.guesses += 1
-        for p in prepared:
-            if tuple(verdict.accepted) != p.outcome.path:
-                continue
-            after = tree_after_bonus(p.tree, p.scores, verdict.bonus_token, p.size.nodes)
-            if after is not None and len(after[0]):
-                m.guess_hits += 1
-                m.saved_s += p.draft_s
-                self.estimates.observe_guess(True)
-                return after
-        self.estimates.observe_guess(False)
-        return None
+        return self.pipe.send(self._step, self.state.committed, tree, scores)
 
     def _offline_step(self) -> Iterator[Event]:
         failures = self.verifier.reconnected(0.0)
@@ -577,15 +456,8 @@ class Generation:
         s.emitted = s.finish.keep
 
     def _close(self) -> None:
-        if self._flight is not None:  # a Draft still out (the caller stopped early): its answer first
-            try:
-                self._flight.future.result()
-            except Exception:  # noqa: BLE001 - the output is complete whatever happened to it
-                pass
-            self._flight = None
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        self.pipe.close(self._flight)
+        self._flight = None
         self.verifier.close()
         self._online = False
 
