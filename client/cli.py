@@ -45,6 +45,7 @@ def add_client_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", default=None, help="the target's tokenizer (model name or directory); "
                                                       "default: the drafter's model or the server's model name")
     add_tree_arguments(p)
+    add_loop_arguments(p)
     p.add_argument("--ngram-nodes", type=int, default=None, help="nodes in an ngram tree")
     p.add_argument("--policy", choices=["rollback", "keep"], default="rollback",
                    help="offline tokens on reconnect: rollback (exactly the target's text) or keep")
@@ -57,6 +58,23 @@ def add_client_options(p: argparse.ArgumentParser) -> None:
                         "list)")
     p.add_argument("--min-deadline", type=float, default=1.0,
                    help="floor of a Draft's deadline in seconds")
+
+
+def add_loop_arguments(p: argparse.ArgumentParser) -> None:
+    """How the loop sizes its trees and whether it drafts while a verification is out (client, serve, demo)."""
+    p.add_argument("--tree", choices=["auto", "fixed"], default="auto",
+                   help="auto: size each step's tree (or none) for the most tokens per second from the measured "
+                        "round trip, the server's cost curve and the drafter's acceptance, within the shape the "
+                        "--tree-* flags give; fixed: that shape every step")
+    p.add_argument("--no-pipeline", action="store_true",
+                   help="the serial loop: draft only after each verdict (default: draft the next tree while the "
+                        "server verifies, from the likeliest verdict)")
+
+
+def loop_config(args: argparse.Namespace):
+    from .step_plan import LoopConfig
+
+    return LoopConfig(pipeline=not getattr(args, "no_pipeline", False), tree=getattr(args, "tree", "auto"))
 
 
 def add_tree_arguments(p: argparse.ArgumentParser) -> None:
@@ -97,7 +115,7 @@ def client_from_args(args, address: str):
                              router=not getattr(args, "no_router", False))
     link = LinkConfig(address, tls=args.tls, root_certificates=args.ca, api_key=args.server_api_key,
                       min_deadline_s=args.min_deadline, max_deadline_s=max(30.0, args.min_deadline))
-    return EdgespecClient(ClientConfig(link, options, tokenizer=args.tokenizer))
+    return EdgespecClient(ClientConfig(link, options, tokenizer=args.tokenizer, loop=loop_config(args)))
 
 
 def generation_config_from_args(args):

@@ -20,6 +20,7 @@ from .drafters.factory import DrafterOptions, make_drafter
 from .generation import Event, Generation, GenerationConfig, GenerationResult, TokenizerInfo
 from .link import GrpcTransport, Link, LinkConfig
 from .metrics import NO_WATCH, ClientMetrics
+from .step_plan import LoopConfig, LoopEstimates
 from .verifier import FeatureWidths, Verifier
 
 # Token strings that end a Qwen-style chat turn or text, besides tokenizer.eos_token
@@ -68,6 +69,9 @@ class ClientConfig:
     drafter: DrafterOptions = field(default_factory=DrafterOptions)  # which drafter to run
     tokenizer: str | None = None  # the target's tokenizer (name or dir); None: the drafter's model, whose
     # tokenizer is the target's for the default pair (the fingerprint check catches a wrong one)
+    loop: LoopConfig = field(default_factory=lambda: LoopConfig(tree="fixed"))  # drafting ahead and tree
+    # sizing: a library user's drafter shape is kept every step unless asked otherwise; `edgespec client`,
+    # `client serve` and edgespec.Client default to tree="auto"
 
 
 class EdgespecClient:
@@ -87,6 +91,8 @@ class EdgespecClient:
                                     lambda ids: self.tokenizer.decode(list(ids), skip_special_tokens=True),
                                     lambda: grammar_tokenizer(self.tokenizer, self.info.vocab_size, eos))
         self._lock = threading.Lock()
+        # what the loop measures to size trees, kept across generations; it starts from the server's cost curve
+        self.estimates = LoopEstimates(self.info.verify_cost_nodes, [ns / 1e9 for ns in self.info.verify_cost_ns])
         self.metrics: ClientMetrics | None = None  # told about every generation (client serve's /metrics)
 
     def _tokenizer_source(self) -> str:
@@ -117,7 +123,8 @@ class EdgespecClient:
         limits = self.info.limits
         widths = FeatureWidths(self.info.hidden_size, self.info.kv_size)  # bounds the feature frames it decodes
         return Generation(Verifier(GrpcTransport(self.link), widths), self.drafter, prompt_ids, config, self.tokens,
-                          max_tree_nodes=limits.max_tree_nodes or 255)
+                          max_tree_nodes=limits.max_tree_nodes or 255, loop=self.config.loop,
+                          estimates=self.estimates)
 
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig()
                ) -> Iterator[Event | GenerationResult]:

@@ -16,11 +16,22 @@ it with. A token made offline has none until a Resume verifies it; one the
 target never saw (the link did not come back) keeps None.
 
 One online step:
-  1. fetch a tree from the drafter (hanging from the last committed token)
+  1. fetch a tree: the one drafted ahead for this very verdict, or a new one from
+     the drafter (hanging from the last committed token), sized by the planner
   2. send it as a Draft, with a deadline from recent round trips
-  3. commit the accepted tokens and the bonus token
-  4. hand the verification (and its features) to the drafter
-  5. emit the new tokens; stop at EOS, max tokens or a stop string
+  3. while it is out, draft ahead: the next tree from the likeliest verdicts
+  4. commit the accepted tokens and the bonus token
+  5. a tree drafted ahead for this verdict goes out at once
+  6. hand the verification (and its features) to the drafter
+  7. emit the new tokens; stop at EOS, max tokens or a stop string
+Steps 3 and 5 are the pipeline (``pipeline.py``, DESIGN section 1): the Draft waits
+for its answer on a worker thread (the gRPC stream reads on its own thread, and
+torch releases the GIL), so the client drafts while the server verifies. A
+verdict no guess matched drops the trees drafted ahead, and the drafter rewinds
+what they left (``Drafter.rewind``). Trees drafted ahead only change which trees
+are sent, never what the target accepts: the output is the serial loop's.
+``LoopConfig`` (``step_plan.py``) turns the pipeline off and picks ``auto`` or
+``fixed`` tree sizes (``planner.py``).
 When the link dies (deadline passed, stream broken, UNAVAILABLE) the loop goes
 offline (DESIGN section 6): a drafter that can generate alone continues and its
 tokens are provisional; a background reconnector retries with backoff; once a
@@ -51,6 +62,8 @@ from edgespec.shared.wire import MAX_TOP_LOGPROBS, FeatureKind, ResumePolicy
 from .commit import (Finish, ProtocolError, StopStrings, accepted_path, check_committed_len, finish_point,
                      resume_commit)
 from .drafters.base import Drafter, DraftRequest, OfflineUnsupportedError, Verification
+from .pipeline import DraftPipeline, Flight
+from .step_plan import LoopConfig, LoopEstimates
 from .verifier import LinkDownError, ServerRefusedError, SessionSpec, Verdict, Verifier
 
 log = logging.getLogger(__name__)
@@ -184,14 +197,19 @@ class Generation:
     """One generation session; iterate it for events, then read ``result``."""
 
     def __init__(self, verifier: Verifier, drafter: Drafter, prompt_ids: Sequence[int], config: GenerationConfig,
-                 tokenizer: TokenizerInfo, max_tree_nodes: int = MAX_NODES):
+                 tokenizer: TokenizerInfo, max_tree_nodes: int = MAX_NODES, loop: LoopConfig = LoopConfig(tree="fixed"),
+                 estimates: LoopEstimates | None = None):
         if not prompt_ids:
             raise ValueError("the prompt is empty: give at least one token")
         self.verifier, self.drafter, self.config, self.tok = verifier, drafter, config, tokenizer
         self.max_tree_nodes = max_tree_nodes
+        # the client's running figures (kept across its generations); a Generation alone measures its own
+        self.estimates = estimates if estimates is not None else LoopEstimates()
+        self.metrics = GenerationMetrics(drafter=drafter.name, prompt_tokens=len(prompt_ids))
+        self.pipe = DraftPipeline(verifier, drafter, loop, self.estimates, max_tree_nodes, self.metrics)
+        self._flight: Flight | None = None  # a Draft sent at the end of the last step (a guess hit)
         self.session_id = str(uuid.uuid4())
         self.state = _State(list(prompt_ids), len(prompt_ids), confirmed=len(prompt_ids))
-        self.metrics = GenerationMetrics(drafter=drafter.name, prompt_tokens=len(prompt_ids))
         self.result: GenerationResult | None = None
         self._online = False  # the verifier answered on the current stream: draft; else offline
         self._verified_at = time.perf_counter()  # when the server last answered a request (or the start)
@@ -206,6 +224,7 @@ class Generation:
             from edgespec.shared.grammar import GrammarConstraint
 
             self._grammar = GrammarConstraint(tokenizer.grammar_tokenizer(), config.grammar)
+            self.pipe.grammar, self.pipe.prompt_len = self._grammar, len(prompt_ids)
 
     def __iter__(self) -> Iterator[Event]:
         return self._run()
@@ -290,28 +309,41 @@ class Generation:
         return tokens
 
     def _online_step(self) -> Iterator[Event]:
-        s, m = self.state, self.metrics
-        remaining = self.config.max_new_tokens - len(s.generated)
-        # 1. fetch a tree from the drafter
-        t0 = time.perf_counter()
-        tree = self._propose(max(0, remaining - 1))
-        m.draft_s += time.perf_counter() - t0
-        # 2. the target verifies it (within a deadline from recent round trips)
-        self._step += 1
+        s, m, pipe = self.state, self.metrics, self.pipe
+        # 1. the tree: sent already (drafted ahead for the last verdict), or drafted now
+        flight, self._flight = self._flight, None
+        if flight is None:
+            flight = self._send(*pipe.draft_now(s.committed, self.config.max_new_tokens - len(s.generated)))
+        # 2-3. while the target verifies it, draft ahead from the likeliest verdicts
+        prepared = pipe.draft_ahead(flight, self.config.max_new_tokens - len(s.generated))
         try:
-            verdict = self.verifier.verify(self._step, len(s.committed), tree)
+            verdict, _ = pipe.land(flight)
         except LinkDownError as err:
+            if prepared:
+                self.drafter.rewind(flight.committed)
             yield from self._go_offline(err)
             return
         self._verified()
-        # 3. commit accepted + bonus
+        # 4. commit accepted + bonus
         m.verify_s += verdict.timings.total_ns / 1e9
-        self._take_verdict(tree, verdict, "Verified")
-        # 4. the drafter observes the result
-        self.drafter.observe(Verification(tree, verdict.accepted, verdict.bonus_token, tuple(s.committed),
+        self._take_verdict(flight.tree, verdict, "Verified")
+        after = tuple(s.committed)
+        # 5. a tree drafted ahead for this verdict goes out at once, unless the output just ended
+        ready = pipe.match(prepared, verdict)
+        self._settle()
+        if ready is not None and s.finish.reason is None:
+            self._flight = self._send(*ready)
+        # 6. the drafter observes the result (after dropping what drafting ahead left)
+        if prepared:
+            self.drafter.rewind(flight.committed)
+        self.drafter.observe(Verification(flight.tree, verdict.accepted, verdict.bonus_token, after,
                                           verdict.features))
-        # 5. emit
-        yield from self._emit()
+        # 7. emit
+        yield from self._events()
+
+    def _send(self, tree: DraftTree, scores: Sequence[float] | None) -> Flight:
+        self._step += 1
+        return self.pipe.send(self._step, self.state.committed, tree, scores)
 
     def _offline_step(self) -> Iterator[Event]:
         failures = self.verifier.reconnected(0.0)
@@ -421,6 +453,11 @@ class Generation:
         s.confirmed = len(s.committed)
 
     def _emit(self) -> Iterator[Event]:
+        self._settle()
+        yield from self._events()
+
+    def _settle(self) -> None:
+        """Find where the output ends (EOS, a stop string, max tokens) and cut what lies past it."""
         s, c = self.state, self.config
         fin = finish_point(s.generated, s.checked, self.tok.eos_ids, c.max_new_tokens, self._stops, c.ignore_eos)
         s.checked = fin.keep
@@ -430,12 +467,18 @@ class Generation:
             del s.logprobs[fin.keep:]
             s.confirmed = min(s.confirmed, len(s.committed))
         s.finish = fin
+
+    def _events(self) -> Iterator[Event]:
+        """The tokens settled since the last call, as events."""
+        s = self.state
         gen = s.generated
-        for i in range(s.emitted, fin.keep):
+        for i in range(s.emitted, s.finish.keep):
             yield TokenEvent(gen[i], s.origins[i], i, s.logprobs[i])
-        s.emitted = fin.keep
+        s.emitted = s.finish.keep
 
     def _close(self) -> None:
+        self.pipe.close(self._flight)
+        self._flight = None
         self.verifier.close()
         self._online = False
 

@@ -13,10 +13,13 @@ dead link would (LinkDownError; the reconnect then succeeds at once), ``cut``
 keeps the link down until ``restore`` (requests fail and reconnecting waits).
 A failed request either never reached the server or, with
 ``answered=True``, was handled there and only its answer was lost.
+``round_trip_s`` delays every answer as a link of that round trip would, so
+the pipelined loop has a verification in flight to draft behind.
 """
 from __future__ import annotations
 
 import threading
+import time
 
 from edgespec.proto.edgespec.v1 import pb
 
@@ -27,10 +30,11 @@ from .verifier import LinkDownError
 class InProcessTransport:
     """The verifier's ``Transport`` to a ``VerifierCore`` in this process."""
 
-    def __init__(self, servicer):
+    def __init__(self, servicer, round_trip_s: float = 0.0):
         # The server's VerifierServicer over that core, built by the caller: the client package never imports
         # the server's (tests/shared/test_layering.py).
         self.servicer = servicer
+        self.round_trip_s = round_trip_s  # every answer comes this much later (a link's round trip)
         self._session_id: str | None = None  # the session of the stream started last (None: no stream)
         self._ended = False  # the server ended that stream with an error: like gRPC, it answers no more
         self._up = threading.Event()  # the link works (reconnecting waits on it)
@@ -59,6 +63,8 @@ class InProcessTransport:
         self._session_id, self._ended = session_id, False
 
     def request(self, message: pb.ClientMessage) -> pb.ServerMessage:
+        if self.round_trip_s:  # on the way: a cut meanwhile loses the request
+            time.sleep(self.round_trip_s)
         if self._session_id is None:
             raise LinkDownError("not connected")
         if self._ended:

@@ -14,7 +14,12 @@ use vLLM's names (``edgespec.shared.prom``) and meanings, from the client's side
 - ``edgespec_client:prompt_tokens_total``, ``edgespec_client:generation_tokens_total`` (as vLLM's);
 - ``edgespec_client:round_trip_time_seconds``: every message the server answered (Open, Draft, Resume,
   Close) as the client sees it, link included; ``edgespec_client:request_verify_time_seconds``: the server's own
-  verification time over one generation (the server's ``verify_time_seconds`` has it per tree).
+  verification time over one generation (the server's ``verify_time_seconds`` has it per tree);
+- the pipelined loop's (drafting while a verification is out): ``edgespec_client:draft_ahead_guesses_total``
+  and ``edgespec_client:draft_ahead_hits_total`` (their ratio is the guess hit rate),
+  ``edgespec_client:draft_ahead_saved_seconds_total`` (drafting the hits did ahead),
+  ``edgespec_client:client_idle_seconds_total`` (waiting for a verdict with nothing to draft) and
+  ``edgespec_client:plain_steps_total`` (Drafts without a tree: the planner found trees lose).
 
 No ``kv_cache_usage_perc``: the drafter's cache has no capacity to be a share of.
 """
@@ -43,6 +48,16 @@ class ClientMetrics(VllmMetrics):
         self.request_verify_time = Histogram(
             CLIENT_PREFIX + "request_verify_time_seconds",
             "The server's verification time over one request, in seconds.", buckets=REQUEST_BUCKETS, registry=r)
+        # the pipelined loop and the tree planner
+        self.guesses = Counter(CLIENT_PREFIX + "draft_ahead_guesses", "Verdicts a tree was drafted ahead for.", registry=r)
+        self.guess_hits = Counter(CLIENT_PREFIX + "draft_ahead_hits",
+                                  "Verdicts a tree drafted ahead matched (it was sent at once).", registry=r)
+        self.saved = Counter(CLIENT_PREFIX + "draft_ahead_saved_seconds",
+                             "Drafting done ahead for guesses that hit, in seconds.", registry=r)
+        self.idle = Counter(CLIENT_PREFIX + "client_idle_seconds",
+                            "Time the client waited for a verdict with nothing to draft, in seconds.", registry=r)
+        self.plain_steps = Counter(CLIENT_PREFIX + "plain_steps", "Drafts sent without a tree (plain decode steps).",
+                                   registry=r)
 
     def watch(self) -> "RequestWatch":
         """A request has arrived; the watch follows it to its end."""
@@ -58,6 +73,11 @@ class ClientMetrics(VllmMetrics):
             self.round_trip.observe(seconds)
         if m.num_drafts:
             self.request_verify_time.observe(m.verify_s)
+        self.guesses.inc(m.guesses)
+        self.guess_hits.inc(m.guess_hits)
+        self.saved.inc(m.saved_s)
+        self.idle.inc(m.idle_s)
+        self.plain_steps.inc(m.plain_steps)
 
 
 class RequestWatch:

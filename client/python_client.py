@@ -33,6 +33,7 @@ from .drafters.factory import DrafterOptions
 from .edge_client import ClientConfig, EdgespecClient
 from .generation import GenerationConfig, GenerationResult
 from .link import LinkConfig
+from .step_plan import LoopConfig
 from .text import TextStreamer
 
 Messages = Sequence[dict]
@@ -40,15 +41,19 @@ Messages = Sequence[dict]
 
 class Client:
     """A text-level client. ``server`` is the gRPC HOST:PORT; ``drafter`` a name (ngram, independent,
-    eagle, moa-tli0, ...) or DrafterOptions; other keywords go to LinkConfig (api_key, tls,
-    root_certificates, min_deadline_s, ...). Calls run one at a time (one drafter, one cache)."""
+    eagle, moa-tli0, ...) or DrafterOptions; ``tree`` "auto" (each step's tree sized from measured costs) or
+    "fixed" (the drafter's shape every step); ``pipeline`` False for the serial loop; other keywords go to
+    LinkConfig (api_key, tls, root_certificates, min_deadline_s, ...). Calls run one at a time (one drafter,
+    one cache)."""
 
     def __init__(self, server: str = "127.0.0.1:50051", drafter: str | DrafterOptions = "ngram", *,
                  drafter_model: str | None = None, tokenizer: str | None = None, max_tokens: int = 256,
-                 policy: ResumePolicy | str = ResumePolicy.ROLLBACK, **link):
+                 policy: ResumePolicy | str = ResumePolicy.ROLLBACK, tree: str = "auto", pipeline: bool = True,
+                 **link):
         options = drafter if isinstance(drafter, DrafterOptions) else DrafterOptions(
             name=drafter, **({"model": drafter_model} if drafter_model else {}))
-        self._setup(EdgespecClient(ClientConfig(LinkConfig(server, **link), options, tokenizer=tokenizer)),
+        loop = LoopConfig(pipeline=pipeline, tree=tree)
+        self._setup(EdgespecClient(ClientConfig(LinkConfig(server, **link), options, tokenizer=tokenizer, loop=loop)),
                     max_tokens, policy)
 
     @classmethod

@@ -119,6 +119,7 @@ def start_server(config: ServerConfig) -> ServerHandle:
     from edgespec.shared.models.loading import load_model
 
     from .architectures import adapt_for_tree_verification
+    from .cost_curve import measure_cost_curve
     from .http_api import HttpState, build_http_app
     from .target import TargetModel
 
@@ -141,6 +142,7 @@ def start_server(config: ServerConfig) -> ServerHandle:
         engine = _engine(config, target, support.max_context_tokens)
         core = VerifierCore(target, _limits(config, support.max_context_tokens, engine),
                             _load_lsa_parts(config, target), engine=engine)
+        core.cost_curve = measure_cost_curve(core)  # Info reports it: clients size their trees from it
         grpc_server, port = _start_grpc(config, core)
     except BaseException:
         if http:

@@ -47,6 +47,7 @@ class VerifierCore:
         self.prefix_cache = self._prefix_cache(limits.prefix_cache_bytes)  # None: off
         self.store = SessionStore(limits.store, on_drop=self._dropped, on_release=self._keep_prefix)
         self.metrics.watch(self)  # gauges read the store and the scheduler when scraped
+        self.cost_curve = None  # verification time by tree size (cost_curve.CostCurve), once measured: Info reports it
         self.draining = threading.Event()
         self._closed = threading.Event()
         # Idle sessions hold KV memory: drop them on time even when no call comes to trigger it.

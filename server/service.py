@@ -124,7 +124,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                                    session_ttl_s=int(lim.store.ttl_s)),
             server_version=__version__, device=str(t.device), dtype=str(t.dtype).removeprefix("torch."),
             moa_server_parts=sorted(self.core.lsa_parts), eos_token_ids=sorted(t.eos_ids),
-            registry_name=t.loaded.name if t.loaded.name in REGISTRY else "")
+            registry_name=t.loaded.name if t.loaded.name in REGISTRY else "", **_cost_curve(self.core.cost_curve))
 
     # --------------------------------------------------------------- Session
     async def Session(self, request_iterator: AsyncIterator[pb.ClientMessage],
@@ -284,6 +284,13 @@ def _check_session_id(sid: str, where: str) -> None:
     if bad is not None:
         raise InvalidRequestError(f"the session id {where} holds a non-printable character "
                                   f"({printable(sid[bad])} at index {bad}); use printable characters only")
+
+
+def _cost_curve(curve) -> dict:
+    """Info's verify_cost_* fields from the core's measured CostCurve (none when it was not measured)."""
+    if curve is None:
+        return {}
+    return dict(verify_cost_nodes=curve.nodes, verify_cost_ns=curve.total_ns, verify_cost_context=curve.context)
 
 
 def _features(result: StepResult) -> list[pb.Feature]:

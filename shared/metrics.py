@@ -121,6 +121,14 @@ class GenerationMetrics(SpecDecodeStats, LinkTraffic):
     disconnects: int = 0  # times the link was found dead
     resumes: int = 0  # successful Resumes
     rolled_back_tokens: int = 0  # provisional tokens dropped by `rollback`
+    # The pipelined loop (client/generation.py: drafting while a verification is out) and the tree planner:
+    guesses: int = 0  # verdicts a tree had been drafted ahead for (guessed) before they came
+    guess_hits: int = 0  # of them, the verdicts a guess matched: its tree went out at once
+    draft_ahead_s: float = 0.0  # of draft_s: drafting ahead while a verification was out (hits and misses)
+    saved_s: float = 0.0  # the hits' drafting, done while the verification was out: what the serial loop
+    # would have spent after the verdict
+    idle_s: float = 0.0  # the client waiting for a verdict with nothing left to draft
+    plain_steps: int = 0  # Drafts sent without a tree (plain decode steps: the planner found trees lose)
 
     def add(self, other: SpecDecodeStats | LinkTraffic) -> None:
         """Sum other's counters into these: a session's traffic into its generation, or generations into a
@@ -148,6 +156,15 @@ class GenerationMetrics(SpecDecodeStats, LinkTraffic):
     def bytes_per_token(self) -> float:
         return (self.bytes_up + self.bytes_down) / self.new_tokens if self.new_tokens else 0.0
 
+    @property
+    def guess_hit_rate(self) -> float:
+        return self.guess_hits / self.guesses if self.guesses else 0.0
+
+    @property
+    def saved_per_step_s(self) -> float:
+        """Drafting time the pipelined loop saved per verification."""
+        return self.saved_s / self.num_drafts if self.num_drafts else 0.0
+
     def to_dict(self) -> dict:
         """Plain values for JSON, derived figures included."""
         out = asdict(self)
@@ -157,8 +174,9 @@ class GenerationMetrics(SpecDecodeStats, LinkTraffic):
                    tokens_per_s=round(self.tokens_per_s, 4),
                    mean_round_trip_s=round(self.mean_round_trip_s, 6),
                    calls_per_100_tokens=round(self.calls_per_100_tokens, 3),
-                   bytes_per_token=round(self.bytes_per_token, 2))
-        for key in ("draft_s", "verify_s", "offline_s", "prefill_s", "wall_s"):
+                   bytes_per_token=round(self.bytes_per_token, 2), guess_hit_rate=round(self.guess_hit_rate, 4),
+                   saved_per_step_s=round(self.saved_per_step_s, 6))
+        for key in ("draft_s", "verify_s", "offline_s", "prefill_s", "wall_s", "draft_ahead_s", "saved_s", "idle_s"):
             out[key] = round(out[key], 6)
         return out
 
@@ -167,6 +185,11 @@ class GenerationMetrics(SpecDecodeStats, LinkTraffic):
         line = (f"{self.new_tokens} tokens in {self.wall_s:.2f}s ({self.tokens_per_s:.1f} tok/s), "
                 f"tau {self.acceptance_length:.2f}, {self.calls} calls, "
                 f"{self.bytes_up / 1024:.1f} KiB up / {self.bytes_down / 1024:.1f} KiB down")
+        if self.guesses:
+            line += (f", guesses hit {self.guess_hits}/{self.guesses}, {1000 * self.saved_per_step_s:.0f} ms saved "
+                     f"a step, {self.idle_s:.2f}s idle")
+        if self.plain_steps:
+            line += f", {self.plain_steps} plain steps"
         if self.offline_tokens or self.disconnects:
             line += (f", {self.offline_tokens} offline, {self.disconnects} disconnects, {self.resumes} resumes, "
                      f"{self.rolled_back_tokens} rolled back")

@@ -12,6 +12,14 @@ made of it; the loop never needs to know which drafter it drives. Words:
 
 Learned drafters (EAGLE, MoA) declare the features they need with
 ``feature_request()`` and read them in ``start`` / ``observe`` / ``resync``.
+
+Drafting ahead (``generation.py``, DESIGN section 1): while a tree is out for
+verification the loop may call ``propose`` again on a *guessed* committed text
+(the tree's likely accepted path), using ``tree_scores`` to guess. A drafter
+that returns scores promises that this is safe: its state follows the committed
+text each call gives it, and ``rewind`` (called before the verification is
+observed) drops whatever the guess left behind. A drafter that returns None
+(the default) is never asked, and the loop stays serial for it.
 """
 from __future__ import annotations
 
@@ -47,6 +55,8 @@ class DraftRequest:
     max_nodes: int  # the server's limit on nodes per tree
     max_depth: int  # no point in drafting deeper than the tokens still wanted
     constraint: object | None = None  # the grammar (tree_builder.DraftConstraint): draft only what it allows
+    ahead: bool = False  # drafted ahead from a guessed text: the first level guesses the target's bonus token,
+    # so a drafter that stops on improbable paths judges them from the level below it
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,17 @@ class Drafter(abc.ABC):
         ``committed[:kept]`` is unchanged from what the drafter saw before; anything
         it derived from later tokens is stale. ``features`` are Resumed's.
         """
+
+    def tree_scores(self) -> Sequence[float] | None:
+        """Log-probability, per node of the tree ``propose`` returned last, that the target accepts the path
+        to it, as far as the drafter can tell (its own cumulative log-probability, or a frequency). None (the
+        default): the drafter cannot guess, and the loop never drafts ahead for it."""
+        return None
+
+    def rewind(self, committed: Sequence[int]) -> None:
+        """Proposals were made ahead from guessed texts since the drafter last saw ``committed`` (the text the
+        tree now verified was proposed from): drop what they derived past it, before ``observe`` is told the
+        verification. A drafter whose every call syncs to the text it is given may keep what it has."""
 
     def generate_offline(self, committed: Sequence[int]) -> int:
         """The next token without the server (greedy). Raises OfflineUnsupportedError if it cannot."""

@@ -115,6 +115,7 @@ class IndependentDrafter(Drafter):
         self._fed: list[int] = []  # committed ids whose KV is in the cache, in order (the cache's first len(_fed))
         self._tree = None  # (candidates as target ids, cache slot per fed candidate) of the last tree, kept in
         # the cache behind the committed tokens until the next sync
+        self._scores: list[float] = []  # cumulative log-probability of each node of the last tree
         self._head = model.get_output_embeddings()  # the full LM head (offline generation)
         # vocab_ids: [V'] target ids, ascending; the draft head's row r scores target id vocab_ids[r]
         self.vocab_ids = None if vocab_ids is None else torch.as_tensor(vocab_ids, dtype=torch.long).cpu()
@@ -212,16 +213,22 @@ class IndependentDrafter(Drafter):
 
         try:
             tree, cands = build_tree(root_logprobs, expand, self.config.tree, request.max_nodes, request.max_depth,
-                                     request.constraint, self.vocab_ids)
+                                     request.constraint, self.vocab_ids, ahead=request.ahead)
         except BaseException:
             kv.crop(self._cache, n)
             raise
         if self.vocab_ids is not None:
             cands.tokens = [self._target_id(t) for t in cands.tokens]
         self._tree = (cands, slot)  # its KV stays behind the committed tokens until the next sync
+        self._scores = cands.kept_scores()
         if self.vocab_ids is None:
             return tree
         return DraftTree(tuple(self._target_id(t) for t in tree.tokens), tree.parents)
+
+    def tree_scores(self) -> list[float]:
+        """The drafter's own cumulative log-probabilities. ``rewind`` keeps the cache as it is: every call syncs
+        it to the text it is given (a wrong guess is cropped then), and a right one reuses its KV."""
+        return list(self._scores)
 
     @torch.inference_mode()
     def generate_offline(self, committed: Sequence[int]) -> int:
@@ -231,3 +238,4 @@ class IndependentDrafter(Drafter):
         self._cache = self._cache_type()
         self._fed = []
         self._tree = None
+        self._scores = []

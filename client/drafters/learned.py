@@ -44,6 +44,7 @@ class LearnedDrafter(Drafter):
         self.needs = needs
         self.tree = tree
         ids = runtime.parts.vocab_ids
+        self._scores: list[float] = []  # cumulative log-probability of each node of the last tree
         self._to_target: list[int] | None = None if ids is None else ids.tolist()  # draft index -> target id
 
     def feature_request(self) -> FeatureNeeds:
@@ -65,9 +66,23 @@ class LearnedDrafter(Drafter):
         self.rt.reset()
         self.rt.commit([*prompt_ids, first_token], feats)
 
+    def rewind(self, committed: Sequence[int]) -> None:
+        """Drafting ahead committed a guessed path without features (the runtime's own predictions stand in
+        for them, as offline): roll back to the text the verified tree hung from, so ``observe`` commits the
+        target's features for the tokens it accepted."""
+        if len(self.rt.tokens) > len(committed):
+            self.rt.rollback(max(1, common_prefix(self.rt.tokens, committed)))
+
+    def tree_scores(self) -> list[float]:
+        """The runtime's cumulative log-probabilities. What a learned drafter can guess is the accepted path and
+        bonus token; what it cannot is the target's features of them, which come only with the verdict: a
+        tree drafted ahead grows from the runtime's own predicted features, as offline."""
+        return list(self._scores)
+
     def observe(self, verification: Verification) -> None:
         new = [*verification.accepted_tokens, verification.bonus_token]
         before = list(verification.committed[: len(verification.committed) - len(new)])
+        self.rewind(before)
         feats = self._features(verification.features)
         if feats is not None and self.rt.tokens == before:
             self.rt.commit(new, feats)
@@ -114,10 +129,11 @@ class LearnedDrafter(Drafter):
             return self.rt.expand([self._target_id(t) for t in nodes.tokens[k0:]], nodes.parents[k0:])
 
         try:
-            tree, _ = build_tree(self.rt.root_logprobs(), expand, self.tree, request.max_nodes, request.max_depth,
-                                 request.constraint, self._to_target)
+            tree, cands = build_tree(self.rt.root_logprobs(), expand, self.tree, request.max_nodes, request.max_depth,
+                                     request.constraint, self._to_target, ahead=request.ahead)
         finally:
             self.rt.clear_draft()
+        self._scores = cands.kept_scores()
         return DraftTree(tuple(self._target_id(t) for t in tree.tokens), tree.parents)
 
     @torch.inference_mode()

@@ -8,6 +8,7 @@ No model: it cannot generate alone, so it has no offline mode.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -58,8 +59,14 @@ def continuations(context: Sequence[int], config: NgramConfig, max_len: int) -> 
 
 def trie_tree(sequences: list[list[int]], max_nodes: int) -> DraftTree:
     """Merge sequences into a prefix tree of at most max_nodes nodes (earlier sequences win the budget)."""
+    return counted_trie(sequences, max_nodes)[0]
+
+
+def counted_trie(sequences: list[list[int]], max_nodes: int) -> tuple[DraftTree, list[int]]:
+    """``trie_tree`` and, per node, how many of the sequences merged pass through it."""
     tokens: list[int] = []
     parents: list[int] = []
+    counts: list[int] = []
     child: dict[tuple[int, int], int] = {}  # (parent, token) -> node
     for seq in sequences:
         parent = ROOT
@@ -71,11 +78,13 @@ def trie_tree(sequences: list[list[int]], max_nodes: int) -> DraftTree:
                 node = len(tokens)
                 tokens.append(tok)
                 parents.append(parent)
+                counts.append(0)
                 child[(parent, tok)] = node
+            counts[node] += 1
             parent = node
         if len(tokens) >= max_nodes:
             break
-    return DraftTree(tuple(tokens), tuple(parents))
+    return DraftTree(tuple(tokens), tuple(parents)), counts
 
 
 class NgramDrafter(Drafter):
@@ -84,10 +93,20 @@ class NgramDrafter(Drafter):
 
     def __init__(self, config: NgramConfig = NgramConfig()):
         self.config = config
+        self._scores: list[float] = []  # per node of the last tree: log of the share of matches through it
 
     def propose(self, request: DraftRequest) -> DraftTree:
         max_len = min(self.config.max_continuation, request.max_depth)
         if max_len < 1:
+            self._scores = []
             return DraftTree((), ())
         found = continuations(request.committed, self.config, max_len)
-        return trie_tree(found, min(self.config.max_nodes, request.max_nodes))
+        tree, counts = counted_trie(found, min(self.config.max_nodes, request.max_nodes))
+        self._scores = [math.log(c / len(found)) for c in counts]
+        return tree
+
+    def tree_scores(self) -> list[float]:
+        """No model, so its guess is its match counts: the share of the matches found whose continuation runs
+        through a node stands for the chance the target accepts the path to it (the path most matches follow
+        to its end is the guess). Stateless, so drafting ahead needs no rewinding."""
+        return list(self._scores)

@@ -76,6 +76,11 @@ class Candidates:
     parents: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)  # cumulative log-probability from the root
     depths: list[int] = field(default_factory=list)
+    kept: list[int] = field(default_factory=list)  # the candidates select_tree kept, in the tree's node order
+
+    def kept_scores(self) -> list[float]:
+        """Cumulative log-probability of each node of the tree select_tree made (drafting ahead guesses from it)."""
+        return [self.scores[i] for i in self.kept]
 
     def add(self, token: int, parent: int, score: float, depth: int) -> int:
         self.tokens.append(int(token))
@@ -125,13 +130,18 @@ def constrain(logprobs: torch.Tensor, paths: Sequence[Sequence[int]], constraint
 def build_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape,
                max_nodes: int | None = None, max_depth: int | None = None,
                constraint: DraftConstraint | None = None,
-               to_target: Sequence[int] | None = None) -> tuple[DraftTree, Candidates]:
+               to_target: Sequence[int] | None = None, ahead: bool = False) -> tuple[DraftTree, Candidates]:
     """Grow candidates EAGLE-2 style and keep the best; returns the tree and all candidates. With a
     constraint (a grammar) only tokens it allows are candidates; `to_target` maps candidate ids (rows of a
-    reduced draft vocabulary) to target ids."""
+    reduced draft vocabulary) to target ids.
+
+    ahead: the tree is drafted ahead (``DraftRequest.ahead``) and its first level guesses the bonus token:
+    that level comes on top of the shape (one level more, ``branch`` nodes more) and paths are judged
+    against min_prob from below it, as the tree the loop will send hangs from there."""
     # root_logprobs: [V]
-    depth_limit = shape.depth if max_depth is None else min(shape.depth, max_depth)
-    keep = shape.max_nodes if max_nodes is None else min(shape.max_nodes, max_nodes)
+    extra = 1 if ahead else 0
+    depth_limit = shape.depth + extra if max_depth is None else min(shape.depth + extra, max_depth)
+    keep = (shape.max_nodes if max_nodes is None else min(shape.max_nodes, max_nodes)) + extra * shape.branch
     cands = Candidates()
     if depth_limit < 1 or keep < 1:
         return DraftTree((), ()), cands
@@ -139,14 +149,17 @@ def build_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape,
     if constraint is not None:
         root_logprobs = constrain(root_logprobs[None], [[]], constraint, to_target)[0]
     floor = math.log(shape.min_prob) if shape.min_prob > 0 else -math.inf
+
+    def judged(c: int) -> float:  # the path's log-probability below the guessed bonus level, if any
+        return cands.scores[c] - (cands.scores[cands.ancestors(c)[0]] if extra else 0.0)
     top_lp, top_tok = root_logprobs.float().topk(min(shape.branch, root_logprobs.shape[-1]))
     layer = [cands.add(t, ROOT, lp, 1) for lp, t in zip(top_lp.tolist(), top_tok.tolist()) if lp > -math.inf]
     for depth in range(2, depth_limit + 1):
         frontier = sorted(layer, key=lambda i: -cands.scores[i])[: shape.branch]
-        if not frontier or cands.scores[frontier[0]] < floor:
+        if not frontier or max(judged(c) for c in frontier) < floor:
             break
         if shape.prune_frontier:
-            frontier = [c for c in frontier if cands.scores[c] >= floor]
+            frontier = [c for c in frontier if judged(c) >= floor]
         if len(cands.tokens) + len(frontier) * shape.branch > MAX_NODES:
             break  # candidate 255 would read as ROOT
         logprobs = expand(frontier, cands).float()  # [k, V]
@@ -167,4 +180,5 @@ def select_tree(cands: Candidates, keep: int) -> DraftTree:
     """The best `keep` candidates by score as a tree (ties go to the shallower, earlier node). A child
     never scores above its parent with log-probabilities; scores that do (NaN) raise ValueError."""
     ranked = sorted(range(len(cands.tokens)), key=lambda i: (-cands.scores[i], cands.depths[i], i))
-    return cands.subtree(sorted(ranked[:keep]))  # candidate order is depth order: parents first
+    cands.kept = sorted(ranked[:keep])  # candidate order is depth order: parents first
+    return cands.subtree(cands.kept)

@@ -138,7 +138,9 @@ def _add_specbench_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_prompt_set_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--drafters", type=_csv, default=("ngram", "independent"), help="comma-separated")
+    p.add_argument("--drafters", type=_csv, default=("ngram", "independent"),
+                   help="comma-separated; NAME@serial, @pipelined, @auto-serial or @auto (the default) picks the "
+                        "client's loop, so loops compare in one run")
     p.add_argument("--profiles", type=_csv, default=("5g", "4g"), help="comma-separated network profiles")
     p.add_argument("--sets", type=_csv, default=("humaneval", "mtbench"), help="prompt sets, comma-separated")
     p.add_argument("--limit", type=_limits, default=(20, {}),

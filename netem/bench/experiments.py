@@ -94,7 +94,8 @@ def _serve_and_run(config: BenchConfig, split: CpuSplit, sink: JsonLines) -> Non
     prompts = [p for name in sets for p in load_prompts(name, config.set_limits.get(name, config.limit))]
     log = config.out / f"{config.experiment}-server.log"
     # MoA drafters (shipped names such as moa-tli0) need their server part on the server
-    moa_parts = [a for d in config.drafters if d.startswith("moa") for a in ("--moa-server-part", d)]
+    moa_parts = [a for d in {d.partition("@")[0] for d in config.drafters} if d.startswith("moa")
+                 for a in ("--moa-server-part", d)]
     threads = config.server_threads or (len(split.server) if split.server else None)
     with ServerProcess(config.model, [*config.server_args, *moa_parts], threads, log_path=log,
                        cpus=split.server) as server:
@@ -126,9 +127,11 @@ def _client(address: str, drafter: str, config: BenchConfig, tokenizer=None, ins
     from ...client.drafters.factory import DrafterOptions
     from ...client.edge_client import ClientConfig, EdgespecClient
     from ...client.link import LinkConfig
+    from ...client.step_plan import loop_mode
 
+    drafter, loop = loop_mode(drafter)  # "independent@serial": the serial loop (client/step_plan.py LOOP_MODES)
     options = DrafterOptions(name=drafter, model=config.drafter_model, target=config.model)
-    return EdgespecClient(ClientConfig(LinkConfig(address), options, tokenizer=config.drafter_model),
+    return EdgespecClient(ClientConfig(LinkConfig(address), options, tokenizer=config.drafter_model, loop=loop),
                           tokenizer=tokenizer, drafter=instance)
 
 

@@ -39,7 +39,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_name", "vocab_size", "tokenizer_fingerprint", "hidden_size", "num_layers", "num_kv_heads", "head_dim", "kv_size", "feature_kinds", "codecs", "limits", "server_version", "device", "dtype", "moa_server_parts", "eos_token_ids", "registry_name")
+    __slots__ = ("model_name", "vocab_size", "tokenizer_fingerprint", "hidden_size", "num_layers", "num_kv_heads", "head_dim", "kv_size", "feature_kinds", "codecs", "limits", "server_version", "device", "dtype", "moa_server_parts", "eos_token_ids", "registry_name", "verify_cost_nodes", "verify_cost_ns", "verify_cost_context")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,9 @@ class InfoResponse(_message.Message):
     MOA_SERVER_PARTS_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     REGISTRY_NAME_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_COST_NODES_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_COST_NS_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_COST_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     vocab_size: int
     tokenizer_fingerprint: str
@@ -74,7 +77,10 @@ class InfoResponse(_message.Message):
     moa_server_parts: _containers.RepeatedScalarFieldContainer[str]
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     registry_name: str
-    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., hidden_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., kv_size: _Optional[int] = ..., feature_kinds: _Optional[_Iterable[_Union[FeatureKind, str]]] = ..., codecs: _Optional[_Iterable[_Union[Codec, str]]] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., server_version: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., moa_server_parts: _Optional[_Iterable[str]] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., registry_name: _Optional[str] = ...) -> None: ...
+    verify_cost_nodes: _containers.RepeatedScalarFieldContainer[int]
+    verify_cost_ns: _containers.RepeatedScalarFieldContainer[int]
+    verify_cost_context: int
+    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ..., hidden_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., kv_size: _Optional[int] = ..., feature_kinds: _Optional[_Iterable[_Union[FeatureKind, str]]] = ..., codecs: _Optional[_Iterable[_Union[Codec, str]]] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., server_version: _Optional[str] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., moa_server_parts: _Optional[_Iterable[str]] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., registry_name: _Optional[str] = ..., verify_cost_nodes: _Optional[_Iterable[int]] = ..., verify_cost_ns: _Optional[_Iterable[int]] = ..., verify_cost_context: _Optional[int] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
     __slots__ = ("max_tree_nodes", "max_context_tokens", "max_sessions", "max_message_bytes", "session_ttl_s")

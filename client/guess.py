@@ -1,0 +1,77 @@
+"""Guessing a verdict before it comes, and the tree a right guess sends at once. Pure functions.
+
+While a tree is out for verification the client drafts the next one from a guess
+(DESIGN section 1, "Two machines, one pipeline"). A verdict is the accepted path
+(a root-to-node path of the tree, maybe empty) and the bonus token after it. The
+guess is the path: the drafter's scores give each node's chance that the target
+accepts the path to it, p(n), so the chance that the accepted path ends exactly
+at n is p(n) minus what its children take, sum of p(c). The bonus token is not
+guessed one by one: the tree drafted ahead hangs from the guessed path's last
+token, so its depth-1 nodes are the drafter's most likely bonus tokens, and a
+verdict whose bonus is one of them sends the part of that tree below it
+(``tree_after_bonus``), re-rooted on the bonus. One tree drafted ahead thereby
+covers a path and several bonus tokens.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from edgespec.shared.tree import ROOT, DraftTree
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A guessed accepted path."""
+
+    path: tuple[int, ...]  # node indices of the tree, root to the last accepted node (never empty)
+    probability: float  # the drafter's chance that the target accepts exactly this path
+
+
+def likely_outcomes(tree: DraftTree, scores: Sequence[float], count: int, min_probability: float = 0.0
+                    ) -> list[Outcome]:
+    """The ``count`` most likely accepted paths of a non-empty path, most likely first (a deeper path first
+    on a tie), leaving out those below ``min_probability``. ``scores``: log p(n) per node.
+
+    The empty path is never guessed: a tree drafted ahead from the same text as ``tree`` would offer as
+    bonus tokens the very depth-1 nodes the target just rejected."""
+    if len(scores) != len(tree):
+        raise ValueError(f"{len(scores)} scores for a tree of {len(tree)} nodes")
+    p = [math.exp(s) for s in scores]
+    below = [0.0] * len(tree)  # probability mass of each node's children
+    for i, parent in enumerate(tree.parents):
+        if parent != ROOT:
+            below[parent] += p[i]
+    depths = tree.depths()
+    ends = sorted(range(len(tree)), key=lambda n: (-(p[n] - below[n]), -depths[n], n))
+    out = []
+    for n in ends[:count]:
+        chance = max(0.0, p[n] - below[n])
+        if chance < min_probability or chance <= 0.0:
+            break
+        out.append(Outcome(tuple(tree.ancestors(n)), chance))
+    return out
+
+
+def tree_after_bonus(tree: DraftTree, scores: Sequence[float], bonus: int, max_nodes: int
+                     ) -> tuple[DraftTree, list[float]] | None:
+    """The nodes below the depth-1 node of token ``bonus`` as a tree of their own (that node becomes the
+    root), at most ``max_nodes`` of them taken in node order (parents before children, so the kept ones
+    stay connected), with their scores given the bonus token (log p(n) - log p(bonus)). None when no depth-1
+    node is ``bonus``: the guess missed."""
+    top = next((i for i, (tok, par) in enumerate(zip(tree.tokens, tree.parents)) if par == ROOT and tok == bonus),
+               None)
+    if top is None:
+        return None
+    where = {top: ROOT}  # old node -> new node (the bonus node becomes the root)
+    tokens, parents, new_scores = [], [], []
+    for i in range(top + 1, len(tree)):
+        if len(tokens) >= max_nodes:
+            break
+        if tree.parents[i] in where:
+            where[i] = len(tokens)
+            tokens.append(tree.tokens[i])
+            parents.append(where[tree.parents[i]])
+            new_scores.append(scores[i] - scores[top])
+    return DraftTree(tuple(tokens), tuple(parents)), new_scores

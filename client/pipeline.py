@@ -1,0 +1,186 @@
+"""Drafting while the Draft is in flight: the online step's machinery (DESIGN section 1).
+
+A Draft goes out on a worker thread (the gRPC stream reads answers on its own
+thread and torch releases the GIL, so the client's drafter keeps working); while
+it is out, the client guesses the verdict from the drafter's scores
+(``guess.py``) and drafts the next tree from the likeliest outcomes, as long as
+the verdict has not come and another tree is likely to pay (``TreePlanner``). A
+verdict a guess matched sends the part of that tree below its bonus token at
+once; any other verdict drops the trees drafted ahead. Drafts go out on the
+caller's thread, serially, when nothing would be drafted meanwhile (the pipeline
+is off, the drafter cannot guess, or the tree is empty).
+
+Which trees are sent never changes what the target accepts, so the output is
+the serial loop's; only the time differs, and ``GenerationMetrics`` counts it:
+guesses and hits, drafting done ahead, time saved, time idle.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Sequence
+
+from edgespec.shared.metrics import GenerationMetrics
+from edgespec.shared.tree import DraftTree
+
+from .drafters.base import Drafter, DraftRequest
+from .guess import Outcome, likely_outcomes, tree_after_bonus
+from .planner import TreeSize
+from .step_plan import LoopConfig, LoopEstimates, TreePlanner
+from .verifier import Verdict, Verifier
+
+Scored = tuple[DraftTree, Sequence[float] | None]  # a tree and the drafter's log-probability per node (or None)
+
+
+@dataclass
+class Flight:
+    """A Draft out for verification."""
+
+    step: int
+    committed: tuple[int, ...]  # the committed ids the tree hangs from
+    tree: DraftTree
+    scores: Sequence[float] | None  # the drafter's log-probability per node (None: it cannot guess)
+    sent: float  # perf_counter when it was sent
+    future: Future  # -> (Verdict, perf_counter when it came)
+    waited_s: float = 0.0  # a serial Draft: the client's wait for its answer
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A tree drafted ahead, while a Draft was out, for a guessed verdict."""
+
+    outcome: Outcome  # the accepted path guessed
+    tree: DraftTree  # hangs from the flight's text plus that path: its depth-1 nodes are the bonus tokens covered
+    scores: Sequence[float]
+    size: TreeSize  # what the tree after the bonus token may hold
+    draft_s: float  # drafting it took
+
+
+class DraftPipeline:
+    """One generation's Drafts: drafted (sized by the planner), sent, drafted ahead, landed, matched."""
+
+    def __init__(self, verifier: Verifier, drafter: Drafter, loop: LoopConfig, estimates: LoopEstimates,
+                 max_tree_nodes: int, metrics: GenerationMetrics, grammar=None, prompt_len: int = 0):
+        self.verifier, self.drafter, self.loop, self.estimates = verifier, drafter, loop, estimates
+        self.max_tree_nodes, self.metrics = max_tree_nodes, metrics
+        # Under a grammar (shared.grammar.GrammarConstraint) trees are drafted inside it and pruned to it;
+        # pruning re-indexes nodes, so the drafter's scores no longer fit the tree and nothing is drafted ahead.
+        self.grammar, self.prompt_len = grammar, prompt_len
+        can_guess = type(drafter).tree_scores is not Drafter.tree_scores
+        self.planner = TreePlanner(loop, estimates, max_tree_nodes, can_guess)
+        self._pool: ThreadPoolExecutor | None = None  # the worker a Draft waits for its answer on
+
+    def draft_now(self, committed: Sequence[int], remaining: int) -> Scored:
+        """A tree from the committed text for a step that may commit `remaining` tokens, of the size the
+        planner picks (none: an empty tree, a plain decode step)."""
+        size = self.planner.size(remaining)
+        if size.plain:
+            return DraftTree((), ()), None
+        t0 = time.perf_counter()
+        if self.grammar is None:
+            tree = self.drafter.propose(DraftRequest(tuple(committed), size.nodes, size.depth))
+        else:
+            output = tuple(committed[self.prompt_len:])
+            tree = self.drafter.propose(DraftRequest(tuple(committed), size.nodes, size.depth,
+                                                     self.grammar.after(output)))
+            tree = self.grammar.prune(output, tree)
+        took = time.perf_counter() - t0
+        self.metrics.draft_s += took
+        self.estimates.observe_draft(tree, took)
+        return tree, self.drafter.tree_scores() if self.grammar is None else None
+
+    def send(self, step: int, committed: Sequence[int], tree: DraftTree, scores: Sequence[float] | None) -> Flight:
+        """Send a Draft: on the worker when there will be drafting ahead to do meanwhile, else here."""
+        if not len(tree):
+            self.metrics.plain_steps += 1
+        flight = Flight(step, tuple(committed), tree, scores, time.perf_counter(), Future())
+        if self.planner.pipelined and scores is not None and len(tree):
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="edgespec-verify")
+            flight.future = self._pool.submit(self._verify, flight)
+        else:
+            try:
+                flight.future.set_result(self._verify(flight))
+            except Exception as err:  # noqa: BLE001 - raised where the answer is taken, as on the worker
+                flight.future.set_exception(err)
+            flight.waited_s = time.perf_counter() - flight.sent
+        return flight
+
+    def _verify(self, flight: Flight) -> tuple[Verdict, float]:
+        verdict = self.verifier.verify(flight.step, len(flight.committed), flight.tree)
+        return verdict, time.perf_counter()
+
+    def land(self, flight: Flight) -> tuple[Verdict, float]:
+        """Wait for the flight's answer (the client's idle time); returns it and its round trip. Raises what
+        the verification raised (LinkDownError: the link)."""
+        t0 = time.perf_counter()
+        try:
+            verdict, arrived = flight.future.result()
+        finally:
+            self.metrics.idle_s += flight.waited_s + (time.perf_counter() - t0)
+        self.estimates.observe_verdict(flight.tree, len(verdict.accepted), arrived - flight.sent,
+                                       verdict.timings.total_ns / 1e9)
+        return verdict, arrived - flight.sent
+
+    def draft_ahead(self, flight: Flight, tokens_left: int) -> list[Prepared]:
+        """Trees for the likeliest verdicts on the flight's tree, drafted while it is out, most likely first,
+        as long as the verdict has not come and drafting another is likely to pay. `tokens_left`: the tokens
+        the generation still wants, the flight's included."""
+        if not (self.planner.pipelined and flight.scores is not None and len(flight.tree)):
+            return []
+        cfg, m = self.loop, self.metrics
+        prepared: list[Prepared] = []
+        for outcome in likely_outcomes(flight.tree, flight.scores, cfg.max_guesses, cfg.min_guess_probability):
+            if flight.future.done():
+                break
+            left = tokens_left - len(outcome.path) - 1  # after the guessed path and its bonus token
+            size = self.planner.size(left, explore=False)
+            if size.plain:
+                continue
+            if not self.planner.worth_drafting_ahead(len(flight.tree), size.depth,
+                                                     time.perf_counter() - flight.sent, first=not prepared):
+                break
+            context = flight.committed + tuple(flight.tree.tokens[i] for i in outcome.path)
+            # one level more (the bonus token's) and room for the other bonus tokens beside the likeliest
+            request = DraftRequest(context, min(self.max_tree_nodes, size.nodes + max(2, size.nodes // 2)),
+                                   min(size.depth + 1, left), ahead=True)
+            t0 = time.perf_counter()
+            tree = self.drafter.propose(request)
+            took = time.perf_counter() - t0
+            m.draft_s += took
+            m.draft_ahead_s += took
+            scores = self.drafter.tree_scores()
+            if scores is not None and len(tree):
+                prepared.append(Prepared(outcome, tree, scores, size, took))
+        return prepared
+
+    def match(self, prepared: list[Prepared], verdict: Verdict) -> Scored | None:
+        """The tree (and its scores) drafted ahead for this verdict, if a guess matched it."""
+        if not prepared:
+            return None
+        m = self.metrics
+        m.guesses += 1
+        for p in prepared:
+            if tuple(verdict.accepted) != p.outcome.path:
+                continue
+            after = tree_after_bonus(p.tree, p.scores, verdict.bonus_token, p.size.nodes)
+            if after is not None and len(after[0]):
+                m.guess_hits += 1
+                m.saved_s += p.draft_s
+                self.estimates.observe_guess(True)
+                return after
+        self.estimates.observe_guess(False)
+        return None
+
+    def close(self, flight: Flight | None) -> None:
+        """The generation ends: a Draft still out (the caller stopped early) is answered first, then the worker
+        stops, so Close never crosses it on the stream."""
+        if flight is not None:
+            try:
+                flight.future.result()
+            except Exception:  # noqa: BLE001 - the output is complete whatever happened to it
+                pass
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None

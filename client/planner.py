@@ -1,0 +1,112 @@
+"""The size of each step's tree: the one that maximises expected committed tokens per second. Pure.
+
+A step with a tree of depth D commits, in expectation, 1 + sum over i <= D of the
+chance that depth i is accepted (the bonus token is always there); the chance
+of depth i is the product of the drafter's per-depth acceptance up to i. It
+costs the drafter's time for the tree, the link's round trip and the server's
+verification of its nodes (the cost curve the server measured, refined by the
+timings of each answer). A step with no tree ("none", a plain decode step
+through the session) commits exactly one token for the round trip and a decode
+step. Drafting ahead (``guess.py``) hides the drafting behind the verification
+of the previous tree when its guess was right: a cycle then costs
+max(draft, round trip + verify), plus the drafting again for a wrong guess.
+The planner compares every depth up to the limit and keeps the best; the node
+count follows from the depth by the drafter's own nodes per level.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class TreeSize:
+    """What one step asks the drafter for."""
+
+    nodes: int  # most nodes in the tree (0: no tree, a plain decode step)
+    depth: int  # deepest level (0: no tree)
+
+    @property
+    def plain(self) -> bool:
+        return self.nodes == 0 or self.depth == 0
+
+
+PLAIN = TreeSize(0, 0)
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Costs and acceptance, as measured; every time in seconds."""
+
+    round_trip_s: float  # the link's share of one Draft's round trip (the server's own time excluded)
+    verify_nodes: tuple[int, ...]  # the server's cost curve: tree sizes, ascending (0 = a decode step) ...
+    verify_s: tuple[float, ...]  # ... and its time on a Draft of each size
+    draft_pass_s: float  # the drafter's time per level of depth (a tree of depth D takes D + 1 passes)
+    acceptance: tuple[float, ...]  # [i]: chance that depth i + 1 is accepted once depth i was (the root is)
+    nodes_per_depth: float  # nodes the drafter's trees hold per level of depth
+    max_nodes: int  # largest tree allowed (the server's limit, the drafter's shape)
+    max_depth: int  # deepest tree allowed (also: the tokens still wanted)
+    hit_rate: float = 0.0  # share of trees drafted ahead while the previous verification was out (0: serial)
+
+    def __post_init__(self) -> None:
+        if len(self.verify_nodes) != len(self.verify_s) or not self.verify_nodes:
+            raise ValueError(f"the cost curve needs as many times as sizes, and at least one: "
+                             f"{self.verify_nodes} / {self.verify_s}")
+        if list(self.verify_nodes) != sorted(set(self.verify_nodes)):
+            raise ValueError(f"the cost curve's sizes must ascend without repeats, got {self.verify_nodes}")
+        if not 0.0 <= self.hit_rate <= 1.0 or any(not 0.0 <= a <= 1.0 for a in self.acceptance):
+            raise ValueError("hit_rate and acceptance are chances, between 0 and 1")
+
+
+def verify_time(nodes: int, curve_nodes: Sequence[int], curve_s: Sequence[float]) -> float:
+    """The cost curve at ``nodes``: linear between measured sizes, the last slope beyond them, flat below."""
+    if len(curve_nodes) == 1 or nodes <= curve_nodes[0]:
+        return curve_s[0]
+    for k in range(1, len(curve_nodes)):
+        if nodes <= curve_nodes[k] or k == len(curve_nodes) - 1:
+            n0, n1, s0, s1 = curve_nodes[k - 1], curve_nodes[k], curve_s[k - 1], curve_s[k]
+            return max(0.0, s0 + (s1 - s0) * (nodes - n0) / (n1 - n0))
+    raise AssertionError("unreachable")
+
+
+def expected_tokens(acceptance: Sequence[float], depth: int) -> float:
+    """Tokens one step commits on average with a tree of ``depth`` levels: the bonus token plus each depth's
+    chance of acceptance (depths past the measured ones keep the last measured rate)."""
+    total, reach = 1.0, 1.0
+    for i in range(depth):
+        rate = acceptance[i] if i < len(acceptance) else (acceptance[-1] if acceptance else 0.0)
+        reach *= rate
+        total += reach
+    return total
+
+
+def tree_nodes(inputs: PlanInputs, depth: int) -> int:
+    return 0 if depth == 0 else max(depth, min(inputs.max_nodes, math.ceil(inputs.nodes_per_depth * depth)))
+
+
+def step_time(inputs: PlanInputs, size: TreeSize) -> float:
+    """Seconds one step costs, the better of drafting serially and drafting ahead at the measured hit rate."""
+    flight = inputs.round_trip_s + verify_time(size.nodes, inputs.verify_nodes, inputs.verify_s)
+    if size.plain:
+        return flight
+    draft = inputs.draft_pass_s * (size.depth + 1)
+    ahead = max(draft, flight) + (1.0 - inputs.hit_rate) * draft
+    return min(draft + flight, ahead)
+
+
+def tokens_per_s(inputs: PlanInputs, size: TreeSize) -> float:
+    return expected_tokens(inputs.acceptance, 0 if size.plain else size.depth) / max(step_time(inputs, size), 1e-9)
+
+
+def plan_tree(inputs: PlanInputs) -> TreeSize:
+    """The tree size (or PLAIN) with the most expected committed tokens per second; on a tie the smaller."""
+    best, best_rate = PLAIN, tokens_per_s(inputs, PLAIN)
+    for depth in range(1, max(0, inputs.max_depth) + 1):
+        size = TreeSize(tree_nodes(inputs, depth), depth)
+        if size.nodes > inputs.max_nodes:
+            break
+        rate = tokens_per_s(inputs, size)
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = size, rate
+    return best

@@ -1,0 +1,211 @@
+"""What the loop measures to size its trees and to decide whether drafting ahead pays.
+
+``LoopEstimates`` keeps, across one client's generations, the figures the planner
+(``planner.py``) weighs: the link's round trip (each Draft's round trip less the
+server's own time), the server's verification time by tree size (the curve Info
+reports, scaled by what Verified timings show), the drafter's time per level of
+depth, its acceptance by depth, its nodes per level and the share of guesses
+that hit. Each is a running average that forgets slowly, so a link that gets
+worse, or a topic where the drafter does badly, moves the plan within a few steps.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Sequence
+
+from edgespec.shared.tree import DraftTree
+
+from .planner import PLAIN, PlanInputs, TreeSize, plan_tree, verify_time
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """How the client's loop runs: the client's choice, the same for each of its generations."""
+
+    pipeline: bool = True  # draft the next tree while a verification is out (drafters that can guess only)
+    tree: str = "auto"  # "auto": each step's tree sized to the most tokens per second (planner.py); "fixed":
+    # the drafter's own shape every step, as the serial loop always did
+    max_guesses: int = 2  # most verdicts drafted ahead for per verification, the likeliest first, while it is out
+    min_guess_probability: float = 0.0  # a guess less likely than this is not drafted ahead for (drafting ahead
+    # costs nothing while the client would idle, and the planner weighs it by the hit rate measured otherwise)
+    max_depth: int = 16  # deepest tree the planner weighs (the drafter's own shape caps it too)
+    explore_every: int = 8  # after this many plain steps in a row one step drafts a tree of the drafter's own
+    # shape, so acceptance keeps being measured while trees lose
+
+    def __post_init__(self) -> None:
+        if self.tree not in ("auto", "fixed"):
+            raise ValueError(f"tree must be 'auto' or 'fixed', got {self.tree!r}")
+        if self.max_guesses < 0 or self.max_depth < 1 or self.explore_every < 1:
+            raise ValueError(f"need max_guesses >= 0, max_depth >= 1 and explore_every >= 1, got {self}")
+
+
+# The loops a benchmark can compare in one run, named after the drafter as "independent@serial" and so on.
+LOOP_MODES = {
+    "serial": LoopConfig(pipeline=False, tree="fixed"),  # the loop before issue 25: draft, send, wait, commit
+    "pipelined": LoopConfig(tree="fixed"),  # drafting ahead, the drafter's own shape every step
+    "auto-serial": LoopConfig(pipeline=False),  # trees sized each step, no drafting ahead
+    "auto": LoopConfig(),  # the default: both
+}
+
+
+def loop_mode(system: str) -> tuple[str, LoopConfig]:
+    """"independent@serial" -> ("independent", the serial loop); a name without "@" gets the default loop."""
+    drafter, _, mode = system.partition("@")
+    if mode and mode not in LOOP_MODES:
+        raise ValueError(f"unknown loop {mode!r} in {system!r}; choose one of {', '.join(LOOP_MODES)}")
+    return drafter, LOOP_MODES[mode or "auto"]
+
+
+def _ema(old: float | None, new: float, weight: float) -> float:
+    return new if old is None else old + weight * (new - old)
+
+
+def _interpolate(curve: dict[int, float], nodes: int) -> float:
+    sizes = sorted(curve)
+    return verify_time(nodes, sizes, [curve[n] for n in sizes])
+
+
+class LoopEstimates:
+    """Running figures of one client (its generations run one at a time; the lock guards the odd reader)."""
+
+    WEIGHT = 0.2  # share of a new observation in a running average
+    PRIOR = 2.0  # pseudo-observations behind each depth's acceptance before it is measured
+    PRIOR_ACCEPTANCE = 0.6  # what an unmeasured first depth is taken to accept
+    PRIOR_HIT_RATE = 0.3  # what the guesses are taken to hit before any was checked
+
+    def __init__(self, curve_nodes: Sequence[int] = (), curve_s: Sequence[float] = ()):
+        self._lock = threading.Lock()
+        # The server's curve as Info reported it (measured on a short context at start), scaled by what its
+        # answers show (a longer context, a busier server); the sizes actually verified replace it with their
+        # own running averages. Without a curve from Info, the sizes seen are the curve.
+        self.reported = dict(zip((int(n) for n in curve_nodes), (float(s) for s in curve_s)))
+        self.seen: dict[int, float] = {}  # tree size -> running average of the server's time on it
+        self._scale = 1.0
+        self.round_trip_s: float | None = None
+        self.pass_s: float | None = None
+        self.nodes_per_depth: float | None = None
+        self.reached: list[float] = []  # [i]: verdicts whose tree reached depth i + 1 with depth i accepted
+        self.accepted: list[float] = []  # [i]: ... of which depth i + 1 was accepted
+        self.hit_rate = self.PRIOR_HIT_RATE
+
+    # ------------------------------------------------------------ observing
+    def observe_draft(self, tree: DraftTree, seconds: float) -> None:
+        """The drafter took `seconds` for `tree` (a proposal, ahead or not)."""
+        if not len(tree):
+            return
+        depth = max(tree.depths())
+        with self._lock:
+            self.pass_s = _ema(self.pass_s, seconds / (depth + 1), self.WEIGHT)
+            self.nodes_per_depth = _ema(self.nodes_per_depth, len(tree) / depth, self.WEIGHT)
+
+    def observe_verdict(self, tree: DraftTree, accepted: int, round_trip_s: float, server_s: float) -> None:
+        """A Draft of `tree` came back with `accepted` nodes after `round_trip_s`, `server_s` of it the server's."""
+        with self._lock:
+            self.round_trip_s = _ema(self.round_trip_s, max(0.0, round_trip_s - server_s), self.WEIGHT)
+            n = len(tree)
+            if server_s > 0:
+                self.seen[n] = _ema(self.seen.get(n), server_s, self.WEIGHT)
+                if self.reported:
+                    base = _interpolate(self.reported, n)
+                    if base > 0:
+                        self._scale = _ema(self._scale, server_s / base, self.WEIGHT)
+            if not n:
+                return
+            depth = max(tree.depths())
+            for i in range(min(depth, accepted + 1)):
+                while len(self.reached) <= i:
+                    self.reached.append(0.0)
+                    self.accepted.append(0.0)
+                # forget slowly: the old counts fade so the rates follow the text being written
+                self.reached[i] = self.reached[i] * (1 - self.WEIGHT / 4) + 1
+                self.accepted[i] = self.accepted[i] * (1 - self.WEIGHT / 4) + (1 if accepted > i else 0)
+
+    def observe_guess(self, hit: bool) -> None:
+        with self._lock:
+            self.hit_rate = _ema(self.hit_rate, 1.0 if hit else 0.0, self.WEIGHT)
+
+    # ------------------------------------------------------------- planning
+    def curve(self) -> dict[int, float]:
+        """Verification time by tree size: the sizes seen, and the reported ones (scaled) between them."""
+        out = {n: t * self._scale for n, t in self.reported.items()}
+        out.update(self.seen)
+        return out
+
+    def acceptance(self) -> tuple[float, ...]:
+        """Per-depth acceptance, each depth's prior the depth before it (the first: PRIOR_ACCEPTANCE)."""
+        out, prior = [], self.PRIOR_ACCEPTANCE
+        for reached, accepted in zip(self.reached, self.accepted):
+            prior = (accepted + self.PRIOR * prior) / (reached + self.PRIOR)
+            out.append(prior)
+        return tuple(out) or (prior,)
+
+    def verify_flight_s(self, nodes: int) -> float:
+        """Expected round trip of a Draft of `nodes` nodes (link and server)."""
+        with self._lock:
+            curve = self.curve()
+            return (self.round_trip_s or 0.0) + (_interpolate(curve, nodes) if curve else 0.0)
+
+    def draft_s(self, depth: int) -> float:
+        return (self.pass_s or 0.0) * (depth + 1)
+
+    def inputs(self, max_nodes: int, max_depth: int, pipelined: bool) -> PlanInputs | None:
+        """What the planner needs, or None while something is not measured yet (no curve, no round trip,
+        no drafting time)."""
+        with self._lock:
+            curve = self.curve()
+            if not curve or self.round_trip_s is None or self.pass_s is None:
+                return None
+            sizes = sorted(curve)
+            return PlanInputs(
+                round_trip_s=self.round_trip_s, verify_nodes=tuple(sizes),
+                verify_s=tuple(curve[n] for n in sizes), draft_pass_s=self.pass_s,
+                acceptance=self.acceptance(), nodes_per_depth=self.nodes_per_depth or 1.0,
+                max_nodes=max_nodes, max_depth=max_depth, hit_rate=self.hit_rate if pipelined else 0.0)
+
+
+class TreePlanner:
+    """Each step's tree size, from the estimates (``tree="auto"``) or the drafter's own shape (``"fixed"``)."""
+
+    def __init__(self, config: LoopConfig, estimates: LoopEstimates, max_nodes: int, can_pipeline: bool):
+        self.config, self.estimates, self.max_nodes = config, estimates, max_nodes
+        self.pipelined = config.pipeline and can_pipeline
+        self._plain_in_a_row = 0
+
+    def size(self, remaining: int, explore: bool = True) -> TreeSize:
+        """The tree for a step that may commit at most `remaining` tokens (the bonus token included);
+        explore=False for a tree drafted ahead (it does not count toward the plain steps in a row)."""
+        depth = max(0, remaining - 1)
+        full = TreeSize(self.max_nodes, depth) if depth else PLAIN
+        if self.config.tree == "fixed" or full.plain:
+            return full
+        inputs = self.estimates.inputs(self.max_nodes, min(depth, self.config.max_depth), self.pipelined)
+        if inputs is None:  # nothing measured yet: the drafter's own shape, which measures it
+            return full
+        size = plan_tree(inputs)
+        if not explore:
+            return size
+        if size.plain:
+            self._plain_in_a_row += 1
+            if self._plain_in_a_row > self.config.explore_every:
+                self._plain_in_a_row = 0
+                return full
+        else:
+            self._plain_in_a_row = 0
+        return size
+
+    def worth_drafting_ahead(self, flight_nodes: int, next_depth: int, elapsed_s: float, first: bool) -> bool:
+        """Is one more tree drafted ahead likely to pay? The first always does while the drafter would finish
+        before the verdict; past that, drafting delays a verdict that comes first, so it must hit often
+        enough to pay for the delay (hit rate > 1 - flight / draft). Further guesses only use time that is
+        idle anyway."""
+        if not self.pipelined:
+            return False
+        est = self.estimates
+        left = est.verify_flight_s(flight_nodes) - elapsed_s
+        draft = est.draft_s(next_depth)
+        if draft <= left or est.pass_s is None:
+            return True
+        if not first:
+            return False
+        return est.hit_rate * draft > draft - max(0.0, left)

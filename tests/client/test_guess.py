@@ -1,0 +1,47 @@
+"""Guessing verdicts from a drafter's scores, and the tree a right guess sends."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from edgespec.client.guess import likely_outcomes, tree_after_bonus
+from edgespec.shared.tree import ROOT, DraftTree
+
+
+def test_the_likeliest_end_of_the_accepted_path():
+    # root -> a (0.9) -> b (0.8) -> c (0.1); root -> d (0.05)
+    tree = DraftTree((10, 11, 12, 13), (ROOT, 0, 1, ROOT))
+    scores = [math.log(p) for p in (0.9, 0.8, 0.1, 0.05)]
+    out = likely_outcomes(tree, scores, 3)
+    assert out[0].path == (0, 1) and out[0].probability == pytest.approx(0.7)
+    assert {o.path for o in out[1:]} == {(0, 1, 2), (0,)}  # 0.1 each
+    assert likely_outcomes(tree, scores, 3, min_probability=0.2) == out[:1]
+    with pytest.raises(ValueError):
+        likely_outcomes(tree, scores[:2], 1)
+
+
+def test_tree_after_the_bonus_token():
+    # drafted ahead: root -> x(0) -> y(1) -> z(3); root -> w(2) -> v(4)
+    tree = DraftTree((5, 6, 7, 8, 9), (ROOT, 0, ROOT, 1, 2))
+    scores = [-0.1, -0.3, -1.0, -0.6, -1.5]
+    sub, sub_scores = tree_after_bonus(tree, scores, 5, 8)
+    assert sub == DraftTree((6, 8), (ROOT, 0)) and sub_scores == pytest.approx([-0.2, -0.5])
+    assert tree_after_bonus(tree, scores, 7, 8)[0] == DraftTree((9,), (ROOT,))
+    assert tree_after_bonus(tree, scores, 5, 1)[0] == DraftTree((6,), (ROOT,))  # capped, still connected
+    assert tree_after_bonus(tree, scores, 6, 8) is None  # 6 is not a depth-1 node: the guess missed
+
+
+def test_ngram_scores_are_its_match_shares():
+    from edgespec.client.drafters.base import DraftRequest
+    from edgespec.client.drafters.ngram import NgramConfig, NgramDrafter
+
+    drafter = NgramDrafter(NgramConfig(max_ngram=2, min_ngram=2, max_continuation=3))
+    # "1 2" was followed by "3 4 5" twice and by "3 9 9" once
+    context = [1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 9, 9, 0, 1, 2]
+    tree = drafter.propose(DraftRequest(context, 24, 8))
+    p = {tuple(tree.tokens[i] for i in tree.ancestors(n)): math.exp(s)
+         for n, s in enumerate(drafter.tree_scores())}
+    assert p[(3,)] == pytest.approx(1.0) and p[(3, 4, 5)] == pytest.approx(2 / 3) and p[(3, 9)] == pytest.approx(1 / 3)
+    best = likely_outcomes(tree, drafter.tree_scores(), 1)[0]
+    assert [tree.tokens[i] for i in best.path] == [3, 4, 5]  # the path most matches follow, to its end

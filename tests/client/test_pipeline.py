@@ -1,0 +1,218 @@
+"""The pipelined and adaptive loop writes the serial loop's output: drafting while the Draft is out, trees sized
+each step, in float32 greedy token for token (in-process and over gRPC), sampling from the target's
+distribution, and offline continuation and resume exact when the link drops while a tree drafted ahead is out.
+
+The drafter that makes guesses hit is the tiny target itself as an independent drafter (its trees are the
+target's own likeliest tokens); the tiny drafter of other weights makes them miss. Answers come a few
+milliseconds late (InProcessTransport.round_trip_s, or netem's 5g relay) so there is a flight to draft behind.
+"""
+from __future__ import annotations
+
+import collections
+import math
+
+import pytest
+import torch
+
+from edgespec.client.drafters.factory import DrafterOptions, make_drafter
+from edgespec.client.generation import Generation, GenerationConfig, TokenEvent, TokenizerInfo, TokenOrigin
+from edgespec.client.in_process import InProcessTransport
+from edgespec.client.step_plan import LoopConfig, LoopEstimates
+from edgespec.client.verifier import Verifier
+from edgespec.shared.verification import SamplingConfig, target_probs
+from edgespec.shared.wire import ResumePolicy
+
+PROMPT = "def add(a, b):\n    return a + b\n"
+SERIAL = LoopConfig(pipeline=False, tree="fixed")  # the loop as it was
+PIPELINED = LoopConfig(tree="fixed")
+AUTO = LoopConfig()  # the default: pipelined, trees sized each step
+
+
+@pytest.fixture(scope="module")
+def core(tiny_model_dir):
+    from edgespec.server.core import CoreLimits, VerifierCore
+    from edgespec.server.target import TargetModel
+    from edgespec.shared.models.loading import load_model
+
+    core = VerifierCore(TargetModel(load_model(str(tiny_model_dir), device="cpu", dtype="float32")), CoreLimits())
+    yield core
+    core.close_all()
+
+
+@pytest.fixture(scope="module")
+def drafters(tiny_model_dir, tiny_drafter_dir):
+    """ngram; "missing": the tiny drafter (other weights); "hitting": the tiny target drafting for itself."""
+    return {"ngram": make_drafter(DrafterOptions(name="ngram")),
+            "missing": make_drafter(DrafterOptions(name="independent", model=str(tiny_drafter_dir), dtype="float32")),
+            "hitting": make_drafter(DrafterOptions(name="independent", model=str(tiny_model_dir), dtype="float32"))}
+
+
+@pytest.fixture
+def start(core, drafters):
+    """start(drafter, loop, estimates=None, round_trip_s=0.005, **config) -> (Generation, transport, prompt ids)."""
+    from edgespec.server.service import VerifierServicer
+
+    tok = core.target.tokenizer
+    ids = tok(PROMPT, add_special_tokens=False)["input_ids"]
+
+    def make(drafter: str, loop: LoopConfig, estimates=None, round_trip_s: float = 0.005, **config):
+        info = TokenizerInfo(core.target.fingerprint, set(), lambda t: tok.decode(list(t), skip_special_tokens=True))
+        transport = InProcessTransport(VerifierServicer(core), round_trip_s=round_trip_s)
+        config.setdefault("ignore_eos", True)
+        gen = Generation(Verifier(transport), drafters[drafter], ids, GenerationConfig(**config), info,
+                         loop=loop, estimates=estimates)
+        return gen, transport, ids
+
+    return make
+
+
+def slow_server() -> LoopEstimates:
+    """Estimates that take every verification to last a second: drafting ahead always looks free."""
+    return LoopEstimates((0, 255), (1.0, 1.0))
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "missing", "hitting"])
+def test_pipelined_and_auto_write_the_serial_output(start, tiny_target_f32, greedy, drafter):
+    want = greedy(tiny_target_f32, start(drafter, SERIAL)[2], 48, set())
+    results = {}
+    for name, loop in (("serial", SERIAL), ("pipelined", PIPELINED), ("auto", AUTO)):
+        gen, _, _ = start(drafter, loop, slow_server() if name == "pipelined" else None, max_new_tokens=48)
+        results[name] = gen.run()
+        assert results[name].token_ids == want, name
+    assert results["serial"].metrics.guesses == 0
+    piped = results["pipelined"].metrics
+    if drafter == "hitting":
+        assert piped.guesses > 0 and piped.guess_hits > 0 and piped.saved_s > 0
+        assert piped.calls == results["serial"].metrics.calls  # the same trees, sent earlier
+    if drafter == "missing":
+        assert piped.guesses > 0 and piped.guess_hit_rate < 0.5
+
+
+def test_auto_sends_plain_steps_when_trees_lose(start, tiny_target_f32, greedy):
+    """A server where any tree costs 50x a decode step: the planner sends plain decode steps (empty trees)."""
+    dear = LoopEstimates((0, 1, 255), (0.001, 0.05, 1.0))
+    gen, _, ids = start("missing", AUTO, dear, max_new_tokens=40)
+    r = gen.run()
+    assert r.token_ids == greedy(tiny_target_f32, ids, 40, set())
+    assert r.metrics.plain_steps > 0
+
+
+@pytest.mark.parametrize("policy", [ResumePolicy.ROLLBACK, ResumePolicy.KEEP], ids=["rollback", "keep"])
+def test_link_drops_while_a_tree_drafted_ahead_is_out(start, tiny_target_f32, tiny_drafter_f32, greedy, policy):
+    """The link is cut while a tree sent at once for a right guess is on its way: the loop goes offline from
+    the text the server confirmed and the Resume ends exactly as the serial loop's would."""
+    gen, transport, ids = start("hitting", PIPELINED, slow_server(), round_trip_s=0.02, max_new_tokens=40,
+                                resume_policy=policy)
+    events, cut_with_flight, offline = [], False, 0
+    for e in gen:
+        events.append(e)
+        if isinstance(e, TokenEvent) and e.origin is not TokenOrigin.OFFLINE and not cut_with_flight \
+                and e.index >= 4 and gen._flight is not None:
+            transport.cut()  # the tree drafted ahead is in the air
+            cut_with_flight = True
+        if isinstance(e, TokenEvent) and e.origin is TokenOrigin.OFFLINE:
+            offline += 1
+            if offline >= 3:
+                transport.restore()
+    r = gen.result
+    assert cut_with_flight and r.metrics.disconnects == 1 and r.metrics.resumes == 1
+    assert len(r.token_ids) == 40
+    if policy is ResumePolicy.ROLLBACK:
+        assert r.token_ids == greedy(tiny_target_f32, ids, 40, set()) and r.provisional == 0
+    else:  # the kept offline text is the drafter's (the target itself) from the confirmed text: still greedy
+        assert r.token_ids == greedy(tiny_target_f32, ids, 40, set())
+
+
+def chi_square_critical(dof: int, z: float = 3.72) -> float:
+    """Wilson-Hilferty approximation of the chi-square quantile at about p = 1e-4 (as test_verification)."""
+    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+
+
+@pytest.mark.slow
+def test_sampling_keeps_the_targets_distribution(start, tiny_target_f32):
+    """Temperature 1, top-k 2: the first four tokens take one of 16 sequences; their counts over many seeds
+    under the pipelined loop (trees drafted ahead, guesses hitting and missing) match the target's own
+    probabilities of each sequence."""
+    sampling = SamplingConfig(temperature=1.0, top_k=2)
+    n, runs = 4, 400
+    counts: collections.Counter = collections.Counter()
+    guesses = 0
+    ids = None
+    for seed in range(runs):
+        gen, _, ids = start("hitting", PIPELINED, slow_server(), round_trip_s=0.002, max_new_tokens=n + 2,
+                            temperature=1.0, top_k=2, seed=seed, draft_on_open=False)
+        r = gen.run()
+        counts[tuple(r.token_ids[:n])] += 1  # the first n tokens' law does not depend on what follows
+        guesses += r.metrics.guesses
+    assert guesses > 0
+
+    @torch.inference_mode()
+    def probs(prefix: list[int]) -> torch.Tensor:
+        return target_probs(tiny_target_f32(input_ids=torch.tensor([ids + prefix])).logits[0, -1], sampling)
+
+    expected: dict[tuple, float] = {}
+    frontier = [((), 1.0)]
+    for _ in range(n):
+        nxt = []
+        for seq, p in frontier:
+            row = probs(list(seq))
+            for t in torch.nonzero(row).flatten().tolist():
+                nxt.append((seq + (t,), p * float(row[t])))
+        frontier = nxt
+    expected = dict(frontier)
+    assert set(counts) <= set(expected), "a sequence the target cannot sample came out"
+    stat = sum((counts.get(s, 0) - runs * p) ** 2 / (runs * p) for s, p in expected.items())
+    assert stat < chi_square_critical(len(expected) - 1), (counts, expected)
+
+
+def test_over_grpc_pipelined_and_auto_write_the_serial_output(tiny_server, make_client, tiny_model_dir,
+                                                              tiny_target_f32, greedy):
+    """A real server on loopback behind netem's 5g relay: serial, pipelined and auto clients write the same
+    tokens, the target's greedy ones; the server reported its cost curve in Info."""
+    from support.relays import relay_to
+
+    with relay_to(tiny_server, "5g") as relay:
+        outputs, metrics = {}, {}
+        for name, loop in (("serial", SERIAL), ("pipelined", PIPELINED), ("auto", AUTO)):
+            client = make_client(relay.target, "independent", drafter_dir=tiny_model_dir)
+            assert list(client.info.verify_cost_nodes) == [0, 4, 16, 32]
+            assert len(client.info.verify_cost_ns) == 4 and min(client.info.verify_cost_ns) > 0
+            client.config = type(client.config)(client.config.link, client.config.drafter,
+                                                client.config.tokenizer, loop)
+            ids = client.encode(PROMPT)
+            r = client.generate(ids, GenerationConfig(max_new_tokens=40, ignore_eos=True))
+            outputs[name], metrics[name] = r.token_ids, r.metrics
+        assert outputs["serial"] == outputs["pipelined"] == outputs["auto"] == greedy(tiny_target_f32, ids, 40, set())
+        assert metrics["pipelined"].guesses > 0 and metrics["serial"].guesses == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cut", ["blackhole", "reset"])
+def test_relay_outage_while_a_tree_drafted_ahead_is_out(tiny_server, make_client, tiny_model_dir, tiny_target_f32,
+                                                        greedy, cut):
+    """netem's relay drops the link while the tree sent at once for a right guess is on its way: offline,
+    reconnect, Resume, and the output is the target's greedy text (rollback)."""
+    import dataclasses
+
+    from support.relays import relay_to
+
+    with relay_to(tiny_server, "5g") as relay:
+        client = make_client(relay.target, "independent", drafter_dir=tiny_model_dir)
+        client.config = dataclasses.replace(client.config, loop=PIPELINED)
+        client.estimates = slow_server()
+        ids = client.encode(PROMPT)
+        gen = client.generation(ids, GenerationConfig(max_new_tokens=40, ignore_eos=True))
+        cut_with_flight, offline = False, 0
+        for e in gen:
+            if isinstance(e, TokenEvent) and e.origin is not TokenOrigin.OFFLINE and not cut_with_flight \
+                    and e.index >= 4 and gen._flight is not None:
+                relay.cut(cut)
+                cut_with_flight = True
+            if isinstance(e, TokenEvent) and e.origin is TokenOrigin.OFFLINE:
+                offline += 1
+                if offline >= 3 and relay.state != "up":
+                    relay.restore()
+        r = gen.result
+    assert cut_with_flight and r.metrics.disconnects >= 1 and r.metrics.resumes >= 1
+    assert r.token_ids == greedy(tiny_target_f32, ids, 40, set()) and r.provisional == 0
+    assert r.metrics.guess_hits > 0
