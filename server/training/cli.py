@@ -33,6 +33,8 @@ def register(subparsers) -> None:
     d.add_argument("--chunk-tokens", type=int, default=512, help="target tokens per text chunk")
     d.add_argument("--chunks-per-file", type=int, default=4, help="text chunks taken from one file at most")
     d.add_argument("--max-tokens", type=int, default=0, help="text: stop at about this many tokens (0: all)")
+    d.add_argument("--val-first", type=int, default=8,
+                   help="text: this many held-out chunks go first, so a store cut short can be validated on")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--n-write", type=int, default=200)
     d.add_argument("--n-explain", type=int, default=100)
@@ -67,7 +69,11 @@ def register(subparsers) -> None:
     t.add_argument("--init", default=None,
                    help="a run folder or drafter file whose weights start this run (second training stages)")
     t.add_argument("--target", required=True, help="the target whose embedding / norm / LM head the drafter uses")
-    t.add_argument("--features", required=True)
+    t.add_argument("--features", default=None, help="feature store folder (`edgespec train features`)")
+    t.add_argument("--features-from", choices=("store", "target"), default="store",
+                   help="store: read --features; target: run the target beside the drafter on --data as it trains")
+    t.add_argument("--data", default=None, help="with --features-from target: the folder with samples.jsonl")
+    t.add_argument("--max-len", type=int, default=1024, help="with --features-from target: tokens per sequence")
     t.add_argument("--out", required=True, help="run folder: checkpoints, log.txt, final drafter")
     t.add_argument("--tli", type=int, default=0, help="MoA: target layers run on the client (0, 1 or 3)")
     t.add_argument("--width", type=int, default=0, help="drafter's internal width (0: the kind's default)")
@@ -134,7 +140,7 @@ def _data(args) -> int:
     if args.text or args.chat:
         cfg = FileDataConfig(text=tuple(args.text), chats=tuple(args.chat), text_globs=tuple(args.glob),
                              answers=args.answers, chunk_tokens=args.chunk_tokens, chunks_per_file=args.chunks_per_file,
-                             max_tokens=args.max_tokens, max_new_tokens=args.max_new_tokens,
+                             max_tokens=args.max_tokens, val_first=args.val_first, max_new_tokens=args.max_new_tokens,
                              batch_size=args.batch_size, seed=args.seed,
                              val_fraction=0.02 if args.val_fraction is None else args.val_fraction)
         print(build_from_files(args.target, args.out, cfg, device=args.device, dtype=args.dtype))

@@ -48,6 +48,7 @@ class FileDataConfig:
     max_new_tokens: int = 512  # length cap of a regenerated answer
     batch_size: int = 8  # conversations regenerated together
     val_fraction: float = 0.02  # share of samples (by id hash) held out for validation
+    val_first: int = 8  # held-out text chunks put first (the rest keep their shuffled place)
     seed: int = 0  # file and chunk order
 
 
@@ -171,10 +172,11 @@ def build_from_files(target: str, out_dir: str | Path, config: FileDataConfig, d
                 for cid, text in list(text_chunks(p, tokenizer, config.chunk_tokens))[:config.chunks_per_file]:
                     chunks.append((cid, text))
                     tokens += config.chunk_tokens
-            # Extraction goes in file order: shuffled, an early stop still sees every kind of text, and
-            # held-out chunks first, so a store cut short can already be validated on.
+            # Extraction goes in file order: shuffled, an early stop still sees every kind of text; a
+            # few held-out chunks first, so a store cut short can already be validated on.
             rng.shuffle(chunks)
-            chunks.sort(key=lambda c: split_of(c[0], config.val_fraction) != "val")
+            first = [c for c in chunks if split_of(c[0], config.val_fraction) == "val"][:config.val_first]
+            chunks = first + [c for c in chunks if c not in first]
             log.info("%d text files, %d chunks (~%d tokens)", len(files), len(chunks), tokens)
             for cid, text in chunks:
                 if cid not in done:

@@ -34,7 +34,7 @@ def reduced_vocab(store: FeatureStore, size: int, always: tuple[int, ...] = (),
         ids = torch.load(saved)
         if len(ids) == size:
             return ids
-    streams = (FeatureStore.load(f, ()).tokens for f in store.split("train"))
+    streams = (store.load(f, ()).tokens for f in store.split("train"))
     ids = most_frequent_ids(streams, size, store.shape.vocab_size, always)
     if saved is not None:
         saved.parent.mkdir(parents=True, exist_ok=True)
@@ -73,7 +73,7 @@ def parse_opts(pairs: list[str]) -> dict[str, str]:
 
 
 def write_card(run_dir: Path, recipe, store: FeatureStore, trainer: Trainer, files: list[Path], wall_s: float) -> Path:
-    n_tokens = sum(f.tokens if isinstance(f, ShardRef) else FeatureStore.load(f, ()).tokens.numel()
+    n_tokens = sum(f.tokens if isinstance(f, ShardRef) else store.load(f, ()).tokens.numel()
                    for f in trainer.train_files)
     last_val = next((r for r in reversed(trainer.history) if "val/chains" in r), {})
     card = {
@@ -97,6 +97,23 @@ def write_card(run_dir: Path, recipe, store: FeatureStore, trainer: Trainer, fil
     return path
 
 
+def feature_source(args, device=None):
+    """The stored features (``--features DIR``) or the target computing them as training goes
+    (``--features-from target --data DIR``)."""
+    if getattr(args, "features_from", "store") == "target":
+        from .online import TargetFeatures
+
+        if not getattr(args, "data", None):
+            raise ValueError("--features-from target needs --data DIR (the folder with samples.jsonl)")
+        tli = tuple(sorted({0, args.tli}))
+        return TargetFeatures(args.target, args.data, max_len=args.max_len, tli_depths=tli,
+                              device=device,
+                              dtype=args.dtype)
+    if not args.features:
+        raise ValueError("give --features DIR (a feature store), or --features-from target --data DIR")
+    return FeatureStore(args.features)
+
+
 def fit_from_args(args) -> int:
     from transformers import AutoTokenizer
 
@@ -107,7 +124,10 @@ def fit_from_args(args) -> int:
 
     if args.kind not in all_recipes():  # before any file is read: a typo should not cost a model load
         raise RecipeOptionError(f"no training recipe {args.kind!r} (known: {', '.join(sorted(all_recipes()))})")
-    store = FeatureStore(args.features)
+    # Under a launcher this joins the process group and picks this process's GPU (cuda:LOCAL_RANK).
+    device = distributed.init(args.device).device if int(os.environ.get("WORLD_SIZE", "1")) > 1 \
+        else pick_device(args.device)
+    store = feature_source(args, str(device))
     tok = AutoTokenizer.from_pretrained(model_location(args.target))
     if tokenizer_fingerprint(tok) != store.meta.get("fingerprint"):
         raise ValueError(f"the feature store was made with another tokenizer than {args.target}'s")
@@ -124,7 +144,6 @@ def fit_from_args(args) -> int:
                       max_wall_s=60.0 * getattr(args, "max_minutes", 0.0), grad_accum=getattr(args, "grad_accum", 1),
                       amp=getattr(args, "amp", "auto"), log_every=getattr(args, "log_every", 10))
     run_dir = Path(args.out)
-    device = args.device if int(os.environ.get("WORLD_SIZE", "1")) > 1 else pick_device(args.device)
     trainer = Trainer(recipe, store, run_dir, cfg, device=device)
     t0 = time.perf_counter()
     trainer.fit()

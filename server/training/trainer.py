@@ -121,11 +121,14 @@ class Trainer:
 
     # -- data ------------------------------------------------------------------------------------
     def _load(self, path):
-        # Decoded sequences stay in memory: features are read once, reused every epoch.
+        # Decoded sequences stay in memory: features are read once, reused every epoch (not those
+        # a target computes on the fly: online.py).
         if path not in self._cache:
             seq = self.store.load(path, self.recipe.feature_names).to(self.device)
             if seq.kv is not None:  # the largest array (L * 2*E_kv a token): half the memory
                 seq.kv = seq.kv.half()
+            if not getattr(self.store, "cache", True):
+                return seq
             self._cache[path] = seq
         return self._cache[path]
 
@@ -188,9 +191,9 @@ class Trainer:
             loss = total_loss(self.recipe, terms) * share
             loss.backward()
             for i, n in enumerate(names):
-                sums[i] += float(terms[n].total)
-                sums[len(names) + i] += float(terms[n].weight)
-            sums[-1] += float(loss)
+                sums[i] += float(terms[n].total.detach())
+                sums[len(names) + i] += float(terms[n].weight.detach())
+            sums[-1] += float(loss.detach())
         distributed.all_reduce_grads(self.params)
         sums = distributed.all_sum(sums.to(self.device)).cpu()
         torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip)

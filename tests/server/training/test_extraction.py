@@ -104,3 +104,26 @@ def test_resuming_with_other_shards_is_refused(target_dir, data_dir, tmp_path):
     with pytest.raises(ValueError, match="shards of 64 tokens"):
         extract_sharded(str(target_dir), data_dir, tmp_path / "s", ExtractConfig(max_len=32, shard_tokens=128),
                         device="cpu", dtype="float32")
+
+
+def test_features_from_the_target_during_training(target_dir, data_dir, tmp_path):
+    """--features-from target: the same sequences and splits as a store of the same data, features
+    equal to the stored ones up to int8, and a trainer runs on it without keeping them."""
+    from support.drafters import train_config
+    from edgespec.server.training.fit import build_recipe
+    from edgespec.server.training.online import TargetFeatures
+    from edgespec.server.training.trainer import Trainer
+
+    online = TargetFeatures(str(target_dir), data_dir, max_len=64, tli_depths=(0, 1), device="cpu", dtype="float32")
+    stored = FeatureStore(extract_sharded(str(target_dir), data_dir, tmp_path / "store",
+                                          ExtractConfig(max_len=64, tli_depths=(0, 1)), device="cpu", dtype="float32"))
+    assert [f.split for f in online.files] == [f.split for f in stored.files]
+    names = ("hidden", "kv", "act1")
+    a, b = online.load(online.split("train")[2], names), stored.load(stored.split("train")[2], names)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.loss_mask, b.loss_mask) and set(a.acts) == {1}
+    for x, y in ((a.hidden, b.hidden), (a.kv, b.kv), (a.acts[1], b.acts[1])):
+        assert (x - y).abs().max() <= 0.02 * x.abs().max()
+    rec = build_recipe("moa", str(target_dir), online, tli=1, width=32, heads=4, special_ids=(258,))
+    trainer = Trainer(rec, online, tmp_path / "run", train_config(steps=3, eval_every=3))
+    trainer.fit()
+    assert len(trainer.history) == 3 and "val/mean_accepted" in trainer.history[-1] and not trainer._cache
