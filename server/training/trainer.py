@@ -8,7 +8,9 @@ the step's learned tokens, so summed over micro-batches and processes the gradie
 of the whole batch at once: N processes follow the curve of one (up to float summation order)
 for any recipe whose term weights are its learned-token mask, as EAGLE's and MoA's are. A
 window's own randomness (noise, MoA's step bounds) comes from a generator seeded by (seed,
-step, window), so it does not depend on which process draws it.
+step, window), so it does not depend on which process draws it (``window_rng``; a plain
+single process keeps the one shared stream earlier runs used, so their commands still
+reproduce them).
 
 Every ``save_every`` steps the run folder gets ``checkpoint.pt`` (trainable weights, optimizer,
 step, RNG), written atomically: a run started again with the same folder resumes from it.
@@ -56,6 +58,10 @@ class TrainConfig:
     grad_accum: int = 1  # micro-batches (separate backward passes) per process and optimizer step
     amp: str = "auto"  # "auto": bf16 autocast on CUDA, none on CPU; "bf16"; "off"
     log_every: int = 10  # steps between progress lines when not on a terminal
+    # Randomness inside windows: "per-window" (seeded by step and window: the same whatever process or
+    # micro-batch draws it), "shared" (one stream with the window draws, as runs before data-parallel
+    # training had), "auto": per-window under a launcher (WORLD_SIZE set) or with grad_accum > 1.
+    window_rng: str = "auto"
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -92,6 +98,12 @@ class Trainer:
         self._light: dict[object, torch.Tensor] = {}
         self.history: list[dict] = []
         self.tokens_seen = 0
+        if config.window_rng not in ("auto", "per-window", "shared"):
+            raise ValueError(f"window_rng must be auto, per-window or shared, got {config.window_rng!r}")
+        launched = "WORLD_SIZE" in os.environ or config.grad_accum > 1
+        self.per_window = config.window_rng == "per-window" or (config.window_rng == "auto" and launched)
+        if self.world.distributed and not self.per_window:
+            raise ValueError("several processes need window_rng per-window (or auto)")
 
     # -- checkpoints -----------------------------------------------------------------------------
     @property
@@ -184,7 +196,8 @@ class Trainer:
             terms = None
             with self._autocast():
                 for idx, (ref, start, end) in part:
-                    gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.step * 4099 + idx)
+                    gen = (torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.step * 4099 + idx)
+                           if self.per_window else self.gen)
                     t = sequence_loss(self.recipe, self.recipe.forward(self._load(ref), start, end, gen))
                     terms = t if terms is None else {n: terms[n] + t[n] for n in t}
             share = sum(learned(w) for _, w in part) / total_learned

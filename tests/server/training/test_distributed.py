@@ -1,5 +1,5 @@
 """Data-parallel training: `torchrun --nproc-per-node 2 ... edgespec train fit` (2 gloo ranks on the
-CPU) follows the loss curve of one process with the same global batch, and gradient accumulation
+CPU) follows the loss curve of one process (`--nproc-per-node 1`) with the same global batch, and gradient accumulation
 does too. Tolerance: 1e-4 relative per step (the only difference is the order floats are summed in:
 two ranks' gradients added after the backward passes instead of inside one)."""
 from __future__ import annotations
@@ -35,7 +35,9 @@ def losses(run) -> list[float]:
 def test_two_gloo_ranks_follow_one_rank(kind, target_dir, store, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
-    one = subprocess.run([sys.executable, *fit_command(target_dir, store, tmp_path / "one", kind, [])],
+    # One process under the launcher too: a plain run keeps its older random stream (trainer.py).
+    one = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                          *fit_command(target_dir, store, tmp_path / "one", kind, [])],
                          env=env, capture_output=True, text=True, timeout=120)
     assert one.returncode == 0, one.stderr[-2000:]
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -56,7 +58,8 @@ def test_gradient_accumulation_keeps_the_curve(target, store, tmp_path):
     runs = []
     for accum in (1, 3):
         rec = build_recipe("moa", target.model, store, tli=1, width=32, heads=4, special_ids=(258,))
-        trainer = Trainer(rec, store, tmp_path / str(accum), train_config(steps=4, grad_accum=accum, batch_tokens=256))
+        cfg = train_config(steps=4, grad_accum=accum, batch_tokens=256, window_rng="per-window")
+        trainer = Trainer(rec, store, tmp_path / str(accum), cfg)
         trainer.fit()
         runs.append([r["loss"] for r in trainer.history])
     torch.testing.assert_close(torch.tensor(runs[1]), torch.tensor(runs[0]), rtol=TOLERANCE, atol=0)
