@@ -141,5 +141,5 @@ def text_chunks(path: Path, tokenizer, chunk_tokens: int, min_tokens: int = 64) 
     ids = tokenizer.encode(text, add_special_tokens=False)
     for start in range(0, len(ids), chunk_tokens):
         piece = ids[start:start + chunk_tokens]
-        if len(piece) >= min_tokens:
+        if len(piece) >= min(min_tokens, chunk_tokens):  # a short last piece is dropped
             yield f"text:{path}:{start}", tokenizer.decode(piece)

@@ -55,8 +55,8 @@ def test_test_sets_never_become_training_data(tiny_tokenizer, tmp_path):
     (tmp_path / "chats.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "Solve MT-Bench q1"},
                                                                    {"role": "assistant", "content": "x"}]}) + "\n")
     assert text_files([tmp_path]) == [tmp_path / "mentions.md", tmp_path / "ok.py"]
-    assert list(text_chunks(tmp_path / "mentions.md", tiny_tokenizer, 16)) == []  # named in the text
-    assert list(text_chunks(tmp_path / "ok.py", tiny_tokenizer, 16))
+    assert list(text_chunks(tmp_path / "mentions.md", tiny_tokenizer, 100)) == []  # named in the text
+    assert list(text_chunks(tmp_path / "ok.py", tiny_tokenizer, 100))
     assert list(read_chat_file(tmp_path / "mt_bench.jsonl")) == []
     assert list(read_chat_file(tmp_path / "chats.jsonl")) == []
 
