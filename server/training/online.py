@@ -68,5 +68,6 @@ class TargetFeatures:
             return StoredSequence(row["id"], row["split"], tokens, loss_mask, None, None, {})
         depths = tuple(d for d in self.tli_depths if f"act{d}" in names)
         feats = target_features(self.loaded.model, ids, depths)
-        return StoredSequence(row["id"], row["split"], tokens, loss_mask, feats["hidden"] if "hidden" in names else None,
-                              feats["kv"] if "kv" in names else None, {d: feats[f"act{d}"] for d in depths})
+        return StoredSequence(row["id"], row["split"], tokens, loss_mask,
+                              feats["hidden"] if "hidden" in names else None, feats["kv"] if "kv" in names else None,
+                              {d: feats[f"act{d}"] for d in depths})

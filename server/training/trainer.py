@@ -111,7 +111,8 @@ class Trainer:
         return self.run_dir / "checkpoint.pt"
 
     def save_checkpoint(self) -> None:
-        state = {"step": self.step, "tokens": self.tokens_seen, "optimizer": self.opt.state_dict(), "rng": self.gen.get_state(),
+        state = {"step": self.step, "tokens": self.tokens_seen, "optimizer": self.opt.state_dict(),
+                 "rng": self.gen.get_state(),
                  "modules": {k: m.state_dict() for k, m in self.recipe.trainable().items()},
                  "config": asdict(self.config)}
         tmp = self.checkpoint_path.with_suffix(".tmp")
