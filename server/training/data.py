@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from .corpus import DEFAULT_TEXT_GLOBS, Conversation, read_chat_file, text_chunks, text_files
 from .prompts import Sample, derive_samples, split_of
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,22 @@ class DataConfig:
     batch_size: int = 8  # prompts generated together (left padding); a CPU is much faster batched
     val_fraction: float = 0.1  # share of samples (by id hash) held out for validation
     source_root: str | None = None  # where prompts come from; None = this interpreter's standard library
+
+
+@dataclass(frozen=True)
+class FileDataConfig:
+    text: tuple[str, ...] = ()  # files or folders of plain text / code (walked, filtered by text_globs)
+    chats: tuple[str, ...] = ()  # ShareGPT or OpenAI-style messages JSON / JSONL files
+    text_globs: tuple[str, ...] = ()  # file-name globs of text files; () = corpus.DEFAULT_TEXT_GLOBS
+    answers: str = "given"  # "given": keep the files' assistant turns; "target": the target rewrites them
+    chunk_tokens: int = 512  # target tokens per plain-text chunk (one training sequence)
+    chunks_per_file: int = 4  # at most this many chunks of one file: many sources beat a few long ones
+    max_tokens: int = 0  # stop adding text chunks at about this many tokens; 0 = all
+    max_new_tokens: int = 512  # length cap of a regenerated answer
+    batch_size: int = 8  # conversations regenerated together
+    val_fraction: float = 0.02  # share of samples (by id hash) held out for validation
+    val_first: int = 8  # held-out text chunks put first (the rest keep their shuffled place)
+    seed: int = 0  # file and chunk order
 
 
 def read_samples(path: str | Path) -> list[dict]:
@@ -118,3 +135,126 @@ def _rewrite_clean(path: Path) -> None:
     if path.exists():
         rows = read_samples(path)
         path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+def build_from_files(target: str, out_dir: str | Path, config: FileDataConfig, device: str | None = None,
+                     dtype: str | None = None) -> Path:
+    """Write (or finish) ``out_dir/samples.jsonl`` from local chat and text files.
+
+    Text rows are ``{"kind": "text", "prompt": chunk}``; chat rows ``{"kind": "chat", "messages": [...]}``
+    with ``"answers": "given"|"target"``. Rows already in the file are kept (resume)."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from ...shared.models.loading import model_location
+
+    if config.answers not in ("given", "target"):
+        raise ValueError(f"answers must be 'given' or 'target', got {config.answers!r}")
+    if not config.text and not config.chats:
+        raise ValueError("no data: give text files/folders (--text) or chat files (--chat)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "data_config.json").write_text(json.dumps({"target": target, **asdict(config)}, indent=1))
+    path = out / "samples.jsonl"
+    done = {row["id"] for row in read_samples(path)}
+    _rewrite_clean(path)
+    tokenizer = AutoTokenizer.from_pretrained(model_location(target))
+    rng = random.Random(config.seed)
+    with path.open("a", encoding="utf-8") as f:
+        if config.text:
+            files = text_files(list(config.text), tuple(config.text_globs) or DEFAULT_TEXT_GLOBS)
+            rng.shuffle(files)
+            chunks, tokens = [], 0
+            for p in files:
+                if config.max_tokens and tokens >= config.max_tokens:
+                    break
+                for cid, text in list(text_chunks(p, tokenizer, config.chunk_tokens))[:config.chunks_per_file]:
+                    chunks.append((cid, text))
+                    tokens += config.chunk_tokens
+            # Extraction goes in file order: shuffled, an early stop still sees every kind of text; a
+            # few held-out chunks first, so a store cut short can already be validated on.
+            rng.shuffle(chunks)
+            first = [c for c in chunks if split_of(c[0], config.val_fraction) == "val"][:config.val_first]
+            chunks = first + [c for c in chunks if c not in first]
+            log.info("%d text files, %d chunks (~%d tokens)", len(files), len(chunks), tokens)
+            for cid, text in chunks:
+                if cid not in done:
+                    _write_row(f, {"id": cid, "kind": "text", "split": split_of(cid, config.val_fraction),
+                                   "prompt": text, "response": ""})
+        convs = [c for p in config.chats for c in read_chat_file(p) if c.id not in done]
+        if config.answers == "given":
+            for c in convs:
+                _write_row(f, _chat_row(c, c.messages, "given", config))
+        elif convs:
+            from ...shared.models import load_model
+
+            loaded = load_model(target, device=device, dtype=dtype)
+            for i in range(0, len(convs), config.batch_size):
+                batch = convs[i:i + config.batch_size]
+                for c, messages in zip(batch, regenerate(loaded.model, loaded.tokenizer, batch, config.max_new_tokens)):
+                    _write_row(f, _chat_row(c, messages, "target", config))
+                log.info("regenerated %d/%d conversations", min(i + config.batch_size, len(convs)), len(convs))
+    return path
+
+
+def regenerate(model, tokenizer, convs: list[Conversation], max_new_tokens: int) -> list[tuple[dict, ...]]:
+    """The conversations with every assistant turn rewritten by the target (greedy), turn by turn:
+    later turns see the target's own earlier answers, as they would when it serves."""
+    out: list[list[dict]] = [[] for _ in convs]
+    turns = [list(c.messages) for c in convs]
+    longest = max(len(t) for t in turns)
+    for k in range(longest):
+        need = [i for i, t in enumerate(turns) if k < len(t) and t[k]["role"] == "assistant"]
+        for i, t in enumerate(turns):
+            if k < len(t) and t[k]["role"] != "assistant":
+                out[i].append(t[k])
+        if need:
+            answers = generate_chat(model, tokenizer, [out[i] for i in need], max_new_tokens)
+            for i, a in zip(need, answers):
+                out[i].append({"role": "assistant", "content": a})
+    # A conversation that ends on a user turn gets the target's answer to it.
+    last = [i for i, m in enumerate(out) if m and m[-1]["role"] == "user"]
+    if last:
+        for i, a in zip(last, generate_chat(model, tokenizer, [out[i] for i in last], max_new_tokens)):
+            out[i].append({"role": "assistant", "content": a})
+    return [tuple(m) for m in out]
+
+
+@torch.inference_mode()
+def generate_chat(model, tokenizer, histories: list[list[dict]], max_new_tokens: int) -> list[str]:
+    texts = [tokenizer.apply_chat_template(h, tokenize=False, add_generation_prompt=True) for h in histories]
+    tokenizer.padding_side = "left"
+    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None,
+                         top_k=None, pad_token_id=tokenizer.pad_token_id)
+    return [tokenizer.decode(row, skip_special_tokens=True) for row in out[:, enc["input_ids"].shape[1]:]]
+
+
+def chat_ids_and_mask(tokenizer, messages: list[dict] | tuple[dict, ...]) -> tuple[list[int], list[int]]:
+    """Token ids of a chat-formatted conversation and a mask that is 1 on the assistant turns' tokens
+    (their text and end-of-turn marker), found as character spans of the rendered template."""
+    full = tokenizer.apply_chat_template(list(messages), tokenize=False)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = tokenizer.apply_chat_template(list(messages[:i]), tokenize=False, add_generation_prompt=True)
+        upto = tokenizer.apply_chat_template(list(messages[:i + 1]), tokenize=False)
+        if not (full.startswith(upto) and upto.startswith(before)):
+            raise ValueError("the chat template does not render a conversation as a growing prefix; "
+                             "cannot tell the assistant's tokens apart")
+        spans.append((len(before), len(upto)))
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    mask = [int(any(a <= s < b for a, b in spans)) for s, _ in enc["offset_mapping"]]
+    return list(enc["input_ids"]), mask
+
+
+def _chat_row(c: Conversation, messages, answers: str, config: FileDataConfig) -> dict:
+    return {"id": c.id, "kind": "chat", "split": split_of(c.id, config.val_fraction), "answers": answers,
+            "messages": list(messages)}
+
+
+def _write_row(f, row: dict) -> None:
+    f.write(json.dumps(row) + "\n")
+    f.flush()

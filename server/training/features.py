@@ -27,7 +27,7 @@ import torch
 from ...shared.codec import ActivationCodec, Codec, decode_frame
 from ...shared.drafters.target_parts import TargetShape, target_shape
 from ...shared.models.cache_arg import output_cache
-from .data import chat_text, read_samples
+from .data import chat_ids_and_mask, chat_text, read_samples
 
 log = logging.getLogger(__name__)
 CODEC = ActivationCodec(Codec.INT8_OUTLIER, zstd_level=1, outlier_channels=8)
@@ -53,9 +53,11 @@ class StoredSequence:
 
 def tokenize_sample(tokenizer, row: dict, max_len: int) -> tuple[list[int], list[int]]:
     """(ids, loss mask) of one data row, cut to max_len tokens."""
-    if row["kind"] == "code":
+    if row["kind"] in ("code", "text"):
         ids = tokenizer.encode(row["prompt"], add_special_tokens=False)
         mask = [1] * len(ids)
+    elif row["kind"] == "chat":
+        ids, mask = chat_ids_and_mask(tokenizer, row["messages"])
     else:
         prefix = tokenizer.encode(chat_text(tokenizer, row["prompt"], None), add_special_tokens=False)
         ids = tokenizer.encode(chat_text(tokenizer, row["prompt"], row["response"]), add_special_tokens=False)
@@ -141,8 +143,20 @@ def _write(path: Path, row: dict, ids: list[int], mask: list[int], feats: dict[s
     os.replace(tmp, path)
 
 
+@dataclass(frozen=True)
+class ShardRef:
+    """Sequence ``index`` of a shard file (sharded stores, ``extraction.py``)."""
+
+    path: Path
+    index: int
+    split: str
+    tokens: int
+
+
 class FeatureStore:
-    """Read side: the stored sequences of a split."""
+    """Read side: the stored sequences of a split, from a sharded store (``shards/``, what
+    ``extraction.py`` writes) and/or one file per sequence (``seq/``, older stores). A shard still
+    being written (``.tmp.npz``) is not read, so a store can be trained on while it grows."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -152,23 +166,42 @@ class FeatureStore:
                                     "run `edgespec train features`")
         self.meta = json.loads(meta_path.read_text())
         self.shape = TargetShape(**self.meta["shape"])
-        self.files = sorted((self.path / "seq").glob("*.npz"))
-        self.files = [f for f in self.files if not f.name.endswith(".tmp.npz")]
-        self._splits = {f: self._meta_of(f)["split"] for f in self.files}
+        seq_files = [f for f in sorted((self.path / "seq").glob("*.npz")) if not f.name.endswith(".tmp.npz")]
+        self._splits: dict[object, str] = {f: self._meta_of(f)["split"] for f in seq_files}
+        for shard in sorted((self.path / "shards").glob("shard-*.npz")):
+            if shard.name.endswith(".tmp.npz"):
+                continue
+            with np.load(shard) as z:
+                index = json.loads(z["index"].tobytes().decode())
+            for j, (_, split, n) in enumerate(index):
+                self._splits[ShardRef(shard, j, split, n)] = split
+        self.files = list(self._splits)
 
     @staticmethod
     def _meta_of(path: Path) -> dict:
         with np.load(path) as z:
             return json.loads(z["meta"].tobytes().decode())
 
-    def split(self, name: str) -> list[Path]:
+    def split(self, name: str) -> list:
         return [f for f in self.files if self._splits[f] == name]
 
+    def tokens(self, name: str) -> int:
+        """Tokens in a split (sharded stores know it without decoding anything)."""
+        return sum(f.tokens if isinstance(f, ShardRef) else self.load(f, ()).tokens.numel() for f in self.split(name))
+
     @staticmethod
-    def load(path: Path, names: tuple[str, ...] = ("hidden", "kv")) -> StoredSequence:
-        with np.load(path) as z:
-            meta = json.loads(z["meta"].tobytes().decode())
-            dec = {k: decode_frame(z[k].tobytes()).float() for k in z.files if k in names}
-            return StoredSequence(meta["id"], meta["split"], torch.from_numpy(z["tokens"].astype(np.int64)),
-                            torch.from_numpy(z["loss_mask"].astype(bool)), dec.get("hidden"), dec.get("kv"),
-                            {int(k[3:]): v for k, v in dec.items() if k.startswith("act")})
+    def load(ref, names: tuple[str, ...] = ("hidden", "kv")) -> StoredSequence:
+        if isinstance(ref, ShardRef):
+            prefix = f"s{ref.index}_"
+            with np.load(ref.path) as z:
+                meta = json.loads(z[prefix + "meta"].tobytes().decode())
+                tokens, mask = z[prefix + "tokens"], z[prefix + "loss_mask"]
+                dec = {k: decode_frame(z[prefix + k].tobytes()).float() for k in names if prefix + k in z.files}
+        else:
+            with np.load(ref) as z:
+                meta = json.loads(z["meta"].tobytes().decode())
+                tokens, mask = z["tokens"], z["loss_mask"]
+                dec = {k: decode_frame(z[k].tobytes()).float() for k in z.files if k in names}
+        return StoredSequence(meta["id"], meta["split"], torch.from_numpy(tokens.astype(np.int64)),
+                              torch.from_numpy(mask.astype(bool)), dec.get("hidden"), dec.get("kv"),
+                              {int(k[3:]): v for k, v in dec.items() if k.startswith("act")})

@@ -17,7 +17,8 @@ import torch
 
 from ...shared.device import cpu_name, pick_device
 from ...shared.drafters.vocab import most_frequent_ids
-from .features import FeatureStore
+from . import distributed
+from .features import FeatureStore, ShardRef
 from .recipes import RecipeContext, RecipeOptionError, build
 from .trainer import TrainConfig, Trainer
 
@@ -33,7 +34,7 @@ def reduced_vocab(store: FeatureStore, size: int, always: tuple[int, ...] = (),
         ids = torch.load(saved)
         if len(ids) == size:
             return ids
-    streams = (FeatureStore.load(f, ()).tokens for f in store.split("train"))
+    streams = (store.load(f, ()).tokens for f in store.split("train"))
     ids = most_frequent_ids(streams, size, store.shape.vocab_size, always)
     if saved is not None:
         saved.parent.mkdir(parents=True, exist_ok=True)
@@ -72,7 +73,8 @@ def parse_opts(pairs: list[str]) -> dict[str, str]:
 
 
 def write_card(run_dir: Path, recipe, store: FeatureStore, trainer: Trainer, files: list[Path], wall_s: float) -> Path:
-    n_tokens = sum(FeatureStore.load(f, ()).tokens.numel() for f in trainer.train_files)
+    n_tokens = sum(f.tokens if isinstance(f, ShardRef) else store.load(f, ()).tokens.numel()
+                   for f in trainer.train_files)
     last_val = next((r for r in reversed(trainer.history) if "val/chains" in r), {})
     card = {
         "kind": recipe.kind,
@@ -83,7 +85,8 @@ def write_card(run_dir: Path, recipe, store: FeatureStore, trainer: Trainer, fil
         "files": {p.name if p.parent == run_dir else str(p.relative_to(run_dir)): p.stat().st_size for p in files},
         "data": {"feature_store": str(store.path), "train_sequences": len(trainer.train_files),
                  "val_sequences": len(store.split("val")), "train_tokens": n_tokens},
-        "training": {"steps": trainer.step, "config": trainer.config.__dict__, "wall_s_this_run": round(wall_s, 1)},
+        "training": {"steps": trainer.step, "tokens_seen": trainer.tokens_seen, "config": trainer.config.__dict__,
+                     "wall_s_this_run": round(wall_s, 1), "processes": trainer.world.size},
         "hardware": {"machine": platform.machine(), "processor": cpu_name(),
                      "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                      "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
@@ -92,6 +95,23 @@ def write_card(run_dir: Path, recipe, store: FeatureStore, trainer: Trainer, fil
     path = run_dir / "card.json"
     path.write_text(json.dumps(card, indent=1))
     return path
+
+
+def feature_source(args, device=None):
+    """The stored features (``--features DIR``) or the target computing them as training goes
+    (``--features-from target --data DIR``)."""
+    if getattr(args, "features_from", "store") == "target":
+        from .online import TargetFeatures
+
+        if not getattr(args, "data", None):
+            raise ValueError("--features-from target needs --data DIR (the folder with samples.jsonl)")
+        tli = tuple(sorted({0, args.tli}))
+        return TargetFeatures(args.target, args.data, max_len=args.max_len, tli_depths=tli,
+                              device=device,
+                              dtype=args.dtype)
+    if not args.features:
+        raise ValueError("give --features DIR (a feature store), or --features-from target --data DIR")
+    return FeatureStore(args.features)
 
 
 def fit_from_args(args) -> int:
@@ -104,7 +124,10 @@ def fit_from_args(args) -> int:
 
     if args.kind not in all_recipes():  # before any file is read: a typo should not cost a model load
         raise RecipeOptionError(f"no training recipe {args.kind!r} (known: {', '.join(sorted(all_recipes()))})")
-    store = FeatureStore(args.features)
+    # Under a launcher this joins the process group and picks this process's GPU (cuda:LOCAL_RANK).
+    device = distributed.init(args.device).device if int(os.environ.get("WORLD_SIZE", "1")) > 1 \
+        else pick_device(args.device)
+    store = feature_source(args, str(device))
     tok = AutoTokenizer.from_pretrained(model_location(args.target))
     if tokenizer_fingerprint(tok) != store.meta.get("fingerprint"):
         raise ValueError(f"the feature store was made with another tokenizer than {args.target}'s")
@@ -118,13 +141,18 @@ def fit_from_args(args) -> int:
     cfg = TrainConfig(steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens, window=args.window,
                       eval_every=args.eval_every, eval_sequences=args.eval_sequences, eval_depth=args.eval_depth,
                       save_every=args.save_every, seed=args.seed,
-                      max_wall_s=60.0 * getattr(args, "max_minutes", 0.0))
+                      max_wall_s=60.0 * getattr(args, "max_minutes", 0.0), grad_accum=getattr(args, "grad_accum", 1),
+                      amp=getattr(args, "amp", "auto"), log_every=getattr(args, "log_every", 10))
     run_dir = Path(args.out)
-    trainer = Trainer(recipe, store, run_dir, cfg, device=pick_device(args.device))
+    trainer = Trainer(recipe, store, run_dir, cfg, device=device)
     t0 = time.perf_counter()
     trainer.fit()
+    if not trainer.world.main:  # rank 0 writes the drafter and the card
+        distributed.shutdown()
+        return 0
     files = recipe.save_drafter(run_dir)
     card = write_card(run_dir, recipe, store, trainer, files, time.perf_counter() - t0)
     log.info("drafter written: %s; card %s", ", ".join(map(str, files)), card)
     print(card)
+    distributed.shutdown()
     return 0

@@ -116,7 +116,7 @@ def moa_model(ctx: RecipeContext):
 
 def calibrate_moa(recipe: MoARecipe, ctx: RecipeContext) -> MoARecipe:
     sample = ctx.store.split("train")[:64]
-    recipe.calibrate([FeatureStore.load(f, (f"act{ctx.tli}",)) for f in sample])
+    recipe.calibrate([ctx.store.load(f, (f"act{ctx.tli}",)) for f in sample])
     return recipe
 
 

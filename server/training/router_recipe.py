@@ -67,7 +67,7 @@ def token_counts(store: FeatureStore, vocab_size: int, vocab_ids: torch.Tensor |
     """[V'] occurrences of each draft-vocabulary token in the training split."""
     counts = torch.zeros(vocab_size, dtype=torch.float64)
     for f in store.split("train"):
-        ids = FeatureStore.load(f, ()).tokens
+        ids = store.load(f, ()).tokens
         counts += torch.bincount(ids, minlength=vocab_size)[:vocab_size].double()
     return counts if vocab_ids is None else counts[vocab_ids.cpu()]
 

@@ -1,25 +1,38 @@
 """The training loop, the same for every recipe.
 
-Batches are windows of stored sequences up to ``batch_tokens`` tokens; losses add up
-as weighted sums (``losses.Term``) so each token counts once however the batch is cut.
-Every ``save_every`` steps the run folder gets ``checkpoint.pt`` (trainable weights,
-optimizer, step, RNG), written atomically: a run started again with the same folder
-resumes from it. Validation logs per-position acceptance. Device placement, gradient
-sync across processes and mixed precision go through ``accelerate`` when it is
-installed (``accelerate launch`` / ``torchrun`` on GPUs), else plain torch.
+A step's global batch is windows of stored sequences adding up to ``batch_tokens`` tokens,
+drawn from a generator every process seeds alike; under ``torchrun`` (``distributed.py``)
+process r takes windows r, r+N, ... and splits them into ``grad_accum`` micro-batches, each
+backward on its own. Each micro-batch's loss is its own weighted mean scaled by its share of
+the step's learned tokens, so summed over micro-batches and processes the gradient is the one
+of the whole batch at once: N processes follow the curve of one (up to float summation order)
+for any recipe whose term weights are its learned-token mask, as EAGLE's and MoA's are. A
+window's own randomness (noise, MoA's step bounds) comes from a generator seeded by (seed,
+step, window), so it does not depend on which process draws it (``window_rng``; a plain
+single process keeps the one shared stream earlier runs used, so their commands still
+reproduce them).
+
+Every ``save_every`` steps the run folder gets ``checkpoint.pt`` (trainable weights, optimizer,
+step, RNG), written atomically: a run started again with the same folder resumes from it.
+Validation (every ``eval_every`` steps, on rank 0) logs per-position acceptance. On GPUs the
+forward runs under bf16 autocast. Progress: a bar with tokens/s and time left on a terminal,
+plain log lines otherwise.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from . import distributed
 from .features import FeatureStore
 from .losses import Acceptance
 from .recipe import Recipe, sequence_loss, total_loss
@@ -42,6 +55,13 @@ class TrainConfig:
     save_every: int = 100  # steps between checkpoints (and at the end)
     seed: int = 0  # data order, windows, noise
     max_wall_s: float = 0.0  # stop (validate, save) once this run has trained this long; 0 = no limit
+    grad_accum: int = 1  # micro-batches (separate backward passes) per process and optimizer step
+    amp: str = "auto"  # "auto": bf16 autocast on CUDA, none on CPU; "bf16"; "off"
+    log_every: int = 10  # steps between progress lines when not on a terminal
+    # Randomness inside windows: "per-window" (seeded by step and window: the same whatever process or
+    # micro-batch draws it), "shared" (one stream with the window draws, as runs before data-parallel
+    # training had), "auto": per-window under a launcher (WORLD_SIZE set) or with grad_accum > 1.
+    window_rng: str = "auto"
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -61,18 +81,29 @@ class Trainer:
         self.val_files = store.split("val")[:config.eval_sequences]
         if not self.train_files:
             raise ValueError(f"feature store {store.path} has no training sequences")
-        self.accel = _accelerator()
-        self.device = torch.device(device or "cpu") if self.accel is None else self.accel.device
+        if config.grad_accum < 1:
+            raise ValueError(f"grad_accum must be at least 1, got {config.grad_accum}")
+        self.world = distributed.init(device)
+        self.device = self.world.device
         for m in [*recipe.trainable().values(), getattr(recipe, "parts", None)]:
             if m is not None:
                 m.to(self.device)
         self.params = [p for m in recipe.trainable().values() for p in m.parameters() if p.requires_grad]
+        distributed.broadcast_params(self.params)
         self.opt = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=config.weight_decay)
         self.step = 0
-        rank = 0 if self.accel is None else self.accel.process_index
-        self.gen = torch.Generator().manual_seed(config.seed + 1000 * rank)
-        self._cache: dict[Path, object] = {}
+        # The same on every process: they draw the same global batch and each takes its share.
+        self.gen = torch.Generator().manual_seed(config.seed)
+        self._cache: dict[object, object] = {}
+        self._light: dict[object, torch.Tensor] = {}
         self.history: list[dict] = []
+        self.tokens_seen = 0
+        if config.window_rng not in ("auto", "per-window", "shared"):
+            raise ValueError(f"window_rng must be auto, per-window or shared, got {config.window_rng!r}")
+        launched = "WORLD_SIZE" in os.environ or config.grad_accum > 1
+        self.per_window = config.window_rng == "per-window" or (config.window_rng == "auto" and launched)
+        if self.world.distributed and not self.per_window:
+            raise ValueError("several processes need window_rng per-window (or auto)")
 
     # -- checkpoints -----------------------------------------------------------------------------
     @property
@@ -80,7 +111,8 @@ class Trainer:
         return self.run_dir / "checkpoint.pt"
 
     def save_checkpoint(self) -> None:
-        state = {"step": self.step, "optimizer": self.opt.state_dict(), "rng": self.gen.get_state(),
+        state = {"step": self.step, "tokens": self.tokens_seen, "optimizer": self.opt.state_dict(),
+                 "rng": self.gen.get_state(),
                  "modules": {k: m.state_dict() for k, m in self.recipe.trainable().items()},
                  "config": asdict(self.config)}
         tmp = self.checkpoint_path.with_suffix(".tmp")
@@ -96,36 +128,53 @@ class Trainer:
         self.opt.load_state_dict(state["optimizer"])
         self.gen.set_state(state["rng"])
         self.step = state["step"]
+        self.tokens_seen = state.get("tokens", 0)
         log.info("resumed from %s at step %d", self.checkpoint_path, self.step)
         return True
 
     # -- data ------------------------------------------------------------------------------------
-    def _load(self, path: Path):
-        # Decoded sequences stay in memory: features are read once, reused every epoch.
+    def _load(self, path):
+        # Decoded sequences stay in memory: features are read once, reused every epoch (not those
+        # a target computes on the fly: online.py).
         if path not in self._cache:
             seq = self.store.load(path, self.recipe.feature_names).to(self.device)
             if seq.kv is not None:  # the largest array (L * 2*E_kv a token): half the memory
                 seq.kv = seq.kv.half()
+            if not getattr(self.store, "cache", True):
+                return seq
             self._cache[path] = seq
         return self._cache[path]
 
+    def _mask(self, path) -> torch.Tensor:
+        """A sequence's loss mask (its length too), without decoding its features: every process
+        draws every window of the batch, and only decodes its own."""
+        if path not in self._light:
+            self._light[path] = self.store.load(path, ()).loss_mask
+        return self._light[path]
+
     def _batch(self):
-        """Windows (seq, start, end) adding up to about batch_tokens tokens."""
+        """Windows (ref, start, end) adding up to about batch_tokens tokens: the global batch."""
         out, tokens, draws = [], 0, 0
         while tokens < self.config.batch_tokens:
             draws += 1
             if draws > 100 * len(self.train_files):
                 raise ValueError(f"no training sequence of {self.store.path} has tokens to learn (loss mask)")
             i = int(torch.randint(len(self.train_files), (1,), generator=self.gen))
-            seq = self._load(self.train_files[i])
-            n = seq.tokens.shape[0]
+            mask = self._mask(self.train_files[i])
+            n = mask.shape[0]
             length = min(n, self.config.window)
             start = int(torch.randint(0, n - length + 1, (1,), generator=self.gen))
-            if seq.loss_mask[start + 1:start + length].sum() == 0:
+            if mask[start + 1:start + length].sum() == 0:
                 continue
-            out.append((seq, start, start + length))
+            out.append((self.train_files[i], start, start + length))
             tokens += length
         return out
+
+    def _autocast(self):
+        amp = self.config.amp
+        if amp == "bf16" or (amp == "auto" and self.device.type == "cuda"):
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     # -- loop ------------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
@@ -133,21 +182,41 @@ class Trainer:
             m.train()
         for g in self.opt.param_groups:
             g["lr"] = lr_at(self.step, self.config)
-        terms = None
-        for seq, start, end in self._batch():
-            t = sequence_loss(self.recipe, self.recipe.forward(seq, start, end, self.gen))
-            terms = t if terms is None else {k: terms[k] + t[k] for k in t}
-        loss = total_loss(self.recipe, terms)
+        windows = self._batch()
+        learned = lambda w: float(self._mask(w[0])[w[1] + 1:w[2]].sum())  # noqa: E731
+        total_learned = sum(learned(w) for w in windows)
+        mine = list(enumerate(windows))[self.world.rank::self.world.size]
+        k = min(self.config.grad_accum, max(1, len(mine)))
+        micro = [mine[j::k] for j in range(k)]
+        names = [t.name for t in self.recipe.terms]
+        sums = torch.zeros(2 * len(names) + 1, dtype=torch.float64)  # term totals, term weights, loss
         self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.accel is not None:  # data-parallel: every process drew its own windows; average grads
-            for p in self.params:
-                if p.grad is not None:
-                    p.grad = self.accel.reduce(p.grad, reduction="mean")
+        for part in micro:
+            if not part:
+                continue
+            terms = None
+            with self._autocast():
+                for idx, (ref, start, end) in part:
+                    gen = (torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.step * 4099 + idx)
+                           if self.per_window else self.gen)
+                    t = sequence_loss(self.recipe, self.recipe.forward(self._load(ref), start, end, gen))
+                    terms = t if terms is None else {n: terms[n] + t[n] for n in t}
+            share = sum(learned(w) for _, w in part) / total_learned
+            loss = total_loss(self.recipe, terms) * share
+            loss.backward()
+            for i, n in enumerate(names):
+                sums[i] += float(terms[n].total.detach())
+                sums[len(names) + i] += float(terms[n].weight.detach())
+            sums[-1] += float(loss.detach())
+        distributed.all_reduce_grads(self.params)
+        sums = distributed.all_sum(sums.to(self.device)).cpu()
         torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip)
         self.opt.step()
         self.step += 1
-        return {"loss": loss.item(), **{f"loss/{k}": v.mean().item() for k, v in terms.items()}}
+        self.tokens_seen += sum(end - start for _, start, end in windows)
+        out = {"loss": float(sums[-1])}
+        out.update({f"loss/{n}": float(sums[i] / max(float(sums[len(names) + i]), 1e-9)) for i, n in enumerate(names)})
+        return out
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
@@ -169,34 +238,34 @@ class Trainer:
         return out
 
     def fit(self) -> list[dict]:
-        from tqdm import tqdm
-
         self.resume()
         cfg = self.config
-        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train {self.recipe.kind}", mininterval=5)
+        progress = Progress(cfg.steps, self.step, self.tokens_seen, f"train {self.recipe.kind}", self._main,
+                            cfg.log_every)
         t0 = time.perf_counter()
         while self.step < cfg.steps:
             row = {"step": self.step + 1, **self.train_step()}
-            bar.update(1)
-            bar.set_postfix(loss=f"{row['loss']:.4f}")
             out_of_time = bool(cfg.max_wall_s) and time.perf_counter() - t0 >= cfg.max_wall_s
             last = self.step == cfg.steps or out_of_time
-            if self.val_files and (self.step % cfg.eval_every == 0 or last):
+            if self.val_files and self._main and (self.step % cfg.eval_every == 0 or last):
                 row.update(self.validate())
             row["wall_s"] = round(time.perf_counter() - t0, 1)
+            row["tokens"] = self.tokens_seen
             self._log(row)
+            progress.update(self.step, self.tokens_seen, row["loss"])
             if (self.step % cfg.save_every == 0 or last) and self._main:
                 self.save_checkpoint()
             if out_of_time:
                 log.info("stopping at step %d of %d: the wall-clock budget of %.0f s is spent", self.step, cfg.steps,
                          cfg.max_wall_s)
                 break
-        bar.close()
+        progress.close()
+        distributed.barrier()
         return self.history
 
     @property
     def _main(self) -> bool:
-        return self.accel is None or self.accel.is_main_process
+        return self.world.main
 
     def _log(self, row: dict) -> None:
         if not self._main:
@@ -204,14 +273,48 @@ class Trainer:
         self.history.append(row)
         with (self.run_dir / "metrics.jsonl").open("a") as f:
             f.write(json.dumps(row) + "\n")
-        if "val/chains" in row or row["step"] % 10 == 0 or row["step"] == 1:
+        if "val/chains" in row:
             log.info(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
 
 
-def _accelerator():
-    """An accelerate.Accelerator when running under a multi-process launcher, else None."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return None
-    from accelerate import Accelerator
+class Progress:
+    """Steps, loss, tokens/s and time left: a tqdm bar on a terminal, a log line every ``every``
+    steps otherwise (a bar's carriage returns make a log file unreadable). Rank 0 only."""
 
-    return Accelerator()
+    def __init__(self, total: int, initial: int, initial_tokens: int, desc: str, enabled: bool, every: int):
+        self.total, self.start_step, self.enabled, self.every = total, initial, enabled, max(1, every)
+        self.start_tokens = initial_tokens
+        self.t0 = time.perf_counter()
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc=desc, mininterval=1, unit="step")
+
+    def line(self, step: int, tokens: int, loss: float) -> str:
+        dt = max(time.perf_counter() - self.t0, 1e-9)
+        rate = (step - self.start_step) / dt
+        left = (self.total - step) / rate if rate > 0 else float("nan")
+        return (f"step {step}/{self.total} loss {loss:.4f} {(tokens - self.start_tokens) / dt:.0f} tokens/s "
+                f"{_clock(left)} left")
+
+    def update(self, step: int, tokens: int, loss: float) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            rate = (tokens - self.start_tokens) / max(time.perf_counter() - self.t0, 1e-9)
+            self.bar.set_postfix_str(f"loss {loss:.4f} {rate:.0f} tok/s")
+        elif step % self.every == 0 or step == self.total or step == self.start_step + 1:
+            log.info(self.line(step, tokens, loss))
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _clock(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"

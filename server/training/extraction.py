@@ -1,0 +1,196 @@
+"""Feature extraction at scale: many sequences per forward, written as sharded int8 stores as it goes.
+
+The data rows are tokenized up front and cut into shards in file order: shard k is always the
+same run of sequences (consecutive sequences until ``shard_tokens`` tokens), so a run killed at
+any point resumes by skipping the shards already on disk and produces the same store as a run
+that was never stopped. Each shard is written to a temporary name and renamed when complete.
+
+Inside a shard, sequences go through the target in forwards of at most ``batch_tokens`` padded
+tokens (longest first, right padding: a real token never attends to a pad behind it, so padding
+does not change its features). A shard file ``shards/shard-NNNNNN.npz`` holds, per sequence j,
+``s{j}_tokens``, ``s{j}_loss_mask``, ``s{j}_meta`` and each feature (``features.py``) as an
+activation-codec frame; ``index`` lists (id, split, tokens) of the shard's sequences.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ...shared.drafters.target_parts import target_shape
+from ...shared.models.cache_arg import output_cache
+from .data import read_samples
+from .features import CODEC, tokenize_sample
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExtractConfig:
+    max_len: int = 1024  # tokens per sequence at most (longer ones are cut)
+    tli_depths: tuple[int, ...] = (0, 1, 3)  # TLI depths whose target activations are stored
+    batch_tokens: int = 4096  # padded tokens per forward (several sequences each)
+    shard_tokens: int = 16384  # tokens per shard file: what a kill can cost at most
+    limit: int = 0  # use only the first rows of the data set; 0 = all
+
+
+@dataclass(frozen=True)
+class Sequence:
+    id: str
+    split: str
+    ids: list[int]
+    mask: list[int]
+
+
+def plan_shards(seqs: list[Sequence], shard_tokens: int) -> list[list[Sequence]]:
+    """Consecutive sequences grouped until each group holds at least shard_tokens tokens."""
+    shards, cur, n = [], [], 0
+    for s in seqs:
+        cur.append(s)
+        n += len(s.ids)
+        if n >= shard_tokens:
+            shards.append(cur)
+            cur, n = [], 0
+    if cur:
+        shards.append(cur)
+    return shards
+
+
+def plan_batches(seqs: list[Sequence], batch_tokens: int) -> list[list[int]]:
+    """Indices of seqs in forwards of at most batch_tokens padded tokens, longest first."""
+    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i].ids))
+    batches, cur = [], []
+    for i in order:
+        longest = len(seqs[cur[0]].ids) if cur else len(seqs[i].ids)
+        if cur and longest * (len(cur) + 1) > batch_tokens:
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+@torch.inference_mode()
+def batch_features(model, batch: list[list[int]], tli_depths: tuple[int, ...], pad_id: int) -> list[dict]:
+    """Per sequence: hidden [n, E], kv [n, L, 2*E_kv], act{N} [n, E] (float32, CPU), from one
+    right-padded forward of the whole batch."""
+    shape = target_shape(model)
+    base = model.model
+    lengths = [len(ids) for ids in batch]
+    width = max(lengths)
+    x = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    for r, ids in enumerate(batch):
+        x[r, :len(ids)] = torch.tensor(ids)
+    layer_inputs: dict[int, torch.Tensor] = {}
+    norm_io: dict[str, torch.Tensor] = {}
+    hooks = []
+    for idx in {shape.num_layers - n for n in tli_depths if n > 0}:
+        def pre(mod, args, kwargs, idx=idx):
+            layer_inputs[idx] = (args[0] if args else kwargs["hidden_states"]).float().cpu()
+        hooks.append(base.layers[idx].register_forward_pre_hook(pre, with_kwargs=True))
+
+    def on_norm(mod, args, out):
+        norm_io["in"], norm_io["out"] = args[0].float().cpu(), out.float().cpu()
+    hooks.append(base.norm.register_forward_hook(on_norm))
+    try:
+        out = base(input_ids=x.to(model.device), use_cache=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    cache = output_cache(out)
+    # [B, kv_heads, T, D] -> [B, T, kv_heads*D] per layer; then [B, T, L, 2*E_kv]
+    flat = lambda t: t.transpose(1, 2).reshape(t.shape[0], t.shape[2], -1).float().cpu()  # noqa: E731
+    kv = torch.stack([torch.cat([flat(cache.layers[i].keys), flat(cache.layers[i].values)], -1)
+                      for i in range(shape.num_layers)], dim=2)
+    acts = {n: norm_io["in"] if n == 0 else layer_inputs[shape.num_layers - n] for n in tli_depths}
+    feats = []
+    for r, n in enumerate(lengths):
+        f = {"hidden": norm_io["out"][r, :n], "kv": kv[r, :n]}
+        f.update({f"act{d}": a[r, :n] for d, a in acts.items()})
+        feats.append(f)
+    return feats
+
+
+def shard_path(store: Path, k: int) -> Path:
+    return store / "shards" / f"shard-{k:06d}.npz"
+
+
+def write_shard(path: Path, seqs: list[Sequence], feats: list[dict]) -> None:
+    arrays = {"index": np.frombuffer(json.dumps([[s.id, s.split, len(s.ids)] for s in seqs]).encode(), np.uint8)}
+    for j, (s, f) in enumerate(zip(seqs, feats)):
+        arrays[f"s{j}_tokens"] = np.asarray(s.ids, np.int32)
+        arrays[f"s{j}_loss_mask"] = np.asarray(s.mask, np.uint8)
+        arrays[f"s{j}_meta"] = np.frombuffer(json.dumps({"id": s.id, "split": s.split}).encode(), np.uint8)
+        for name, t in f.items():
+            arrays[f"s{j}_{name}"] = np.frombuffer(CODEC.encode(t.contiguous()), np.uint8)
+    tmp = path.with_name(path.stem + ".tmp.npz")
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+
+
+def tokenized_rows(tokenizer, rows: list[dict], max_len: int) -> list[Sequence]:
+    out = []
+    for row in rows:
+        ids, mask = tokenize_sample(tokenizer, row, max_len)
+        if len(ids) >= 4:
+            out.append(Sequence(row["id"], row["split"], ids, mask))
+    return out
+
+
+def extract_sharded(target: str, data_dir: str | Path, out_dir: str | Path, config: ExtractConfig = ExtractConfig(),
+                    device: str | None = None, dtype: str | None = None) -> Path:
+    """Extract (or finish extracting) the target's features of ``data_dir/samples.jsonl`` into a
+    sharded store at ``out_dir``; returns the store's path."""
+    from ...shared.models import load_model
+
+    store = Path(out_dir)
+    (store / "shards").mkdir(parents=True, exist_ok=True)
+    rows = read_samples(Path(data_dir) / "samples.jsonl")
+    rows = rows[:config.limit] if config.limit else rows
+    if not rows:
+        raise FileNotFoundError(f"no samples in {data_dir}/samples.jsonl: run `edgespec train data` first")
+    loaded = load_model(target, device=device, dtype=dtype)
+    shape = target_shape(loaded.model)
+    meta = {"target": target, "fingerprint": loaded.fingerprint, "shape": shape.__dict__, "format": "sharded",
+            "tli_depths": list(config.tli_depths), "max_len": config.max_len, "dtype": str(loaded.dtype),
+            "extract": asdict(config)}
+    meta_path = store / "store.json"
+    if meta_path.exists():
+        old = json.loads(meta_path.read_text())
+        for key in ("fingerprint", "tli_depths", "max_len"):
+            if old.get(key) != meta[key]:
+                raise ValueError(f"{store} was extracted with {key}={old.get(key)!r}, this run asks {meta[key]!r}: "
+                                 "resume with the same settings or use a new folder")
+        if old.get("extract", {}).get("shard_tokens") != config.shard_tokens:
+            raise ValueError(f"{store} was cut into shards of {old.get('extract', {}).get('shard_tokens')} tokens; "
+                             f"resuming with {config.shard_tokens} would regroup them")
+    meta_path.write_text(json.dumps(meta, indent=1))
+    seqs = tokenized_rows(loaded.tokenizer, rows, config.max_len)
+    shards = plan_shards(seqs, config.shard_tokens)
+    todo = [k for k in range(len(shards)) if not shard_path(store, k).exists()]
+    total = sum(len(s.ids) for sh in shards for s in sh)
+    left = sum(len(s.ids) for k in todo for s in shards[k])
+    log.info("%d sequences (%d tokens) in %d shards; %d shards (%d tokens) to go -> %s", len(seqs), total,
+             len(shards), len(todo), left, store)
+    pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
+    t0, done_tokens = time.perf_counter(), 0
+    for k in todo:
+        shard = shards[k]
+        feats: list[dict | None] = [None] * len(shard)
+        for batch in plan_batches(shard, config.batch_tokens):
+            for i, f in zip(batch, batch_features(loaded.model, [shard[i].ids for i in batch],
+                                                  tuple(config.tli_depths), pad)):
+                feats[i] = f
+        write_shard(shard_path(store, k), shard, feats)
+        done_tokens += sum(len(s.ids) for s in shard)
+        rate = done_tokens / (time.perf_counter() - t0)
+        log.info("shard %d/%d written: %d of %d tokens this run, %.1f tokens/s, %.1f h to go", k + 1, len(shards),
+                 done_tokens, left, rate, (left - done_tokens) / max(rate, 1e-9) / 3600)
+    return store
