@@ -45,11 +45,19 @@ def measure_cost_curve(core, sizes: Sequence[int] = DEFAULT_SIZES, context: int 
     up (not counted); a round that ends past ``budget_s`` is the last (a slow or busy machine starts on one
     try a size). A model that fails it starts all the same, with no curve (clients then learn the
     costs from the timings of their Verified), and the log says why."""
+    from .metrics import ServerMetrics
+
+    # The measurement is not traffic: its session must reach neither the server's metrics (a phantom request
+    # on every dashboard) nor the prefix cache (random ids). It runs before the server takes any call.
+    metrics, prefix_cache = core.metrics, core.prefix_cache
+    core.metrics, core.prefix_cache = ServerMetrics(core.target.name, core.limits.max_context_tokens), None
     try:
         return _measure(core, sizes, context, repeats, budget_s)
     except Exception as err:  # noqa: BLE001 - a curve is a hint for clients; it must not stop the server
         log.warning("could not measure the verification cost curve (clients will learn it as they go): %s", err)
         return CostCurve()
+    finally:
+        core.metrics, core.prefix_cache = metrics, prefix_cache
 
 
 def _measure(core, sizes: Sequence[int], context: int, repeats: int, budget_s: float) -> CostCurve:

@@ -173,3 +173,15 @@ def test_a_dropped_session_is_an_aborted_request(tiny_model_dir, fingerprint):
         registry = handle.core.metrics.registry
         assert registry.get_sample_value("edgespec:request_success_total", {"finished_reason": "abort"}) == 1
         assert registry.get_sample_value("edgespec:e2e_request_latency_seconds_count") == 1
+
+
+def test_the_cost_curve_measured_at_start_is_not_traffic(tiny_model_dir):
+    """The server verifies a throwaway session at start (its cost curve for Info): no metric and no prefix
+    cache entry may show it."""
+    with running_server(tiny_model_dir, max_context_tokens=128) as handle:
+        assert handle.core.cost_curve is not None and handle.core.cost_curve.nodes
+        registry = handle.core.metrics.registry
+        for name in ("edgespec:e2e_request_latency_seconds_count", "edgespec:spec_decode_num_drafts_total",
+                     "edgespec:prompt_tokens_total", "edgespec_sessions_opened_total"):
+            assert not registry.get_sample_value(name), name
+        assert handle.core.prefix_cache is not None and len(handle.core.prefix_cache) == 0
