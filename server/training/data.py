@@ -92,12 +92,7 @@ def build_dataset(target: str, out_dir: str | Path, config: DataConfig = DataCon
 
     from ...shared.models import load_model
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "data_config.json").write_text(json.dumps({"target": target, **asdict(config)}, indent=1))
-    path = out / "samples.jsonl"
-    done = {row["id"] for row in read_samples(path)}
-    _rewrite_clean(path)
+    path, done = _open_samples(out_dir, target, config)
     root = Path(config.source_root) if config.source_root else None
     samples = derive_samples(config.seed, config.n_write, config.n_explain, config.n_code, config.code_chars,
                              root=root)
@@ -130,6 +125,18 @@ def _append(f, sample: Sample, response: str, config: DataConfig) -> None:
     f.flush()
 
 
+def _open_samples(out_dir: str | Path, target: str, config) -> tuple[Path, set]:
+    """Record the run's settings beside ``samples.jsonl`` and make that file resumable: the ids it already
+    holds (a partly written last line dropped)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "data_config.json").write_text(json.dumps({"target": target, **asdict(config)}, indent=1))
+    path = out / "samples.jsonl"
+    done = {row["id"] for row in read_samples(path)}
+    _rewrite_clean(path)
+    return path, done
+
+
 def _rewrite_clean(path: Path) -> None:
     """Drop a half-written last line left by an interruption, so appends start on a fresh line."""
     if path.exists():
@@ -153,12 +160,7 @@ def build_from_files(target: str, out_dir: str | Path, config: FileDataConfig, d
         raise ValueError(f"answers must be 'given' or 'target', got {config.answers!r}")
     if not config.text and not config.chats:
         raise ValueError("no data: give text files/folders (--text) or chat files (--chat)")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "data_config.json").write_text(json.dumps({"target": target, **asdict(config)}, indent=1))
-    path = out / "samples.jsonl"
-    done = {row["id"] for row in read_samples(path)}
-    _rewrite_clean(path)
+    path, done = _open_samples(out_dir, target, config)
     tokenizer = AutoTokenizer.from_pretrained(model_location(target))
     rng = random.Random(config.seed)
     with path.open("a", encoding="utf-8") as f:
