@@ -170,9 +170,7 @@ def _done(sink: JsonLines, prompt: Prompt, profile: str, system: str, cut_after=
 
 def _plain_api(http_address: str, prompt_ids: list[int], config: BenchConfig, stop: tuple[str, ...] = ()) -> dict:
     """The server's own streaming completion endpoint: tokens, wall time, text."""
-    import json
-
-    import httpx
+    from .records import sse_chunks
 
     body = {"prompt": prompt_ids, "max_tokens": config.max_new_tokens, "temperature": 0, "stream": True}
     if stop:
@@ -180,16 +178,11 @@ def _plain_api(http_address: str, prompt_ids: list[int], config: BenchConfig, st
     text, usage = [], {}
     start = time.perf_counter()
     first = None
-    with httpx.stream("POST", f"http://{http_address}/v1/completions", json=body, timeout=600) as resp:
-        resp.raise_for_status()
-        for line in resp.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if first is None:
-                first = time.perf_counter() - start
-            text.append(chunk["choices"][0]["text"])
-            usage = chunk.get("usage") or usage
+    for chunk in sse_chunks(f"http://{http_address}/v1/completions", body, timeout=600):
+        if first is None:
+            first = time.perf_counter() - start
+        text.append(chunk["choices"][0]["text"])
+        usage = chunk.get("usage") or usage
     wall = time.perf_counter() - start
     tokens = usage.get("completion_tokens", 0)
     return {"new_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0,

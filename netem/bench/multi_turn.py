@@ -63,23 +63,18 @@ def mt_bench_questions(path: Path, limit: int) -> list[dict]:
 # ------------------------------------------------------------------ systems
 def chat_plain(http: str, messages: list[dict], max_tokens: int) -> tuple[float, float, str, dict]:
     """One streamed chat completion: (TTFT, wall, text, usage). The first chunk comes with the first token."""
-    import httpx
+    from .records import sse_chunks
 
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     text, usage, first = [], {}, None
     start = time.perf_counter()
-    with httpx.stream("POST", f"http://{http}/v1/chat/completions", json=body, timeout=1200) as resp:
-        resp.raise_for_status()
-        for line in resp.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if first is None and chunk.get("choices"):
-                first = time.perf_counter() - start
-            for choice in chunk.get("choices", ()):
-                text.append(choice.get("delta", {}).get("content") or "")
-            usage = chunk.get("usage") or usage
+    for chunk in sse_chunks(f"http://{http}/v1/chat/completions", body, timeout=1200):
+        if first is None and chunk.get("choices"):
+            first = time.perf_counter() - start
+        for choice in chunk.get("choices", ()):
+            text.append(choice.get("delta", {}).get("content") or "")
+        usage = chunk.get("usage") or usage
     return first or 0.0, time.perf_counter() - start, "".join(text), usage
 
 

@@ -8,7 +8,7 @@ import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 
 def environment(settings: dict, cpus: dict | None = None) -> dict:
@@ -64,3 +64,14 @@ def markdown_table(header: list[str], rows: Iterable[list], rule: str | list[str
     line = lambda cells: "|" + "".join(" |" if c is None else f" {c} |" for c in cells)  # noqa: E731
     rules = [rule] * len(header) if isinstance(rule, str) else rule
     return "\n".join([line(header), "|" + "".join(f"{r}|" for r in rules), *map(line, rows)])
+
+
+def sse_chunks(url: str, body: dict, timeout: float) -> Iterator[dict]:
+    """The JSON chunks of an OpenAI-style streamed response (server-sent events), as they arrive."""
+    import httpx
+
+    with httpx.stream("POST", url, json=body, timeout=timeout) as resp:
+        resp.raise_for_status()
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield json.loads(line[6:])
