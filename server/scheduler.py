@@ -181,26 +181,33 @@ class ModelScheduler:
         return True
 
     def _next(self) -> list[_Item]:
-        """A call alone, or a batch: the oldest jobs waiting on a forward while they fit the budget."""
+        """A call alone, or a batch: the oldest jobs waiting on a forward while they fit the budget.
+        Empty only once the scheduler is closed: queued jobs that all end before their first forward
+        (a cancelled or already finished request) leave nothing to run, and the worker waits again
+        rather than stop with jobs still to come."""
         with self._cv:
-            self._cv.wait_for(lambda: self._queue or self._closed)
-            batch: list[_Item] = []
-            while self._queue:
-                item = self._queue[0]
-                if item.call is not None:
-                    if not batch:
-                        self._queue.popleft()
-                        return [item]
-                    break
-                if item.waiting is None:  # a job not started yet: run it to its first forward
-                    if not self._start(item):
-                        continue
-                works = [i.waiting[1] for i in batch] + [item.waiting[1]]
-                if batch and (len(works) > self.config.max_batch_items
-                              or self.engine.cost(works) > self.config.max_batch_tokens):
-                    break
-                batch.append(self._queue.popleft())
-            return batch
+            while True:
+                self._cv.wait_for(lambda: self._queue or self._closed)
+                if not self._queue:
+                    return []
+                batch: list[_Item] = []
+                while self._queue:
+                    item = self._queue[0]
+                    if item.call is not None:
+                        if not batch:
+                            self._queue.popleft()
+                            return [item]
+                        break
+                    if item.waiting is None:  # a job not started yet: run it to its first forward
+                        if not self._start(item):
+                            continue
+                    works = [i.waiting[1] for i in batch] + [item.waiting[1]]
+                    if batch and (len(works) > self.config.max_batch_items
+                                  or self.engine.cost(works) > self.config.max_batch_tokens):
+                        break
+                    batch.append(self._queue.popleft())
+                if batch:
+                    return batch
 
     def _start(self, item: _Item) -> bool:
         """Start a queued job (under the lock: a job only builds its first forward before it yields it);
