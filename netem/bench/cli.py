@@ -37,6 +37,7 @@ MICRO_BENCHMARKS: dict[str, tuple[str, str]] = {
     "activation-codec": ("activation_codec", "the activation codec on a target's real activations: bytes, error, time"),
     "near-ties": ("near_ties", "where a disconnect run's uncut answers part from the target's own (bf16 near ties)"),
     "multi-turn": ("multi_turn", "turn-2 time to first token with and without the server's prefix cache"),
+    "constrained": ("constrained", "tau under a grammar (JSON, tool calls) against free drafting, same prompts"),
 }
 
 
