@@ -28,6 +28,7 @@ import grpc
 
 from edgespec.proto.edgespec.v1 import pb, pb_grpc
 from edgespec.shared.errors import EdgespecError
+from edgespec.shared.tree import NODE_BYTES as TREE_NODE_BYTES
 from edgespec.shared.wire import API_KEY_METADATA_KEY, SERVER_STATUS_METADATA_KEY, SESSION_METADATA_KEY
 
 from .verifier import LinkDownError, ServerRefusedError, SessionLostError
@@ -104,11 +105,32 @@ class LinkConfig:
             raise ValueError("open_timeout_s and resume_timeout_s must be above 0 seconds")
 
 
-def draft_deadline(round_trips: Sequence[float], config: LinkConfig, fallback_s: float | None = None) -> float:
-    """Seconds to wait for a Verified: factor x the slowest of the recent round trips, clamped."""
-    recent = list(round_trips)[-config.rtt_window:]
-    base = max(recent) if recent else (fallback_s if fallback_s is not None else config.max_deadline_s / config.deadline_factor)
+def draft_deadline(round_trips: Sequence[float | tuple[int, float]], config: LinkConfig,
+                   fallback_s: float | None = None, nodes: int | None = None,
+                   latest_by_size: dict[int, float] | None = None) -> float:
+    """Seconds to wait for a Verified: factor x the slowest of the recent round trips, clamped.
+
+    round_trips: seconds, or (tree nodes, seconds). With ``nodes`` (this Draft's tree), a recent round trip
+    of a smaller tree counts scaled up by how much longer the server took on this size than on that one the
+    last time each was sent (``latest_by_size``), or by the node counts where this size was never sent. On a
+    slow server a run of plain steps (the tree planner's "none") followed by a full tree (its exploration)
+    otherwise looks like a dead link: 4 x a 0.5 s decode step is less than one 16-node verification on a CPU.
+    """
+    recent = [(None, r) if isinstance(r, (int, float)) else r for r in list(round_trips)[-config.rtt_window:]]
+    if recent:
+        base = max(seconds * _size_ratio(nodes, n, latest_by_size or {}) for n, seconds in recent)
+    else:
+        base = fallback_s if fallback_s is not None else config.max_deadline_s / config.deadline_factor
     return min(config.max_deadline_s, max(config.min_deadline_s, config.deadline_factor * base))
+
+
+def _size_ratio(nodes: int | None, seen_nodes: int | None, latest_by_size: dict[int, float]) -> float:
+    """How much longer a Draft of ``nodes`` is expected to take than one of ``seen_nodes`` (at least 1)."""
+    if nodes is None or seen_nodes is None or nodes <= seen_nodes:
+        return 1.0
+    if nodes in latest_by_size and latest_by_size.get(seen_nodes, 0.0) > 0:
+        return max(1.0, latest_by_size[nodes] / latest_by_size[seen_nodes])
+    return (nodes + 1) / (seen_nodes + 1)  # a verification costs at most linearly in its rows
 
 
 def backoff_delay(attempt: int, config: LinkConfig, rng: random.Random) -> float:
@@ -291,7 +313,8 @@ class Link:
         self.config = config
         self.rng = rng or random.Random()
         self.channel: grpc.Channel | None = None
-        self.round_trips: list[float] = []  # Draft round trips, seconds
+        self.round_trips: list[tuple[int, float]] = []  # recent Draft round trips: (tree nodes, seconds)
+        self.latest_by_size: dict[int, float] = {}  # tree nodes -> the last Draft of that size's round trip
         self.first_round_trip_s: float | None = None  # fallback before any Draft was timed
 
     def connect(self, timeout_s: float | None = None) -> grpc.Channel:
@@ -309,12 +332,13 @@ class Link:
             self.connect()
         return server_info(self.channel, self.config)
 
-    def record(self, seconds: float) -> None:
-        self.round_trips.append(seconds)
+    def record(self, seconds: float, nodes: int = 0) -> None:
+        self.round_trips.append((nodes, seconds))
         del self.round_trips[:-self.config.rtt_window]
+        self.latest_by_size[nodes] = seconds
 
-    def draft_deadline(self) -> float:
-        return draft_deadline(self.round_trips, self.config, self.first_round_trip_s)
+    def draft_deadline(self, nodes: int | None = None) -> float:
+        return draft_deadline(self.round_trips, self.config, self.first_round_trip_s, nodes, self.latest_by_size)
 
     def close(self) -> None:
         if self.channel is not None:
@@ -347,13 +371,14 @@ class GrpcTransport:
         elif kind == "resume":  # the link just came back: a silent server must not outlast the offline wait
             timeout_s = link.config.resume_timeout_s
         elif kind == "draft":  # a few times the recent round trips: a blackhole is found in about one
-            timeout_s = link.draft_deadline()
+            nodes = len(message.draft.tree) // TREE_NODE_BYTES
+            timeout_s = link.draft_deadline(nodes)
         else:  # Close: no work for the model
             timeout_s = min(2.0, link.draft_deadline())
         t0 = time.perf_counter()
         answer = self._stream.request(message, timeout_s)
         if kind == "draft":
-            link.record(time.perf_counter() - t0)
+            link.record(time.perf_counter() - t0, nodes)
         elif kind == "open" and link.first_round_trip_s is None:  # the deadline's base until a Draft is timed
             link.first_round_trip_s = time.perf_counter() - t0
         return answer

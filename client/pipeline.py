@@ -140,6 +140,8 @@ class DraftPipeline:
                 continue
             if not self.planner.worth_drafting_ahead(len(flight.tree), size.depth,
                                                      time.perf_counter() - flight.sent, first=not prepared):
+                if not prepared:
+                    self.estimates.observe_no_guess()
                 break
             context = flight.committed + tuple(flight.tree.tokens[i] for i in outcome.path)
             # one level more (the bonus token's) and room for the other bonus tokens beside the likeliest

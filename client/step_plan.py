@@ -32,11 +32,15 @@ class LoopConfig:
     max_depth: int = 16  # deepest tree the planner weighs (the drafter's own shape caps it too)
     explore_every: int = 8  # after this many plain steps in a row one step drafts a tree of the drafter's own
     # shape, so acceptance keeps being measured while trees lose
+    warmup_trees: int = 3  # trees of the drafter's own shape verified before the planner sizes any: a plain
+    # step measures no acceptance, so a planner that starts from its prior alone can settle on plain steps
+    # with a drafter whose trees would win (seen on a one-core server: the 0.5B drafter at 1.9 tokens a step
+    # where its fixed trees committed 12.8)
 
     def __post_init__(self) -> None:
         if self.tree not in ("auto", "fixed"):
             raise ValueError(f"tree must be 'auto' or 'fixed', got {self.tree!r}")
-        if self.max_guesses < 0 or self.max_depth < 1 or self.explore_every < 1:
+        if self.max_guesses < 0 or self.max_depth < 1 or self.explore_every < 1 or self.warmup_trees < 0:
             raise ValueError(f"need max_guesses >= 0, max_depth >= 1 and explore_every >= 1, got {self}")
 
 
@@ -70,7 +74,7 @@ class LoopEstimates:
     """Running figures of one client (its generations run one at a time; the lock guards the odd reader)."""
 
     WEIGHT = 0.2  # share of a new observation in a running average
-    PRIOR = 2.0  # pseudo-observations behind each depth's acceptance before it is measured
+    PRIOR = 1.0  # pseudo-observations behind each depth's acceptance before it is measured
     PRIOR_ACCEPTANCE = 0.6  # what an unmeasured first depth is taken to accept
     PRIOR_HIT_RATE = 0.3  # what the guesses are taken to hit before any was checked
 
@@ -88,6 +92,7 @@ class LoopEstimates:
         self.reached: list[float] = []  # [i]: verdicts whose tree reached depth i + 1 with depth i accepted
         self.accepted: list[float] = []  # [i]: ... of which depth i + 1 was accepted
         self.hit_rate = self.PRIOR_HIT_RATE
+        self.trees_verified = 0  # verdicts on non-empty trees
 
     # ------------------------------------------------------------ observing
     def observe_draft(self, tree: DraftTree, seconds: float) -> None:
@@ -112,6 +117,7 @@ class LoopEstimates:
                         self._scale = _ema(self._scale, server_s / base, self.WEIGHT)
             if not n:
                 return
+            self.trees_verified += 1
             depth = max(tree.depths())
             for i in range(min(depth, accepted + 1)):
                 while len(self.reached) <= i:
@@ -124,6 +130,13 @@ class LoopEstimates:
     def observe_guess(self, hit: bool) -> None:
         with self._lock:
             self.hit_rate = _ema(self.hit_rate, 1.0 if hit else 0.0, self.WEIGHT)
+
+    def observe_no_guess(self) -> None:
+        """A flight went without drafting ahead because the hit rate looked too low to pay. Guesses not made
+        are not checked, so a low estimate would stay low for good: it drifts back toward the prior instead,
+        and drafting ahead is tried again after a few such flights."""
+        with self._lock:
+            self.hit_rate = _ema(self.hit_rate, self.PRIOR_HIT_RATE, self.WEIGHT / 2)
 
     # ------------------------------------------------------------- planning
     def curve(self) -> dict[int, float]:
@@ -180,8 +193,8 @@ class TreePlanner:
         if self.config.tree == "fixed" or full.plain:
             return full
         inputs = self.estimates.inputs(self.max_nodes, min(depth, self.config.max_depth), self.pipelined)
-        if inputs is None:  # nothing measured yet: the drafter's own shape, which measures it
-            return full
+        if inputs is None or self.estimates.trees_verified < self.config.warmup_trees:
+            return full  # not measured enough yet: the drafter's own shape, which measures it
         size = plan_tree(inputs)
         if not explore:
             return size

@@ -76,7 +76,7 @@ def test_fixed_keeps_the_drafters_shape_and_auto_explores_after_plain_steps():
     est.observe_verdict(chain, 0, round_trip_s=10.1, server_s=10.0)
     fixed = TreePlanner(LoopConfig(tree="fixed"), est, 255, can_pipeline=True)
     assert fixed.size(40) == TreeSize(255, 39) and fixed.size(1) == PLAIN
-    auto = TreePlanner(LoopConfig(explore_every=3), est, 255, can_pipeline=True)
+    auto = TreePlanner(LoopConfig(explore_every=3, warmup_trees=1), est, 255, can_pipeline=True)
     sizes = [auto.size(40) for _ in range(8)]
     assert sizes[:3] == [PLAIN] * 3 and sizes[3] == TreeSize(255, 39)  # one tree after 3 plain steps
 
@@ -101,3 +101,29 @@ def test_loops_by_name_and_by_flag():
     add_loop_arguments(p)
     assert loop_config(p.parse_args([])) == LoopConfig()  # the CLI's default: auto, pipelined
     assert loop_config(p.parse_args(["--no-pipeline", "--tree", "fixed"])) == LoopConfig(pipeline=False, tree="fixed")
+
+
+def test_auto_keeps_the_drafters_shape_until_enough_trees_are_measured():
+    """A prior alone must not settle the loop on plain steps: the first trees are the drafter's own shape."""
+    est = LoopEstimates((0, 4), (0.1, 10.0))  # trees look ruinous on this curve
+    chain = DraftTree.chain([1, 2])
+    auto = TreePlanner(LoopConfig(warmup_trees=3, explore_every=100), est, 255, can_pipeline=False)
+    sizes = []
+    for _ in range(5):
+        size = auto.size(40)
+        sizes.append(size)
+        if not size.plain:
+            est.observe_draft(chain, 0.01)
+            est.observe_verdict(chain, 0, round_trip_s=10.1, server_s=10.0)
+    assert sizes[:3] == [TreeSize(255, 39)] * 3 and sizes[3:] == [PLAIN] * 2
+
+
+def test_a_low_hit_rate_drifts_back_so_drafting_ahead_is_tried_again():
+    est = LoopEstimates()
+    for _ in range(10):
+        est.observe_guess(False)
+    low = est.hit_rate
+    assert low < 0.05
+    for _ in range(10):
+        est.observe_no_guess()
+    assert low < est.hit_rate < est.PRIOR_HIT_RATE

@@ -79,6 +79,18 @@ def test_draft_deadline_follows_round_trips_within_bounds():
     assert draft_deadline([], cfg, fallback_s=1.0) == 4.0
 
 
+
+def test_a_larger_tree_than_the_recent_ones_gets_a_deadline_scaled_to_its_size():
+    """Plain steps (0 nodes, 0.3 s) then a 16-node tree: on a slow server its verification takes several times
+    a decode step, so the deadline scales with the size instead of reading a slow answer as a dead link."""
+    cfg = LinkConfig(address="h:1", deadline_factor=4.0, min_deadline_s=0.5, max_deadline_s=30.0)
+    plain = [(0, 0.3)] * 8
+    assert draft_deadline(plain, cfg, nodes=0) == pytest.approx(1.2)
+    assert draft_deadline(plain, cfg, nodes=16) == pytest.approx(4 * 0.3 * 17)  # never sent: by node count
+    seen = {0: 0.3, 16: 2.7}  # the last 16-node Draft took 2.7 s
+    assert draft_deadline(plain, cfg, nodes=16, latest_by_size=seen) == pytest.approx(4 * 2.7)
+    assert draft_deadline([(16, 2.7), (0, 0.5)], cfg, nodes=4, latest_by_size=seen) == pytest.approx(4 * 2.7)
+
 def test_backoff_grows_caps_and_jitters():
     cfg = LinkConfig("h:1", backoff_initial_s=0.1, backoff_multiplier=2, backoff_max_s=1.0, backoff_jitter=0.2)
     rng = random.Random(0)
