@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import torch
 
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.grammar import GrammarConstraint, GrammarError, grammar_tokenizer
-from edgespec.shared.logits_processors import Penalties, RowProcessors
+from edgespec.shared.logits_processors import RowProcessors
 from edgespec.shared.logprobs import TokenLogprob, token_logprobs
+from edgespec.shared.session_contract import SamplingSettings, ServerTimings
 from edgespec.shared.tree import DraftTree
-from edgespec.shared.verification import (SamplingConfig, VerifyOutcome, next_token, sample_verify, target_probs,
-                                          verify_tree)
+from edgespec.shared.verification import VerifyOutcome, next_token, sample_verify, target_probs, verify_tree
 from edgespec.shared.wire import FeatureKind, ResumePolicy
 
 from .errors import InvalidRequestError, StaleStateError
@@ -41,24 +41,14 @@ class SessionSettings:
     """What Open fixes for the whole session."""
 
     session_id: str
-    sampling: SamplingConfig = SamplingConfig()  # greedy unless temperature > 0
+    sampling: SamplingSettings = SamplingSettings()  # greedy unless temperature > 0; penalties, logit_bias
     seed: int = 0  # seeds the session's sampling generator: same seed, same output
     features: FeatureSpec = FeatureSpec()  # what each answer carries back
     max_new_tokens: int = 0  # the client's budget (informational; the context limit is enforced)
     drafter: str = ""  # the client's drafter name, for logs and metrics
     logprobs: int | None = None  # None: no logprobs; k: each committed token's and the k most likely
-    penalties: Penalties = Penalties()  # presence/frequency/repetition penalties, logit_bias: applied per tree row
     grammar: str = ""  # llguidance grammar (shared.grammar) the output must follow; '' = none
     prompt_len: int = 0  # Open's prompt length: the output the penalties count starts after it (Resume rebuilds)
-
-
-@dataclass
-class Timings:
-    queue_ns: int = 0  # waiting for the model thread
-    forward_ns: int = 0  # the target's forward pass
-    verify_ns: int = 0  # acceptance decision and KV bookkeeping
-    encode_ns: int = 0  # feature extraction and encoding
-    total_ns: int = 0  # everything this message cost the server
 
 
 @dataclass
@@ -71,7 +61,7 @@ class StepResult:
     agreed: int = 0  # Resume: leading provisional tokens equal to the target's choice
     restored: bool = True  # Resume: False when the session was rebuilt by prefill
     features: list[tuple[str, bytes]] = field(default_factory=list)  # (name, codec frame)
-    timings: Timings = field(default_factory=Timings)
+    timings: ServerTimings = ServerTimings()
     logprobs: tuple[TokenLogprob, ...] = ()  # with SessionSettings.logprobs: one per token committed by this step
     cached_tokens: int = 0  # Open: prompt tokens whose KV came from the prefix cache instead of a prefill
 
@@ -129,7 +119,7 @@ class VerifierSession:
         restore_ns = time.perf_counter_ns() - t0
         result = self._run(self._open_job, prompt, tree if tree else None, cached)
         result.cached_tokens = cached
-        result.timings.total_ns += restore_ns
+        result.timings = replace(result.timings, total_ns=result.timings.total_ns + restore_ns)
         return result
 
     def _open_job(self, prompt: list[int], tree: DraftTree | None, cached: int = 0) -> _ModelStep:
@@ -292,10 +282,10 @@ class VerifierSession:
         """The session's logits processors (penalties, logit_bias, grammar), or None when it has none: then the
         target's logits go to acceptance untouched."""
         s = self.settings
-        if not (s.penalties.active or s.grammar):
+        if not (s.sampling.penalized or s.grammar):
             return
         try:
-            s.penalties.check_vocab(self.target.vocab_size)
+            s.sampling.check_vocab(self.target.vocab_size)
         except ValueError as err:
             raise InvalidRequestError(f"SamplingParams: {err}") from None
         constraint = None
@@ -305,7 +295,7 @@ class VerifierSession:
                 constraint = GrammarConstraint(tok, s.grammar)
             except GrammarError as err:
                 raise InvalidRequestError(f"SamplingParams.grammar is not a grammar llguidance takes: {err}") from None
-        self.rows = RowProcessors(s.penalties, prompt, self.target.vocab_size, constraint)
+        self.rows = RowProcessors(s.sampling, prompt, self.target.vocab_size, constraint)
 
     def _shaped(self, logits: torch.Tensor, committed: Sequence[int], tree: DraftTree | None = None) -> torch.Tensor:
         """logits [1 + N, V] of [root] + tree nodes hung after `committed`, each row processed from its own
@@ -323,7 +313,7 @@ class VerifierSession:
         encode_ns = time.perf_counter_ns() - t0
         self.kv_bytes = self.kv.nbytes
         self.last_used = time.monotonic()
-        timings = Timings(queue_ns, step.forward_ns, step.verify_ns, encode_ns, time.perf_counter_ns() - start)
+        timings = ServerTimings(queue_ns, step.forward_ns, step.verify_ns, encode_ns, time.perf_counter_ns() - start)
         return StepResult(step.next_token, len(self.committed), step.accepted, step.agreed,
                           True, features, timings, step.logprobs)
 

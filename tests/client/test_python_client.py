@@ -94,9 +94,10 @@ def test_bad_sampling_option_is_named(client):
 
 def test_default_temperature_is_the_http_apis_one(client):
     """1, as OpenAI's and vLLM's (and both edgespec HTTP APIs'): the session is opened sampling."""
-    from edgespec.shared.openai.requests import Sampling
+    from edgespec.shared.openai.requests import CompletionRequest
 
-    assert client._config().temperature == Sampling().temperature == 1.0
+    http = CompletionRequest(prompt="x").settings().sampling
+    assert client._config().sampling.temperature == http.temperature == 1.0
 
 
 def test_logprobs_are_the_targets_for_every_token_of_the_answer(client, tiny_target_f32):
