@@ -75,10 +75,13 @@ class _ModelStep:
     agreed: int
     hidden: torch.Tensor  # [n, E] of the tokens whose features are due
     kv: torch.Tensor | None  # [n, L, 2*E_kv] for MOA
-    forward_ns: int
-    verify_ns: int
-    queue_ns: int = 0  # waiting for the forwards' batches
+    timings: ServerTimings  # the job's part: waiting for the forwards' batches, the forwards, the acceptance
     logprobs: tuple[TokenLogprob, ...] = ()
+
+
+def _job_timings(out, t1: int) -> ServerTimings:
+    """A model job's timings from its forward's output: the batches' wait, the forward, the acceptance since t1."""
+    return ServerTimings(out.queue_ns, out.forward_ns, time.perf_counter_ns() - t1)
 
 
 class VerifierSession:
@@ -131,8 +134,8 @@ class VerifierSession:
             first = next_token(self._shaped(out.logits[-1:], prompt)[0], self.settings.sampling, self.generator)
             self.committed = prompt + [first]
             kv = self._kv_rows(0, len(prompt))
-            return _ModelStep(first, (), 0, self._hidden_rows(out.hidden, slice(None)), kv, out.forward_ns,
-                              time.perf_counter_ns() - t1, out.queue_ns, self._logprobs(out.logits, [-1], [first]))
+            return _ModelStep(first, (), 0, self._hidden_rows(out.hidden, slice(None)), kv, _job_timings(out, t1),
+                              self._logprobs(out.logits, [-1], [first]))
         out = yield from self.scheduler.prefill_tree(self.kv, prompt[cached:], tree)
         t1 = time.perf_counter_ns()
         outcome = verify_tree(tree, self._shaped(out.logits, prompt, tree), self.settings.sampling, self.generator)
@@ -145,8 +148,8 @@ class VerifierSession:
         hidden = torch.cat([out.hidden[:fed_past], out.hidden[[fed_past + r for r in rows]]]) if self._wants_hidden \
             else out.hidden[:0]
         kv = self._kv_rows(0, past + len(rows))
-        return _ModelStep(outcome.next_token, outcome.accepted, 0, hidden, kv, out.forward_ns,
-                          time.perf_counter_ns() - t1, out.queue_ns, self._logprobs(out.logits, rows, new))
+        return _ModelStep(outcome.next_token, outcome.accepted, 0, hidden, kv, _job_timings(out, t1),
+                          self._logprobs(out.logits, rows, new))
 
     # -------------------------------------------------------------- verify
     def verify(self, step: int, committed_len: int, tree: DraftTree) -> StepResult:
@@ -188,7 +191,7 @@ class VerifierSession:
         self.committed += new
         kv = self._kv_rows(past, past + len(rows))
         return _ModelStep(outcome.next_token, outcome.accepted, 0, self._hidden_rows(out.hidden, rows), kv,
-                          out.forward_ns, time.perf_counter_ns() - t1, out.queue_ns,
+                          _job_timings(out, t1),
                           self._logprobs(out.logits, rows, new))
 
     # -------------------------------------------------------------- resume
@@ -254,8 +257,8 @@ class VerifierSession:
         self.kv.keep_rows(past, rows)
         self.committed += kept + [after]
         kv = self._kv_rows(past, past + len(rows))
-        return _ModelStep(after, (), agreed, self._hidden_rows(out.hidden, rows), kv, out.forward_ns,
-                          time.perf_counter_ns() - t1, out.queue_ns, self._logprobs(out.logits, rows, kept + [after]))
+        return _ModelStep(after, (), agreed, self._hidden_rows(out.hidden, rows), kv, _job_timings(out, t1),
+                          self._logprobs(out.logits, rows, kept + [after]))
 
     # -------------------------------------------------------- prefix cache
     def _restore_prefix(self, ids: Sequence[int], limit: int) -> int:
@@ -307,13 +310,12 @@ class VerifierSession:
     def _run(self, job, *args) -> StepResult:
         start = time.perf_counter_ns()
         step = self.scheduler.run_job(job(*args), self.kv)  # on the model thread, batched with other sessions
-        queue_ns = step.queue_ns
         t0 = time.perf_counter_ns()
         features = export_features(self.settings.features, step.hidden, step.kv)
         encode_ns = time.perf_counter_ns() - t0
         self.kv_bytes = self.kv.nbytes
         self.last_used = time.monotonic()
-        timings = ServerTimings(queue_ns, step.forward_ns, step.verify_ns, encode_ns, time.perf_counter_ns() - start)
+        timings = replace(step.timings, encode_ns=encode_ns, total_ns=time.perf_counter_ns() - start)
         return StepResult(step.next_token, len(self.committed), step.accepted, step.agreed,
                           True, features, timings, step.logprobs)
 
