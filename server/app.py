@@ -172,8 +172,9 @@ def _engine(config: ServerConfig, target, context: int):
     from .engine_batched import API_SLOTS, PoolConfig
 
     buckets = target.device.type == "cuda" if config.shape_buckets is None else config.shape_buckets
-    pool = PoolConfig(config.max_kv_bytes, config.max_sessions + API_SLOTS, context, min(config.max_tree_nodes, MAX_NODES),
-                      shape_buckets=buckets, graphs=buckets and not config.enforce_eager)
+    pool = PoolConfig(config.max_kv_bytes, config.max_sessions + API_SLOTS, context,
+                      min(config.max_tree_nodes, MAX_NODES), shape_buckets=buckets,
+                      graphs=buckets and not config.enforce_eager)
     return build_engine(target, config.engine, pool)
 
 
