@@ -77,14 +77,10 @@ class SpeculativeBackend:
         return self.client.decode(ids)
 
     def start(self, job: GenerationJob, cancel: threading.Event) -> "SpeculativeRun":
-        s = job.sampling
         # The stops go to the loop too, so it ends (and stops drafting) where the shared layer cuts the text.
-        config = GenerationConfig(max_new_tokens=job.max_new_tokens, stop=job.stop, temperature=s.temperature,
-                                  top_p=s.top_p, top_k=s.top_k, seed=job.seed, resume_policy=self.policy,
-                                  offline_wait_s=self.offline_wait_s, logprobs=job.top_logprobs,
-                                  ignore_eos=s.ignore_eos, min_p=s.min_p, presence_penalty=s.presence_penalty,
-                                  frequency_penalty=s.frequency_penalty, repetition_penalty=s.repetition_penalty,
-                                  logit_bias=s.logit_bias, grammar=job.grammar or "")
+        config = GenerationConfig(max_new_tokens=job.max_new_tokens, stop=job.stop, sampling=job.sampling,
+                                  seed=job.seed, resume_policy=self.policy, offline_wait_s=self.offline_wait_s,
+                                  logprobs=job.top_logprobs, ignore_eos=job.ignore_eos, grammar=job.grammar or "")
         return SpeculativeRun(self.slot, self.client, job.prompt_ids, config, cancel)
 
     def count_request(self, endpoint: str) -> None:

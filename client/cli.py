@@ -119,11 +119,13 @@ def client_from_args(args, address: str):
 
 
 def generation_config_from_args(args):
+    from edgespec.shared.session_contract import SamplingSettings
+
     from .commit import ResumePolicy
     from .generation import GenerationConfig
 
     return GenerationConfig(max_new_tokens=args.max_tokens, stop=tuple(args.stop or ()),
-                            temperature=args.temperature, seed=args.seed,
+                            sampling=SamplingSettings(temperature=args.temperature), seed=args.seed,
                             resume_policy=ResumePolicy[args.policy.upper()], offline_wait_s=args.offline_wait)
 
 

@@ -14,6 +14,7 @@ from typing import Iterator, Sequence
 from edgespec.shared.errors import TokenizerMismatchError
 from edgespec.shared.fingerprint import tokenizer_fingerprint
 from edgespec.shared.grammar import grammar_tokenizer
+from edgespec.shared.tree import MAX_NODES
 
 from .drafters.base import Drafter
 from .drafters.factory import DrafterOptions, make_drafter
@@ -123,7 +124,7 @@ class EdgespecClient:
         limits = self.info.limits
         widths = FeatureWidths(self.info.hidden_size, self.info.kv_size)  # bounds the feature frames it decodes
         return Generation(Verifier(GrpcTransport(self.link), widths), self.drafter, prompt_ids, config, self.tokens,
-                          max_tree_nodes=limits.max_tree_nodes or 255, loop=self.config.loop,
+                          max_tree_nodes=limits.max_tree_nodes or MAX_NODES, loop=self.config.loop,
                           estimates=self.estimates)
 
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig()

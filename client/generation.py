@@ -52,10 +52,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
-from edgespec.shared.codec import Codec
+from edgespec.shared.codec import ActivationCodec
 from edgespec.shared.errors import EdgespecError
 from edgespec.shared.logprobs import TokenLogprob
 from edgespec.shared.metrics import GenerationMetrics
+from edgespec.shared.session_contract import SamplingSettings
 from edgespec.shared.tree import MAX_NODES, DraftTree
 from edgespec.shared.wire import MAX_TOP_LOGPROBS, FeatureKind, ResumePolicy
 
@@ -111,24 +112,16 @@ class GenerationConfig:
     max_new_tokens: int = 256  # most tokens generated
     stop: tuple[str, ...] = ()  # stop strings: the output ends where one appears (not included in the text)
     ignore_eos: bool = False  # keep going past EOS (benchmarks with a fixed length)
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0  # nucleus mass, 1 = off
-    top_k: int = 0  # 0 = off
-    seed: int = 0  # the server's sampling seed for this session
+    sampling: SamplingSettings = SamplingSettings()  # temperature, top-p/k, min-p, penalties, logit_bias: greedy
+    # by default; checked when built, so a bad value never reaches the server
+    seed: int = 0  # the server's sampling seed for this session, in [0, 2**64)
     resume_policy: ResumePolicy = ResumePolicy.ROLLBACK  # what happens to offline tokens on reconnect
     offline_wait_s: float = 30.0  # how long after the last verified answer to keep waiting for the link once
     # the drafter cannot go on alone (the output is done offline, or an ngram drafter): then the output ends
-    codec: Codec = Codec.INT8_OUTLIER  # activation codec for features (drafters that ask for them)
-    zstd_level: int = 3  # zstd level over feature frames
-    outlier_channels: int = 8  # float16 channels kept apart by INT8_OUTLIER
+    codec: ActivationCodec = ActivationCodec()  # how the server encodes features (drafters that ask for them)
     draft_on_open: bool = True  # a drafter that needs no features drafts from the prompt and sends the tree
     # with Open: the server verifies it in the prefill's forward pass, which saves one verification
     logprobs: int | None = None  # None: no logprobs; k: each token's under the target and the k most likely
-    min_p: float = 0.0  # vLLM's min_p; 0 = off
-    presence_penalty: float = 0.0  # vLLM's, [-2, 2]; the server applies it per tree node
-    frequency_penalty: float = 0.0  # vLLM's, [-2, 2]
-    repetition_penalty: float = 1.0  # vLLM's, > 0; 1 = off
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
     grammar: str = ""  # llguidance grammar (shared.grammar): the server constrains, the drafter drafts within it
 
     def __post_init__(self) -> None:
@@ -136,6 +129,8 @@ class GenerationConfig:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.logprobs}")
+        if not 0 <= self.seed < 2 ** 64:
+            raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
         object.__setattr__(self, "resume_policy", ResumePolicy(self.resume_policy))
         object.__setattr__(self, "stop", tuple(self.stop))
 
@@ -498,9 +493,6 @@ class Generation:
         c, s = self.config, self.state
         return SessionSpec(
             session_id=self.session_id, prompt_ids=tuple(s.committed[: s.prompt_len]),
-            features=self.drafter.feature_request(), temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
-            seed=c.seed, codec=c.codec, zstd_level=c.zstd_level, outlier_channels=c.outlier_channels,
+            features=self.drafter.feature_request(), sampling=c.sampling, seed=c.seed, codec=c.codec,
             max_new_tokens=c.max_new_tokens, tokenizer_fingerprint=self.tok.fingerprint, drafter=self.drafter.name,
-            logprobs=c.logprobs, min_p=c.min_p, presence_penalty=c.presence_penalty,
-            frequency_penalty=c.frequency_penalty, repetition_penalty=c.repetition_penalty, logit_bias=c.logit_bias,
-            grammar=c.grammar)
+            logprobs=c.logprobs, grammar=c.grammar)

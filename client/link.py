@@ -29,7 +29,8 @@ import grpc
 from edgespec.proto.edgespec.v1 import pb, pb_grpc
 from edgespec.shared.errors import EdgespecError
 from edgespec.shared.tree import NODE_BYTES as TREE_NODE_BYTES
-from edgespec.shared.wire import API_KEY_METADATA_KEY, SERVER_STATUS_METADATA_KEY, SESSION_METADATA_KEY
+from edgespec.shared.wire import (API_KEY_METADATA_KEY, DEFAULT_MAX_MESSAGE_BYTES, SERVER_STATUS_METADATA_KEY,
+                                  SESSION_METADATA_KEY)
 
 from .verifier import LinkDownError, ServerRefusedError, SessionLostError
 
@@ -94,7 +95,7 @@ class LinkConfig:
     backoff_max_s: float = 5.0  # longest wait between tries
     backoff_multiplier: float = 2.0  # growth of the wait per consecutive failure (reset by a verified answer)
     backoff_jitter: float = 0.2  # +- this fraction of randomness, so clients do not retry in lockstep
-    max_message_bytes: int = 64 << 20  # largest message sent or received
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # largest message sent or received
 
     def __post_init__(self) -> None:
         if not self.address or ":" not in self.address:

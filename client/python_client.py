@@ -28,6 +28,8 @@ import difflib
 import inspect
 from typing import AsyncIterator, Iterator, Sequence
 
+from edgespec.shared.session_contract import SamplingSettings
+
 from .commit import ResumePolicy
 from .drafters.factory import DrafterOptions
 from .edge_client import ClientConfig, EdgespecClient
@@ -98,8 +100,9 @@ class Client:
                 top_k: int = 0, stop: str | Sequence[str] | None = None, seed: int = 0,
                 logprobs: int | None = None) -> GenerationConfig:
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-        return GenerationConfig(max_new_tokens=max_tokens or self.max_tokens, temperature=temperature, top_p=top_p,
-                                top_k=top_k, stop=stops, seed=seed, resume_policy=self.policy, logprobs=logprobs)
+        return GenerationConfig(max_new_tokens=max_tokens or self.max_tokens,
+                                sampling=SamplingSettings(temperature, top_p, top_k), stop=stops, seed=seed,
+                                resume_policy=self.policy, logprobs=logprobs)
 
     def _pieces(self, ids: list[int], config: GenerationConfig) -> Iterator[str]:
         # Under rollback, offline tokens are held back until the target confirmed them, so no piece

@@ -28,11 +28,12 @@ from typing import Mapping, Protocol, Sequence
 import torch
 
 from edgespec.proto.edgespec.v1 import pb
-from edgespec.shared.codec import MAX_ELEMENTS, Codec, decode_frame, frame_element_limit, frame_shape
+from edgespec.shared.codec import MAX_ELEMENTS, ActivationCodec, decode_frame, frame_element_limit, frame_shape
 from edgespec.shared.errors import EdgespecError
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.logprobs import TokenLogprob
 from edgespec.shared.metrics import LinkTraffic
+from edgespec.shared.session_contract import SamplingSettings, ServerTimings
 from edgespec.shared.tree import DraftTree, encode_tree
 from edgespec.shared.wire import FeatureKind, ResumePolicy
 
@@ -73,22 +74,13 @@ class SessionSpec:
     session_id: str  # chosen by the client (a UUID)
     prompt_ids: tuple[int, ...]  # the prompt's token ids
     features: FeatureNeeds = FeatureNeeds()  # what the drafter needs back per verified token
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0  # nucleus mass, 1 = off
-    top_k: int = 0  # 0 = off
+    sampling: SamplingSettings = SamplingSettings()  # how the target picks tokens (greedy by default)
     seed: int = 0  # the server's sampling seed for this session
-    codec: Codec = Codec.INT8_OUTLIER  # activation codec of the features
-    zstd_level: int = 3  # zstd level over feature frames
-    outlier_channels: int = 8  # float16 channels kept apart by INT8_OUTLIER
+    codec: ActivationCodec = ActivationCodec()  # how the server encodes the features
     max_new_tokens: int = 0  # the most tokens the session will ask for
     tokenizer_fingerprint: str = ""  # the client's tokenizer: the server refuses one that is not its own
     drafter: str = ""  # the drafter's name, for the server's logs and metrics
     logprobs: int | None = None  # None: no logprobs; k: each committed token's and the k most likely
-    min_p: float = 0.0  # 0 = off
-    presence_penalty: float = 0.0  # vLLM's, [-2, 2]
-    frequency_penalty: float = 0.0  # vLLM's, [-2, 2]
-    repetition_penalty: float = 1.0  # vLLM's, > 0; 1 = off
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
     grammar: str = ""  # llguidance grammar the output must follow; '' = none
 
 
@@ -107,17 +99,6 @@ class FeatureWidths:
         if kind is FeatureKind.LAST_HIDDEN:
             return self.hidden_size
         return max(2 * self.kv_size, needs.tli_layers * self.kv_size)
-
-
-@dataclass(frozen=True)
-class ServerTimings:
-    """The server's own time on one message, in nanoseconds."""
-
-    queue_ns: int = 0  # waiting for the model (other sessions' forward passes)
-    forward_ns: int = 0  # the target's forward pass
-    verify_ns: int = 0  # acceptance decision and KV bookkeeping
-    encode_ns: int = 0  # feature extraction and encoding
-    total_ns: int = 0  # everything the server spent on the message
 
 
 @dataclass(frozen=True)
@@ -232,13 +213,12 @@ class Verifier:
         """An Opened, Verified or Resumed as a Verdict (a Resume's chain has no nodes: it reports `agreed`);
         `committed`: how many tokens the answer commits, the bonus token included; `rows`: the most tokens its
         features can cover (what the client sent, plus one)."""
-        t = body.timings
         limit = MAX_ELEMENTS if self.widths is None else frame_element_limit(
             rows, self.widths.per_token(self._spec.features))
         return Verdict(bonus_token=bonus_token, committed_len=body.committed_len, accepted=tuple(accepted),
                        agreed=agreed, restored=restored,
                        features={f.name: decode_frame(f.frame, limit) for f in body.features},
-                       timings=ServerTimings(t.queue_ns, t.forward_ns, t.verify_ns, t.encode_ns, t.total_ns),
+                       timings=ServerTimings.of(body.timings),
                        logprobs=_logprobs(body, committed, self._open.HasField("logprobs")))
 
     def _call(self, message: pb.ClientMessage, expect: str):
@@ -262,15 +242,15 @@ class Verifier:
 
 
 def _open_message(s: SessionSpec, tree: DraftTree | None = None) -> pb.Open:
-    n = s.features
+    n, p, c = s.features, s.sampling, s.codec
     return pb.Open(
         session_id=s.session_id, prompt_ids=s.prompt_ids,
-        sampling=pb.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, seed=s.seed,
-                                   min_p=s.min_p, presence_penalty=s.presence_penalty,
-                                   frequency_penalty=s.frequency_penalty, repetition_penalty=s.repetition_penalty,
-                                   logit_bias=dict(s.logit_bias), grammar=s.grammar),
+        sampling=pb.SamplingParams(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=s.seed,
+                                   min_p=p.min_p, presence_penalty=p.presence_penalty,
+                                   frequency_penalty=p.frequency_penalty, repetition_penalty=p.repetition_penalty,
+                                   logit_bias=dict(p.logit_bias), grammar=s.grammar),
         features=pb.FeatureRequest(kind=int(n.kind), moa_server_part=n.moa_server_part, tli_layers=n.tli_layers),
-        codec=pb.CodecChoice(codec=int(s.codec), zstd_level=s.zstd_level, outlier_channels=s.outlier_channels),
+        codec=pb.CodecChoice(codec=int(c.codec), zstd_level=c.zstd_level, outlier_channels=c.outlier_channels),
         max_new_tokens=s.max_new_tokens, tokenizer_fingerprint=s.tokenizer_fingerprint, drafter=s.drafter,
         tree=encode_tree(tree) if tree is not None else b"",
         logprobs=pb.LogprobRequest(top=s.logprobs) if s.logprobs is not None else None)

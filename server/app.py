@@ -15,6 +15,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from edgespec.shared.openai.gate import DEFAULT_MAX_BODY_BYTES
+from edgespec.shared.tree import MAX_NODES
+from edgespec.shared.wire import DEFAULT_MAX_MESSAGE_BYTES
+
 from .core import CoreLimits, VerifierCore
 from .grpc_server import GrpcServer
 from .sessions import StoreLimits
@@ -43,9 +47,9 @@ class ServerConfig:
     shape_buckets: bool | None = None  # batched engine: pad batches to a grid of static shapes (what CUDA graphs
     # need); None = on for a CUDA device, off elsewhere (the padding costs a CPU compute)
     enforce_eager: bool = False  # batched engine: never capture CUDA graphs; run the step eagerly (vLLM's flag)
-    max_tree_nodes: int = 255  # most nodes per draft tree
+    max_tree_nodes: int = MAX_NODES  # most nodes per draft tree (more is cut to MAX_NODES, the wire's limit)
     max_context_tokens: int = 0  # per session; 0 = the model's max positions (at most 32768)
-    max_message_bytes: int = 64 << 20  # gRPC message size limit, both directions
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # gRPC message size limit, both directions
     tls_cert: str | None = None  # PEM certificate chain; with tls_key, gRPC and HTTP serve TLS
     tls_key: str | None = None  # PEM private key
     api_key: str | None = None  # when set, every gRPC call and /v1 request must carry it
@@ -56,7 +60,7 @@ class ServerConfig:
     first_message_timeout_s: float = 5.0  # a Session stream that sends no first message (Open, Resume) this
     # long after opening is closed with DEADLINE_EXCEEDED, so silent streams cannot pile up on the server
     keepalive_min_ping_s: float = 1.0  # clients may ping this often without data (they ping every 2 s)
-    max_body_bytes: int = 8 << 20  # HTTP request bodies larger than this get 413 before they are read
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # HTTP request bodies larger than this get 413 before they are read
     metrics_need_key: bool = False  # /metrics asks for api_key too (it names the model and the load)
     allowed_origins: tuple[str, ...] = ()  # CORS origins browser pages may call the HTTP API from ("*": any)
     log_requests: bool = False  # log every plain-API request as it is accepted (--enable-log-requests)
@@ -156,7 +160,7 @@ def start_server(config: ServerConfig) -> ServerHandle:
 
 
 def _limits(config: ServerConfig, context: int, engine) -> CoreLimits:
-    return CoreLimits(max_tree_nodes=min(config.max_tree_nodes, 255), max_context_tokens=context,
+    return CoreLimits(max_tree_nodes=min(config.max_tree_nodes, MAX_NODES), max_context_tokens=context,
                       max_message_bytes=config.max_message_bytes, prefix_cache_bytes=config.prefix_cache_bytes,
                       store=StoreLimits(config.max_sessions, config.session_ttl_s,
                                         engine.session_kv_bytes(config.max_kv_bytes)))
@@ -168,8 +172,9 @@ def _engine(config: ServerConfig, target, context: int):
     from .engine_batched import API_SLOTS, PoolConfig
 
     buckets = target.device.type == "cuda" if config.shape_buckets is None else config.shape_buckets
-    pool = PoolConfig(config.max_kv_bytes, config.max_sessions + API_SLOTS, context, min(config.max_tree_nodes, 255),
-                      shape_buckets=buckets, graphs=buckets and not config.enforce_eager)
+    pool = PoolConfig(config.max_kv_bytes, config.max_sessions + API_SLOTS, context,
+                      min(config.max_tree_nodes, MAX_NODES), shape_buckets=buckets,
+                      graphs=buckets and not config.enforce_eager)
     return build_engine(target, config.engine, pool)
 
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from edgespec.shared.drafters.lsa import LayerSelfAttention
-from edgespec.shared.tree import decode_tree
+from edgespec.shared.tree import MAX_NODES, decode_tree
+from edgespec.shared.wire import DEFAULT_MAX_MESSAGE_BYTES
 
 from .errors import (DrainingError, InvalidRequestError, SessionBusyError, SessionNotFoundError,
                      StaleStateError, printable)
@@ -29,9 +30,9 @@ log = logging.getLogger("edgespec.server")
 
 @dataclass(frozen=True)
 class CoreLimits:
-    max_tree_nodes: int = 255  # most nodes in one draft tree (the wire allows 255)
+    max_tree_nodes: int = MAX_NODES  # most nodes in one draft tree (at most the wire's MAX_NODES)
     max_context_tokens: int = 32768  # prompt + generation of one session
-    max_message_bytes: int = 64 << 20  # largest gRPC message either way
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # largest gRPC message either way
     store: StoreLimits = field(default_factory=StoreLimits)  # session cap, TTL, KV memory cap
     prefix_cache_bytes: int = 0  # KV memory of finished sessions' prefixes kept for later prompts; 0 = no cache
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from edgespec.shared.tree import DraftTree, encode_tree
-from edgespec.shared.verification import SamplingConfig
 
 from .session import SessionSettings
 
@@ -66,7 +65,7 @@ def _measure(core, sizes: Sequence[int], context: int, repeats: int, budget_s: f
     prompt = [(7 * i + 3) % vocab for i in range(max(2, context))]
     session_id = f"cost-curve-{uuid.uuid4()}"
     # Opened with a one-node tree: the prefill then takes the tree path every Open with a draft takes
-    opened = core.open(SessionSettings(session_id, SamplingConfig()), prompt, encode_tree(DraftTree.chain([3])))
+    opened = core.open(SessionSettings(session_id), prompt, encode_tree(DraftTree.chain([3])))
     times: dict[int, list[int]] = {n: [] for n in sizes}
     start = time.monotonic()
     try:

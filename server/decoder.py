@@ -17,8 +17,9 @@ from typing import Iterator, Sequence
 import torch
 
 from edgespec.shared.grammar import GrammarConstraint, grammar_tokenizer
-from edgespec.shared.logits_processors import Penalties, RowProcessors
-from edgespec.shared.verification import SamplingConfig, next_token
+from edgespec.shared.logits_processors import RowProcessors
+from edgespec.shared.session_contract import SamplingSettings
+from edgespec.shared.verification import next_token
 
 from .prefix_cache import PrefixCache
 from .scheduler import ModelScheduler
@@ -31,10 +32,9 @@ log = logging.getLogger("edgespec.server")
 class GenerationRequest:
     prompt_ids: tuple[int, ...]  # tokenized prompt (chat template already applied)
     max_new_tokens: int = 16  # most tokens to generate
-    sampling: SamplingConfig = SamplingConfig()  # greedy unless temperature > 0
+    sampling: SamplingSettings = SamplingSettings()  # greedy unless temperature > 0; penalties, logit_bias
     seed: int | None = None  # None = a fresh random seed
     stop_at_eos: bool = True  # stop after the target's end-of-sequence token (yielded last: it was generated)
-    penalties: Penalties = Penalties()  # presence/frequency/repetition penalties and logit_bias
     grammar: str = ""  # llguidance grammar (shared.grammar) the output must follow; '' = none
 
 
@@ -86,16 +86,16 @@ def generate(target: TargetModel, scheduler: ModelScheduler, request: Generation
 
 def processors(target: TargetModel, request: GenerationRequest) -> RowProcessors | None:
     """The request's logits processors (penalties, logit_bias, grammar), or None when it has none."""
-    if not (request.penalties.active or request.grammar):
+    if not (request.sampling.penalized or request.grammar):
         return None
     constraint = None
     if request.grammar:
         constraint = GrammarConstraint(grammar_tokenizer(target.tokenizer, target.vocab_size, target.eos_ids),
                                        request.grammar)
-    return RowProcessors(request.penalties, request.prompt_ids, target.vocab_size, constraint)
+    return RowProcessors(request.sampling, request.prompt_ids, target.vocab_size, constraint)
 
 
-def _step(scheduler: ModelScheduler, kv, ids: Sequence[int], sampling: SamplingConfig, generator: torch.Generator,
+def _step(scheduler: ModelScheduler, kv, ids: Sequence[int], sampling: SamplingSettings, generator: torch.Generator,
           rows: RowProcessors | None = None, history: Sequence[int] = ()):
     """One step as a scheduler job: the forward batched with every other session's work, the draw on the
     model thread too; (token, its raw logits [V])."""

@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 import torch
 
 from edgespec.shared.kv import SessionKV
+from edgespec.shared.tree import MAX_NODES
 
 from .device_accept import accepted_nodes
 from .engine import Engine, ForwardOutput, Work
@@ -49,7 +50,7 @@ class PoolConfig:
     max_slots: int = 72  # slots worth allocating: sessions + plain-API generations held at once (a server
     # asks for max_sessions + API_SLOTS)
     max_context_tokens: int = 4096  # tokens of one session's context (the slot adds a tree's rows to it)
-    max_tree_nodes: int = 255  # nodes of the largest tree a slot must take behind its context
+    max_tree_nodes: int = MAX_NODES  # nodes of the largest tree a slot must take behind its context
     key_bucket: int = 64  # without shape buckets, keys read per row are rounded up to a multiple of this
     shape_buckets: bool = False  # pad batches to a grid of (sessions, rows, keys) buckets (``grid``) so a
     # few static shapes serve every batch: what CUDA-graph capture needs; off on a CPU, where the padding is

@@ -20,7 +20,6 @@ from edgespec.shared.openai.backend import GeneratedToken, GenerationJob
 from edgespec.shared.openai.errors import unavailable
 from edgespec.shared.openai.gate import DEFAULT_MAX_BODY_BYTES
 from edgespec.shared.openai.routes import ApiSettings, build_openai_app
-from edgespec.shared.verification import SamplingConfig
 
 from .decoder import DecodedToken, GenerationRequest, generate
 
@@ -82,11 +81,9 @@ class PlainRun:
     def __init__(self, core, job: GenerationJob, cancel: threading.Event | None = None):
         self.core = core
         self.top_logprobs = job.top_logprobs
-        s = job.sampling
-        self.ignore_eos = s.ignore_eos
-        request = GenerationRequest(job.prompt_ids, job.max_new_tokens,
-                                    SamplingConfig(s.temperature, s.top_p, s.top_k, s.min_p), job.seed,
-                                    stop_at_eos=not s.ignore_eos, penalties=s.penalties(), grammar=job.grammar or "")
+        self.ignore_eos = job.ignore_eos
+        request = GenerationRequest(job.prompt_ids, job.max_new_tokens, job.sampling, job.seed,
+                                    stop_at_eos=not job.ignore_eos, grammar=job.grammar or "")
         self._decoding = generate(core.target, core.scheduler, request, core.prefix_cache)
         cancel = cancel or threading.Event()
         self._tokens = core.metrics.api_generation(self._decoding, len(job.prompt_ids), job.max_new_tokens,

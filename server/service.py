@@ -11,6 +11,7 @@ INTERNAL with the exception logged.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from concurrent.futures import Executor
@@ -21,11 +22,10 @@ from google.protobuf.message import DecodeError, Message
 
 from edgespec.proto.edgespec.v1 import pb, pb_grpc
 from edgespec.shared import __version__
-from edgespec.shared.codec import ActivationCodec, Codec
+from edgespec.shared.codec import DEFAULT_OUTLIER_CHANNELS, ActivationCodec, Codec
 from edgespec.shared.errors import EdgespecError, FrameError, TokenizerMismatchError
 from edgespec.shared.models.registry import REGISTRY
-from edgespec.shared.logits_processors import Penalties
-from edgespec.shared.verification import SamplingConfig
+from edgespec.shared.session_contract import SamplingSettings
 from edgespec.shared.wire import (MAX_TOP_LOGPROBS, SERVER_STATUS_METADATA_KEY, SESSION_METADATA_KEY, FeatureKind,
                                   ResumePolicy)
 
@@ -213,18 +213,19 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 f"({target.fingerprint[:16]}..., model {target.name}): the client must use the target's tokenizer "
                 f"(see Info.tokenizer_fingerprint)")
         try:
-            sp = o.sampling
-            sampling = SamplingConfig(sp.temperature, sp.top_p or 1.0, sp.top_k, sp.min_p)
-            penalties = Penalties.of(sp.presence_penalty, sp.frequency_penalty, sp.repetition_penalty or 1.0,
-                                     dict(sp.logit_bias))
+            sp = o.sampling  # proto3 zeros: top_p 0 and repetition_penalty 0 mean off
+            sampling = SamplingSettings(sp.temperature, sp.top_p or 1.0, sp.top_k, sp.min_p, sp.presence_penalty,
+                                        sp.frequency_penalty, sp.repetition_penalty or 1.0,
+                                        tuple(sp.logit_bias.items()))
         except ValueError as exc:
             raise InvalidRequestError(f"bad sampling parameters: {exc}") from None
         lsa = check_feature_request(o.features.kind, o.features.tli_layers, target.num_layers,
                                     o.features.moa_server_part, self.core.lsa_parts)
         try:
-            # No CodecChoice: the default frame (int8 + outliers, zstd 3). outlier_channels 0 means the default 8.
+            # No CodecChoice: the default frame. Proto3 zeros: codec 0 and outlier_channels 0 mean the defaults.
             codec = ActivationCodec() if not o.HasField("codec") else ActivationCodec(
-                Codec(o.codec.codec or Codec.INT8_OUTLIER), o.codec.zstd_level, o.codec.outlier_channels or 8)
+                Codec(o.codec.codec or Codec.INT8_OUTLIER), o.codec.zstd_level,
+                o.codec.outlier_channels or DEFAULT_OUTLIER_CHANNELS)
         except ValueError as exc:
             raise FrameError(f"bad codec choice: {exc}") from None
         features = FeatureSpec(FeatureKind(o.features.kind), codec, lsa, o.features.tli_layers)
@@ -233,7 +234,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             raise InvalidRequestError(f"Open.logprobs.top is {logprobs}; at most {MAX_TOP_LOGPROBS} alternatives "
                                       f"per token are sent")
         return SessionSettings(session_id, sampling, o.sampling.seed, features, o.max_new_tokens, o.drafter,
-                               logprobs, penalties, o.sampling.grammar, len(o.prompt_ids))
+                               logprobs, o.sampling.grammar, len(o.prompt_ids))
 
     # --------------------------------------------------------------- helpers
     def _authenticate(self, context: grpc.ServicerContext) -> None:
@@ -303,6 +304,4 @@ def _logprobs(result: StepResult) -> list[pb.TokenLogprob]:
 
 
 def _timings(result: StepResult) -> pb.Timings:
-    t = result.timings
-    return pb.Timings(queue_ns=t.queue_ns, forward_ns=t.forward_ns, verify_ns=t.verify_ns,
-                      encode_ns=t.encode_ns, total_ns=t.total_ns)
+    return pb.Timings(**dataclasses.asdict(result.timings))

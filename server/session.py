@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import torch
 
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.grammar import GrammarConstraint, GrammarError, grammar_tokenizer
-from edgespec.shared.logits_processors import Penalties, RowProcessors
+from edgespec.shared.logits_processors import RowProcessors
 from edgespec.shared.logprobs import TokenLogprob, token_logprobs
+from edgespec.shared.session_contract import SamplingSettings, ServerTimings
 from edgespec.shared.tree import DraftTree
-from edgespec.shared.verification import (SamplingConfig, VerifyOutcome, next_token, sample_verify, target_probs,
-                                          verify_tree)
+from edgespec.shared.verification import VerifyOutcome, next_token, sample_verify, target_probs, verify_tree
 from edgespec.shared.wire import FeatureKind, ResumePolicy
 
 from .errors import InvalidRequestError, StaleStateError
@@ -41,24 +41,14 @@ class SessionSettings:
     """What Open fixes for the whole session."""
 
     session_id: str
-    sampling: SamplingConfig = SamplingConfig()  # greedy unless temperature > 0
+    sampling: SamplingSettings = SamplingSettings()  # greedy unless temperature > 0; penalties, logit_bias
     seed: int = 0  # seeds the session's sampling generator: same seed, same output
     features: FeatureSpec = FeatureSpec()  # what each answer carries back
     max_new_tokens: int = 0  # the client's budget (informational; the context limit is enforced)
     drafter: str = ""  # the client's drafter name, for logs and metrics
     logprobs: int | None = None  # None: no logprobs; k: each committed token's and the k most likely
-    penalties: Penalties = Penalties()  # presence/frequency/repetition penalties, logit_bias: applied per tree row
     grammar: str = ""  # llguidance grammar (shared.grammar) the output must follow; '' = none
     prompt_len: int = 0  # Open's prompt length: the output the penalties count starts after it (Resume rebuilds)
-
-
-@dataclass
-class Timings:
-    queue_ns: int = 0  # waiting for the model thread
-    forward_ns: int = 0  # the target's forward pass
-    verify_ns: int = 0  # acceptance decision and KV bookkeeping
-    encode_ns: int = 0  # feature extraction and encoding
-    total_ns: int = 0  # everything this message cost the server
 
 
 @dataclass
@@ -71,7 +61,7 @@ class StepResult:
     agreed: int = 0  # Resume: leading provisional tokens equal to the target's choice
     restored: bool = True  # Resume: False when the session was rebuilt by prefill
     features: list[tuple[str, bytes]] = field(default_factory=list)  # (name, codec frame)
-    timings: Timings = field(default_factory=Timings)
+    timings: ServerTimings = ServerTimings()
     logprobs: tuple[TokenLogprob, ...] = ()  # with SessionSettings.logprobs: one per token committed by this step
     cached_tokens: int = 0  # Open: prompt tokens whose KV came from the prefix cache instead of a prefill
 
@@ -85,10 +75,13 @@ class _ModelStep:
     agreed: int
     hidden: torch.Tensor  # [n, E] of the tokens whose features are due
     kv: torch.Tensor | None  # [n, L, 2*E_kv] for MOA
-    forward_ns: int
-    verify_ns: int
-    queue_ns: int = 0  # waiting for the forwards' batches
+    timings: ServerTimings  # the job's part: waiting for the forwards' batches, the forwards, the acceptance
     logprobs: tuple[TokenLogprob, ...] = ()
+
+
+def _job_timings(out, t1: int) -> ServerTimings:
+    """A model job's timings from its forward's output: the batches' wait, the forward, the acceptance since t1."""
+    return ServerTimings(out.queue_ns, out.forward_ns, time.perf_counter_ns() - t1)
 
 
 class VerifierSession:
@@ -129,7 +122,7 @@ class VerifierSession:
         restore_ns = time.perf_counter_ns() - t0
         result = self._run(self._open_job, prompt, tree if tree else None, cached)
         result.cached_tokens = cached
-        result.timings.total_ns += restore_ns
+        result.timings = replace(result.timings, total_ns=result.timings.total_ns + restore_ns)
         return result
 
     def _open_job(self, prompt: list[int], tree: DraftTree | None, cached: int = 0) -> _ModelStep:
@@ -141,8 +134,8 @@ class VerifierSession:
             first = next_token(self._shaped(out.logits[-1:], prompt)[0], self.settings.sampling, self.generator)
             self.committed = prompt + [first]
             kv = self._kv_rows(0, len(prompt))
-            return _ModelStep(first, (), 0, self._hidden_rows(out.hidden, slice(None)), kv, out.forward_ns,
-                              time.perf_counter_ns() - t1, out.queue_ns, self._logprobs(out.logits, [-1], [first]))
+            return _ModelStep(first, (), 0, self._hidden_rows(out.hidden, slice(None)), kv, _job_timings(out, t1),
+                              self._logprobs(out.logits, [-1], [first]))
         out = yield from self.scheduler.prefill_tree(self.kv, prompt[cached:], tree)
         t1 = time.perf_counter_ns()
         outcome = verify_tree(tree, self._shaped(out.logits, prompt, tree), self.settings.sampling, self.generator)
@@ -155,8 +148,8 @@ class VerifierSession:
         hidden = torch.cat([out.hidden[:fed_past], out.hidden[[fed_past + r for r in rows]]]) if self._wants_hidden \
             else out.hidden[:0]
         kv = self._kv_rows(0, past + len(rows))
-        return _ModelStep(outcome.next_token, outcome.accepted, 0, hidden, kv, out.forward_ns,
-                          time.perf_counter_ns() - t1, out.queue_ns, self._logprobs(out.logits, rows, new))
+        return _ModelStep(outcome.next_token, outcome.accepted, 0, hidden, kv, _job_timings(out, t1),
+                          self._logprobs(out.logits, rows, new))
 
     # -------------------------------------------------------------- verify
     def verify(self, step: int, committed_len: int, tree: DraftTree) -> StepResult:
@@ -198,7 +191,7 @@ class VerifierSession:
         self.committed += new
         kv = self._kv_rows(past, past + len(rows))
         return _ModelStep(outcome.next_token, outcome.accepted, 0, self._hidden_rows(out.hidden, rows), kv,
-                          out.forward_ns, time.perf_counter_ns() - t1, out.queue_ns,
+                          _job_timings(out, t1),
                           self._logprobs(out.logits, rows, new))
 
     # -------------------------------------------------------------- resume
@@ -264,8 +257,8 @@ class VerifierSession:
         self.kv.keep_rows(past, rows)
         self.committed += kept + [after]
         kv = self._kv_rows(past, past + len(rows))
-        return _ModelStep(after, (), agreed, self._hidden_rows(out.hidden, rows), kv, out.forward_ns,
-                          time.perf_counter_ns() - t1, out.queue_ns, self._logprobs(out.logits, rows, kept + [after]))
+        return _ModelStep(after, (), agreed, self._hidden_rows(out.hidden, rows), kv, _job_timings(out, t1),
+                          self._logprobs(out.logits, rows, kept + [after]))
 
     # -------------------------------------------------------- prefix cache
     def _restore_prefix(self, ids: Sequence[int], limit: int) -> int:
@@ -292,10 +285,10 @@ class VerifierSession:
         """The session's logits processors (penalties, logit_bias, grammar), or None when it has none: then the
         target's logits go to acceptance untouched."""
         s = self.settings
-        if not (s.penalties.active or s.grammar):
+        if not (s.sampling.penalized or s.grammar):
             return
         try:
-            s.penalties.check_vocab(self.target.vocab_size)
+            s.sampling.check_vocab(self.target.vocab_size)
         except ValueError as err:
             raise InvalidRequestError(f"SamplingParams: {err}") from None
         constraint = None
@@ -305,7 +298,7 @@ class VerifierSession:
                 constraint = GrammarConstraint(tok, s.grammar)
             except GrammarError as err:
                 raise InvalidRequestError(f"SamplingParams.grammar is not a grammar llguidance takes: {err}") from None
-        self.rows = RowProcessors(s.penalties, prompt, self.target.vocab_size, constraint)
+        self.rows = RowProcessors(s.sampling, prompt, self.target.vocab_size, constraint)
 
     def _shaped(self, logits: torch.Tensor, committed: Sequence[int], tree: DraftTree | None = None) -> torch.Tensor:
         """logits [1 + N, V] of [root] + tree nodes hung after `committed`, each row processed from its own
@@ -317,13 +310,12 @@ class VerifierSession:
     def _run(self, job, *args) -> StepResult:
         start = time.perf_counter_ns()
         step = self.scheduler.run_job(job(*args), self.kv)  # on the model thread, batched with other sessions
-        queue_ns = step.queue_ns
         t0 = time.perf_counter_ns()
         features = export_features(self.settings.features, step.hidden, step.kv)
         encode_ns = time.perf_counter_ns() - t0
         self.kv_bytes = self.kv.nbytes
         self.last_used = time.monotonic()
-        timings = Timings(queue_ns, step.forward_ns, step.verify_ns, encode_ns, time.perf_counter_ns() - start)
+        timings = replace(step.timings, encode_ns=encode_ns, total_ns=time.perf_counter_ns() - start)
         return StepResult(step.next_token, len(self.committed), step.accepted, step.agreed,
                           True, features, timings, step.logprobs)
 

@@ -70,6 +70,10 @@ for bigger tensors read from a trusted disk.
 """
 
 
+DEFAULT_ZSTD_LEVEL = 3  # 0 = no zstd; 1..3 are the fast levels worth paying on a live link
+DEFAULT_OUTLIER_CHANNELS = 8  # float16 channels INT8_OUTLIER keeps apart per row (the wire's 0 means this)
+
+
 class Codec(enum.IntEnum):
     """Codec ids; the same numbers as the wire's ``edgespec.v1.Codec``."""
 
@@ -87,13 +91,13 @@ class ActivationCodec:
     """Encoder settings. Decoding needs none: a frame says how it was made."""
 
     codec: Codec = Codec.INT8_OUTLIER
-    zstd_level: int = 3  # 0 = no zstd; 1..3 are the fast levels worth paying on a live link
-    outlier_channels: int = 8  # K for INT8_OUTLIER
+    zstd_level: int = DEFAULT_ZSTD_LEVEL  # 0 = no zstd; at most 22
+    outlier_channels: int = DEFAULT_OUTLIER_CHANNELS  # K for INT8_OUTLIER
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "codec", Codec(self.codec))
-        if not 0 <= self.zstd_level <= 22:
-            raise ValueError(f"zstd_level must be in 0..22, got {self.zstd_level}")
+        if not 0 <= self.zstd_level <= _MAX_ZSTD_LEVEL:
+            raise ValueError(f"zstd_level must be in 0..{_MAX_ZSTD_LEVEL}, got {self.zstd_level}")
         if self.outlier_channels < 0 or self.outlier_channels > 65535:
             raise ValueError(f"outlier_channels must be in 0..65535, got {self.outlier_channels}")
 
@@ -135,8 +139,8 @@ def _quantize_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return scales, q
 
 
-def encode_frame(tensor: torch.Tensor, codec: Codec = Codec.INT8_OUTLIER, zstd_level: int = 3,
-                 outlier_channels: int = 8) -> bytes:
+def encode_frame(tensor: torch.Tensor, codec: Codec = Codec.INT8_OUTLIER, zstd_level: int = DEFAULT_ZSTD_LEVEL,
+                 outlier_channels: int = DEFAULT_OUTLIER_CHANNELS) -> bytes:
     """Encode one tensor into a self-describing frame."""
     codec = Codec(codec)
     if tensor.dtype not in _DTYPE_IDS:

@@ -6,6 +6,7 @@ vLLM's meanings, in vLLM's order (before temperature, min_p, top-k and top-p):
   positive logit divided by it and a negative one multiplied by it.
 - ``frequency_penalty`` ([-2, 2]): minus penalty x how often the token is in the output so far.
 - ``presence_penalty`` ([-2, 2]): minus penalty once the token is in the output at all.
+Their values are a session's ``SamplingSettings`` (``shared.session_contract``).
 "Output" is what was generated after the prompt; the prompt counts for the repetition penalty only.
 
 Under speculation the target verifies a tree, and each row is the target's distribution after a
@@ -17,69 +18,30 @@ The grammar constraint (``shared.grammar``) is the other per-row processor; ``Ro
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping, Protocol, Sequence
+from typing import Protocol, Sequence
 
 import torch
 
+from edgespec.shared.session_contract import SamplingSettings
 from edgespec.shared.tree import DraftTree
 
-LOGIT_BIAS_LIMIT = 100.0  # OpenAI's and vLLM's clamp
-PENALTY_LIMIT = 2.0  # presence and frequency penalties lie in [-2, 2]
 
-
-@dataclass(frozen=True)
-class Penalties:
-    """The history-dependent processors of one session; the defaults change nothing."""
-
-    presence: float = 0.0  # presence_penalty in [-2, 2]
-    frequency: float = 0.0  # frequency_penalty in [-2, 2]
-    repetition: float = 1.0  # repetition_penalty > 0; 1 = off
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), bias clamped to [-100, 100]
-
-    def __post_init__(self) -> None:
-        for name, value in (("presence_penalty", self.presence), ("frequency_penalty", self.frequency)):
-            if not -PENALTY_LIMIT <= value <= PENALTY_LIMIT:
-                raise ValueError(f"{name} must be in [-2, 2], got {value}")
-        if not self.repetition > 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition}")
-        bias = tuple(sorted((int(t), max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, float(b))))
-                            for t, b in self.logit_bias))
-        if any(t < 0 for t, _ in bias):
-            raise ValueError("logit_bias token ids must be >= 0")
-        object.__setattr__(self, "logit_bias", bias)
-
-    @classmethod
-    def of(cls, presence: float = 0.0, frequency: float = 0.0, repetition: float = 1.0,
-           logit_bias: Mapping[int, float] | None = None) -> "Penalties":
-        return cls(presence, frequency, repetition, tuple((logit_bias or {}).items()))
-
-    @property
-    def active(self) -> bool:
-        return bool(self.presence or self.frequency or self.repetition != 1.0 or self.logit_bias)
-
-    def check_vocab(self, vocab_size: int) -> None:
-        bad = next((t for t, _ in self.logit_bias if t >= vocab_size), None)
-        if bad is not None:
-            raise ValueError(f"logit_bias names token id {bad}, outside the vocabulary [0, {vocab_size})")
-
-
-def apply_penalties(logits: torch.Tensor, penalties: Penalties, prompt_seen: torch.Tensor,
+def apply_penalties(logits: torch.Tensor, sampling: SamplingSettings, prompt_seen: torch.Tensor,
                     output_counts: torch.Tensor) -> torch.Tensor:
     """Processed copy of logits [R, V] (float32); prompt_seen [V] bool; output_counts [R, V] (one history a row)."""
     out = logits.float().clone()
-    if penalties.logit_bias:
-        ids = torch.tensor([t for t, _ in penalties.logit_bias], device=out.device)
-        out[:, ids] += torch.tensor([b for _, b in penalties.logit_bias], device=out.device)
+    if sampling.logit_bias:
+        ids = torch.tensor([t for t, _ in sampling.logit_bias], device=out.device)
+        out[:, ids] += torch.tensor([b for _, b in sampling.logit_bias], device=out.device)
     counts = output_counts.to(out.device, torch.float32)
-    if penalties.repetition != 1.0:
+    if sampling.repetition_penalty != 1.0:
         seen = prompt_seen.to(out.device).unsqueeze(0) | (counts > 0)  # [R, V]
-        scaled = torch.where(out > 0, out / penalties.repetition, out * penalties.repetition)
+        scaled = torch.where(out > 0, out / sampling.repetition_penalty, out * sampling.repetition_penalty)
         out = torch.where(seen, scaled, out)
-    if penalties.frequency:
-        out -= penalties.frequency * counts
-    if penalties.presence:
-        out -= penalties.presence * (counts > 0).float()
+    if sampling.frequency_penalty:
+        out -= sampling.frequency_penalty * counts
+    if sampling.presence_penalty:
+        out -= sampling.presence_penalty * (counts > 0).float()
     return out
 
 
@@ -113,9 +75,9 @@ class RowProcessors:
     Stateless for the caller: each call gets the committed ids, so a rollback (Resume), a rebuilt session
     or a retracted offline token needs no bookkeeping here; the constraint keeps its own cache."""
 
-    def __init__(self, penalties: Penalties, prompt: Sequence[int], vocab_size: int,
+    def __init__(self, sampling: SamplingSettings, prompt: Sequence[int], vocab_size: int,
                  constraint: RowConstraint | None = None):
-        self.penalties = penalties
+        self.sampling = sampling
         self.prompt_len = len(prompt)
         self.vocab_size = vocab_size
         self.constraint = constraint
@@ -123,15 +85,15 @@ class RowProcessors:
 
     @property
     def active(self) -> bool:
-        return self.penalties.active or self.constraint is not None
+        return self.sampling.penalized or self.constraint is not None
 
     def tree_logits(self, logits: torch.Tensor, committed: Sequence[int], tree: DraftTree) -> torch.Tensor:
         """logits [1 + N, V] of [root] + nodes hung after `committed` (prompt included), processed per row."""
         output = committed[self.prompt_len:]
         out = logits
-        if self.penalties.active:
+        if self.sampling.penalized:
             histories = tree_histories(token_counts(output, self.vocab_size), tree)
-            out = apply_penalties(out, self.penalties, self.prompt_seen, histories)
+            out = apply_penalties(out, self.sampling, self.prompt_seen, histories)
         if self.constraint is not None:
             allowed = self.constraint.tree_masks(output, tree, logits.shape[-1]).to(out.device)
             out = out.float().masked_fill(~allowed, float("-inf"))

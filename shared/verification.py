@@ -32,31 +32,8 @@ from typing import Sequence
 
 import torch
 
-from .tree import DraftTree
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    """How the target's next-token distribution is shaped."""
-
-    temperature: float = 0.0  # 0 = greedy (argmax); > 0 divides the logits
-    top_p: float = 1.0  # nucleus mass in (0, 1]; 0 or 1 = off
-    top_k: int = 0  # keep the k most probable tokens; 0 = off
-    min_p: float = 0.0  # drop tokens below min_p x the most probable one's probability (after temperature); 0 = off
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 <= self.top_p <= 1:
-            raise ValueError(f"top_p must be in [0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+from edgespec.shared.session_contract import SamplingSettings
+from edgespec.shared.tree import DraftTree
 
 
 @dataclass(frozen=True)
@@ -72,7 +49,7 @@ class VerifyOutcome:
         return len(self.accepted) + 1
 
 
-def target_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+def target_probs(logits: torch.Tensor, config: SamplingSettings) -> torch.Tensor:
     """Shape logits [..., V] into probabilities [..., V] (float64) by temperature, min-p, top-k, top-p
     (vLLM's order).
 
@@ -149,7 +126,7 @@ def sample_verify(tree: DraftTree, probs: torch.Tensor, generator: torch.Generat
             return VerifyOutcome(tuple(accepted), sample_token(p / p.sum(), generator), bool(children[row]))
 
 
-def verify_tree(tree: DraftTree, logits: torch.Tensor, config: SamplingConfig,
+def verify_tree(tree: DraftTree, logits: torch.Tensor, config: SamplingSettings,
                 generator: torch.Generator | None = None) -> VerifyOutcome:
     """Greedy or sampling verification of a tree, as the config says. logits: [1 + N, V]."""
     if config.greedy:
@@ -157,7 +134,7 @@ def verify_tree(tree: DraftTree, logits: torch.Tensor, config: SamplingConfig,
     return sample_verify(tree, target_probs(logits, config), generator)
 
 
-def next_token(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None = None) -> int:
+def next_token(logits: torch.Tensor, config: SamplingSettings, generator: torch.Generator | None = None) -> int:
     """The target's next token from one row of logits [V]: argmax, or a draw under the config."""
     if config.greedy:
         return int(logits.argmax(-1).item())

@@ -35,6 +35,9 @@ FEATURE_NAMES = (HIDDEN, LSA, TLI_K, TLI_V)
 
 # Most alternatives sent per committed token (``edgespec.v1.LogprobRequest.top``), as OpenAI's chat API allows.
 MAX_TOP_LOGPROBS = 20
+# Largest gRPC message either side sends or takes, unless configured otherwise (the server's Info reports its
+# own): room for a long context's ids and a full tree's feature frames. The tree's limit is ``shared.tree``'s.
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 
 # Call metadata.
 SESSION_METADATA_KEY = "x-edgespec-session"  # the session id on every Session stream, so a proxy can route it

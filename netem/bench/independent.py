@@ -149,6 +149,7 @@ def int8_model(model):
 def run_trees(drafter, prompt: list[int], continuation: list[int], tally: Tally) -> None:
     """Draft against the target's greedy continuation until it is used up."""
     from ...client.drafters.base import DraftRequest
+    from edgespec.shared.tree import MAX_NODES
 
     calls = [0]
     inner = drafter._hidden
@@ -163,7 +164,7 @@ def run_trees(drafter, prompt: list[int], continuation: list[int], tally: Tally)
         while done < len(continuation):
             calls[0] = 0
             t0 = time.perf_counter()
-            tree = drafter.propose(DraftRequest(tuple(committed), 255, len(continuation) - done))
+            tree = drafter.propose(DraftRequest(tuple(committed), MAX_NODES, len(continuation) - done))
             dt = time.perf_counter() - t0
             n = accepted_length(tree, continuation[done:]) if len(tree) else 0
             step = continuation[done:done + n + 1]

@@ -151,10 +151,10 @@ class Bench:
         import torch
 
         from ...server.decoder import _step
-        from ...shared.verification import SamplingConfig
+        from ...shared.session_contract import SamplingSettings
 
         rng = random.Random(1000 + i)
-        kv, greedy, gen = self.scheduler.new_kv(), SamplingConfig(), torch.Generator()
+        kv, greedy, gen = self.scheduler.new_kv(), SamplingSettings(), torch.Generator()
         token, _ = self.scheduler.run_job(_step(self.scheduler, kv, [rng.randrange(min(1000, self.target.vocab_size))
                                                                      for _ in range(self.context)], greedy, gen), kv)
         ready[i] = True

@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator, Protocol, Sequence
 
-from .requests import Sampling
+from edgespec.shared.session_contract import SamplingSettings
 
 
 @dataclass(frozen=True)
@@ -19,11 +19,12 @@ class GenerationJob:
 
     prompt_ids: tuple[int, ...]  # tokenized prompt (chat template applied)
     max_new_tokens: int  # most tokens generated (fits the context)
-    sampling: Sampling
+    sampling: SamplingSettings
     seed: int  # this choice's sampling seed, in [0, 2**64)
     stop: tuple[str, ...]  # stop strings; the backend may use them to end early, the shared layer cuts the text
     top_logprobs: int | None  # None: no logprobs wanted; k: the chosen token's and the k most likely
     grammar: str | None = None  # llguidance grammar the output is constrained to (shared.grammar); None: free
+    ignore_eos: bool = False  # keep generating past EOS (vLLM's; for fixed-length benchmarks)
 
 
 @dataclass(frozen=True)

@@ -71,8 +71,8 @@ def jobs(plan: Plan) -> list[GenerationJob]:
         seeds = [secrets.randbits(64) for _ in range(s.n)]
     else:
         seeds = [(s.seed + i) % SEED_MODULUS for i in range(s.n)]
-    return [GenerationJob(plan.prompt_ids, plan.max_new_tokens, s.sampling, seed, s.stop, s.top_logprobs, s.grammar)
-            for seed in seeds]
+    return [GenerationJob(plan.prompt_ids, plan.max_new_tokens, s.sampling, seed, s.stop, s.top_logprobs, s.grammar,
+                          s.ignore_eos) for seed in seeds]
 
 
 def choice_events(backend: Backend, job: GenerationJob, index: int,

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from edgespec.shared.logits_processors import Penalties
+from edgespec.shared.session_contract import SamplingSettings
 from edgespec.shared.wire import MAX_TOP_LOGPROBS
 
 from .errors import OpenAIError, bad_request, unsupported
@@ -35,33 +35,18 @@ SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)  # int64 as OpenAI, or uint64 as the wire
 
 
 @dataclass(frozen=True)
-class Sampling:
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0  # nucleus mass in (0, 1]; 1 = off
-    top_k: int = 0  # keep the k most probable tokens; 0 = off
-    min_p: float = 0.0  # drop tokens below min_p x the top token's probability; 0 = off
-    presence_penalty: float = 0.0  # [-2, 2], on tokens already in the output
-    frequency_penalty: float = 0.0  # [-2, 2], per occurrence in the output
-    repetition_penalty: float = 1.0  # > 0, on tokens of the prompt and the output; 1 = off
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
-    ignore_eos: bool = False  # keep generating past EOS (vLLM's; for fixed-length benchmarks)
-
-    def penalties(self) -> Penalties:
-        return Penalties(self.presence_penalty, self.frequency_penalty, self.repetition_penalty, self.logit_bias)
-
-
-@dataclass(frozen=True)
 class Settings:
     """What a request asks of generation, whichever endpoint it came to."""
 
     max_tokens: int | None  # None: the endpoint's default
-    sampling: Sampling
+    sampling: SamplingSettings  # temperature 1 unless the request says otherwise, as OpenAI
     seed: int | None  # None: a fresh random seed per choice
     n: int  # choices
     stop: tuple[str, ...]  # stop strings, none empty
     top_logprobs: int | None  # None: no logprobs; k: the chosen token's logprob and the k most likely
     stream: bool
     include_usage: bool  # stream_options.include_usage: a last chunk with the usage
+    ignore_eos: bool = False  # keep generating past EOS (vLLM's; for fixed-length benchmarks)
     grammar: str | None = None  # llguidance grammar the output is constrained to (response_format, tool_choice)
     tools: ToolUse | None = None  # chat with tools: rendered by the template, calls parsed from the output
 
@@ -133,20 +118,19 @@ class _Common(_Strict):
     def _settings(self, max_tokens: int | None, top_logprobs: int | None) -> Settings:
         if self.stream_options is not None and not self.stream:
             raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
-        top_k = self.top_k or 0
-        bias = tuple((int(k), max(-100.0, min(100.0, float(v)))) for k, v in (self.logit_bias or {}).items())
-        sampling = Sampling(1.0 if self.temperature is None else self.temperature,
-                            1.0 if self.top_p is None else self.top_p, max(0, top_k), self.min_p or 0.0,
-                            self.presence_penalty or 0.0, self.frequency_penalty or 0.0,
-                            1.0 if self.repetition_penalty is None else self.repetition_penalty, bias,
-                            bool(self.ignore_eos))
+        # The fields' bounds above are within SamplingSettings' own (which clamps logit_bias, as OpenAI).
+        sampling = SamplingSettings(
+            1.0 if self.temperature is None else self.temperature, 1.0 if self.top_p is None else self.top_p,
+            max(0, self.top_k or 0), self.min_p or 0.0, self.presence_penalty or 0.0, self.frequency_penalty or 0.0,
+            1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            tuple((int(k), v) for k, v in (self.logit_bias or {}).items()))
         tools = self._tools()
         grammar = tools.grammar if tools is not None and tools.grammar else self._grammar()
         return Settings(max_tokens=max_tokens, sampling=sampling,
                         seed=self.seed, n=self.n or 1, stop=self.stop, top_logprobs=top_logprobs,
                         stream=bool(self.stream),
                         include_usage=bool(self.stream_options and self.stream_options.include_usage),
-                        grammar=grammar, tools=tools)
+                        ignore_eos=bool(self.ignore_eos), grammar=grammar, tools=tools)
 
     def _tools(self) -> ToolUse | None:
         return None

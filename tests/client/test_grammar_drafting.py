@@ -15,6 +15,7 @@ from edgespec.client.generation import Generation, GenerationConfig, TokenizerIn
 from edgespec.client.in_process import InProcessTransport
 from edgespec.client.verifier import Verifier
 from edgespec.shared.grammar import GrammarConstraint, grammar_tokenizer, json_schema_grammar
+from edgespec.shared.session_contract import SamplingSettings
 from edgespec.shared.tree import DraftTree
 
 SCHEMA = {"type": "object", "properties": {
@@ -56,9 +57,9 @@ def test_constrained_speculation_equals_the_constrained_reference(core, llg, tin
     monkeypatch.setattr(Verifier, "verify", lambda self, step, n, tree: trees.append((n, tree)) or
                         verify(self, step, n, tree))
     info = TokenizerInfo(target.fingerprint, set(target.eos_ids), lambda t: tok.decode(list(t)), lambda: llg)
-    config = GenerationConfig(max_new_tokens=120, presence_penalty=CONTROLS.presence,
-                              frequency_penalty=CONTROLS.frequency, repetition_penalty=CONTROLS.repetition,
-                              grammar=grammar)
+    sampling = SamplingSettings(presence_penalty=CONTROLS.presence, frequency_penalty=CONTROLS.frequency,
+                                repetition_penalty=CONTROLS.repetition)
+    config = GenerationConfig(max_new_tokens=120, sampling=sampling, grammar=grammar)
     options = DrafterOptions(name=drafter, model=str(tiny_drafter_dir), dtype="float32")
     result = Generation(Verifier(InProcessTransport(VerifierServicer(core))), make_drafter(options), ids, config,
                         info).run()

@@ -19,7 +19,8 @@ from edgespec.client.generation import Generation, GenerationConfig, TokenEvent,
 from edgespec.client.in_process import InProcessTransport
 from edgespec.client.step_plan import LoopConfig, LoopEstimates
 from edgespec.client.verifier import Verifier
-from edgespec.shared.verification import SamplingConfig, target_probs
+from edgespec.shared.session_contract import SamplingSettings
+from edgespec.shared.verification import target_probs
 from edgespec.shared.wire import ResumePolicy
 
 PROMPT = "def add(a, b):\n    return a + b\n"
@@ -133,14 +134,14 @@ def test_sampling_keeps_the_targets_distribution(start, tiny_target_f32):
     """Temperature 1, top-k 2: the first four tokens take one of 16 sequences; their counts over many seeds
     under the pipelined loop (trees drafted ahead, guesses hitting and missing) match the target's own
     probabilities of each sequence."""
-    sampling = SamplingConfig(temperature=1.0, top_k=2)
+    sampling = SamplingSettings(temperature=1.0, top_k=2)
     n, runs = 4, 400
     counts: collections.Counter = collections.Counter()
     guesses = 0
     ids = None
     for seed in range(runs):
         gen, _, ids = start("hitting", PIPELINED, slow_server(), round_trip_s=0.002, max_new_tokens=n + 2,
-                            temperature=1.0, top_k=2, seed=seed, draft_on_open=False)
+                            sampling=sampling, seed=seed, draft_on_open=False)
         r = gen.run()
         counts[tuple(r.token_ids[:n])] += 1  # the first n tokens' law does not depend on what follows
         guesses += r.metrics.guesses

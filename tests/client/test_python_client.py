@@ -92,11 +92,23 @@ def test_bad_sampling_option_is_named(client):
         client.complete("x", max_new_tokens=3)
 
 
+def test_a_bad_sampling_setting_is_refused_by_the_client_before_anything_is_sent(client, tiny_server):
+    """The client refuses it where it is given, naming it, as the server would; not one byte goes out."""
+    registry = tiny_server.core.metrics.registry
+    sent = registry.get_sample_value("edgespec_bytes_in_total")
+    with pytest.raises(ValueError, match=r"^top_p must be in \[0, 1\], got 2$"):
+        client.chat(MESSAGES, top_p=2)
+    with pytest.raises(ValueError, match=r"^temperature must be >= 0 \(0 = greedy\), got -1$"):
+        client.complete("x", temperature=-1)
+    assert registry.get_sample_value("edgespec_bytes_in_total") == sent
+
+
 def test_default_temperature_is_the_http_apis_one(client):
     """1, as OpenAI's and vLLM's (and both edgespec HTTP APIs'): the session is opened sampling."""
-    from edgespec.shared.openai.requests import Sampling
+    from edgespec.shared.openai.requests import CompletionRequest
 
-    assert client._config().temperature == Sampling().temperature == 1.0
+    http = CompletionRequest(prompt="x").settings().sampling
+    assert client._config().sampling.temperature == http.temperature == 1.0
 
 
 def test_logprobs_are_the_targets_for_every_token_of_the_answer(client, tiny_target_f32):

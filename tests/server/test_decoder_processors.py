@@ -10,7 +10,7 @@ from edgespec.server.decoder import GenerationRequest, generate
 from edgespec.server.engine import GenericEngine
 from edgespec.server.scheduler import ModelScheduler
 from edgespec.shared.grammar import grammar_tokenizer, tool_call_grammar
-from edgespec.shared.logits_processors import Penalties
+from edgespec.shared.session_contract import SamplingSettings
 
 FUNCTIONS = [{"name": "lookup", "parameters": {"type": "object", "properties": {"key": {"enum": ["a", "b"]}},
                                                "required": ["key"], "additionalProperties": False}}]
@@ -30,8 +30,9 @@ def test_plain_decoding_under_penalties_and_a_tool_grammar_is_the_reference(tiny
     grammar = tool_call_grammar(FUNCTIONS, parallel=False)
     matcher = llguidance.LLMatcher(grammar_tokenizer(t.tokenizer, t.vocab_size, t.eos_ids), grammar, log_level=0)
     truth = constrained_greedy(t.model, prompt, 80, controls, matcher, t.eos_ids)
-    request = GenerationRequest(tuple(prompt), 80, penalties=Penalties.of(0.5, 0.5, 1.3, {70: 2.0}),
-                                grammar=grammar)
+    sampling = SamplingSettings(presence_penalty=0.5, frequency_penalty=0.5, repetition_penalty=1.3,
+                                logit_bias=((70, 2.0),))
+    request = GenerationRequest(tuple(prompt), 80, sampling, grammar=grammar)
     out = [step.id for step in generate(t, scheduler, request)]
     assert out == truth and out[-1] in t.eos_ids
     assert t.tokenizer.decode(out[:-1]).startswith('<tool_call>\n{"name": "lookup", "arguments": {"key": ')

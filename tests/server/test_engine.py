@@ -25,8 +25,8 @@ from edgespec.server.session import ResumePolicy, SessionSettings, VerifierSessi
 from edgespec.server.target import TargetModel
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.models.loading import load_model
+from edgespec.shared.session_contract import SamplingSettings
 from edgespec.shared.tree import ROOT, DraftTree
-from edgespec.shared.verification import SamplingConfig
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 SMALL_CHUNKS = SchedulerConfig(prefill_chunk=8)  # long prompts go in several chunks, interleaved with others
@@ -77,7 +77,7 @@ def random_tree(rng: random.Random, truth: list[int], vocab: int = 300) -> Draft
     return DraftTree(tuple(tokens), tuple(parents)).validate()
 
 
-def run_session(target, scheduler, seed: int, sampling: SamplingConfig, truth: list[int] | None) -> list[int]:
+def run_session(target, scheduler, seed: int, sampling: SamplingSettings, truth: list[int] | None) -> list[int]:
     """Open (a prompt of 3..40 tokens, some with a tree), 8 verifications of random trees, a resume with
     a rollback; the session's committed tokens."""
     rng = random.Random(seed)
@@ -94,7 +94,7 @@ def run_session(target, scheduler, seed: int, sampling: SamplingConfig, truth: l
     return session.committed[len(prompt):]
 
 
-def run_all(target, scheduler, sampling: SamplingConfig, truths: dict[int, list[int]] | None,
+def run_all(target, scheduler, sampling: SamplingSettings, truths: dict[int, list[int]] | None,
             together: bool) -> dict[int, list[int]]:
     """Every seed's session, one after the other or all at once on threads (their first forwards in one batch)."""
     seeds = range(6)
@@ -125,7 +125,7 @@ def greedy_truths(target) -> dict[int, list[int]]:
     return truths
 
 
-@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=0.9, top_p=0.95)],
+@pytest.mark.parametrize("sampling", [SamplingSettings(), SamplingSettings(temperature=0.9, top_p=0.95)],
                          ids=["greedy", "sampling"])
 def test_batched_sessions_give_the_tokens_of_sessions_run_alone(target, sampling):
     truths = greedy_truths(target) if sampling.greedy else None
@@ -149,7 +149,7 @@ def test_batched_sessions_give_the_tokens_of_sessions_run_alone(target, sampling
             assert committed == truths[seed][:len(committed)], seed
 
 
-@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(temperature=1.0, top_k=20)],
+@pytest.mark.parametrize("sampling", [SamplingSettings(), SamplingSettings(temperature=1.0, top_k=20)],
                          ids=["greedy", "sampling"])
 def test_plain_api_batched_gives_the_tokens_of_requests_run_alone(target, sampling):
     requests = [GenerationRequest(tuple(range(5 + 7 * i, 12 + 9 * i)), 12, sampling, seed=i, stop_at_eos=False)

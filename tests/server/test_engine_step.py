@@ -26,8 +26,8 @@ from edgespec.server.scheduler import ModelScheduler, SchedulerConfig
 from edgespec.server.session import SessionSettings, VerifierSession
 from edgespec.server.target import TargetModel
 from edgespec.shared.models.loading import load_model
+from edgespec.shared.session_contract import SamplingSettings
 from edgespec.shared.tree import ROOT, DraftTree
-from edgespec.shared.verification import SamplingConfig
 from edgespec.shared.wire import FeatureKind
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -292,7 +292,7 @@ def test_a_greedy_verification_makes_one_upload_and_one_readback(target):
 def test_features_logprobs_and_sampling_add_only_their_own_transfers(target, what):
     settings = {"hidden": SessionSettings("h", features=FeatureSpec(FeatureKind.LAST_HIDDEN)),
                 "logprobs": SessionSettings("l", logprobs=2),
-                "sampling": SessionSettings("s", SamplingConfig(temperature=0.8), seed=3)}[what]
+                "sampling": SessionSettings("s", SamplingSettings(temperature=0.8), seed=3)}[what]
     counts, batches = count_verifications(target, settings)
     assert batches == 6
     if what == "hidden":  # the accepted rows' index; their hidden states are encoded off the model thread

@@ -27,8 +27,8 @@ from edgespec.shared.codec import decode_frame
 from edgespec.shared.drafters.lsa import LayerSelfAttention, LSAConfig
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.models.loading import load_model
+from edgespec.shared.session_contract import SamplingSettings
 from edgespec.shared.tree import ROOT, DraftTree, encode_tree
-from edgespec.shared.verification import SamplingConfig
 from edgespec.shared.wire import LSA
 
 CONTEXT = 1024
@@ -63,7 +63,7 @@ def greedy(target):
     return lambda ids, n: recomputed_greedy(target.model, ids, n)
 
 
-def session(target, scheduler, cache, sampling=SamplingConfig(), seed=0, features=FeatureSpec()) -> VerifierSession:
+def session(target, scheduler, cache, sampling=SamplingSettings(), seed=0, features=FeatureSpec()) -> VerifierSession:
     return VerifierSession(SessionSettings("s", sampling, seed, features), target, scheduler, CONTEXT, cache)
 
 
@@ -120,7 +120,7 @@ def test_open_cached_tokens_and_a_tree_sent_with_a_hit(target, scheduler, cache,
 
 
 def test_seeded_sampling_draws_the_same_tokens_with_and_without_a_hit(target, scheduler, cache):
-    sampling = SamplingConfig(temperature=1.0, top_k=40)
+    sampling = SamplingSettings(temperature=1.0, top_k=40)
     prompt = list(range(100, 140))
     warm = session(target, scheduler, cache, sampling, seed=3)
     warm.open(prompt[:30])
@@ -190,7 +190,7 @@ def test_plain_api_turn_two_restores_turn_one(target, scheduler, cache, greedy):
 
 def test_plain_api_seeded_sampling_is_the_same_with_a_hit(target, scheduler, cache):
     prompt = tuple(range(30, 60))
-    request = GenerationRequest(prompt, 12, SamplingConfig(temperature=1.0, top_k=50), seed=17, stop_at_eos=False)
+    request = GenerationRequest(prompt, 12, SamplingSettings(temperature=1.0, top_k=50), seed=17, stop_at_eos=False)
     list(generate(target, scheduler, GenerationRequest(prompt[:20], 1, stop_at_eos=False), cache))
     hit = list(generate(target, scheduler, request, cache))
     assert hit[0].cached_tokens == 20

@@ -21,8 +21,8 @@ from edgespec.shared.codec import decode_frame
 from edgespec.shared.drafters.lsa import LayerSelfAttention, LSAConfig
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.models.loading import load_model
+from edgespec.shared.session_contract import SamplingSettings
 from edgespec.shared.tree import ROOT, DraftTree
-from edgespec.shared.verification import SamplingConfig
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -47,7 +47,7 @@ def greedy_reference(target):
     return lambda ids, n: recomputed_greedy(target.model, ids, n)
 
 
-def make_session(target, scheduler, sampling=SamplingConfig(), features=FeatureSpec(), seed=0):
+def make_session(target, scheduler, sampling=SamplingSettings(), features=FeatureSpec(), seed=0):
     settings = SessionSettings("test", sampling, seed, features)
     return VerifierSession(settings, target, scheduler, max_context_tokens=1024)
 
@@ -136,7 +136,7 @@ def test_open_with_a_tree_verifies_it_in_the_prefill_pass(target, scheduler, gre
 
 def test_sampling_sessions_keep_the_kv_of_the_accepted_path(target, scheduler):
     rng = random.Random(5)
-    session = make_session(target, scheduler, SamplingConfig(temperature=1.0, top_p=0.95), seed=3)
+    session = make_session(target, scheduler, SamplingSettings(temperature=1.0, top_p=0.95), seed=3)
     prompt = [rng.randrange(256) for _ in range(6)]
     session.open(prompt)
     accepted_total = 0

@@ -23,8 +23,8 @@ from edgespec.server.session import ResumePolicy, SessionSettings, VerifierSessi
 from edgespec.server.target import TargetModel
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.grammar import grammar_tokenizer, json_schema_grammar
-from edgespec.shared.logits_processors import Penalties
 from edgespec.shared.models.loading import load_model
+from edgespec.shared.session_contract import SamplingSettings
 from edgespec.shared.tree import ROOT, DraftTree
 
 
@@ -49,12 +49,13 @@ def scheduler(request, target):
     s.close()
 
 
-def penalties_of(c: Controls) -> Penalties:
-    return Penalties.of(c.presence, c.frequency, c.repetition, c.logit_bias)
+def sampling_of(c: Controls) -> SamplingSettings:
+    return SamplingSettings(presence_penalty=c.presence, frequency_penalty=c.frequency, repetition_penalty=c.repetition,
+                            logit_bias=tuple(c.logit_bias.items()))
 
 
 def session_with(target, scheduler, controls: Controls = Controls(), grammar: str = "", prompt_len: int = 0):
-    settings = SessionSettings("test", penalties=penalties_of(controls), grammar=grammar, prompt_len=prompt_len)
+    settings = SessionSettings("test", sampling_of(controls), grammar=grammar, prompt_len=prompt_len)
     return VerifierSession(settings, target, scheduler, max_context_tokens=1024)
 
 

@@ -23,8 +23,8 @@ from edgespec.shared.drafters.masks import causal_mask
 from edgespec.shared.drafters.target_parts import TargetParts
 from edgespec.shared.models.cache_arg import cache_kwarg, output_cache
 from edgespec.shared.models.loading import load_model
+from edgespec.shared.session_contract import SamplingSettings
 from edgespec.shared.tree import ROOT, DraftTree
-from edgespec.shared.verification import SamplingConfig
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def target(tiny_model_dir) -> TargetModel:
 @pytest.mark.parametrize("engine", ["generic", "batched"])
 def test_a_verification_uses_no_deprecated_argument(strict, target, engine):
     scheduler = ModelScheduler(build_engine(target, engine))
-    session = VerifierSession(SessionSettings("s", SamplingConfig(), 0), target, scheduler, max_context_tokens=128)
+    session = VerifierSession(SessionSettings("s", SamplingSettings(), 0), target, scheduler, max_context_tokens=128)
     session.open([1, 2, 3, 4, 5], None)
     session.verify(1, len(session.committed), DraftTree((7, 8, 9), (ROOT, 0, 0)))
     assert len(session.committed) >= 7

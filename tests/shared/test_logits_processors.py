@@ -10,9 +10,10 @@ import pytest
 import torch
 from support.constrained import Controls, grammar_allowed, processed
 
-from edgespec.shared.logits_processors import Penalties, RowProcessors, apply_penalties, tree_histories
+from edgespec.shared.logits_processors import RowProcessors, apply_penalties, tree_histories
+from edgespec.shared.session_contract import SamplingSettings
 from edgespec.shared.tree import ROOT, DraftTree
-from edgespec.shared.verification import SamplingConfig, sample_verify, target_probs
+from edgespec.shared.verification import sample_verify, target_probs
 
 V = 8
 
@@ -30,13 +31,18 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
     return float(((counts[mask] - expected) ** 2 / expected).sum()), int(mask.sum()) - 1
 
 
+def penalised(presence: float, frequency: float, repetition: float, bias: dict[int, float]) -> SamplingSettings:
+    return SamplingSettings(presence_penalty=presence, frequency_penalty=frequency, repetition_penalty=repetition,
+                            logit_bias=tuple(bias.items()))
+
+
 def test_penalties_have_vllms_meaning():
     logits = torch.tensor([[2.0, -2.0, 1.0, 0.5, 3.0, -1.0, 0.0, 4.0]])
     prompt_seen = torch.zeros(V, dtype=torch.bool)
     prompt_seen[1] = True
     counts = torch.zeros(1, V)
     counts[0, 0], counts[0, 4] = 2, 1
-    out = apply_penalties(logits, Penalties.of(0.5, 0.25, 2.0, {7: -10.0, 3: 200.0}), prompt_seen, counts)[0]
+    out = apply_penalties(logits, penalised(0.5, 0.25, 2.0, {7: -10.0, 3: 200.0}), prompt_seen, counts)[0]
     assert out[0] == pytest.approx(2.0 / 2 - 0.25 * 2 - 0.5)  # output twice: repetition, frequency x2, presence
     assert out[1] == pytest.approx(-2.0 * 2)  # prompt only: repetition multiplies a negative logit
     assert out[4] == pytest.approx(3.0 / 2 - 0.25 - 0.5)
@@ -51,7 +57,7 @@ def test_each_tree_row_is_processed_from_its_own_history():
     tree = DraftTree((3, 3, 5, 3, 1), (ROOT, 0, 0, 1, ROOT))  # token 3 recurs along a path
     logits = torch.randn(1 + len(tree), V, generator=gen)
     prompt, output = [1, 2], [5, 5, 0]
-    rows = RowProcessors(Penalties.of(0.3, 0.6, 1.5, {2: 1.0}), prompt, V)
+    rows = RowProcessors(penalised(0.3, 0.6, 1.5, {2: 1.0}), prompt, V)
     got = rows.tree_logits(logits, prompt + output, tree)
     controls = Controls(0.3, 0.6, 1.5, {2: 1.0})
     for r in range(1 + len(tree)):
@@ -64,23 +70,23 @@ def test_each_tree_row_is_processed_from_its_own_history():
 
 def test_penalties_refuse_vllms_out_of_range_values():
     with pytest.raises(ValueError, match="presence_penalty"):
-        Penalties(presence=2.5)
+        SamplingSettings(presence_penalty=2.5)
     with pytest.raises(ValueError, match="frequency_penalty"):
-        Penalties(frequency=-3)
+        SamplingSettings(frequency_penalty=-3)
     with pytest.raises(ValueError, match="repetition_penalty"):
-        Penalties(repetition=0)
+        SamplingSettings(repetition_penalty=0)
     with pytest.raises(ValueError, match="logit_bias"):
-        Penalties.of(logit_bias={9: 1.0}).check_vocab(V)
-    assert not Penalties().active and Penalties.of(logit_bias={1: 0.5}).active
+        SamplingSettings(logit_bias=((9, 1.0),)).check_vocab(V)
+    assert not SamplingSettings().penalized and SamplingSettings(logit_bias=((1, 0.5),)).penalized
 
 
 def test_min_p_drops_tokens_below_its_share_of_the_top_probability():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.12, 0.08]]))
-    probs = target_probs(logits, SamplingConfig(temperature=1.0, min_p=0.2))[0]  # floor 0.1
+    probs = target_probs(logits, SamplingSettings(temperature=1.0, min_p=0.2))[0]  # floor 0.1
     assert probs[3] == 0 and probs[2] > 0
     assert torch.allclose(probs[:3], torch.tensor([0.5, 0.3, 0.12], dtype=torch.float64) / 0.92)
     with pytest.raises(ValueError, match="min_p"):
-        SamplingConfig(min_p=1.5)
+        SamplingSettings(min_p=1.5)
 
 
 @pytest.fixture(scope="module")
@@ -107,9 +113,9 @@ def test_sampling_under_processors_and_a_grammar_is_distributed_as_the_processed
     for d in "12345678":  # the grammar's tokens likely enough for every child to be tried
         logits[:, ids[d]] += 3.0
     controls = Controls(presence=0.5, frequency=0.5, repetition=1.4, logit_bias={ids["4"]: 1.0})
-    rows = RowProcessors(Penalties.of(0.5, 0.5, 1.4, {ids["4"]: 1.0}), prompt, 320,
+    rows = RowProcessors(penalised(0.5, 0.5, 1.4, {ids["4"]: 1.0}), prompt, 320,
                          GrammarConstraint(llg_tok, grammar))
-    config = SamplingConfig(temperature=0.9)
+    config = SamplingSettings(temperature=0.9)
     probs = target_probs(rows.tree_logits(logits, prompt + output, tree), config)
     # the reference: a fresh matcher, and the processing written out (support.constrained)
     matcher = llguidance.LLMatcher(llg_tok, grammar, log_level=0)

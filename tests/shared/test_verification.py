@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
+from edgespec.shared.session_contract import SamplingSettings
 from edgespec.shared.tree import ROOT, DraftTree
-from edgespec.shared.verification import (SamplingConfig, greedy_verify, sample_verify, target_probs,
-                                          verify_tree)
+from edgespec.shared.verification import greedy_verify, sample_verify, target_probs, verify_tree
 
 V = 6
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -65,22 +65,22 @@ def test_greedy_with_an_empty_tree_is_one_decode_step(device):
 
 def test_target_probs_top_k_and_top_p(device):
     logits = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.1], device=device))
-    probs = target_probs(logits, SamplingConfig(1.0)).cpu()
+    probs = target_probs(logits, SamplingSettings(1.0)).cpu()
     assert torch.allclose(probs, torch.tensor([0.5, 0.25, 0.15, 0.1]).double())
-    top2 = target_probs(logits, SamplingConfig(1.0, top_k=2)).cpu()
+    top2 = target_probs(logits, SamplingSettings(1.0, top_k=2)).cpu()
     assert torch.allclose(top2, torch.tensor([2 / 3, 1 / 3, 0, 0]).double())
     # top_p 0.7: 0.5 alone is below 0.7, so 0.25 joins; 0.75 reaches it.
-    nucleus = target_probs(logits, SamplingConfig(1.0, top_p=0.7)).cpu()
+    nucleus = target_probs(logits, SamplingSettings(1.0, top_p=0.7)).cpu()
     assert torch.allclose(nucleus, torch.tensor([2 / 3, 1 / 3, 0, 0]).double())
-    hot = target_probs(logits, SamplingConfig(0.0)).cpu()
+    hot = target_probs(logits, SamplingSettings(0.0)).cpu()
     assert hot.tolist() == [1.0, 0.0, 0.0, 0.0]
 
 
 def test_sampling_config_refuses_bad_values():
     with pytest.raises(ValueError, match="temperature"):
-        SamplingConfig(-1.0)
+        SamplingSettings(-1.0)
     with pytest.raises(ValueError, match="top_p"):
-        SamplingConfig(1.0, top_p=1.5)
+        SamplingSettings(1.0, top_p=1.5)
 
 
 def test_sampling_output_is_distributed_as_the_target(device):
@@ -89,7 +89,7 @@ def test_sampling_output_is_distributed_as_the_target(device):
     logits = (torch.randn(6, V, generator=gen) * 1.5).to(device)  # [1 + 5 nodes, V]
     # root children: 2, 0, 5 (tried in that order), node 0 (token 2) has children 1, 3
     tree = DraftTree((2, 0, 5, 1, 3), (ROOT, ROOT, ROOT, 0, 0))
-    config = SamplingConfig(temperature=0.8)
+    config = SamplingSettings(temperature=0.8)
     probs = target_probs(logits, config)
     trials = 20000
     expected = probs.cpu()
@@ -110,7 +110,7 @@ def test_sampling_output_is_distributed_as_the_target(device):
 def test_sampling_with_top_k_never_leaves_the_kept_set(device):
     gen = torch.Generator().manual_seed(1)
     logits = torch.randn(2, V, generator=gen).to(device)
-    config = SamplingConfig(temperature=1.0, top_k=2)
+    config = SamplingSettings(temperature=1.0, top_k=2)
     kept = set(torch.topk(logits[0], 2).indices.tolist())
     outside = next(t for t in range(V) if t not in kept)
     tree = DraftTree((outside,), (ROOT,))
@@ -122,7 +122,7 @@ def test_sampling_with_top_k_never_leaves_the_kept_set(device):
 def test_sampling_is_reproducible_with_a_seed(device):
     logits = torch.randn(4, V, generator=torch.Generator().manual_seed(2)).to(device)
     tree = DraftTree((1, 2, 3), (ROOT, 0, ROOT))
-    config = SamplingConfig(temperature=1.0)
+    config = SamplingSettings(temperature=1.0)
     runs = []
     for _ in range(2):
         gen = torch.Generator().manual_seed(7)
