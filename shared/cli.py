@@ -1,26 +1,30 @@
-"""What every `edgespec` command shares: the root parser (``--version``, ``-v``, defaults in ``--help``)
-and the run (logging, config warnings, errors). The list of subcommands lives in the top package
-(``edgespec.cli``), the one floor that may name every other: this module names nothing above shared/.
-Each subcommand module defines ``register(subparsers)`` and imports heavy things (torch, transformers)
-inside its handlers, so `edgespec --help` stays fast."""
+"""What every `edgespec` command shares: the root parser (``--version``, ``-v``, defaults in ``--help``) and
+the run (logging, config warnings, errors). The list of commands is the top package's (``edgespec.cli``), the
+one floor that may name every other. A command's module defines ``register(subparsers)`` and imports heavy
+things (torch, transformers) inside its handlers, so `edgespec --help` stays fast."""
 from __future__ import annotations
 
 import argparse
 import sys
+from types import ModuleType
+from typing import Iterable
 
 from . import __version__
 from .config import LayeredParser
 
 
-def root_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
-    """The `edgespec` parser and the subparsers action each command's ``register`` adds itself to."""
+def build_parser(commands: Iterable[ModuleType]) -> argparse.ArgumentParser:
+    """The `edgespec` parser with each of `commands` (modules with ``register``) as a subcommand, in order."""
     # Subparsers are built with the root's class: every command gets defaults in --help, and the
     # commands that call config.enable_layers read EDGESPEC_* variables and --config files.
     parser = LayeredParser(
         prog="edgespec", description="Client-server speculative decoding for edge devices.")
     parser.add_argument("--version", action="version", version=f"edgespec {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (same as --log-level debug)")
-    return parser, parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in commands:
+        command.register(sub)
+    return parser
 
 
 def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:

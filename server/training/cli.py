@@ -190,8 +190,6 @@ def _ship(args) -> int:
 if __name__ == "__main__":  # python -m edgespec.server.training.cli ... (torchrun, accelerate launch)
     import sys
 
-    from ...shared.cli import root_parser, run
+    from ...shared.cli import build_parser, run
 
-    parser, sub = root_parser()
-    register(sub)
-    raise SystemExit(run(parser, ["train", *sys.argv[1:]]))
+    raise SystemExit(run(build_parser([sys.modules[__name__]]), ["train", *sys.argv[1:]]))

@@ -187,7 +187,7 @@ def test_entrypoint_refuses_unknown_roles_and_half_tls():
                          ids=" ".join)
 def test_commands_the_images_run_exist(command):
     """Every subcommand deploy/ starts answers --help (a missing one fails, naming it)."""
-    proc = subprocess.run([sys.executable, "-m", "edgespec.cli", *command, "--help"],
+    proc = subprocess.run([sys.executable, "-m", "edgespec", *command, "--help"],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, (f"`edgespec {' '.join(command)} --help` failed: the images start this "
                                   f"command, so it must exist.\n{proc.stderr[-800:]}")

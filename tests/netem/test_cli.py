@@ -31,7 +31,7 @@ def test_profiles_listing_and_a_bad_name(capsys):
 
 def _start(*args: str, stdin=subprocess.DEVNULL) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "edgespec.cli", "netem", *args],
+    proc = subprocess.Popen([sys.executable, "-m", "edgespec", "netem", *args],
                             stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True, env=env)
     first = proc.stdout.readline()

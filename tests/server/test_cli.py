@@ -27,7 +27,7 @@ def test_cli_serves_until_sigterm(tiny_model_dir, tmp_path):
                EDGESPEC_HTTP_PORT="0", EDGESPEC_DEVICE="cpu",  # the variable wins over the file's http-port
                EDGESPEC_MAX_SESIONS="3")  # misspelt: a warning, logged as JSON
     proc = subprocess.Popen(
-        [sys.executable, "-m", "edgespec.cli", "server", str(tiny_model_dir), "--config", str(config)],
+        [sys.executable, "-m", "edgespec", "server", str(tiny_model_dir), "--config", str(config)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline()
@@ -63,7 +63,7 @@ def test_cli_serves_until_sigterm(tiny_model_dir, tmp_path):
 def test_cli_refuses_a_config_file_with_an_unknown_key(tmp_path):
     config = tmp_path / "server.yaml"
     config.write_text("max-sesions: 3\n")
-    proc = subprocess.run([sys.executable, "-m", "edgespec.cli", "server", "m", "--config", str(config)],
+    proc = subprocess.run([sys.executable, "-m", "edgespec", "server", "m", "--config", str(config)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "unknown key 'max-sesions'" in proc.stderr and "did you mean 'max-sessions'" in proc.stderr
