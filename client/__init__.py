@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from edgespec import lazy_client
-
 if TYPE_CHECKING:
     from .python_client import AsyncClient, Client
 
@@ -20,4 +18,8 @@ __all__ = ["AsyncClient", "Client"]
 
 
 def __getattr__(name: str):
-    return lazy_client(__name__, name)
+    if name in __all__:
+        from . import python_client
+
+        return getattr(python_client, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

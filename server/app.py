@@ -21,7 +21,7 @@ from edgespec.shared.wire import DEFAULT_MAX_MESSAGE_BYTES
 
 from .core import CoreLimits, VerifierCore
 from .grpc_server import GrpcServer
-from .sessions import StoreLimits
+from .session_store import StoreLimits
 
 log = logging.getLogger("edgespec.server")
 
@@ -168,7 +168,7 @@ def _limits(config: ServerConfig, context: int, engine) -> CoreLimits:
 
 def _engine(config: ServerConfig, target, context: int):
     """The engine (logged: which path runs); the batched one's KV pool is sized from max_kv_bytes."""
-    from .engine import build_engine
+    from .engine_choice import build_engine
     from .engine_batched import API_SLOTS, PoolConfig
 
     buckets = target.device.type == "cuda" if config.shape_buckets is None else config.shape_buckets
@@ -202,7 +202,12 @@ def _load_lsa_parts(config: ServerConfig, target) -> dict:
 
 
 def _start_grpc(config: ServerConfig, core: VerifierCore) -> tuple[GrpcServer, int]:
-    server = GrpcServer(config, core)
+    server = GrpcServer(core, host=config.host, port=config.port, api_key=config.api_key,
+                        workers=config.grpc_workers or config.max_sessions + 8,
+                        max_message_bytes=config.max_message_bytes,
+                        first_message_timeout_s=config.first_message_timeout_s,
+                        keepalive_min_ping_s=config.keepalive_min_ping_s,
+                        tls=(config.tls_cert, config.tls_key) if config.tls else None)
     return server, server.port
 
 

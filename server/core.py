@@ -22,7 +22,7 @@ from .prefix_cache import PrefixCache
 from .prefix_kv import unsupported as prefix_cache_unsupported
 from .scheduler import ModelScheduler
 from .session import ResumePolicy, SessionSettings, StepResult, VerifierSession
-from .sessions import SessionStore, StoreLimits
+from .session_store import SessionStore, StoreLimits
 from .target import TargetModel
 
 log = logging.getLogger("edgespec.server")
@@ -47,7 +47,9 @@ class VerifierCore:
         self.metrics = ServerMetrics(target.name, limits.max_context_tokens)
         self.prefix_cache = self._prefix_cache(limits.prefix_cache_bytes)  # None: off
         self.store = SessionStore(limits.store, on_drop=self._dropped, on_release=self._keep_prefix)
-        self.metrics.watch(self)  # gauges read the store and the scheduler when scraped
+        capacity = max(1, limits.store.max_kv_bytes)
+        self.metrics.watch(target.eos_ids, lambda: len(self.store), self.scheduler.pending,  # read when scraped
+                           lambda: self.store.total_kv_bytes() / capacity)
         self.cost_curve = None  # verification time by tree size (cost_curve.CostCurve), once measured: Info reports it
         self.draining = threading.Event()
         self._closed = threading.Event()

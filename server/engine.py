@@ -11,12 +11,11 @@ a ``ForwardOutput``. An ``Engine`` runs a list of (KV, Work) pairs:
   greedy acceptance itself (``Work.accept``). Full-attention decoder
   architectures only.
 
-``build_engine`` picks one by architecture and device (``--engine auto``) and
-says which in the log. The ``ModelScheduler`` feeds engines their batches.
+``engine_choice.build_engine`` picks one by architecture and device
+(``--engine auto``) and says which in the log. The ``ModelScheduler`` feeds engines their batches.
 """
 from __future__ import annotations
 
-import logging
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -29,13 +28,6 @@ from edgespec.shared.tree import ROOT, DraftTree
 
 from .engine_masks import batch_attention_mask
 from .target import TargetModel
-
-log = logging.getLogger("edgespec.server")
-
-ENGINES = ("auto", "batched", "generic")
-# Architectures whose every layer is full attention over a standard KV cache, so the pool's
-# cache can stand in for DynamicCache and a 4-D mask says everything about who sees whom.
-BATCHED_MODEL_TYPES = frozenset({"qwen2", "qwen3", "llama", "mistral", "phi3"})
 
 
 @dataclass(frozen=True)
@@ -158,60 +150,3 @@ class GenericEngine(Engine):
             raise
         logits = target.logits(hidden[work.logits_from:])
         return ForwardOutput(hidden, logits, time.perf_counter_ns() - t0)
-
-
-# ---------------------------------------------------------------- choosing one
-def batched_unsupported(target: TargetModel) -> str | None:
-    """Why the batched engine cannot run this target, or None when it can."""
-    cfg = target.model.config
-    if cfg.model_type not in BATCHED_MODEL_TYPES:
-        return f"model type {cfg.model_type!r} is not one of {sorted(BATCHED_MODEL_TYPES)}"
-    layer_types = getattr(cfg, "layer_types", None)
-    if layer_types is not None and any(t != "full_attention" for t in layer_types):
-        return "some layers are not full attention (sliding window or hybrid cache)"
-    if layer_types is None and getattr(cfg, "sliding_window", None):
-        return "the model uses a sliding window"
-    attn = getattr(cfg, "_attn_implementation", None)
-    if attn not in (None, "sdpa", "eager"):
-        return f"attention implementation {attn!r} takes no 4-D additive mask"
-    return None
-
-
-def choose_engine(why_not: str | None, device_type: str, fit: int, wanted: int, slot_tokens: int,
-                  slot_bytes: int) -> tuple[str, str]:
-    """auto's choice and its reason. fit: slots the KV budget holds; wanted: slots the server asks for."""
-    if why_not:
-        return "generic", why_not
-    if device_type == "cpu":
-        return "generic", "CPU device"
-    if fit < wanted:
-        need = (wanted + 1) * slot_bytes / 2**30  # the scratch slot too
-        return "generic", (f"the KV budget holds {fit} of the {wanted} slots of {slot_tokens} tokens wanted; "
-                           f"--max-kv-gb {need:.1f}, or a lower --max-context or --max-sessions, lets the batched "
-                           f"engine run")
-    return "batched", f"{device_type} device, {wanted} KV slots of {slot_tokens} tokens"
-
-
-def build_engine(target: TargetModel, kind: str = "auto", pool=None) -> Engine:
-    """The engine for `kind` ("auto", "batched", "generic"); pool: a ``PoolConfig`` for the batched one.
-
-    auto: batched on an accelerator when the architecture allows it and the KV budget holds every slot
-    the server wants (a slot reserves a whole context, so a short budget would evict sessions that a
-    DynamicCache, sized by use, keeps); generic otherwise, and on a CPU, where one session's verification
-    is 4-10% slower on the pool (the server bench measures both).
-    """
-    from .engine_batched import BatchedEngine, PoolConfig
-
-    if kind not in ENGINES:
-        raise ValueError(f"unknown engine {kind!r}; choose one of {ENGINES}")
-    pool = pool or PoolConfig()
-    why_not = batched_unsupported(target)
-    if kind == "batched" and why_not:
-        raise ValueError(f"--engine batched cannot run {target.name}: {why_not}; use --engine generic")
-    reason = "asked for"
-    if kind == "auto":
-        fit, slot_tokens, slot_bytes = BatchedEngine.slots_that_fit(target, pool)
-        kind, reason = choose_engine(why_not, target.device.type, fit, pool.max_slots, slot_tokens, slot_bytes)
-    engine: Engine = GenericEngine(target) if kind == "generic" else BatchedEngine(target, pool)
-    log.info("engine: %s (%s)", engine.describe(), reason)
-    return engine

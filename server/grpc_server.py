@@ -15,15 +15,11 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import grpc
 
 from .core import VerifierCore
 from .service import VerifierServicer, add_to_server
-
-if TYPE_CHECKING:
-    from .app import ServerConfig
 
 log = logging.getLogger("edgespec.server")
 
@@ -42,29 +38,34 @@ def session_message_bytes(max_context_tokens: int, max_tree_nodes: int) -> int:
 
 
 class GrpcServer:
-    """A started gRPC server; ``port`` is the one it listens on."""
+    """A started gRPC server; ``port`` is the one it listens on (`port` 0: a free one). The settings are
+    ``ServerConfig``'s of the same names (``app`` passes them): workers are the threads running messages' work,
+    tls a (certificate chain, private key) pair of PEM paths."""
 
-    def __init__(self, config: "ServerConfig", core: VerifierCore):
-        workers = config.grpc_workers or config.max_sessions + 8
+    def __init__(self, core: VerifierCore, *, host: str, port: int, workers: int, api_key: str | None,
+                 max_message_bytes: int, first_message_timeout_s: float, keepalive_min_ping_s: float,
+                 tls: tuple[str, str] | None = None):
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="edgespec-grpc")
-        self._servicer = VerifierServicer(core, config.api_key, self._pool, config.first_message_timeout_s)
+        self._servicer = VerifierServicer(core, api_key, self._pool, first_message_timeout_s)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="edgespec-grpc-loop", daemon=True)
         self._thread.start()
         # Requests (Info's is empty; Session's are ClientMessages) are bounded by what a session can send.
-        self.max_receive_bytes = min(config.max_message_bytes, session_message_bytes(
+        self.max_receive_bytes = min(max_message_bytes, session_message_bytes(
             core.limits.max_context_tokens, core.limits.max_tree_nodes))
         try:
-            self._server, self.port = self._on_loop(self._start(config))
+            self._server, self.port = self._on_loop(self._start(f"{host}:{port}", max_message_bytes,
+                                                                keepalive_min_ping_s, tls))
         except BaseException:
             self._end_loop()
             raise
 
-    async def _start(self, config: "ServerConfig") -> tuple[grpc.aio.Server, int]:
-        ping_ms = int(config.keepalive_min_ping_s * 1000)
+    async def _start(self, where: str, max_message_bytes: int, keepalive_min_ping_s: float,
+                     tls: tuple[str, str] | None) -> tuple[grpc.aio.Server, int]:
+        ping_ms = int(keepalive_min_ping_s * 1000)
         options = [
             ("grpc.max_receive_message_length", self.max_receive_bytes),
-            ("grpc.max_send_message_length", config.max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
             # Clients ping every few seconds to notice a dead link; allow it, even with no call open.
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_recv_ping_interval_without_data_ms", ping_ms),
@@ -76,10 +77,9 @@ class GrpcServer:
         ]
         server = grpc.aio.server(options=options)
         add_to_server(self._servicer, server)
-        where = f"{config.host}:{config.port}"
-        if config.tls:
-            creds = grpc.ssl_server_credentials([(Path(config.tls_key).read_bytes(),
-                                                  Path(config.tls_cert).read_bytes())])
+        if tls:
+            cert, key = tls
+            creds = grpc.ssl_server_credentials([(Path(key).read_bytes(), Path(cert).read_bytes())])
             port = server.add_secure_port(where, creds)
         else:
             port = server.add_insecure_port(where)

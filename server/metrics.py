@@ -43,7 +43,6 @@ from edgespec.shared.prom import (PREFIX, REQUEST_BUCKETS, STEP_BUCKETS, TOKEN_L
                                   size_buckets)
 
 if TYPE_CHECKING:
-    from .core import VerifierCore
     from .session import StepResult
 
 T = TypeVar("T")
@@ -124,15 +123,15 @@ class ServerMetrics(VllmMetrics):
         self._eos: frozenset[int] = frozenset()
         self._mutex = threading.Lock()
 
-    def watch(self, core: "VerifierCore") -> None:
-        """Read the gauges from the core's store and scheduler when scraped."""
-        self._eos = frozenset(core.target.eos_ids)
-        self.sessions.set_function(lambda: len(core.store))
-        self.running.set_function(lambda: len(core.store) + self._api_running)
-        # The scheduler's queue of forwards and jobs not yet taken by the model thread.
-        self.waiting.set_function(core.scheduler.pending)
-        capacity = max(1, core.limits.store.max_kv_bytes)
-        self.kv_usage.set_function(lambda: core.store.total_kv_bytes() / capacity)
+    def watch(self, eos_ids: Iterable[int], sessions: Callable[[], int], waiting: Callable[[], int],
+              kv_usage: Callable[[], float]) -> None:
+        """Read the gauges when scraped: sessions held, forwards and jobs queued for the model thread, and the
+        share of the KV budget in use (0-1). eos_ids: the target's, to tell a stop from a length cut."""
+        self._eos = frozenset(eos_ids)
+        self.sessions.set_function(sessions)
+        self.running.set_function(lambda: sessions() + self._api_running)
+        self.waiting.set_function(waiting)
+        self.kv_usage.set_function(kv_usage)
 
     # ----------------------------------------------------- request clocks
     def _started(self, clock: RequestClock) -> None:

@@ -1,36 +1,20 @@
-"""The `edgespec` command. Each subcommand lives in its own module, which
-defines ``register(subparsers)``; a subcommand whose module does not exist yet
-is simply absent. Those modules import heavy things (torch, transformers) inside
-their handlers, so `edgespec --help` stays fast."""
+"""What every `edgespec` command shares: the root parser (``--version``, ``-v``, defaults in ``--help``) and
+the run (logging, config warnings, errors). The list of commands is the top package's (``edgespec.cli``), the
+one floor that may name every other. A command's module defines ``register(subparsers)`` and imports heavy
+things (torch, transformers) inside its handlers, so `edgespec --help` stays fast."""
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import sys
+from types import ModuleType
+from typing import Iterable
 
 from . import __version__
 from .config import LayeredParser
 
-SUBCOMMANDS: dict[str, str] = {
-    "models": "edgespec.shared.models.cli",
-    "server": "edgespec.server.cli",
-    "client": "edgespec.client.cli",
-    "demo": "edgespec.netem.demo",
-    "netem": "edgespec.netem.cli",
-    "bench": "edgespec.netem.bench.cli",
-    "train": "edgespec.server.training.cli",
-}
 
-
-def _available(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
-
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Iterable[ModuleType]) -> argparse.ArgumentParser:
+    """The `edgespec` parser with each of `commands` (modules with ``register``) as a subcommand, in order."""
     # Subparsers are built with the root's class: every command gets defaults in --help, and the
     # commands that call config.enable_layers read EDGESPEC_* variables and --config files.
     parser = LayeredParser(
@@ -38,14 +22,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"edgespec {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (same as --log-level debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module in SUBCOMMANDS.items():
-        if _available(module):
-            importlib.import_module(module).register(sub)
+    for command in commands:
+        command.register(sub)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
+    """Parse `argv` (the process's arguments when None) and run the chosen command's handler."""
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # as typed: runs record the command that made them
     from .logging_setup import configure_logging
@@ -69,7 +52,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

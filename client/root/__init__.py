@@ -20,15 +20,9 @@ if TYPE_CHECKING:
 __all__ = ["AsyncClient", "Client"]
 
 
-def lazy_client(module: str, name: str):
-    """``Client`` or ``AsyncClient``, imported on first use: the module ``__getattr__`` of ``edgespec`` and of
-    ``edgespec.client``."""
-    if name in __all__:
-        from edgespec.client import python_client
-
-        return getattr(python_client, name)
-    raise AttributeError(f"module {module!r} has no attribute {name!r}")
-
-
 def __getattr__(name: str):
-    return lazy_client(__name__, name)
+    if name in __all__:  # the client's own module __getattr__ loads it on first use
+        import edgespec.client
+
+        return getattr(edgespec.client, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

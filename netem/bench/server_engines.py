@@ -273,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ...server.engine import build_engine
+    from ...server.engine_choice import build_engine
     from ...server.engine_batched import PoolConfig
     from ...server.target import TargetModel
     from ...shared.models.loading import load_model

@@ -42,7 +42,7 @@ class ServerProcess:
         env = dict(os.environ)
         if self.threads:
             env["OMP_NUM_THREADS"] = str(self.threads)
-        cmd = [sys.executable, "-m", "edgespec.shared.cli", "server", "--model", self.model,
+        cmd = [sys.executable, "-m", "edgespec", "server", "--model", self.model,  # the `edgespec` command
                "--host", "127.0.0.1", "--grpc-port", "0", "--port", "0", *self.extra_args]
         with spawning_on(self.cpus):
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)

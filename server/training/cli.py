@@ -187,7 +187,9 @@ def _ship(args) -> int:
     return 0
 
 
-if __name__ == "__main__":  # python -m edgespec.server.training.cli ...
-    from ...shared.cli import main
+if __name__ == "__main__":  # python -m edgespec.server.training.cli ... (torchrun, accelerate launch)
+    import sys
 
-    raise SystemExit(main(["train", *__import__("sys").argv[1:]]))
+    from ...shared.cli import build_parser, run
+
+    raise SystemExit(run(build_parser([sys.modules[__name__]]), ["train", *sys.argv[1:]]))

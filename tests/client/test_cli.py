@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow  # edgespec in subprocesses, end to end
 
 def _run(args, stdin=None):
     env = dict(os.environ, OMP_NUM_THREADS="1", EDGESPEC_TEST_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "edgespec.shared.cli", *args], input=stdin, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "edgespec", *args], input=stdin, capture_output=True,
                           text=True, env=env, timeout=120)
 
 

@@ -37,7 +37,7 @@ def test_serve_health_metrics_and_json_logs(tiny_server, tiny_model_dir, tiny_dr
     err_path = tmp_path / "stderr.log"
     with open(err_path, "w") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "edgespec.shared.cli", "client", "serve", "--server", tiny_server.address,
+            [sys.executable, "-m", "edgespec", "client", "serve", "--server", tiny_server.address,
              "--port", str(port), "--enable-log-requests", "--allowed-origins", "http://page.test"],
             # the command line wins over the file's port
             stdout=subprocess.PIPE, stderr=err, text=True, env=env)
@@ -106,7 +106,7 @@ def test_serve_exits_with_the_reason_when_the_client_cannot_load(tiny_server, tm
     """A drafter that does not exist is final: logged (JSON) and the service exits non-zero."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "edgespec.shared.cli", "client", "serve", "--server", tiny_server.address,
+        [sys.executable, "-m", "edgespec", "client", "serve", "--server", tiny_server.address,
          "--drafter", "medusa", "--tokenizer", str(tmp_path / "nowhere"), "--port", str(_free_port()),
          "--log-format", "json"], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 1

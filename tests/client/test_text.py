@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from edgespec.client.generation import LinkEvent, RetractEvent, TokenEvent, TokenOrigin
-from edgespec.client.render import token_pieces
 from edgespec.client.text import SettledTokens, TextStreamer
 
 A, B, O = TokenOrigin.ACCEPTED, TokenOrigin.BONUS, TokenOrigin.OFFLINE
@@ -66,7 +65,3 @@ def test_unfinished_character_is_held():
     assert _feed(s, [TokenEvent(1, B, 0), TokenEvent(0, B, 1)]) == ["a", ""]
     assert s.finish() == "\ufffd"  # never finished: shown as what it is
 
-
-def test_token_pieces():
-    assert token_pieces(decode, [1, 2], "a") == ("b", "ab")
-    assert token_pieces(decode, [1, 0], "a") == ("", "a")

@@ -31,7 +31,7 @@ class Replica:
 
     def __init__(self, procs, model_dir: Path, log_path: Path):
         self.service = procs.Service(
-            [sys.executable, "-m", "edgespec.shared.cli", "server", "--model", str(model_dir),
+            [sys.executable, "-m", "edgespec", "server", "--model", str(model_dir),
              "--host", "127.0.0.1", "--grpc-port", "0", "--port", "0", "--device", "cpu", "--dtype", "float32",
              "--log-format", "json", "--drain-grace", "5"], log_path, LISTENING)
         self.proc = self.service.proc

@@ -107,7 +107,7 @@ def entrypoint_argv(role: str, env: dict[str, str]) -> list[str]:
 
 def assert_parses(argv: list[str]) -> None:
     """argv must be an edgespec command the real CLI accepts (flags, values, subcommands)."""
-    from edgespec.shared.cli import build_parser
+    from edgespec.cli import build_parser
 
     assert argv[0] == "edgespec", argv
     err = io.StringIO()
@@ -159,7 +159,7 @@ def test_entrypoint_ports_and_keys_mean_what_the_deploy_files_say():
     keys stay in the environment: the server's as EDGESPEC_SERVER_API_KEY, the local API's as
     EDGESPEC_LOCAL_API_KEY (--local-api-key, --api-key's old name)."""
     from edgespec.server.cli import server_config
-    from edgespec.shared.cli import build_parser
+    from edgespec.cli import build_parser
 
     argv = entrypoint_argv("server", {"EDGESPEC_GRPC_PORT": "6001", "EDGESPEC_HTTP_PORT": "6002"})
     config = server_config(build_parser().parse_args(argv[1:]))
@@ -187,7 +187,7 @@ def test_entrypoint_refuses_unknown_roles_and_half_tls():
                          ids=" ".join)
 def test_commands_the_images_run_exist(command):
     """Every subcommand deploy/ starts answers --help (a missing one fails, naming it)."""
-    proc = subprocess.run([sys.executable, "-m", "edgespec.shared.cli", *command, "--help"],
+    proc = subprocess.run([sys.executable, "-m", "edgespec", *command, "--help"],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, (f"`edgespec {' '.join(command)} --help` failed: the images start this "
                                   f"command, so it must exist.\n{proc.stderr[-800:]}")

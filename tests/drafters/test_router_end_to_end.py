@@ -55,7 +55,7 @@ def test_router_benchmark_prints_both_modes(checkpoints, target_dir, tmp_path, c
     import json
 
     from edgespec.netem.bench.router import MODES
-    from edgespec.shared.cli import build_parser
+    from edgespec.cli import build_parser
 
     out = tmp_path / "bench.json"
     args = build_parser().parse_args(["bench", "router", "--checkpoint", str(checkpoints["eagle"]), "--target",

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from edgespec.shared.cli import main
+from edgespec.cli import main
 
 
 def test_measure_through_a_local_relay(capsys):
@@ -31,7 +31,7 @@ def test_profiles_listing_and_a_bad_name(capsys):
 
 def _start(*args: str, stdin=subprocess.DEVNULL) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "edgespec.shared.cli", "netem", *args],
+    proc = subprocess.Popen([sys.executable, "-m", "edgespec", "netem", *args],
                             stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True, env=env)
     first = proc.stdout.readline()

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow  # edgespec demo in a subprocess, end to end
 
 def test_demo_runs_end_to_end_through_the_relay(tiny_model_dir):
     env = dict(os.environ, OMP_NUM_THREADS="1", EDGESPEC_TEST_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "edgespec.shared.cli", "demo", "--target", str(tiny_model_dir),
+    proc = subprocess.run([sys.executable, "-m", "edgespec", "demo", "--target", str(tiny_model_dir),
                            "--drafter-model", str(tiny_model_dir), "--max-tokens", "10", "--color", "never",
                            "--prompt", "hi", "--profile", "4g"], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -38,7 +38,7 @@ def test_a_moa_demo_loads_the_matching_server_part():
 def test_a_pinned_demo_runs_the_server_on_its_own_core(tiny_model_dir):
     server, client = sorted(os.sched_getaffinity(0))[-1], sorted(os.sched_getaffinity(0))[0]
     env = dict(os.environ, OMP_NUM_THREADS="1", EDGESPEC_TEST_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "edgespec.shared.cli", "demo", "--target", str(tiny_model_dir),
+    proc = subprocess.run([sys.executable, "-m", "edgespec", "demo", "--target", str(tiny_model_dir),
                            "--drafter-model", str(tiny_model_dir), "--max-tokens", "10", "--color", "never",
                            "--prompt", "hi", "--profile", "5g", "--server-cpus", str(server),
                            "--client-cpus", str(client)], capture_output=True, text=True, env=env, timeout=120)
@@ -49,7 +49,7 @@ def test_a_pinned_demo_runs_the_server_on_its_own_core(tiny_model_dir):
 
 def test_a_cpu_that_does_not_exist_is_refused_before_anything_loads():
     missing = max(os.sched_getaffinity(0)) + 1
-    proc = subprocess.run([sys.executable, "-m", "edgespec.shared.cli", "demo", "--target", "/nonexistent",
+    proc = subprocess.run([sys.executable, "-m", "edgespec", "demo", "--target", "/nonexistent",
                            "--server-cpus", str(missing)], capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert f"--server-cpus: CPU {missing} does not exist here" in proc.stderr

@@ -7,7 +7,7 @@ import pytest
 
 from edgespec.netem.profile import parse_profile
 from edgespec.netem.tc import LabConfig, lab_up_commands, netem_args, probe_netem
-from edgespec.shared.cli import main
+from edgespec.cli import main
 
 FOUR_G_NETEM = "netem delay 21ms 19ms distribution normal loss 0.1% rate 20mbit"
 

@@ -27,7 +27,7 @@ def test_cli_serves_until_sigterm(tiny_model_dir, tmp_path):
                EDGESPEC_HTTP_PORT="0", EDGESPEC_DEVICE="cpu",  # the variable wins over the file's http-port
                EDGESPEC_MAX_SESIONS="3")  # misspelt: a warning, logged as JSON
     proc = subprocess.Popen(
-        [sys.executable, "-m", "edgespec.shared.cli", "server", str(tiny_model_dir), "--config", str(config)],
+        [sys.executable, "-m", "edgespec", "server", str(tiny_model_dir), "--config", str(config)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = proc.stdout.readline()
@@ -63,7 +63,7 @@ def test_cli_serves_until_sigterm(tiny_model_dir, tmp_path):
 def test_cli_refuses_a_config_file_with_an_unknown_key(tmp_path):
     config = tmp_path / "server.yaml"
     config.write_text("max-sesions: 3\n")
-    proc = subprocess.run([sys.executable, "-m", "edgespec.shared.cli", "server", "m", "--config", str(config)],
+    proc = subprocess.run([sys.executable, "-m", "edgespec", "server", "m", "--config", str(config)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "unknown key 'max-sesions'" in proc.stderr and "did you mean 'max-sessions'" in proc.stderr
@@ -71,7 +71,7 @@ def test_cli_refuses_a_config_file_with_an_unknown_key(tmp_path):
 
 def test_server_config_takes_the_vllm_spellings(tmp_path):
     from edgespec.server.cli import server_config
-    from edgespec.shared.cli import build_parser
+    from edgespec.cli import build_parser
 
     args = build_parser().parse_args(
         ["server", "org/model", "--max-model-len", "4096", "--ssl-certfile", "c.pem", "--ssl-keyfile", "k.pem",
@@ -89,7 +89,7 @@ def test_server_config_takes_the_vllm_spellings(tmp_path):
 
 def test_http_guards_and_admission_reach_the_server_config():
     from edgespec.server.cli import server_config
-    from edgespec.shared.cli import build_parser
+    from edgespec.cli import build_parser
 
     args = build_parser().parse_args(["server", "m", "--metrics-need-key", "--max-body-mb", "0.5",
                                       "--first-message-timeout", "2.5"])
@@ -104,7 +104,7 @@ def test_http_guards_and_admission_reach_the_server_config():
 
 def test_port_is_the_http_port_as_in_vllm_and_grpc_has_its_own_flag():
     from edgespec.server.cli import server_config
-    from edgespec.shared.cli import build_parser
+    from edgespec.cli import build_parser
 
     def ports(*argv):
         config = server_config(build_parser().parse_args(["server", "m", *argv]))

@@ -16,7 +16,8 @@ from support.greedy import recomputed_greedy
 from support.masks import full_attention_mask
 
 from edgespec.server.decoder import GenerationRequest, generate
-from edgespec.server.engine import GenericEngine, Work, batched_unsupported, build_engine, choose_engine
+from edgespec.server.engine import GenericEngine, Work
+from edgespec.server.engine_choice import batched_unsupported, build_engine, choose_engine
 from edgespec.server.engine_batched import BatchedEngine, PoolConfig
 from edgespec.server.engine_masks import batch_attention_mask
 from edgespec.server.errors import SessionCapError
@@ -395,7 +396,7 @@ def test_server_settings_choose_shape_buckets_and_eager(tiny_model_dir):
     """--shape-buckets and --enforce-eager reach the batched engine; unset, buckets follow the device."""
     from edgespec.server.app import ServerConfig, _engine
     from edgespec.server.cli import server_config
-    from edgespec.shared.cli import build_parser
+    from edgespec.cli import build_parser
 
     target = TargetModel(load_model(str(tiny_model_dir), device=DEVICES[-1], dtype="float32"))
 

@@ -21,7 +21,7 @@ from edgespec.server.features import FeatureKind, FeatureSpec
 from edgespec.server.prefix_cache import PrefixCache
 from edgespec.server.scheduler import ModelScheduler
 from edgespec.server.session import ResumePolicy, SessionSettings, VerifierSession
-from edgespec.server.sessions import SessionStore, StoreLimits
+from edgespec.server.session_store import SessionStore, StoreLimits
 from edgespec.server.target import TargetModel
 from edgespec.shared.codec import decode_frame
 from edgespec.shared.drafters.lsa import LayerSelfAttention, LSAConfig

@@ -78,7 +78,7 @@ def test_a_second_open_of_the_same_prompt_restores_it(cached_server, fingerprint
 
 
 def test_the_flag_sets_the_budget_and_refuses_a_negative_one():
-    from edgespec.shared.cli import build_parser
+    from edgespec.cli import build_parser
 
     parser = build_parser()
     assert server_config(parser.parse_args(["server", "m"])).prefix_cache_bytes == 2 << 30

@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from edgespec.shared.cli import build_parser
+from edgespec.cli import build_parser
 from edgespec.shared.config import LayeredParser, enable_layers
 
 

@@ -1,24 +1,38 @@
-"""Who may import whom, checked on the source (AST), imports inside functions included:
-- the client and shared packages never import the server's: a laptop's client needs none of it, and what
-  both sides use lives in shared/;
+"""Who may import whom, checked on the source (AST), imports inside functions included, and so are
+modules named in strings (``importlib.import_module("...")``, a registry of module names):
+- the floors of the house: shared/ and proto/ on the ground; the server and the client on the first, neither
+  naming the other (a laptop's client needs none of the server, and what both sides use lives in shared/);
+  netem/ (network emulation, demos, benchmarks) above both; the top package (``edgespec``: the Python client's
+  front and the `edgespec` command) above all. Nothing names a floor above its own;
+- the server's assembly has no import circle (the engines, the core and its metrics, the app and its gRPC side);
 - the generation loop and the drafters never touch protobuf: the verifier (``client/verifier.py``) converts."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
+import edgespec
 import edgespec.client as client
-import edgespec.shared as shared
 
-ROOTS = {"client": Path(client.__file__).parent, "shared": Path(shared.__file__).parent}
-MODULES = [(name, path) for name, root in ROOTS.items() for path in sorted(root.rglob("*.py"))]
+TOP = Path(edgespec.__file__).parent  # client/root: the `edgespec` package has no folder of its own
+PACKAGES = {"edgespec": TOP, **{f"edgespec.{name}": Path(client.__file__).parents[1] / name
+                                for name in ("shared", "proto", "server", "client", "netem")}}
+FLOORS = {"edgespec.shared": 0, "edgespec.proto": 0, "edgespec.server": 1, "edgespec.client": 1,
+          "edgespec.netem": 2, "edgespec": 3}
+MODULES = [(package, path) for package, root in PACKAGES.items() for path in sorted(root.rglob("*.py"))
+           if package == "edgespec" or TOP not in path.parents]
+LOADERS = {"import_module", "find_spec", "__import__"}  # calls whose first argument names a module
+MODULE_NAME = re.compile(r"edgespec(\.\w+)+")
 
 
 def imported_modules(path: Path, root: Path, package: str) -> list[str]:
-    """Every module an import statement in `path` names, relative ones resolved; `root` is the folder of
-    the package `package` (e.g. client/ and "edgespec.client")."""
+    """Every module an import statement in `path` names, relative ones resolved, and every module named in a
+    string: the first argument of ``importlib.import_module`` / ``find_spec`` / ``__import__`` (its constant
+    head when an f-string), and a dotted ``edgespec...`` name in a dict, list, tuple or set. `root` is the
+    folder of the package `package` (e.g. client/ and "edgespec.client")."""
     parts = package.split(".") + list(path.relative_to(root).parent.parts)
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -28,13 +42,56 @@ def imported_modules(path: Path, root: Path, package: str) -> list[str]:
             base = parts[: len(parts) - node.level + 1] if node.level else []
             module = ".".join(base + ([node.module] if node.module else []))
             out += [module] + [f"{module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Call) and node.args and _called(node.func) in LOADERS:
+            name = _string_head(node.args[0], ".".join(parts))
+            if name.startswith("."):
+                dots = len(name) - len(name.lstrip("."))
+                name = ".".join(parts[: len(parts) - dots + 1] + [name[dots:]])
+            out += [name.strip(".")] if name.strip(".") else []
+        elif isinstance(node, (ast.Dict, ast.List, ast.Tuple, ast.Set)):
+            items = node.values if isinstance(node, ast.Dict) else node.elts
+            out += [i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)
+                    and MODULE_NAME.fullmatch(i.value)]
     return out
 
 
-@pytest.mark.parametrize("package,path", MODULES, ids=[f"{n}/{p.relative_to(ROOTS[n]).as_posix()}" for n, p in MODULES])
-def test_no_server_import(package, path):
-    bad = [m for m in imported_modules(path, ROOTS[package], f"edgespec.{package}") if m.startswith("edgespec.server")]
-    assert not bad, f"{package}/{path.relative_to(ROOTS[package])} imports {bad}: move what both sides need to shared/"
+def _called(func: ast.expr) -> str:
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def _string_head(arg: ast.expr, package: str) -> str:
+    """A string argument's constant head: all of a constant; an f-string up to its first unknown part
+    (``__package__`` and ``__name__`` are this file's package)."""
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    head = ""
+    for value in getattr(arg, "values", []) if isinstance(arg, ast.JoinedStr) else []:
+        if isinstance(value, ast.Constant):
+            head += value.value
+        elif isinstance(value, ast.FormattedValue) and isinstance(value.value, ast.Name) \
+                and value.value.id in ("__package__", "__name__"):
+            head += package
+        else:
+            break
+    return head
+
+
+def floor_of(module: str) -> str | None:
+    """The package (a key of FLOORS) a module name belongs to; None outside edgespec, and for a bare
+    ``edgespec`` (``from edgespec import client`` names ``edgespec.client`` too, which is what counts)."""
+    if module == "edgespec" or not module.startswith("edgespec."):
+        return None
+    top = ".".join(module.split(".")[:2])
+    return top if top in FLOORS else "edgespec"
+
+
+@pytest.mark.parametrize("package,path", MODULES, ids=[f"{p}:{m.relative_to(PACKAGES[p]).as_posix()}"
+                                                       for p, m in MODULES])
+def test_no_import_from_a_higher_floor(package, path):
+    named = {m: floor_of(m) for m in imported_modules(path, PACKAGES[package], package)}
+    bad = sorted(m for m, other in named.items() if other and other != package and FLOORS[other] >= FLOORS[package])
+    hint = " (what both sides need goes in shared/)" if any(floor_of(m) == "edgespec.server" for m in bad) else ""
+    assert not bad, f"{package}: {path.relative_to(PACKAGES[package])} names {bad}, on a floor not below its own{hint}"
 
 
 def test_the_check_sees_server_imports(tmp_path):
@@ -47,12 +104,84 @@ def test_the_check_sees_server_imports(tmp_path):
     assert {"edgespec.server.app", "edgespec.server.core", "edgespec.server"} <= set(found)
 
 
-BOUNDARY = [ROOTS["client"] / "generation.py", *sorted((ROOTS["client"] / "drafters").glob("*.py"))]
+def test_the_check_sees_modules_named_in_strings(tmp_path):
+    """What shared/cli.py did: a registry of module names, loaded with import_module; and the other forms."""
+    sample = tmp_path / "sample.py"
+    sample.write_text('import importlib\nfrom importlib import import_module\n'
+                      'COMMANDS = {"server": "edgespec.server.cli", "bench": "edgespec.netem.bench.cli"}\n'
+                      'importlib.import_module("edgespec.client.cli")\nimport_module(".drafters", __name__)\n'
+                      'importlib.util.find_spec("edgespec.cli")\n__import__("edgespec.netem.demo")\n'
+                      'def f(name):\n    return importlib.import_module(f"{__package__}.{name}")\n'
+                      'def g(name):\n    return importlib.import_module(f"edgespec.server.{name}")\n'
+                      'log = __import__("logging").getLogger("edgespec.server")\n')
+    found = set(imported_modules(sample, tmp_path, "edgespec.shared"))
+    assert {"edgespec.server.cli", "edgespec.netem.bench.cli", "edgespec.client.cli", "edgespec.shared.drafters",
+            "edgespec.cli", "edgespec.netem.demo", "edgespec.shared", "edgespec.server", "logging"} <= found
+    floors = {floor_of(m) for m in found} - {None}
+    assert floors == {"edgespec.server", "edgespec.netem", "edgespec.client", "edgespec.shared", "edgespec"}
 
 
-@pytest.mark.parametrize("path", BOUNDARY, ids=lambda p: p.relative_to(ROOTS["client"]).as_posix())
+def test_the_front_door_is_the_top_floor():
+    """The command's list of subcommands lives in the top package, which may name every floor."""
+    named = {floor_of(m) for m in imported_modules(TOP / "cli.py", TOP, "edgespec")}
+    assert {"edgespec.server", "edgespec.client", "edgespec.netem", "edgespec.shared"} <= named
+
+
+# ------------------------------------------------------------------ the server's assembly
+SERVER = PACKAGES["edgespec.server"]
+NO_CIRCLE = [("engine", "engine_batched"), ("core", "metrics"), ("app", "grpc_server")]
+
+
+def server_import_graph() -> dict[str, set[str]]:
+    """Server module (``core``, ``training.cli``) -> the server modules it imports."""
+    modules = {".".join(p.relative_to(SERVER).with_suffix("").parts).removesuffix(".__init__")
+               for p in SERVER.rglob("*.py")}
+    graph = {}
+    for path in SERVER.rglob("*.py"):
+        name = ".".join(path.relative_to(SERVER).with_suffix("").parts).removesuffix(".__init__")
+        graph[name] = set()
+        for m in imported_modules(path, SERVER, "edgespec.server"):
+            parts = m.removeprefix("edgespec.server.").split(".") if m.startswith("edgespec.server.") else []
+            # the longest prefix that is a module: `from .core import VerifierCore` names edgespec.server.core
+            found = next((".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in modules), None)
+            if found and found != name:
+                graph[name].add(found)
+    return graph
+
+
+def reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
+    seen, todo = set(), [start]
+    while todo:
+        node = todo.pop()
+        if node == goal:
+            return True
+        if node not in seen:
+            seen.add(node)
+            todo += graph.get(node, ())
+    return False
+
+
+@pytest.mark.parametrize("a,b", NO_CIRCLE, ids=lambda m: m)
+def test_no_import_circle_in_the_servers_assembly(a, b):
+    graph = server_import_graph()
+    assert not (reaches(graph, a, b) and reaches(graph, b, a)), \
+        f"server/{a}.py and server/{b}.py import each other (directly or through others)"
+
+
+def test_the_circle_check_sees_a_circle():
+    graph = {"engine": {"target"}, "engine_batched": {"engine"}, "target": set()}
+    assert not (reaches(graph, "engine", "engine_batched") and reaches(graph, "engine_batched", "engine"))
+    graph["target"].add("engine_batched")  # a circle through a third module counts
+    assert reaches(graph, "engine", "engine_batched") and reaches(graph, "engine_batched", "engine")
+
+
+BOUNDARY = [PACKAGES["edgespec.client"] / "generation.py",
+            *sorted((PACKAGES["edgespec.client"] / "drafters").glob("*.py"))]
+
+
+@pytest.mark.parametrize("path", BOUNDARY, ids=lambda p: p.relative_to(PACKAGES["edgespec.client"]).as_posix())
 def test_no_protobuf_import_in_the_loop_or_the_drafters(path):
-    found = imported_modules(path, ROOTS["client"], "edgespec.client")
+    found = imported_modules(path, PACKAGES["edgespec.client"], "edgespec.client")
     bad = [m for m in found if m.startswith(("edgespec.proto", "google.protobuf", "grpc"))]
     assert not bad, f"{path.name} imports {bad}: go through client/verifier.py's domain types"
 

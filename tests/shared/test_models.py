@@ -92,7 +92,7 @@ def test_real_models_prepare_and_generate(name):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "edgespec.shared.cli", "models", "prepare", name],
+    out = subprocess.run([sys.executable, "-m", "edgespec", "models", "prepare", name],
                          capture_output=True, text=True)
     assert out.returncode == 0 and "already prepared" in out.stdout
 

@@ -49,7 +49,7 @@ def test_stubs_import_under_the_edgespec_namespace():
 
 
 def test_cli_help_lists_models():
-    out = subprocess.run([sys.executable, "-m", "edgespec.shared.cli", "--help"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "edgespec", "--help"], capture_output=True, text=True)
     assert out.returncode == 0
     assert "models" in out.stdout
 

@@ -10,7 +10,7 @@ def edgespec_in_process():
     command adds to the root logger are taken off again afterwards."""
     import logging
 
-    from edgespec.shared.cli import main
+    from edgespec.cli import main
 
     root = logging.getLogger()
     before, level = list(root.handlers), root.level

@@ -48,7 +48,7 @@ def test_summary_keeps_learned_drafters_and_reports_per_position_acceptance():
 def test_the_tree_shape_defaults_to_the_clients_and_a_run_records_the_shape_it_used():
     from edgespec.client.drafters.tree_builder import TreeShape
     from edgespec.netem.bench.drafting import recorded, tree_shape
-    from edgespec.shared.cli import build_parser
+    from edgespec.cli import build_parser
 
     args = build_parser().parse_args(["bench", "drafting", "--tree-min-prob", "0.35", "--methods", "target"])
     assert tree_shape(args) == TreeShape(min_prob=0.35)

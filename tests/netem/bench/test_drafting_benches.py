@@ -21,7 +21,7 @@ def model_dir(tmp_path_factory):
 
 
 def bench(*argv: str) -> None:
-    from edgespec.shared.cli import build_parser
+    from edgespec.cli import build_parser
 
     args = build_parser().parse_args(["bench", *argv])
     assert args.func(args) == 0

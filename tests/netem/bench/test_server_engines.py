@@ -6,7 +6,7 @@ import pytest
 
 @pytest.mark.slow
 def test_server_benchmark_prints_both_engines(tiny_model_dir, capsys):
-    from edgespec.shared.cli import build_parser
+    from edgespec.cli import build_parser
 
     args = build_parser().parse_args(["bench", "server", "--models", str(tiny_model_dir), "--tree-sizes", "1", "4",
                                       "--sessions", "1", "2", "--seconds", "0.3", "--warmup", "0.2", "--repeats", "2",

@@ -140,7 +140,7 @@ def test_a_tiny_run_writes_spec_bench_answer_files(tmp_path, tiny_model_dir, one
 def test_the_command_line_reaches_the_run_settings(tmp_path, monkeypatch):
     """`edgespec bench specbench` hands its flags (and the CPU split) to the run; bad ones are refused."""
     from edgespec.netem.bench import experiments
-    from edgespec.shared.cli import main
+    from edgespec.cli import main
 
     seen = {}
 

@@ -229,7 +229,7 @@ def test_checkpoint_round_trips_and_another_target_is_refused(early_run, target,
 
 
 def test_cli_trains_both_stages(target_dir, store, tmp_path):
-    base = [sys.executable, "-m", "edgespec.shared.cli", "train", "fit", "--kind", "beagle", "--target",
+    base = [sys.executable, "-m", "edgespec", "train", "fit", "--kind", "beagle", "--target",
             str(target_dir), "--features", str(store.path), "--width", "32", "--heads", "4", "--steps", "5",
             "--batch-tokens", "128", "--eval-every", "5", "--threads", "1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

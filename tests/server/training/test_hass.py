@@ -228,7 +228,7 @@ def test_cli_trains_eagle_hass_then_stage_two_and_refuses_an_unknown_option(targ
     base = ["train", "fit", "--target", str(target_dir), "--features", str(store.path), "--width", "32",
             "--heads", "4", "--batch-tokens", "128", "--eval-every", "5"]
     run = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "edgespec.shared.cli", *base, "--threads", "1", "--kind",
+    done = subprocess.run([sys.executable, "-m", "edgespec", *base, "--threads", "1", "--kind",
                            "eagle+hass", "--out", str(run), "--steps", "5", "--opt", "unroll=3"],
                           capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-2000:]

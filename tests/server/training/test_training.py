@@ -76,7 +76,7 @@ def test_chain_acceptance_stops_at_the_first_miss():
 
 
 def test_cli_end_to_end(target_dir, store, tmp_path):
-    env_cmd = [sys.executable, "-m", "edgespec.shared.cli", "train", "fit", "--kind", "eagle", "--target",
+    env_cmd = [sys.executable, "-m", "edgespec", "train", "fit", "--kind", "eagle", "--target",
                str(target_dir), "--features", str(store.path), "--out", str(tmp_path / "run"), "--width", "32",
                "--heads", "4", "--steps", "3", "--batch-tokens", "128", "--eval-every", "3", "--threads", "1"]
     done = subprocess.run(env_cmd, capture_output=True, text=True, timeout=240,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from edgespec.server.errors import SessionCapError, SessionNotFoundError
-from edgespec.server.sessions import SessionStore, StoreLimits
+from edgespec.server.session_store import SessionStore, StoreLimits
 
 
 @dataclass
