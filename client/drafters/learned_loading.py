@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from edgespec.shared.drafters.beagle import load_beagle
-from edgespec.shared.drafters.checkpoint import DrafterCheckpointError, file_kind, find_checkpoint
+from edgespec.shared.drafters.checkpoint import DrafterCheckpointError, checkpoint_kind, find_checkpoint
 from edgespec.shared.drafters.eagle import load_eagle
 from edgespec.shared.drafters.moa import load_moa_client
 from edgespec.shared.drafters.router import attach_router_if_present
@@ -44,7 +44,7 @@ def open_runtime(path: str | Path, target, dtype: torch.dtype | str | None = Non
 
 def _open(ckpt: Path, target, dtype: torch.dtype) -> LearnedRuntime:
     if ckpt.is_file():
-        beagle = file_kind(ckpt) == "beagle"
+        beagle = checkpoint_kind(ckpt) == "beagle"
         head, vocab_ids = (load_beagle if beagle else load_eagle)(ckpt)
         parts = _parts(target, 0, vocab_ids, dtype)
         _check_fits(ckpt, parts, hidden_size=head.config.hidden_size)

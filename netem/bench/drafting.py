@@ -199,23 +199,19 @@ def parse_learned(pairs: list[str]) -> dict[str, tuple[str, bool]]:
 
 def method_options(method: str, target: str, drafter_model: str, tree, checkpoints: str | None,
                    learned: dict[str, tuple[str, bool]]):
-    """The DrafterOptions the factory builds an edgespec method's drafter from: a drafter's name (a learned
-    one from ``--checkpoints`` when given), or a ``--learned`` NAME=PATH of its kind. A MoA drafter's server
-    part is named after the method."""
+    """The DrafterOptions of an edgespec method: a drafter's name (a learned one from ``--checkpoints`` when
+    given) or a ``--learned`` NAME=PATH of its kind; a MoA drafter's server part is named after the method."""
     from pathlib import Path
 
     from ...client.drafters.factory import BUILTIN, DrafterOptions
     from ...shared.drafters.checkpoint import checkpoint_kind, resolve_checkpoint
 
-    if method in learned:
-        path, router = learned[method]
-        kind = checkpoint_kind(resolve_checkpoint(path))
-        return DrafterOptions(kind, checkpoint=path, target=target, tree=tree, router=router,
-                              moa_server_part=method if kind == "moa" else None)
     if method in BUILTIN:
         return DrafterOptions(method, model=drafter_model, tree=tree)
-    return DrafterOptions(method, checkpoint=method if checkpoints is None else str(Path(checkpoints) / method),
-                          target=target, tree=tree, moa_server_part=method if method.startswith("moa") else None)
+    path, router = learned.get(method, (method if checkpoints is None else str(Path(checkpoints, method)), True))
+    name = checkpoint_kind(resolve_checkpoint(path)) if method in learned else method
+    return DrafterOptions(name, checkpoint=path, target=target, tree=tree, router=router,
+                          moa_server_part=method if name.startswith("moa") else None)
 
 
 def edgespec_clients(stack: contextlib.ExitStack, target: str, options: dict, small, tokenizer) -> dict:

@@ -78,17 +78,11 @@ def read_card(path: str | Path) -> dict:
 
 
 def checkpoint_kind(path: str | Path) -> str:
-    """"eagle", "beagle" or "moa", from the files present."""
-    path = Path(path)
-    if path.is_file():
-        return "beagle" if file_kind(path) == "beagle" else "eagle"
-    if (path / "beagle.safetensors").is_file():
-        return "beagle"
-    if (path / "eagle.safetensors").is_file():
-        return "eagle"
-    if (path / "client.safetensors").is_file() or any(path.glob("*/client.safetensors")):
+    """"eagle", "beagle" or "moa": the kind of the checkpoint at (or directly inside) ``path``."""
+    found = find_checkpoint(path)
+    if found.is_dir():
         return "moa"
-    raise DrafterCheckpointError(f"{path} holds no EAGLE, Beagle or MoA drafter")
+    return "beagle" if file_kind(found) == "beagle" else "eagle"
 
 
 def file_kind(path: str | Path) -> str:

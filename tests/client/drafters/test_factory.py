@@ -32,10 +32,10 @@ def test_the_command_line_offers_exactly_the_factorys_drafters():
     from edgespec.shared.cli import build_parser
 
     found = dict(drafter_flags(build_parser()))
-    assert {"client", "demo"} <= set(found)  # `client serve` is `client`'s parser
-    for command, action in found.items():
+    for command, action in found.items():  # every command that takes a drafter's name (a benchmark too)
         assert action.default in available_drafters(), command
-        assert named_in(action.help) == set(available_drafters()), (command, action.help)
+    for command in ("client", "demo"):  # `client serve` is `client`'s parser
+        assert named_in(found[command].help) == set(available_drafters()), (command, found[command].help)
 
 
 def test_the_drafting_benchmark_runs_drafters_by_the_factorys_names():
