@@ -18,7 +18,6 @@ KNOWN = [
     # lives in the base module
     {"server.core", "server.metrics"},  # the metrics take the whole core
     {"server.app", "server.grpc_server"},
-    {"netem.bench.experiments", "netem.bench.specbench"},  # Spec-Bench reuses the experiments' client and bar
 ]
 
 
