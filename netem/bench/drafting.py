@@ -240,6 +240,7 @@ def run_benchmark(target_name: str, drafter_name: str, prompts: list, max_new: i
     from ...client.generation import GenerationConfig
     from ...shared.models import load_model
 
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     learned = learned or {}
     options = {m: method_options(m, target_name, drafter_name, tree, checkpoints, learned)
                for m in [m for m in EDGESPEC if m in methods] + list(learned)}
@@ -293,7 +294,3 @@ def prompt_runs(prompt, ids: list[int], max_new: int, with_target: bool, greedy:
         m = result.metrics
         runs.append(Run(method, prompt.id, m.new_tokens, m.wall_s, m.calls, result.token_ids == ref, m))
     return runs
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
