@@ -76,7 +76,9 @@ class ClientConfig:
 
 
 class EdgespecClient:
-    def __init__(self, config: ClientConfig, tokenizer=None, drafter: Drafter | None = None):
+    def __init__(self, config: ClientConfig, tokenizer=None, drafter: Drafter | None = None, small_model=None):
+        """``tokenizer``, ``drafter``: already made (else from ``config``); ``small_model``: the independent
+        drafter's LM already loaded (make_drafter's, for a benchmark that shares one)."""
         self.config = config
         self.link = Link(config.link)
         self.info = self.link.info()
@@ -86,7 +88,7 @@ class EdgespecClient:
             raise TokenizerMismatchError(
                 f"the client's tokenizer ({self._tokenizer_source()}) is not the server's target tokenizer "
                 f"(model {self.info.model_name}); pass --tokenizer with the target's model name or directory")
-        self.drafter = drafter if drafter is not None else make_drafter(config.drafter, self.info)
+        self.drafter = drafter if drafter is not None else make_drafter(config.drafter, self.info, small_model)
         eos = stop_ids(self.info, self.tokenizer)
         self.tokens = TokenizerInfo(fingerprint, eos,
                                     lambda ids: self.tokenizer.decode(list(ids), skip_special_tokens=True),

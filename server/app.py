@@ -181,7 +181,7 @@ def _engine(config: ServerConfig, target, context: int):
 def _load_lsa_parts(config: ServerConfig, target) -> dict:
     import torch
 
-    from edgespec.shared.drafters.loading import open_moa_server_part
+    from edgespec.shared.drafters.checkpoint import open_moa_server_part
     from edgespec.shared.drafters.lsa import LayerSelfAttention, LSAConfig
 
     parts = {}

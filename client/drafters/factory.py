@@ -1,14 +1,28 @@
-"""Drafters by name: ngram, independent, the learned kinds (``learned_loading``), shipped checkpoints."""
+"""Drafters by name: the one place a drafter is built from its name, for the CLI, ``client serve``, the
+Python API, the benchmarks and the tests: ngram, independent, the learned kinds and the shipped checkpoints.
+
+Opening a learned drafter: its checkpoint (``shared/drafters/checkpoint.py``) and the target's own frozen
+parts, which the runtime (``learned_loading``) reads from the target's files on the laptop. Which target:
+``DrafterOptions.target`` when given, else the server's model (its registry name), else the one the
+checkpoint's card was trained for. Before anything loads, the checkpoint's tokenizer fingerprint must
+equal the server's (a drafter of another tokenizer would draft ids that mean other tokens), and MoA's
+server part (its Layer Self-Attention runs on the server) must be there under the name the client asks for.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from edgespec.shared.errors import EdgespecError
+from edgespec.shared.drafters.checkpoint import (DrafterCheckpointError, checkpoint_kind, read_card,
+                                                 resolve_checkpoint, shipped_names)
+from edgespec.shared.errors import EdgespecError, TokenizerMismatchError
 from edgespec.shared.models.registry import DEFAULT_DRAFTER
 
-from .base import Drafter
 from .ngram import NgramConfig
 from .tree_builder import TreeShape
+
+if TYPE_CHECKING:
+    from .base import Drafter
 
 BUILTIN = ("ngram", "independent")
 LEARNED = {"eagle": "eagle", "moa": "moa-tli0", "beagle": "beagle"}  # kind -> shipped checkpoint it opens by default
@@ -22,7 +36,7 @@ class UnknownDrafterError(EdgespecError, ValueError, grpc_code="INVALID_ARGUMENT
 class DrafterOptions:
     """Which drafter to run and how."""
 
-    name: str = "ngram"  # "ngram", "independent", "eagle", "moa", "beagle"
+    name: str = "ngram"  # "ngram", "independent", "eagle", "moa", "beagle" or a shipped checkpoint's name
     model: str = DEFAULT_DRAFTER  # the small LM of `independent` (registry name or local directory)
     checkpoint: str | None = None  # learned drafters: shipped checkpoint name, folder or file
     target: str | None = None  # learned drafters: target whose embedding / LM head they use (None: the server's)
@@ -30,23 +44,21 @@ class DrafterOptions:
     router: bool = True  # learned drafters: use the checkpoint's LM-head router when it has one
     device: str | None = "cpu"  # where the drafter's model runs (the laptop: CPU)
     dtype: str | None = None  # its dtype; None = default_dtype: bf16 where the hardware has it, else float32
+    # (learned drafters: float32)
     tree: TreeShape = TreeShape()  # EAGLE-2 tree shape for drafters with next-token distributions
     ngram: NgramConfig = NgramConfig()  # prompt lookup settings
 
 
-def _shipped() -> list[str]:
-    from edgespec.shared.drafters.shipped import shipped_names
-
-    return shipped_names()
-
-
 def available_drafters() -> list[str]:
+    """Every name make_drafter takes: the built-in drafters, the learned kinds, the shipped checkpoints."""
     out = [*BUILTIN, *LEARNED]
-    return out + [n for n in _shipped() if n not in out]
+    return out + [n for n in shipped_names() if n not in out]
 
 
-def make_drafter(options: DrafterOptions, server_info=None) -> Drafter:
-    """Build the drafter `options.name`; server_info (an InfoResponse) helps learned drafters check fit."""
+def make_drafter(options: DrafterOptions, server_info=None, small_model=None) -> Drafter:
+    """Build the drafter ``options.name``. ``server_info`` (an InfoResponse) checks that a learned drafter fits
+    the server; ``small_model``: the independent drafter's LM already loaded (a benchmark shares one across
+    drafters and with its baselines), else ``options.model`` is loaded."""
     if options.name == "ngram":
         from .ngram import NgramDrafter
 
@@ -54,16 +66,67 @@ def make_drafter(options: DrafterOptions, server_info=None) -> Drafter:
     if options.name == "independent":
         from .independent import IndependentConfig, IndependentDrafter
 
-        return IndependentDrafter.from_pretrained(options.model, IndependentConfig(options.tree),
-                                                  device=options.device, dtype=options.dtype)
-    if options.name not in LEARNED and options.name in _shipped():
-        # a shipped checkpoint's name (e.g. "moa-tli0") picks its kind's drafter and that checkpoint
-        from edgespec.shared.drafters.shipped import checkpoint_kind, resolve_checkpoint
+        config = IndependentConfig(options.tree)
+        if small_model is not None:
+            return IndependentDrafter.from_model(small_model, config)
+        return IndependentDrafter.from_pretrained(options.model, config, device=options.device, dtype=options.dtype)
+    return _open_learned(_learned_kind(options), server_info)
 
+
+def _learned_kind(options: DrafterOptions) -> DrafterOptions:
+    """``options`` naming a learned kind and the checkpoint to open: a kind's default shipped one, or, for a
+    shipped checkpoint's name (e.g. "moa-tli0"), its kind and that checkpoint."""
+    if options.name in LEARNED:
+        return replace(options, checkpoint=options.checkpoint or LEARNED[options.name])
+    if options.name in shipped_names():
         kind = checkpoint_kind(resolve_checkpoint(options.name))
-        options = replace(options, name=kind, checkpoint=options.checkpoint or options.name)
-    if options.name not in LEARNED:
-        raise UnknownDrafterError(f"unknown drafter {options.name!r}; choose one of {', '.join(available_drafters())}")
-    from .learned_loading import open_learned  # drafter models load only when one is asked for
+        return replace(options, name=kind, checkpoint=options.checkpoint or options.name)
+    raise UnknownDrafterError(f"unknown drafter {options.name!r}; choose one of {', '.join(available_drafters())}")
 
-    return open_learned(replace(options, checkpoint=options.checkpoint or LEARNED[options.name]), server_info)
+
+def _open_learned(options: DrafterOptions, server_info) -> Drafter:
+    """The drafter of kind ``options.name`` ("eagle", "moa", "beagle") from ``options.checkpoint``."""
+    from .learned_loading import learned_drafter, open_runtime  # drafter models load only when one is asked for
+
+    kind, where = options.name, resolve_checkpoint(options.checkpoint)
+    found = checkpoint_kind(where)
+    if found != kind:
+        raise DrafterCheckpointError(f"{where} holds a {found} drafter, not {kind}")
+    card = read_card(where)
+    _check_tokenizer(where, card.get("tokenizer_fingerprint"), server_info)
+    part = (options.moa_server_part or where.name) if kind == "moa" else ""
+    if part and server_info is not None and part not in server_info.moa_server_parts:
+        # another part's features would make the drafter guess blindly
+        have = ", ".join(server_info.moa_server_parts) or "none"
+        raise DrafterCheckpointError(
+            f"the server has no MoA server part {part!r} (it has: {have}); start it with "
+            f"--moa-server-part {part}" + ("" if part == where.name else "=PATH"))
+    runtime = open_runtime(where, _target(options, server_info, card), options.dtype, options.router)
+    return learned_drafter(runtime, options.tree, part)
+
+
+def _check_tokenizer(where, fingerprint: str | None, server_info) -> None:
+    if server_info is not None and fingerprint and server_info.tokenizer_fingerprint \
+            and fingerprint != server_info.tokenizer_fingerprint:
+        raise TokenizerMismatchError(
+            f"drafter {where} was trained for a target with tokenizer {fingerprint[:12]}..., but the server's "
+            f"{server_info.model_name} has {server_info.tokenizer_fingerprint[:12]}...: use a drafter trained for "
+            f"this target")
+
+
+def _target(options: DrafterOptions, server_info, card: dict) -> str:
+    """The target whose embedding, norm and LM head a learned drafter reads from this machine's files."""
+    if options.target:
+        return options.target
+    if server_info is not None and server_info.model_name:
+        from edgespec.shared.models.loading import model_location
+
+        try:
+            model_location(server_info.model_name)
+            return server_info.model_name
+        except Exception:  # noqa: BLE001 - the server's model is not on this machine: fall back to the card
+            pass
+    if card.get("target"):
+        return card["target"]
+    raise DrafterCheckpointError("cannot tell which target's embedding and LM head this drafter uses: "
+                                 "pass the target's name or directory (DrafterOptions.target / --target-model)")

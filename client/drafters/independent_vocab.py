@@ -25,7 +25,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from edgespec.shared.drafters.shipped import CHECKPOINT_DIR
+from edgespec.shared.drafters.checkpoint import CHECKPOINT_DIR
 from edgespec.shared.drafters.vocab import most_frequent_ids
 
 SHIPPED_DIR = CHECKPOINT_DIR / "independent-vocab"

@@ -24,18 +24,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 from ...client.cli import add_tree_arguments, tree_shape
 from ...shared.metrics import GenerationMetrics
 from .prompt_sets import add_prompt_arguments, chosen_prompts
 from .records import markdown_table
 
-EDGESPEC = ("ngram", "independent", "eagle", "moa-tli0", "moa-tli1")
-LEARNED = EDGESPEC[2:]
+EDGESPEC = ("ngram", "independent", "eagle", "moa-tli0", "moa-tli1")  # drafter names, built by the factory
 METHODS = ("target", "hf-assisted", "hf-lookup", *EDGESPEC)
 
 
@@ -196,93 +197,100 @@ def parse_learned(pairs: list[str]) -> dict[str, tuple[str, bool]]:
     return out
 
 
-def checkpoint_of(method: str, folder: str | None) -> str:
-    """A learned method's checkpoint: the shipped one by name, or the folder's entry of that name."""
+def method_options(method: str, target: str, drafter_model: str, tree, checkpoints: str | None,
+                   learned: dict[str, tuple[str, bool]]):
+    """The DrafterOptions of an edgespec method: a drafter's name (a learned one from ``--checkpoints`` when
+    given) or a ``--learned`` NAME=PATH of its kind; a MoA drafter's server part is named after the method."""
     from pathlib import Path
 
-    return method if folder is None else str(Path(folder) / method)
+    from ...client.drafters.factory import BUILTIN, DrafterOptions
+    from ...shared.drafters.checkpoint import checkpoint_kind, resolve_checkpoint
+
+    if method in BUILTIN:
+        return DrafterOptions(method, model=drafter_model, tree=tree)
+    path, router = learned.get(method, (method if checkpoints is None else str(Path(checkpoints, method)), True))
+    name = checkpoint_kind(resolve_checkpoint(path)) if method in learned else method
+    return DrafterOptions(name, checkpoint=path, target=target, tree=tree, router=router,
+                          moa_server_part=method if name.startswith("moa") else None)
+
+
+def edgespec_clients(stack: contextlib.ExitStack, target: str, options: dict, small, tokenizer) -> dict:
+    """{method: EdgespecClient} for {method: DrafterOptions}, each drafter built by the factory (the
+    independent one on the already loaded ``small`` model), against a loopback server holding their MoA
+    server parts; closed with ``stack``."""
+    from ...client.edge_client import ClientConfig, EdgespecClient
+    from .loopback import loopback_server, patient_link
+
+    if not options:
+        return {}
+    moa = {o.moa_server_part: o.checkpoint for o in options.values() if o.moa_server_part}
+    link = patient_link(stack.enter_context(loopback_server(target, moa_server_parts=moa)).address)
+    clients = {}
+    for m, o in options.items():
+        clients[m] = EdgespecClient(ClientConfig(link, o), tokenizer=tokenizer, small_model=small.model)
+        stack.callback(clients[m].link.close)
+        assert o.name != m or clients[m].drafter.name == m, (clients[m].drafter.name, m)
+    return clients
 
 
 def run_benchmark(target_name: str, drafter_name: str, prompts: list, max_new: int,
                   methods: list[str], tree, lookup_tokens: int, checkpoints: str | None = None,
                   learned: dict[str, tuple[str, bool]] | None = None, partial=None) -> list[Run]:
-    from ...client.drafters.factory import DrafterOptions
-    from ...client.drafters.independent import IndependentConfig, IndependentDrafter
-    from ...client.drafters.ngram import NgramDrafter
-    from ...client.edge_client import ClientConfig, EdgespecClient, chat_prompt_ids, eos_ids
+    from ...client.edge_client import chat_prompt_ids, eos_ids
     from ...client.generation import GenerationConfig
-    from ...shared.drafters.shipped import checkpoint_kind, resolve_checkpoint
     from ...shared.models import load_model
-    from .loopback import loopback_server, patient_link
+
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    learned = learned or {}
+    options = {m: method_options(m, target_name, drafter_name, tree, checkpoints, learned)
+               for m in [m for m in EDGESPEC if m in methods] + list(learned)}
     log(f"loading {target_name} and {drafter_name} ...")
     target = load_model(target_name, device="cpu")
     small = load_model(drafter_name, device="cpu")
     tok = target.tokenizer
     eos = sorted(eos_ids(tok))
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
-    counter = ForwardCounter(target.model)
-    server = contextlib.ExitStack()  # holds the server while there is one
-    clients: dict[str, EdgespecClient] = {}
-    learned = learned or {}
-    kinds = {name: checkpoint_kind(resolve_checkpoint(path)) for name, (path, _) in learned.items()}
-    wanted = [m for m in EDGESPEC if m in methods] + list(learned)
-    if wanted:
-        moa = {m: checkpoint_of(m, checkpoints) for m in wanted if m.startswith("moa") and m not in learned}
-        moa.update({name: learned[name][0] for name, kind in kinds.items() if kind == "moa"})
-        link = patient_link(server.enter_context(loopback_server(target_name, moa_server_parts=moa)).address)
-        for m in wanted:
-            if m == "ngram":
-                drafter = NgramDrafter()
-            elif m == "independent":
-                drafter = IndependentDrafter.from_model(small.model, IndependentConfig(tree))
-            elif m in learned:
-                options = DrafterOptions(kinds[m], checkpoint=learned[m][0], target=target_name, tree=tree,
-                                         router=learned[m][1], moa_server_part=m if kinds[m] == "moa" else None)
-                drafter = None
-            else:
-                options = DrafterOptions(m.split("-")[0], checkpoint=checkpoint_of(m, checkpoints), target=target_name,
-                                         tree=tree)
-                drafter = None
-            client = EdgespecClient(ClientConfig(link, options if drafter is None else DrafterOptions(m)),
-                                    tokenizer=tok, drafter=drafter)
-            if drafter is None and m not in learned:
-                assert client.drafter.name == m, (client.drafter.name, m)
-            clients[m] = client
     hf_methods = {m: extras for m, extras in {"hf-assisted": {"assistant_model": small.model},
                                               "hf-lookup": {"prompt_lookup_num_tokens": lookup_tokens}}.items()
                   if m in methods}
-    runs: list[Run] = []
-    try:
+    with contextlib.ExitStack() as stack:
+        counter = ForwardCounter(target.model)
+        stack.callback(counter.close)
+        clients = edgespec_clients(stack, target_name, options, small, tok)
+        greedy = functools.partial(hf_generate, target.model, eos=eos, pad=pad, counter=counter)
         # warm up every path once (first calls allocate and pick kernels) on a throwaway prompt
         warm = chat_prompt_ids(tok, [{"role": "user", "content": "Say hello."}])
         for extras in [{}, *hf_methods.values()]:
-            hf_generate(target.model, warm, 4, eos, pad, counter, **extras)
+            greedy(warm, 4, **extras)
         for client in clients.values():
             client.generate(warm, GenerationConfig(max_new_tokens=4))
+        runs: list[Run] = []
         for n, prompt in enumerate(prompts):
-            ids = chat_prompt_ids(tok, prompt.messages())
-            ref, secs, fw = hf_generate(target.model, ids, max_new, eos, pad, counter)
-            if "target" in methods:
-                runs.append(Run("target", prompt.id, len(ref), secs, fw, True))
-            for method, extras in hf_methods.items():
-                out, secs, fw = hf_generate(target.model, ids, max_new, eos, pad, counter, **extras)
-                runs.append(Run(method, prompt.id, len(out), secs, fw, out == ref))
-            for method, client in clients.items():
-                result = client.generate(ids, GenerationConfig(max_new_tokens=max_new))
-                m = result.metrics
-                runs.append(Run(method, prompt.id, m.new_tokens, m.wall_s, m.calls, result.token_ids == ref, m))
-            done = [r for r in runs if r.prompt_id == prompt.id]
+            done = prompt_runs(prompt, chat_prompt_ids(tok, prompt.messages()), max_new, "target" in methods,
+                               greedy, hf_methods, clients)
+            runs += done
             if partial is not None:
                 partial.writelines(json.dumps(asdict(r)) + "\n" for r in done)
                 partial.flush()
             log(f"[{n + 1}/{len(prompts)}] {prompt.id}: " + ", ".join(
                 f"{r.method} {r.new_tokens / r.seconds:.1f} tok/s tau {r.new_tokens / max(1, r.target_forwards):.2f}"
                 + ("" if r.exact else " (differs)") for r in done))
-    finally:
-        counter.close()
-        for c in clients.values():
-            c.link.close()
-        server.close()
     return runs
 
+
+def prompt_runs(prompt, ids: list[int], max_new: int, with_target: bool, greedy: Callable, hf_methods: dict,
+                clients: dict) -> list[Run]:
+    """One prompt through every method back to back; the target's own greedy output (``greedy``: hf_generate
+    of the target) is the reference."""
+    from ...client.generation import GenerationConfig
+
+    ref, secs, fw = greedy(ids, max_new)
+    runs = [Run("target", prompt.id, len(ref), secs, fw, True)] if with_target else []
+    for method, extras in hf_methods.items():
+        out, secs, fw = greedy(ids, max_new, **extras)
+        runs.append(Run(method, prompt.id, len(out), secs, fw, out == ref))
+    for method, client in clients.items():
+        result = client.generate(ids, GenerationConfig(max_new_tokens=max_new))
+        m = result.metrics
+        runs.append(Run(method, prompt.id, m.new_tokens, m.wall_s, m.calls, result.token_ids == ref, m))
+    return runs

@@ -18,14 +18,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tqdm import tqdm
-
 from ...shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
 from edgespec.netem.cpus import CpuSplit, choose_split, pinned
 from .loopback import relayed
 from .prompt_sets import Prompt, load_prompts
 from .records import JsonLines, environment
 from .server_process import ServerProcess
+from .systems import ProgressBar, drafter_client, plain_api
 
 EXPERIMENTS = ("speed", "link", "disconnect", "codec", "specbench")
 
@@ -110,31 +109,6 @@ def _serve_and_run(config: BenchConfig, split: CpuSplit, sink: JsonLines) -> Non
 # ---------------------------------------------------------------- runners
 
 
-class _Bar:
-    def __init__(self, total: int, enabled: bool, desc: str):
-        self.bar = tqdm(total=total, disable=not enabled, desc=desc, unit="gen")
-
-    def step(self, label: str) -> None:
-        self.bar.set_postfix_str(label)
-        self.bar.update(1)
-
-    def close(self) -> None:
-        self.bar.close()
-
-
-def _client(address: str, drafter: str, config: BenchConfig, tokenizer=None, instance=None):
-    """A client of `drafter`; `instance`: an already loaded drafter of that name to reuse."""
-    from ...client.drafters.factory import DrafterOptions
-    from ...client.edge_client import ClientConfig, EdgespecClient
-    from ...client.link import LinkConfig
-    from ...client.step_plan import loop_mode
-
-    drafter, loop = loop_mode(drafter)  # "independent@serial": the serial loop (client/step_plan.py LOOP_MODES)
-    options = DrafterOptions(name=drafter, model=config.drafter_model, target=config.model)
-    return EdgespecClient(ClientConfig(LinkConfig(address), options, tokenizer=config.drafter_model, loop=loop),
-                          tokenizer=tokenizer, drafter=instance)
-
-
 def _generate(client, prompt: Prompt, config: BenchConfig, on_token: Callable[[int], None] | None = None,
               stop: tuple[str, ...] = (), offline_wait_s: float = 30.0):
     """One generation through the client; on_token(n) after the n-th output token."""
@@ -168,27 +142,6 @@ def _done(sink: JsonLines, prompt: Prompt, profile: str, system: str, cut_after=
     return _key(_record(prompt, profile=profile, system=system, cut_after=cut_after)) in sink.done
 
 
-def _plain_api(http_address: str, prompt_ids: list[int], config: BenchConfig, stop: tuple[str, ...] = ()) -> dict:
-    """The server's own streaming completion endpoint: tokens, wall time, text."""
-    from .records import sse_chunks
-
-    body = {"prompt": prompt_ids, "max_tokens": config.max_new_tokens, "temperature": 0, "stream": True}
-    if stop:
-        body["stop"] = list(stop)
-    text, usage = [], {}
-    start = time.perf_counter()
-    first = None
-    for chunk in sse_chunks(f"http://{http_address}/v1/completions", body, timeout=600):
-        if first is None:
-            first = time.perf_counter() - start
-        text.append(chunk["choices"][0]["text"])
-        usage = chunk.get("usage") or usage
-    wall = time.perf_counter() - start
-    tokens = usage.get("completion_tokens", 0)
-    return {"new_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0,
-            "first_token_s": first, "calls": 1, "text": "".join(text)}
-
-
 def _local_only(model, tokenizer, prompt_ids: list[int], config: BenchConfig) -> dict:
     """The small model alone (greedy, KV cache), as the client would run it offline."""
     import torch
@@ -206,11 +159,11 @@ def _local_only(model, tokenizer, prompt_ids: list[int], config: BenchConfig) ->
 
 
 def _speed(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sink: JsonLines) -> None:
-    bar = _Bar(len(prompts) * (len(config.drafters) + 1), config.progress, "speed")
-    clients = {d: _client(server.grpc_address, d, config) for d in config.drafters}
+    bar = ProgressBar(len(prompts) * (len(config.drafters) + 1), config.progress, "speed")
+    clients = {d: drafter_client(server.grpc_address, d, config) for d in config.drafters}
     for prompt in prompts:
         ids = clients[config.drafters[0]].encode_chat(prompt.messages()) if clients else []
-        plain = _plain_api(server.http_address, ids, config)
+        plain = plain_api(server.http_address, ids, config)
         sink.write(_record(prompt, experiment="speed", profile="ideal", system="plain-api", **plain))
         bar.step("plain-api")
         for name, client in clients.items():
@@ -229,7 +182,7 @@ def _link(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sin
 
     small = load_model(config.drafter_model, device="cpu")
     per_profile = len(config.drafters) + 1
-    bar = _Bar(len(prompts) * (len(config.profiles) * per_profile + 1), config.progress, "link")
+    bar = ProgressBar(len(prompts) * (len(config.profiles) * per_profile + 1), config.progress, "link")
     for prompt in prompts:  # local-only needs no link: once per prompt
         if _done(sink, prompt, "none", "local-only"):
             bar.step("local-only")
@@ -241,14 +194,14 @@ def _link(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sin
     for profile in config.profiles:
         with relayed(server.grpc_address, profile, config.seed) as (grpc_addr, grpc_relay), \
                 relayed(server.http_address, profile, config.seed + 1) as (http_addr, http_relay):
-            clients = {d: _client(grpc_addr, d, config, tokenizer=small.tokenizer) for d in config.drafters}
+            clients = {d: drafter_client(grpc_addr, d, config, tokenizer=small.tokenizer) for d in config.drafters}
             for prompt in prompts:
                 ids = _chat_ids(small.tokenizer, prompt)
                 if _done(sink, prompt, profile, "plain-api"):
                     bar.step(f"{profile} plain-api")
                 else:
                     before = http_relay.stats()
-                    plain = _plain_api(http_addr, ids, config)
+                    plain = plain_api(http_addr, ids, config)
                     after = http_relay.stats()
                     plain.update(bytes_up=after.bytes_up - before.bytes_up,
                                  bytes_down=after.bytes_down - before.bytes_down)
@@ -282,14 +235,14 @@ def _disconnect(config: BenchConfig, server: ServerProcess, prompts: list[Prompt
     stop = tuple(config.humaneval_stop)
     # Prompt by prompt (every B and the target's own answer), so a run stopped half way has whole rows.
     cuts = sorted(config.cut_after, key=lambda c: float("-inf") if c is None else -c)  # never, 50, 25, ...
-    bar = _Bar(len(prompts) * (len(config.drafters) * len(cuts) + 1), config.progress, "disconnect")
+    bar = ProgressBar(len(prompts) * (len(config.drafters) * len(cuts) + 1), config.progress, "disconnect")
     drafters: dict = {}  # one drafter (the small model loaded once) per name, shared by its generations
     tokenizer = None
     for prompt in prompts:
         if not _done(sink, prompt, "ideal", "target", None):
             # The reference: the target's own greedy answer (its streaming endpoint, no drafting, no cut).
             tokenizer = tokenizer or load_tokenizer(config.drafter_model)
-            plain = _plain_api(server.http_address, _chat_ids(tokenizer, prompt), config, stop)
+            plain = plain_api(server.http_address, _chat_ids(tokenizer, prompt), config, stop)
             passed = score_response(prompt.problem, plain["text"]).passed
             sink.write(_record(prompt, experiment="disconnect", profile="ideal", system="target", cut_after=None,
                                cut_mode=None, passed=passed, passed_stop_at_cut=passed, **plain))
@@ -301,7 +254,8 @@ def _disconnect(config: BenchConfig, server: ServerProcess, prompts: list[Prompt
                     continue
                 # A relay of its own per generation: the cut is final for that generation only.
                 with relayed(server.grpc_address, "ideal", config.seed) as (address, relay):
-                    client = _client(address, drafter, config, tokenizer=tokenizer, instance=drafters.get(drafter))
+                    client = drafter_client(address, drafter, config, tokenizer=tokenizer,
+                                            instance=drafters.get(drafter))
                     drafters[drafter], tokenizer = client.drafter, client.tokenizer
                     try:
                         def on_token(n: int) -> None:

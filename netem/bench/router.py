@@ -91,20 +91,19 @@ def table(s: dict[str, dict], heads: dict[int, tuple], same: str) -> str:
 
 def open_routed_drafter(checkpoint: str, target: str, tree):
     """(LearnedDrafter, RoutedHead, checkpoint path, MoA server part or None) for a checkpoint with a router."""
-    from ...client.drafters.learned_loading import learned_drafter, open_runtime
-    from ...shared.drafters.checkpoint import DrafterCheckpointError
-    from ...shared.drafters.loading import find_checkpoint
-    from ...shared.drafters.router import bind_router, load_router, router_path
-    from ...shared.drafters.shipped import resolve_checkpoint
+    from ...client.drafters.factory import DrafterOptions, make_drafter
+    from ...shared.drafters.checkpoint import (DrafterCheckpointError, checkpoint_kind, find_checkpoint,
+                                               resolve_checkpoint)
+    from ...shared.drafters.router import router_path
 
     ckpt = find_checkpoint(resolve_checkpoint(checkpoint))
     if not router_path(ckpt).is_file():
         raise DrafterCheckpointError(f"no router.safetensors beside {ckpt}: train one with `edgespec train fit "
                                      f"--kind eagle+router --init RUN` (or moa+router)")
-    runtime = open_runtime(ckpt, target)
-    routed = bind_router(load_router(router_path(ckpt)), runtime.parts)
     part = None if ckpt.is_file() else ckpt.name
-    return learned_drafter(runtime, tree, part or ""), routed, ckpt, part
+    drafter = make_drafter(DrafterOptions(checkpoint_kind(ckpt), checkpoint=str(ckpt), target=target, tree=tree,
+                                          moa_server_part=part))
+    return drafter, drafter.rt.routed, ckpt, part
 
 
 def measure(args: argparse.Namespace) -> dict:

@@ -23,6 +23,7 @@ from .loopback import relayed
 from .records import JsonLines, group_by, markdown_table
 from .specbench_format import (MT_BENCH, QUESTIONS, TASKS, Answer, Question, accept_lengths, load_questions,
                                speed_figures, write_answers)
+from .systems import ProgressBar, drafter_client, plain_api
 
 BASELINE = "plain-api"
 
@@ -56,10 +57,8 @@ def _client_turn(client, ids: list[int], max_new_tokens: int) -> TurnAnswer:
 
 
 def _baseline_turn(http_address: str, relay, ids: list[int], config) -> TurnAnswer:
-    from .experiments import _plain_api
-
     before = relay.stats() if relay else None
-    plain = _plain_api(http_address, ids, config)
+    plain = plain_api(http_address, ids, config)
     if relay:
         after = relay.stats()
         plain.update(bytes_up=after.bytes_up - before.bytes_up, bytes_down=after.bytes_down - before.bytes_down)
@@ -97,18 +96,17 @@ def run_specbench(config, server, sink: JsonLines) -> None:
     """Every question of the run, per profile: the baseline, then each drafter (experiments.run calls it)."""
     from edgespec.client.edge_client import load_tokenizer
 
-    from .experiments import _Bar, _client
-
     questions = load_questions(Path(config.questions) if config.questions else QUESTIONS, config.per_category)
     tokenizer = load_tokenizer(config.model)  # the target's own chat template
-    bar = _Bar(len(questions) * len(config.profiles) * (len(config.drafters) + 1), config.progress, "specbench")
+    bar = ProgressBar(len(questions) * len(config.profiles) * (len(config.drafters) + 1), config.progress, "specbench")
     drafters: dict = {}  # one loaded drafter per name, shared by the profiles
     for profile in config.profiles:
         with relayed(server.grpc_address, profile, config.seed) as (grpc_address, _), \
                 relayed(server.http_address, profile, config.seed + 1) as (http_address, http_relay):
             clients = {}
             for name in config.drafters:
-                clients[name] = _client(grpc_address, name, config, tokenizer=tokenizer, instance=drafters.get(name))
+                clients[name] = drafter_client(grpc_address, name, config, tokenizer=tokenizer,
+                                               instance=drafters.get(name))
                 drafters[name] = clients[name].drafter
             try:
                 for q in questions:

@@ -37,7 +37,6 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ...client.drafters.factory import DrafterOptions
-    from ...client.drafters.independent import IndependentConfig, IndependentDrafter
     from ...client.edge_client import ClientConfig, EdgespecClient, chat_prompt_ids
     from ...client.generation import GenerationConfig
     from ...shared.metrics import GenerationMetrics
@@ -51,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
     totals = {s: GenerationMetrics() for s in shapes}  # summed over prompts
     with loopback_server(args.target) as server:
         link = patient_link(server.address)
-        clients = {s: EdgespecClient(ClientConfig(link, DrafterOptions("independent")), tokenizer=small.tokenizer,
-                                     drafter=IndependentDrafter.from_model(small.model, IndependentConfig(s))) for s in shapes}
+        clients = {s: EdgespecClient(ClientConfig(link, DrafterOptions("independent", args.drafter_model, tree=s)),
+                                     tokenizer=small.tokenizer, small_model=small.model) for s in shapes}
         warm = chat_prompt_ids(small.tokenizer, [{"role": "user", "content": "Say hello."}])
         clients[shapes[0]].generate(warm, GenerationConfig(max_new_tokens=4))
         for prompt in prompts:

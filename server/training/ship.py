@@ -11,10 +11,8 @@ import json
 import shutil
 from pathlib import Path
 
-from ...shared.drafters.checkpoint import DrafterCheckpointError
-from ...shared.drafters.loading import find_checkpoint
+from ...shared.drafters.checkpoint import CHECKPOINT_DIR, DrafterCheckpointError, find_checkpoint
 from ...shared.drafters.router import router_path
-from ...shared.drafters.shipped import CHECKPOINT_DIR
 
 MAX_BYTES = 25 * 1000 * 1000  # the limit per shipped drafter (25 MB on disk)
 

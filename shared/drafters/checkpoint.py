@@ -1,9 +1,19 @@
-"""Drafter checkpoint files: safetensors with the config (JSON) in the metadata.
+"""Drafter checkpoints: finding one by name or path, and reading and writing its files.
 
-Checkpoints hold only the drafter's own weights (+ the reduced-vocabulary map):
-the target's embedding, norm, LM head and TLI layers come from the target's
-files on the client. Weights are stored in a compact dtype (bf16 by default) to
+A checkpoint holds only the drafter's own weights (+ the reduced-vocabulary map) as safetensors
+with the config (JSON) in the metadata: the target's embedding, norm, LM head and TLI layers come
+from the target's files on the client. Weights are stored in a compact dtype (bf16 by default) to
 keep a shipped drafter small.
+
+Where one is: an ``eagle.safetensors`` or ``beagle.safetensors`` file, a MoA folder
+(``client.safetensors`` + ``server.safetensors``), a run folder holding exactly one of them, or a
+shipped checkpoint's name: ``checkpoints/<name>/`` beside this module, with ``card.json`` (target,
+tokenizer fingerprint, how it was trained, what it measured). Client and server resolve the same
+names, so ``--drafter moa-tli0`` on the laptop and ``--moa-server-part moa-tli0`` on the GPU box
+mean the same weights. (``independent-vocab/`` there holds the independent drafter's reduced
+vocabularies: no card, so not a drafter.) The client opens the drafting runtime
+(``client/drafters/learned_loading.py``); the server opens MoA's Layer Self-Attention with
+``open_moa_server_part``.
 """
 from __future__ import annotations
 
@@ -14,14 +24,79 @@ from typing import Callable, TypeVar
 import torch
 
 from ..errors import EdgespecError
+from .lsa import LayerSelfAttention, load_server_part
 
 M = TypeVar("M", bound=torch.nn.Module)
+CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
 
 
 class DrafterCheckpointError(EdgespecError, ValueError, grpc_code="FAILED_PRECONDITION"):
     """A drafter checkpoint that is missing, of another kind, or does not fit its target."""
 
 
+# -- finding one ---------------------------------------------------------------------------------
+def shipped_names() -> list[str]:
+    if not CHECKPOINT_DIR.is_dir():
+        return []
+    return sorted(p.name for p in CHECKPOINT_DIR.iterdir() if (p / "card.json").is_file())
+
+
+def resolve_checkpoint(name_or_path: str | Path) -> Path:
+    """The folder or file of a shipped name, or the given path when it exists."""
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    shipped = CHECKPOINT_DIR / str(name_or_path)
+    if "/" not in str(name_or_path) and (shipped / "card.json").is_file():
+        return shipped
+    names = ", ".join(shipped_names()) or "none in this build"
+    raise DrafterCheckpointError(f"no drafter checkpoint {str(name_or_path)!r}: not a file or folder, and not a "
+                                 f"shipped checkpoint (shipped: {names})")
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """The eagle / beagle file or MoA folder at (or directly inside) ``path``."""
+    path = Path(path)
+    if path.is_file() or (path / "client.safetensors").is_file():
+        return path
+    found = (sorted(path.glob("eagle.safetensors")) + sorted(path.glob("beagle.safetensors"))
+             + sorted(p.parent for p in path.glob("*/client.safetensors")))
+    if len(found) != 1:
+        what = "nothing" if not found else ", ".join(map(str, found))
+        raise DrafterCheckpointError(f"expected one drafter checkpoint in {path}, found {what}")
+    return found[0]
+
+
+def read_card(path: str | Path) -> dict:
+    """The ``card.json`` at a checkpoint (beside a file, inside a folder, or in its parent); {} if none."""
+    path = Path(path)
+    for folder in ([path] if path.is_dir() else []) + [path.parent]:
+        card = folder / "card.json"
+        if card.is_file():
+            return json.loads(card.read_text(encoding="utf-8"))
+    return {}
+
+
+def checkpoint_kind(path: str | Path) -> str:
+    """"eagle", "beagle" or "moa": the kind of the checkpoint at (or directly inside) ``path``."""
+    found = find_checkpoint(path)
+    if found.is_dir():
+        return "moa"
+    return "beagle" if file_kind(found) == "beagle" else "eagle"
+
+
+def file_kind(path: str | Path) -> str:
+    """The drafter kind a single-file checkpoint records in its metadata ("" when none)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return (f.metadata() or {}).get("kind", "")
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own types for a file that is not one
+        raise DrafterCheckpointError(f"{path} is not a safetensors drafter checkpoint: {exc}") from None
+
+
+# -- its files -----------------------------------------------------------------------------------
 def save_weights(path: str | Path, kind: str, config: dict, state: dict[str, torch.Tensor],
                  vocab_ids: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16) -> Path:
     from safetensors.torch import save_file
@@ -67,3 +142,15 @@ def load_module(path: str | Path, kind: str, build: Callable[[dict], M]) -> tupl
     except RuntimeError as exc:
         raise DrafterCheckpointError(f"{path} does not match its own config: {exc}") from None
     return module.eval(), vocab_ids
+
+
+def open_moa_server_part(path: str | Path, device: str | torch.device = "cpu") -> LayerSelfAttention:
+    """MoA's Layer Self-Attention, which the server runs: a ``server.safetensors`` file, a MoA checkpoint
+    folder, or a shipped checkpoint's name."""
+    path = resolve_checkpoint(path)
+    if path.is_file() and path.name == "server.safetensors":
+        return load_server_part(path, device)
+    ckpt = find_checkpoint(path)
+    if ckpt.is_file():
+        raise DrafterCheckpointError(f"{ckpt} is an EAGLE drafter: it has no server part")
+    return load_server_part(ckpt / "server.safetensors", device)

@@ -19,6 +19,7 @@ from torch import nn
 from edgespec.shared.models.cache_arg import with_cache
 
 from .blocks import KV
+from .checkpoint import DrafterCheckpointError
 from .masks import additive
 
 
@@ -69,6 +70,9 @@ class TargetParts(nn.Module):
         self.shape = target_shape(model)
         if not 0 <= tli <= self.shape.num_layers:
             raise ValueError(f"TLI {tli} is out of range for a target of {self.shape.num_layers} layers")
+        if vocab_ids is not None and len(vocab_ids) and int(vocab_ids.max()) >= self.shape.vocab_size:
+            raise DrafterCheckpointError(f"the drafter's vocabulary names ids up to {int(vocab_ids.max())}, beyond "
+                                         f"this target's {self.shape.vocab_size}: it was trained for another target")
         dtype = dtype or next(model.parameters()).dtype
         base = model.model
         self.embed = nn.Embedding.from_pretrained(base.embed_tokens.weight.detach().to(dtype), freeze=True)

@@ -120,8 +120,7 @@ def test_moa_without_its_server_part_is_refused_with_the_fix(server, target_dir,
 
 
 def test_unknown_checkpoint_names_the_shipped_ones():
-    from edgespec.shared.drafters.checkpoint import DrafterCheckpointError
-    from edgespec.shared.drafters.shipped import resolve_checkpoint, shipped_names
+    from edgespec.shared.drafters.checkpoint import DrafterCheckpointError, resolve_checkpoint, shipped_names
 
     with pytest.raises(DrafterCheckpointError, match="shipped"):
         resolve_checkpoint("no-such-drafter")
@@ -131,8 +130,7 @@ def test_unknown_checkpoint_names_the_shipped_ones():
 
 def test_ship_copies_parts_apart_writes_the_card_and_enforces_the_size_limit(checkpoints, tmp_path):
     from edgespec.server.training import ship as shipping
-    from edgespec.shared.drafters.checkpoint import DrafterCheckpointError
-    from edgespec.shared.drafters.shipped import checkpoint_kind, read_card
+    from edgespec.shared.drafters.checkpoint import DrafterCheckpointError, checkpoint_kind, read_card
 
     run = checkpoints["moa-tli1"].parent
     dest = shipping.ship(run, "moa-tli1", command="edgespec train fit ...", measured={"tau": 1.5},

@@ -7,7 +7,7 @@ import pytest
 import torch
 from support.servers import running_server
 
-from edgespec.shared.drafters.shipped import shipped_names
+from edgespec.shared.drafters.checkpoint import shipped_names
 
 pytestmark = [pytest.mark.models, pytest.mark.slow]  # the real 1.5B target
 TARGET = "qwen2.5-coder-1.5b-instruct"

@@ -55,3 +55,19 @@ def test_the_tree_shape_defaults_to_the_clients_and_a_run_records_the_shape_it_u
     kept = recorded(args)
     assert kept["tree_min_prob"] == 0.35 and kept["tree_branch"] == TreeShape().branch
     assert kept["methods"] == "target" and "func" not in kept and "parser" not in kept
+
+
+def test_each_method_names_its_drafter_for_the_factory(tmp_path):
+    from edgespec.client.drafters.tree_builder import TreeShape
+    from edgespec.netem.bench.drafting import method_options
+    from edgespec.shared.drafters.checkpoint import resolve_checkpoint
+
+    tree, moa = TreeShape(), str(resolve_checkpoint("moa-tli1"))
+    got = {m: method_options(m, "target", "small", tree, None, {"mine": (moa, False)})
+           for m in ("independent", "eagle", "moa-tli0", "mine")}
+    assert (got["independent"].model, got["independent"].checkpoint, got["independent"].tree) == ("small", None, tree)
+    assert (got["eagle"].checkpoint, got["eagle"].target, got["eagle"].moa_server_part) == ("eagle", "target", None)
+    assert (got["moa-tli0"].name, got["moa-tli0"].moa_server_part) == ("moa-tli0", "moa-tli0")  # the server part's name
+    assert (got["mine"].name, got["mine"].checkpoint, got["mine"].router, got["mine"].moa_server_part) == \
+        ("moa", moa, False, "mine")  # a --learned one: its kind, its path, its router switch, its own name
+    assert method_options("eagle", "t", "s", tree, str(tmp_path), {}).checkpoint == str(tmp_path / "eagle")

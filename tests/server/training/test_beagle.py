@@ -208,9 +208,8 @@ def test_runtime_refuses_what_its_state_does_not_allow(drafter, seqs):
 
 def test_checkpoint_round_trips_and_another_target_is_refused(early_run, target, store, tmp_path):
     from edgespec.shared.drafters.beagle import load_beagle
-    from edgespec.shared.drafters.checkpoint import DrafterCheckpointError
     from edgespec.client.drafters.learned_loading import open_runtime
-    from edgespec.shared.drafters.shipped import checkpoint_kind
+    from edgespec.shared.drafters.checkpoint import DrafterCheckpointError, checkpoint_kind
     from edgespec.shared.models.tiny import TinyConfig, tiny_model
 
     rec = beagle(target, store, vocab=64)

@@ -187,7 +187,7 @@ def test_stage_two_lowers_the_router_loss_and_leaves_the_base_bit_identical(kind
 @pytest.mark.slow
 def test_the_saved_router_attaches_to_the_saved_drafter(stage1, target, store, tmp_path):
     from edgespec.client.drafters.learned_loading import open_runtime
-    from edgespec.shared.drafters.loading import find_checkpoint
+    from edgespec.shared.drafters.checkpoint import find_checkpoint
 
     rec = router_recipe("eagle", target, store, stage1["eagle"], tmp_path)
     Trainer(rec, store, tmp_path, cfg(steps=3)).fit()

@@ -90,7 +90,7 @@ def test_a_trained_drafter_opens_for_drafting(target, store, seqs, tmp_path):
     from edgespec.client.drafters.eagle_runtime import EagleRuntime
     from edgespec.client.drafters.learned_loading import open_runtime
     from edgespec.client.drafters.moa_runtime import MoARuntime
-    from edgespec.shared.drafters.loading import open_moa_server_part
+    from edgespec.shared.drafters.checkpoint import open_moa_server_part
 
     rec = recipe("moa", target, store, tli=1, vocab=64)
     rec.save_drafter(tmp_path)

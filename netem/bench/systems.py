@@ -1,0 +1,56 @@
+"""What an experiment runs a prompt through (the edgespec client of a drafter's name, or the server's own
+streaming API) and the progress bar over its generations; experiments.py and specbench.py share them."""
+from __future__ import annotations
+
+import time
+
+from tqdm import tqdm
+
+
+class ProgressBar:
+    """Generations done, as a tqdm bar (off when not enabled)."""
+
+    def __init__(self, total: int, enabled: bool, desc: str):
+        self.bar = tqdm(total=total, disable=not enabled, desc=desc, unit="gen")
+
+    def step(self, label: str) -> None:
+        self.bar.set_postfix_str(label)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def drafter_client(address: str, drafter: str, config, tokenizer=None, instance=None):
+    """A client of `drafter` for the experiment's BenchConfig `config`; `instance`: an already loaded drafter of
+    that name to reuse."""
+    from ...client.drafters.factory import DrafterOptions
+    from ...client.edge_client import ClientConfig, EdgespecClient
+    from ...client.link import LinkConfig
+    from ...client.step_plan import loop_mode
+
+    drafter, loop = loop_mode(drafter)  # "independent@serial": the serial loop (client/step_plan.py LOOP_MODES)
+    options = DrafterOptions(name=drafter, model=config.drafter_model, target=config.model)
+    return EdgespecClient(ClientConfig(LinkConfig(address), options, tokenizer=config.drafter_model, loop=loop),
+                          tokenizer=tokenizer, drafter=instance)
+
+
+def plain_api(http_address: str, prompt_ids: list[int], config, stop: tuple[str, ...] = ()) -> dict:
+    """The server's own streaming completion endpoint (greedy, `config.max_new_tokens`): tokens, wall time, text."""
+    from .records import sse_chunks
+
+    body = {"prompt": prompt_ids, "max_tokens": config.max_new_tokens, "temperature": 0, "stream": True}
+    if stop:
+        body["stop"] = list(stop)
+    text, usage = [], {}
+    start = time.perf_counter()
+    first = None
+    for chunk in sse_chunks(f"http://{http_address}/v1/completions", body, timeout=600):
+        if first is None:
+            first = time.perf_counter() - start
+        text.append(chunk["choices"][0]["text"])
+        usage = chunk.get("usage") or usage
+    wall = time.perf_counter() - start
+    tokens = usage.get("completion_tokens", 0)
+    return {"new_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0,
+            "first_token_s": first, "calls": 1, "text": "".join(text)}
