@@ -29,7 +29,7 @@ def named_in(help_text: str) -> set[str]:
 
 
 def test_the_command_line_offers_exactly_the_factorys_drafters():
-    from edgespec.shared.cli import build_parser
+    from edgespec.cli import build_parser
 
     found = dict(drafter_flags(build_parser()))
     for command, action in found.items():  # every command that takes a drafter's name (a benchmark too)
