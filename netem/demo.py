@@ -23,7 +23,7 @@ DEFAULT_PROMPT = "Write a Python function that returns the n-th Fibonacci number
 
 
 def register(subparsers) -> None:
-    from ..client.cli import add_client_options
+    from edgespec.client.cli import add_client_options
 
     p = subparsers.add_parser("demo", help="run a server and a client here, one prompt end to end",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -41,7 +41,7 @@ def register(subparsers) -> None:
 
 
 def main(args) -> int:
-    from ..shared.models.registry import DEFAULT_TARGET
+    from edgespec.shared.models.registry import DEFAULT_TARGET
     from .cpus import choose_split, pinned
 
     if not getattr(args, "verbose", False):  # the server's and relay's logs would interleave with the text
@@ -79,7 +79,7 @@ def _serving(args, split) -> Iterator[str]:
     """The server's gRPC address while the block runs: in this process, or (pinned) a child process on
     the server's cores."""
     if not split.pinned:
-        from ..server.app import ServerConfig, start_server
+        from edgespec.server.app import ServerConfig, start_server
 
         server = start_server(ServerConfig(model=args.target, http_port=None, moa_server_parts=moa_server_parts(args)))
         try:
@@ -97,10 +97,10 @@ def _serving(args, split) -> Iterator[str]:
 
 def _generate(args, address: str) -> None:
     """One prompt through the client, printed as it comes."""
-    from ..client.cli import client_from_args
-    from ..client.commit import ResumePolicy
-    from ..client.generation import GenerationConfig
-    from ..client.render import TerminalPrinter, use_color
+    from edgespec.client.cli import client_from_args
+    from edgespec.client.commit import ResumePolicy
+    from edgespec.client.generation import GenerationConfig
+    from edgespec.client.render import TerminalPrinter, use_color
 
     client = client_from_args(args, address)
     try:
@@ -120,7 +120,7 @@ def moa_server_parts(args) -> dict[str, str]:
     stands for its default shipped checkpoint); nothing for other drafters."""
     if not args.drafter.startswith("moa"):
         return {}
-    from ..client.drafters.factory import LEARNED
+    from edgespec.client.drafters.factory import LEARNED
 
     moa = args.checkpoint or LEARNED.get(args.drafter, args.drafter)
     return {args.moa_server_part or Path(moa).name: moa}

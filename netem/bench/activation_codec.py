@@ -32,7 +32,7 @@ PROMPTS = [
 
 def settings() -> list[tuple]:
     """(codec, zstd level, outlier channels K) of every row."""
-    from ...shared.codec import Codec
+    from edgespec.shared.codec import Codec
 
     return [(Codec.FP16, level, 0) for level in (0, 1, 3, 9)] + [
         (Codec.INT8, level, 0) for level in (0, 1, 3, 9)] + [
@@ -89,7 +89,7 @@ def activations(model, prompts: list[list[int]]) -> dict[str, list]:
 def measure(name: str, tensors: list, frame_tokens: int | None) -> list[Row]:
     import torch
 
-    from ...shared.codec import Codec, decode_frame, encode_frame
+    from edgespec.shared.codec import Codec, decode_frame, encode_frame
 
     frames = [t if frame_tokens is None else c for t in tensors
               for c in (torch.split(t, frame_tokens) if frame_tokens else [t])]
@@ -131,7 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...shared.models.loading import load_model
+    from edgespec.shared.models.loading import load_model
 
     loaded = load_model(args.model)
     prompts = real_prompts(loaded.tokenizer, args.max_tokens)

@@ -25,10 +25,10 @@ RECIPES = (("eagle", {}), ("eagle unroll=k", {}), ("beagle early", {"stage": "ea
 
 def tiny_store(where: Path):
     """A 4-layer tiny target and a feature store of its own greedy responses (as the tests make)."""
-    from ...server.training.data import generate_batch
-    from ...server.training.features import FeatureStore, extract_features
-    from ...shared.models import load_model
-    from ...shared.models.tiny import TinyConfig, save_tiny_model
+    from edgespec.server.training.data import generate_batch
+    from edgespec.server.training.features import FeatureStore, extract_features
+    from edgespec.shared.models import load_model
+    from edgespec.shared.models.tiny import TinyConfig, save_tiny_model
 
     target_dir = save_tiny_model(where / "target", TinyConfig(num_layers=4, seed=0))
     target = load_model(str(target_dir), device="cpu", dtype="float32")
@@ -46,7 +46,7 @@ def tiny_store(where: Path):
 
 def time_training(recipe, store, run_dir: Path, steps: int, batch_tokens: int, window: int) -> float:
     """Median seconds per optimizer step."""
-    from ...server.training.trainer import TrainConfig, Trainer
+    from edgespec.server.training.trainer import TrainConfig, Trainer
 
     trainer = Trainer(recipe, store, run_dir, TrainConfig(steps=steps + 2, lr=1e-3, warmup=1,
                                                           batch_tokens=batch_tokens, window=window, seed=0))
@@ -63,7 +63,7 @@ def time_drafting(runtime, seq, prefix: int, depth: int, branch: int, repeats: i
     """Median seconds to draft one tree: root distribution + ``depth`` levels of ``branch`` nodes."""
     import torch
 
-    from ...shared.tree import ROOT
+    from edgespec.shared.tree import ROOT
 
     times = []
     with torch.inference_mode():
@@ -103,9 +103,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ...client.drafters.learned_loading import open_runtime
-    from ...server.training.features import FeatureStore
-    from ...server.training.fit import build_recipe
+    from edgespec.client.drafters.learned_loading import open_runtime
+    from edgespec.server.training.features import FeatureStore
+    from edgespec.server.training.fit import build_recipe
 
     p = args.parser
     with tempfile.TemporaryDirectory() as tmp:

@@ -178,7 +178,7 @@ def _run_experiment(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     if args.experiment != "report":
-        from ...shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
+        from edgespec.shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
         from .experiments import BenchConfig, run
 
         if args.fresh:

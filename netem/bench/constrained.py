@@ -73,8 +73,8 @@ class Tally:
 
 
 def tasks(args, tokenizer) -> list[Task]:
-    from ...shared.grammar import json_schema_grammar
-    from ...shared.openai.tool_calls import tool_use
+    from edgespec.shared.grammar import json_schema_grammar
+    from edgespec.shared.openai.tool_calls import tool_use
 
     out = []
     schema_grammar = json_schema_grammar(FUNCTION_SCHEMA)
@@ -88,7 +88,7 @@ def tasks(args, tokenizer) -> list[Task]:
 
 
 def parses(task: Task, text: str) -> bool:
-    from ...shared.openai.tool_calls import parse_tool_calls
+    from edgespec.shared.openai.tool_calls import parse_tool_calls
 
     if task.kind == "tool":
         return bool(parse_tool_calls(text)[1])
@@ -107,15 +107,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ...client.drafters.factory import DrafterOptions, make_drafter
-    from ...client.generation import Generation, GenerationConfig, TokenizerInfo
-    from ...client.in_process import InProcessTransport
-    from ...client.verifier import Verifier
-    from ...server.core import CoreLimits, VerifierCore
-    from ...server.service import VerifierServicer
-    from ...server.target import TargetModel
-    from ...shared.grammar import grammar_tokenizer
-    from ...shared.models import load_model
+    from edgespec.client.drafters.factory import DrafterOptions, make_drafter
+    from edgespec.client.generation import Generation, GenerationConfig, TokenizerInfo
+    from edgespec.client.in_process import InProcessTransport
+    from edgespec.client.verifier import Verifier
+    from edgespec.server.core import CoreLimits, VerifierCore
+    from edgespec.server.service import VerifierServicer
+    from edgespec.server.target import TargetModel
+    from edgespec.shared.grammar import grammar_tokenizer
+    from edgespec.shared.models import load_model
 
     ways = [w for w in args.ways.split(",") if w]
     if not set(ways) <= set(WAYS):

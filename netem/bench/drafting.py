@@ -31,8 +31,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from ...client.cli import add_tree_arguments, tree_shape
-from ...shared.metrics import GenerationMetrics
+from edgespec.client.cli import add_tree_arguments, tree_shape
+from edgespec.shared.metrics import GenerationMetrics
 from .prompt_sets import add_prompt_arguments, chosen_prompts
 from .records import markdown_table
 
@@ -203,8 +203,8 @@ def method_options(method: str, target: str, drafter_model: str, tree, checkpoin
     given) or a ``--learned`` NAME=PATH of its kind; a MoA drafter's server part is named after the method."""
     from pathlib import Path
 
-    from ...client.drafters.factory import BUILTIN, DrafterOptions
-    from ...shared.drafters.checkpoint import checkpoint_kind, resolve_checkpoint
+    from edgespec.client.drafters.factory import BUILTIN, DrafterOptions
+    from edgespec.shared.drafters.checkpoint import checkpoint_kind, resolve_checkpoint
 
     if method in BUILTIN:
         return DrafterOptions(method, model=drafter_model, tree=tree)
@@ -218,7 +218,7 @@ def edgespec_clients(stack: contextlib.ExitStack, target: str, options: dict, sm
     """{method: EdgespecClient} for {method: DrafterOptions}, each drafter built by the factory (the
     independent one on the already loaded ``small`` model), against a loopback server holding their MoA
     server parts; closed with ``stack``."""
-    from ...client.edge_client import ClientConfig, EdgespecClient
+    from edgespec.client.edge_client import ClientConfig, EdgespecClient
     from .loopback import loopback_server, patient_link
 
     if not options:
@@ -236,9 +236,9 @@ def edgespec_clients(stack: contextlib.ExitStack, target: str, options: dict, sm
 def run_benchmark(target_name: str, drafter_name: str, prompts: list, max_new: int,
                   methods: list[str], tree, lookup_tokens: int, checkpoints: str | None = None,
                   learned: dict[str, tuple[str, bool]] | None = None, partial=None) -> list[Run]:
-    from ...client.edge_client import chat_prompt_ids, eos_ids
-    from ...client.generation import GenerationConfig
-    from ...shared.models import load_model
+    from edgespec.client.edge_client import chat_prompt_ids, eos_ids
+    from edgespec.client.generation import GenerationConfig
+    from edgespec.shared.models import load_model
 
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     learned = learned or {}
@@ -282,7 +282,7 @@ def prompt_runs(prompt, ids: list[int], max_new: int, with_target: bool, greedy:
                 clients: dict) -> list[Run]:
     """One prompt through every method back to back; the target's own greedy output (``greedy``: hf_generate
     of the target) is the reference."""
-    from ...client.generation import GenerationConfig
+    from edgespec.client.generation import GenerationConfig
 
     ref, secs, fw = greedy(ids, max_new)
     runs = [Run("target", prompt.id, len(ref), secs, fw, True)] if with_target else []

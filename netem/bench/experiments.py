@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ...shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
+from edgespec.shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
 from edgespec.netem.cpus import CpuSplit, choose_split, pinned
 from .loopback import relayed
 from .prompt_sets import Prompt, load_prompts
@@ -112,7 +112,7 @@ def _serve_and_run(config: BenchConfig, split: CpuSplit, sink: JsonLines) -> Non
 def _generate(client, prompt: Prompt, config: BenchConfig, on_token: Callable[[int], None] | None = None,
               stop: tuple[str, ...] = (), offline_wait_s: float = 30.0):
     """One generation through the client; on_token(n) after the n-th output token."""
-    from ...client.generation import GenerationConfig, RetractEvent, TokenEvent
+    from edgespec.client.generation import GenerationConfig, RetractEvent, TokenEvent
 
     ids = client.encode_chat(prompt.messages())
     gen = client.generation(ids, GenerationConfig(max_new_tokens=config.max_new_tokens, stop=stop,
@@ -178,7 +178,7 @@ def _speed(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], si
 
 
 def _link(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sink: JsonLines) -> None:
-    from ...shared.models.loading import load_model
+    from edgespec.shared.models.loading import load_model
 
     small = load_model(config.drafter_model, device="cpu")
     per_profile = len(config.drafters) + 1
@@ -223,13 +223,13 @@ def _link(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sin
 
 
 def _chat_ids(tokenizer, prompt: Prompt) -> list[int]:
-    from ...client.edge_client import chat_prompt_ids
+    from edgespec.client.edge_client import chat_prompt_ids
 
     return chat_prompt_ids(tokenizer, prompt.messages())
 
 
 def _disconnect(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sink: JsonLines) -> None:
-    from ...client.edge_client import load_tokenizer
+    from edgespec.client.edge_client import load_tokenizer
     from .sandbox import score_response
 
     stop = tuple(config.humaneval_stop)
@@ -281,7 +281,7 @@ def _disconnect(config: BenchConfig, server: ServerProcess, prompts: list[Prompt
 
 
 def _codec(config: BenchConfig, sink: JsonLines) -> None:
-    from ...shared.models.loading import load_model
+    from edgespec.shared.models.loading import load_model
     from . import activation_codec as cb
 
     loaded = load_model(config.model)

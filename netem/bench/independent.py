@@ -58,7 +58,7 @@ def parse_config(text: str) -> BenchConfig:
 def accepted_length(tree, continuation: list[int]) -> int:
     """Longest root path of tree equal to the start of continuation (greedy verification: the target's best
     token after a node of depth d is continuation[d])."""
-    from ...shared.verification import greedy_walk
+    from edgespec.shared.verification import greedy_walk
 
     best = [continuation[d] if d < len(continuation) else -1 for d in (0, *tree.depths())]
     return len(greedy_walk(tree, best).accepted)
@@ -110,7 +110,7 @@ def pass_costs(model, ids: list[int], vocab_ids, repeats: int = 5) -> dict[str, 
 
     from edgespec.shared.models.cache_arg import with_cache
 
-    from ...client.drafters.int8_linear import head_rows
+    from edgespec.client.drafters.int8_linear import head_rows
 
     with torch.inference_mode():
         body, head = model.get_decoder(), model.get_output_embeddings()
@@ -139,7 +139,7 @@ def pass_costs(model, ids: list[int], vocab_ids, repeats: int = 5) -> dict[str, 
 
 def int8_model(model):
     """A copy of model with weight-only int8 Linear layers (what from_pretrained runs by default)."""
-    from ...client.drafters.int8_linear import quantize_linears
+    from edgespec.client.drafters.int8_linear import quantize_linears
 
     copied = copy.deepcopy(model)
     quantize_linears(copied)
@@ -148,7 +148,7 @@ def int8_model(model):
 
 def run_trees(drafter, prompt: list[int], continuation: list[int], tally: Tally) -> None:
     """Draft against the target's greedy continuation until it is used up."""
-    from ...client.drafters.base import DraftRequest
+    from edgespec.client.drafters.base import DraftRequest
     from edgespec.shared.tree import MAX_NODES
 
     calls = [0]
@@ -192,10 +192,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ...client.drafters.independent import IndependentConfig, IndependentDrafter
-    from ...client.drafters.independent_vocab import draft_vocab_ids
-    from ...client.edge_client import chat_prompt_ids, eos_ids
-    from ...shared.models import load_model
+    from edgespec.client.drafters.independent import IndependentConfig, IndependentDrafter
+    from edgespec.client.drafters.independent_vocab import draft_vocab_ids
+    from edgespec.client.edge_client import chat_prompt_ids, eos_ids
+    from edgespec.shared.models import load_model
     configs = [parse_config(c) for c in args.configs.split(",") if c]
     small = load_model(args.drafter_model, device="cpu")
     vocab_size = small.model.get_output_embeddings().weight.shape[0]

@@ -58,8 +58,8 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ...client.edge_client import chat_prompt_ids
-    from ...shared.models.loading import load_model
+    from edgespec.client.edge_client import chat_prompt_ids
+    from edgespec.shared.models.loading import load_model
     from .prompt_sets import humaneval_prompts
     from .records import read_jsonl
 

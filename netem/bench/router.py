@@ -21,7 +21,7 @@ import sys
 import timeit
 from pathlib import Path
 
-from ...client.cli import add_tree_arguments, tree_shape
+from edgespec.client.cli import add_tree_arguments, tree_shape
 from .prompt_sets import add_prompt_arguments, chosen_prompts
 from .records import markdown_table
 
@@ -38,7 +38,7 @@ def mode_summary(m) -> dict:
 def recording(routed):
     """The same routed head (sharing its group-ordered weight), keeping the first LM-head inputs it
     is asked about: real drafting rows for the head's own timing."""
-    from ...shared.drafters.router import RoutedHead
+    from edgespec.shared.drafters.router import RoutedHead
 
     class RecordingHead(RoutedHead):
         def __init__(self, inner: RoutedHead):
@@ -91,10 +91,10 @@ def table(s: dict[str, dict], heads: dict[int, tuple], same: str) -> str:
 
 def open_routed_drafter(checkpoint: str, target: str, tree):
     """(LearnedDrafter, RoutedHead, checkpoint path, MoA server part or None) for a checkpoint with a router."""
-    from ...client.drafters.factory import DrafterOptions, make_drafter
-    from ...shared.drafters.checkpoint import (DrafterCheckpointError, checkpoint_kind, find_checkpoint,
+    from edgespec.client.drafters.factory import DrafterOptions, make_drafter
+    from edgespec.shared.drafters.checkpoint import (DrafterCheckpointError, checkpoint_kind, find_checkpoint,
                                                resolve_checkpoint)
-    from ...shared.drafters.router import router_path
+    from edgespec.shared.drafters.router import router_path
 
     ckpt = find_checkpoint(resolve_checkpoint(checkpoint))
     if not router_path(ckpt).is_file():
@@ -110,10 +110,10 @@ def measure(args: argparse.Namespace) -> dict:
     """Every prompt both ways, then the LM head alone; the figures as run() prints and writes them."""
     import torch
 
-    from ...client.drafters.factory import DrafterOptions
-    from ...client.edge_client import ClientConfig, EdgespecClient, chat_prompt_ids, load_tokenizer
-    from ...client.generation import GenerationConfig
-    from ...shared.metrics import GenerationMetrics
+    from edgespec.client.drafters.factory import DrafterOptions
+    from edgespec.client.edge_client import ClientConfig, EdgespecClient, chat_prompt_ids, load_tokenizer
+    from edgespec.client.generation import GenerationConfig
+    from edgespec.shared.metrics import GenerationMetrics
     from .loopback import loopback_server, patient_link
     tree = tree_shape(args)
     drafter, routed, ckpt, moa_part = open_routed_drafter(args.checkpoint, args.target, tree)

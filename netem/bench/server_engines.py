@@ -47,7 +47,7 @@ ENGINES = {"generic": "a DynamicCache per session, one forward each",
 
 def random_tree(rng: random.Random, nodes: int, vocab: int, max_depth: int = 6):
     """A random DraftTree of `nodes` nodes whose depth stays within max_depth."""
-    from ...shared.tree import ROOT, DraftTree
+    from edgespec.shared.tree import ROOT, DraftTree
 
     tokens: list[int] = []
     parents: list[int] = []
@@ -84,7 +84,7 @@ class Bench:
     """One target, one engine, its scheduler, and sessions held at a fixed context."""
 
     def __init__(self, target, engine, context: int, seed: int = 0, name: str | None = None):
-        from ...server.scheduler import ModelScheduler
+        from edgespec.server.scheduler import ModelScheduler
 
         self.target, self.engine, self.context = target, engine, context
         self.name = name or engine.name  # the row label: two benches may share an engine class
@@ -92,7 +92,7 @@ class Bench:
         self.rng = random.Random(seed)
 
     def session(self, name: str):
-        from ...server.session import SessionSettings, VerifierSession
+        from edgespec.server.session import SessionSettings, VerifierSession
 
         s = VerifierSession(SessionSettings(name), self.target, self.scheduler, max_context_tokens=1 << 20)
         s.open([self.rng.randrange(min(1000, self.target.vocab_size)) for _ in range(self.context)])
@@ -150,8 +150,8 @@ class Bench:
         """A plain-API generation (the server decoding alone) until stopped, its context held."""
         import torch
 
-        from ...server.decoder import _step
-        from ...shared.session_contract import SamplingSettings
+        from edgespec.server.decoder import _step
+        from edgespec.shared.session_contract import SamplingSettings
 
         rng = random.Random(1000 + i)
         kv, greedy, gen = self.scheduler.new_kv(), SamplingSettings(), torch.Generator()
@@ -273,10 +273,10 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from ...server.engine_choice import build_engine
-    from ...server.engine_batched import PoolConfig
-    from ...server.target import TargetModel
-    from ...shared.models.loading import load_model
+    from edgespec.server.engine_choice import build_engine
+    from edgespec.server.engine_batched import PoolConfig
+    from edgespec.server.target import TargetModel
+    from edgespec.shared.models.loading import load_model
 
     for name in args.models:
         target = TargetModel(load_model(name, device=args.device, dtype=args.dtype))

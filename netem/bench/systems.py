@@ -24,10 +24,10 @@ class ProgressBar:
 def drafter_client(address: str, drafter: str, config, tokenizer=None, instance=None):
     """A client of `drafter` for the experiment's BenchConfig `config`; `instance`: an already loaded drafter of
     that name to reuse."""
-    from ...client.drafters.factory import DrafterOptions
-    from ...client.edge_client import ClientConfig, EdgespecClient
-    from ...client.link import LinkConfig
-    from ...client.step_plan import loop_mode
+    from edgespec.client.drafters.factory import DrafterOptions
+    from edgespec.client.edge_client import ClientConfig, EdgespecClient
+    from edgespec.client.link import LinkConfig
+    from edgespec.client.step_plan import loop_mode
 
     drafter, loop = loop_mode(drafter)  # "independent@serial": the serial loop (client/step_plan.py LOOP_MODES)
     options = DrafterOptions(name=drafter, model=config.drafter_model, target=config.model)

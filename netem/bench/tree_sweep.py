@@ -15,7 +15,7 @@ from .prompt_sets import add_prompt_arguments, chosen_prompts
 
 
 def parse_shape(text: str):
-    from ...client.drafters.tree_builder import TreeShape
+    from edgespec.client.drafters.tree_builder import TreeShape
 
     try:
         text, slash, feed = text.partition("/")
@@ -36,11 +36,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ...client.drafters.factory import DrafterOptions
-    from ...client.edge_client import ClientConfig, EdgespecClient, chat_prompt_ids
-    from ...client.generation import GenerationConfig
-    from ...shared.metrics import GenerationMetrics
-    from ...shared.models import load_model
+    from edgespec.client.drafters.factory import DrafterOptions
+    from edgespec.client.edge_client import ClientConfig, EdgespecClient, chat_prompt_ids
+    from edgespec.client.generation import GenerationConfig
+    from edgespec.shared.metrics import GenerationMetrics
+    from edgespec.shared.models import load_model
     from .loopback import loopback_server, patient_link
     from .records import markdown_table
 

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from ...shared.drafters.beagle import FILE_NAME, BeagleConfig, BeagleHead, cat_memory, load_beagle, save_beagle
-from ...shared.drafters.beagle_masks import (block_starts, chain_mask, inverse_block_mask, late_step_weights,
+from edgespec.shared.drafters.beagle import FILE_NAME, BeagleConfig, BeagleHead, cat_memory, load_beagle, save_beagle
+from edgespec.shared.drafters.beagle_masks import (block_starts, chain_mask, inverse_block_mask, late_step_weights,
                                              simulated_mask)
-from ...shared.drafters.target_parts import TargetParts
+from edgespec.shared.drafters.target_parts import TargetParts
 from .eagle_recipe import HeadRecipe
 from .features import StoredSequence
 from .losses import Acceptance, Term, chain_accepted, smooth_l1, soft_cross_entropy

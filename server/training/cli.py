@@ -190,6 +190,6 @@ def _ship(args) -> int:
 if __name__ == "__main__":  # python -m edgespec.server.training.cli ... (torchrun, accelerate launch)
     import sys
 
-    from ...shared.cli import build_parser, run
+    from edgespec.shared.cli import build_parser, run
 
     raise SystemExit(run(build_parser([sys.modules[__name__]]), ["train", *sys.argv[1:]]))

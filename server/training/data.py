@@ -90,7 +90,7 @@ def build_dataset(target: str, out_dir: str | Path, config: DataConfig = DataCon
     """Write (or finish) ``out_dir/samples.jsonl``; returns its path."""
     from tqdm import tqdm
 
-    from ...shared.models import load_model
+    from edgespec.shared.models import load_model
 
     path, done = _open_samples(out_dir, target, config)
     root = Path(config.source_root) if config.source_root else None
@@ -154,7 +154,7 @@ def build_from_files(target: str, out_dir: str | Path, config: FileDataConfig, d
 
     from transformers import AutoTokenizer
 
-    from ...shared.models.loading import model_location
+    from edgespec.shared.models.loading import model_location
 
     if config.answers not in ("given", "target"):
         raise ValueError(f"answers must be 'given' or 'target', got {config.answers!r}")
@@ -189,7 +189,7 @@ def build_from_files(target: str, out_dir: str | Path, config: FileDataConfig, d
             for c in convs:
                 _write_row(f, _chat_row(c, c.messages, "given", config))
         elif convs:
-            from ...shared.models import load_model
+            from edgespec.shared.models import load_model
 
             loaded = load_model(target, device=device, dtype=dtype)
             for i in range(0, len(convs), config.batch_size):

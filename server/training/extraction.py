@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...shared.drafters.target_parts import target_shape
-from ...shared.models.cache_arg import output_cache
+from edgespec.shared.drafters.target_parts import target_shape
+from edgespec.shared.models.cache_arg import output_cache
 from .data import read_samples
 from .features import CODEC, tokenize_sample
 
@@ -148,7 +148,7 @@ def extract_sharded(target: str, data_dir: str | Path, out_dir: str | Path, conf
                     device: str | None = None, dtype: str | None = None) -> Path:
     """Extract (or finish extracting) the target's features of ``data_dir/samples.jsonl`` into a
     sharded store at ``out_dir``; returns the store's path."""
-    from ...shared.models import load_model
+    from edgespec.shared.models import load_model
 
     store = Path(out_dir)
     (store / "shards").mkdir(parents=True, exist_ok=True)

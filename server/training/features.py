@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...shared.codec import ActivationCodec, Codec, decode_frame
-from ...shared.drafters.target_parts import TargetShape, target_shape
-from ...shared.models.cache_arg import output_cache
+from edgespec.shared.codec import ActivationCodec, Codec, decode_frame
+from edgespec.shared.drafters.target_parts import TargetShape, target_shape
+from edgespec.shared.models.cache_arg import output_cache
 from .data import chat_ids_and_mask, chat_text, read_samples
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ def extract_features(target: str, data_dir: str | Path, out_dir: str | Path, max
                      dtype: str | None = None, limit: int | None = None) -> Path:
     from tqdm import tqdm
 
-    from ...shared.models import load_model
+    from edgespec.shared.models import load_model
 
     store = Path(out_dir)
     (store / "seq").mkdir(parents=True, exist_ok=True)

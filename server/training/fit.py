@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from ...shared.device import cpu_name, pick_device
-from ...shared.drafters.vocab import most_frequent_ids
+from edgespec.shared.device import cpu_name, pick_device
+from edgespec.shared.drafters.vocab import most_frequent_ids
 from . import distributed
 from .features import FeatureStore, ShardRef
 from .recipes import RecipeContext, RecipeOptionError, build
@@ -117,8 +117,8 @@ def feature_source(args, device=None):
 def fit_from_args(args) -> int:
     from transformers import AutoTokenizer
 
-    from ...shared.fingerprint import tokenizer_fingerprint
-    from ...shared.models.loading import model_location
+    from edgespec.shared.fingerprint import tokenizer_fingerprint
+    from edgespec.shared.models.loading import model_location
 
     from .recipes import all_recipes
 

@@ -89,9 +89,9 @@ def init_states(path: Path, kind: str) -> dict[str, dict[str, torch.Tensor]]:
         return torch.load(ckpt, map_location="cpu", weights_only=False)["modules"]
     if not path.exists():
         raise RecipeOptionError(f"--init {path}: no such run folder or drafter file")
-    from ...shared.drafters.checkpoint import DrafterCheckpointError, find_checkpoint
-    from ...shared.drafters.eagle import load_eagle
-    from ...shared.drafters.moa import load_moa
+    from edgespec.shared.drafters.checkpoint import DrafterCheckpointError, find_checkpoint
+    from edgespec.shared.drafters.eagle import load_eagle
+    from edgespec.shared.drafters.moa import load_moa
 
     try:
         found = find_checkpoint(path)

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from ...shared.drafters.blocks import KV
-from ...shared.drafters.masks import bounded_mask, causal_mask, mixed_kv_mask, step_bounds
-from ...shared.drafters.moa import MoADrafterModel, save_moa
-from ...shared.drafters.target_parts import TargetParts
+from edgespec.shared.drafters.blocks import KV
+from edgespec.shared.drafters.masks import bounded_mask, causal_mask, mixed_kv_mask, step_bounds
+from edgespec.shared.drafters.moa import MoADrafterModel, save_moa
+from edgespec.shared.drafters.target_parts import TargetParts
 from .features import StoredSequence
 from .losses import Acceptance, Term, chain_accepted, forward_kl, smooth_l1
 from .recipe import LossTerm, Outputs

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ...shared.drafters.target_parts import target_shape
+from edgespec.shared.drafters.target_parts import target_shape
 from .data import read_samples
 from .features import StoredSequence, target_features, tokenize_sample
 
@@ -36,7 +36,7 @@ class TargetFeatures:
 
     def __init__(self, target: str, data_dir: str | Path, max_len: int = 1024, tli_depths: tuple[int, ...] = (0, 1, 3),
                  device: str | None = None, dtype: str | None = None):
-        from ...shared.models import load_model
+        from edgespec.shared.models import load_model
 
         self.path = Path(data_dir)
         rows = read_samples(self.path / "samples.jsonl")

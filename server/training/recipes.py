@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from ...shared.errors import EdgespecError
-from ...shared.drafters.eagle import EagleConfig, EagleHead
-from ...shared.drafters.moa import MoAConfig, new_moa
-from ...shared.drafters.target_parts import TargetParts, load_target_parts
+from edgespec.shared.errors import EdgespecError
+from edgespec.shared.drafters.eagle import EagleConfig, EagleHead
+from edgespec.shared.drafters.moa import MoAConfig, new_moa
+from edgespec.shared.drafters.target_parts import TargetParts, load_target_parts
 from .eagle_recipe import EagleRecipe, EagleRecipeConfig
 from .features import FeatureStore
 from .moa_recipe import MoARecipe, MoARecipeConfig

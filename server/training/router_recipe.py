@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from ...shared.drafters.eagle import EagleHead, load_eagle, save_eagle
-from ...shared.drafters.masks import step_bounds
-from ...shared.drafters.moa import MoADrafterModel, load_moa
-from ...shared.drafters.router import (LMHeadRouter, RouterConfig, contiguous_groups, frequency_groups,
+from edgespec.shared.drafters.eagle import EagleHead, load_eagle, save_eagle
+from edgespec.shared.drafters.masks import step_bounds
+from edgespec.shared.drafters.moa import MoADrafterModel, load_moa
+from edgespec.shared.drafters.router import (LMHeadRouter, RouterConfig, contiguous_groups, frequency_groups,
                                        group_probabilities, restrict_to_groups, save_router)
-from ...shared.drafters.target_parts import TargetParts
+from edgespec.shared.drafters.target_parts import TargetParts
 from .eagle_recipe import eagle_acceptance, unrolled_steps
 from .features import FeatureStore, StoredSequence
 from .losses import Acceptance, Term

@@ -11,8 +11,8 @@ import json
 import shutil
 from pathlib import Path
 
-from ...shared.drafters.checkpoint import CHECKPOINT_DIR, DrafterCheckpointError, find_checkpoint
-from ...shared.drafters.router import router_path
+from edgespec.shared.drafters.checkpoint import CHECKPOINT_DIR, DrafterCheckpointError, find_checkpoint
+from edgespec.shared.drafters.router import router_path
 
 MAX_BYTES = 25 * 1000 * 1000  # the limit per shipped drafter (25 MB on disk)
 

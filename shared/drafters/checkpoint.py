@@ -23,7 +23,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-from ..errors import EdgespecError
+from edgespec.shared.errors import EdgespecError
 from .lsa import LayerSelfAttention, load_server_part
 
 M = TypeVar("M", bound=torch.nn.Module)

@@ -102,7 +102,7 @@ class TargetParts(nn.Module):
         ids = torch.as_tensor(list(tokens), dtype=torch.long)
         vocab = self.embed.num_embeddings
         if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-            from ..errors import InvalidTreeError
+            from edgespec.shared.errors import InvalidTreeError
 
             raise InvalidTreeError(f"token ids must be in 0..{vocab - 1} for this target, got {ids.tolist()}")
         return ids
@@ -141,7 +141,7 @@ def load_target_parts(name_or_path: str, tli: int = 0, vocab_ids: torch.Tensor |
     from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from ..models.loading import model_location
+    from edgespec.shared.models.loading import model_location
 
     where = Path(model_location(name_or_path))
     cfg = AutoConfig.from_pretrained(where)

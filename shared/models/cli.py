@@ -61,7 +61,7 @@ def _tiny(args: argparse.Namespace) -> int:
 
 
 def _random(args: argparse.Namespace) -> int:
-    from ..device import parse_dtype
+    from edgespec.shared.device import parse_dtype
     from .random_model import save_random_model, shape_of
 
     try:

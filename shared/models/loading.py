@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from ..device import parse_dtype, pick_device
-from ..errors import ModelPrepareError
-from ..fingerprint import tokenizer_fingerprint
+from edgespec.shared.device import parse_dtype, pick_device
+from edgespec.shared.errors import ModelPrepareError
+from edgespec.shared.fingerprint import tokenizer_fingerprint
 from .registry import HubId, LocalDir, PypiGguf, resolve, prepared_dir
 
 

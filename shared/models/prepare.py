@@ -22,7 +22,7 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from ..errors import ModelPrepareError
+from edgespec.shared.errors import ModelPrepareError
 from .registry import REGISTRY, PypiGguf, prepared_dir
 
 MARKER = "edgespec-model.json"

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UnknownModelError
+from edgespec.shared.errors import UnknownModelError
 
 
 @dataclass(frozen=True)

@@ -191,3 +191,12 @@ def test_the_check_sees_a_protobuf_import(tmp_path):
     sample.write_text("from edgespec.proto.edgespec.v1 import pb\nfrom edgespec import proto\nimport grpc\n")
     found = imported_modules(sample, tmp_path, "edgespec.client")
     assert {"edgespec.proto.edgespec.v1", "edgespec.proto", "grpc"} <= set(found)
+
+
+def test_one_import_style_across_packages():
+    """Another package (or a parent package) is imported by its absolute name, `from edgespec.shared...`;
+    a relative import stays within its own package (one dot)."""
+    climbing = [f"{path.relative_to(PACKAGES[package])}:{node.lineno}"
+                for package, path in MODULES for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.ImportFrom) and node.level > 1]
+    assert not climbing, f"relative imports that climb out of their package: {climbing}"
