@@ -17,7 +17,7 @@ import threading
 import time
 
 from edgespec.shared.config import add_on_first_use, comma_list, enable_layers
-from edgespec.shared.config_flags import Flag, add_flags, field_default, from_args
+from edgespec.shared.config_flags import Flag, add_flags, from_args
 from edgespec.shared.logging_setup import LEVELS
 
 DEFAULT_SERVER = "127.0.0.1:50051"
@@ -121,7 +121,7 @@ def link_config(args, address: str):
     from .link import LinkConfig
 
     return from_args(LinkConfig, args, LINK_FLAGS, address=address,
-                     max_deadline_s=max(field_default(LinkConfig, "max_deadline_s"), args.min_deadline))
+                     max_deadline_s=max(LinkConfig.max_deadline_s, args.min_deadline))
 
 
 def client_from_args(args, link):
