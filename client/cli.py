@@ -16,17 +16,42 @@ import sys
 import threading
 import time
 
-from edgespec.shared.config import comma_list, enable_layers
+from edgespec.shared.config import add_on_first_use, comma_list, enable_layers
+from edgespec.shared.config_flags import Flag, add_flags, from_args
 from edgespec.shared.logging_setup import LEVELS
 
 DEFAULT_SERVER = "127.0.0.1:50051"
 DEFAULT_API_PORT = 8000  # `client serve`; the server's HTTP side takes 8080, so both fit on one machine
 
+# Fields of the client's configs on the command line (shared/config_flags.py): type, default and help come from
+# the field where the Flag does not say otherwise.
+LINK_FLAGS = {  # LinkConfig's (client, serve, demo); its address is --server, or the demo's relay
+    "tls": Flag(), "root_certificates": Flag("--ca"),
+    "api_key": Flag("--server-api-key", help="API key the edgespec server asks for (EDGESPEC_SERVER_API_KEY keeps "
+                                             "it out of the process list)"),
+    "min_deadline_s": Flag(),
+}
+LOOP_GENERATION_FLAGS = {  # GenerationConfig's that the loop needs (client, serve, demo)
+    "resume_policy": Flag("--policy", help="offline tokens on reconnect: rollback (exactly the target's text) or keep"),
+    "offline_wait_s": Flag(),
+}
+RUN_GENERATION_FLAGS = {  # GenerationConfig's for one prompt (client); serve's come with each request
+    "max_new_tokens": Flag("--max-tokens", default=512), "stop": Flag(default=None), "sampling.temperature": Flag(),
+    "seed": Flag(),
+}
+
 
 def add_client_options(p: argparse.ArgumentParser) -> None:
-    """Options shared by `client`, `client serve` and `demo` (link, drafter, tree)."""
-    # Defaults stay None here and come from TreeShape / NgramConfig when the client is built, so that
-    # `edgespec --help` does not import torch.
+    """Options shared by `client`, `client serve` and `demo` (link, drafter, tree), added once the command is
+    used: LinkConfig and GenerationConfig, whose fields some of them are, live in modules that import torch."""
+    add_on_first_use(p, _add_client_options)
+
+
+def _add_client_options(p: argparse.ArgumentParser) -> None:
+    from .generation import GenerationConfig
+    from .link import LinkConfig
+
+    # Tree and ngram defaults stay None here and come from TreeShape / NgramConfig when the client is built.
     p.add_argument("--drafter", default="ngram",
                    help="ngram | independent | eagle | moa | beagle | a shipped learned drafter: eagle, moa-tli0, "
                         "moa-tli1")
@@ -47,17 +72,8 @@ def add_client_options(p: argparse.ArgumentParser) -> None:
     add_tree_arguments(p)
     add_loop_arguments(p)
     p.add_argument("--ngram-nodes", type=int, default=None, help="nodes in an ngram tree")
-    p.add_argument("--policy", choices=["rollback", "keep"], default="rollback",
-                   help="offline tokens on reconnect: rollback (exactly the target's text) or keep")
-    p.add_argument("--offline-wait", type=float, default=30.0,
-                   help="seconds to wait for a lost link when the drafter cannot go on alone")
-    p.add_argument("--tls", action="store_true", help="connect with TLS")
-    p.add_argument("--ca", default=None, help="PEM file of the CA that signed the server's certificate")
-    p.add_argument("--server-api-key", default=None,
-                   help="API key the edgespec server asks for (EDGESPEC_SERVER_API_KEY keeps it out of the process "
-                        "list)")
-    p.add_argument("--min-deadline", type=float, default=1.0,
-                   help="floor of a Draft's deadline in seconds")
+    add_flags(p, GenerationConfig, LOOP_GENERATION_FLAGS)
+    add_flags(p, LinkConfig, LINK_FLAGS)
 
 
 def add_loop_arguments(p: argparse.ArgumentParser) -> None:
@@ -100,11 +116,19 @@ def tree_shape(args: argparse.Namespace):
     return tree
 
 
-def client_from_args(args, address: str):
+def link_config(args, address: str):
+    """The LinkConfig the link flags give, for the server at `address`."""
+    from .link import LinkConfig
+
+    return from_args(LinkConfig, args, LINK_FLAGS, address=address,
+                     max_deadline_s=max(LinkConfig.max_deadline_s, args.min_deadline))
+
+
+def client_from_args(args, link):
+    """The EdgespecClient the drafter, tree and loop flags give, over `link` (a LinkConfig)."""
     from .drafters.factory import DrafterOptions
     from .drafters.ngram import NgramConfig
     from .edge_client import ClientConfig, EdgespecClient
-    from .link import LinkConfig
     from edgespec.shared.models.registry import DEFAULT_DRAFTER
 
     tree = tree_shape(args)
@@ -113,20 +137,14 @@ def client_from_args(args, address: str):
                              checkpoint=args.checkpoint, target=args.target_model,
                              moa_server_part=args.moa_server_part, tree=tree, ngram=ngram,
                              router=not getattr(args, "no_router", False))
-    link = LinkConfig(address, tls=args.tls, root_certificates=args.ca, api_key=args.server_api_key,
-                      min_deadline_s=args.min_deadline, max_deadline_s=max(30.0, args.min_deadline))
     return EdgespecClient(ClientConfig(link, options, tokenizer=args.tokenizer, loop=loop_config(args)))
 
 
-def generation_config_from_args(args):
-    from edgespec.shared.session_contract import SamplingSettings
-
-    from .commit import ResumePolicy
+def generation_config_from_args(args, flags=None, **given):
+    """GenerationConfig from the generation flags (a run's and the loop's unless `flags` says which)."""
     from .generation import GenerationConfig
 
-    return GenerationConfig(max_new_tokens=args.max_tokens, stop=tuple(args.stop or ()),
-                            sampling=SamplingSettings(temperature=args.temperature), seed=args.seed,
-                            resume_policy=ResumePolicy[args.policy.upper()], offline_wait_s=args.offline_wait)
+    return from_args(GenerationConfig, args, flags or {**LOOP_GENERATION_FLAGS, **RUN_GENERATION_FLAGS}, **given)
 
 
 def register(subparsers) -> None:
@@ -134,14 +152,19 @@ def register(subparsers) -> None:
                               description=__doc__)
     p.add_argument("action", nargs="?", choices=["run", "serve"], default="run",
                    help="run (default): generate for --prompt or stdin; serve: OpenAI-compatible local API")
-    p.add_argument("--server", default=DEFAULT_SERVER, help="the server's gRPC HOST:PORT")
-    add_client_options(p)
+    p.set_defaults(func=main)
+    add_on_first_use(p, _add_command_options)
+
+
+def _add_command_options(p: argparse.ArgumentParser) -> None:
+    from .generation import GenerationConfig
+    from .link import LinkConfig
+
+    add_flags(p, LinkConfig, {"address": Flag("--server", default=DEFAULT_SERVER)})
+    _add_client_options(p)
     p.add_argument("--prompt", default=None, help="the prompt (None: read stdin)")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
-    p.add_argument("--max-tokens", type=int, default=512, help="most new tokens")
-    p.add_argument("--stop", action="append", help="stop string (repeatable)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    add_flags(p, GenerationConfig, RUN_GENERATION_FLAGS)
     p.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                    help="colour tokens by origin: green accepted draft, plain target, yellow offline")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON on the last line")
@@ -162,7 +185,6 @@ def register(subparsers) -> None:
                    help="log lines as text or one JSON object a line (time, level, logger, message, "
                         "extra fields; no progress bars) on stderr")
     p.add_argument("--log-level", choices=LEVELS, default="info", help="least severe level logged")
-    p.set_defaults(func=main)
     enable_layers(p)
 
 
@@ -173,41 +195,46 @@ def main(args) -> int:
         logging.getLogger("edgespec.client").warning(
             "--api-key (EDGESPEC_API_KEY) is the local API's key (`client serve`, as vLLM's) and is not sent to the "
             "server; give the edgespec server's key as --server-api-key (EDGESPEC_SERVER_API_KEY)")
-    client = client_from_args(args, args.server)
+    client = client_from_args(args, link_config(args, args.server))
     try:
         return run_prompt(client, args)
     finally:
         client.close()
 
 
+def local_api(args):
+    """(the slot the client loads into in the background, the local API's app); the client and /health's probe of
+    the server share one LinkConfig."""
+    from .api import build_app
+    from .client_health import ClientSlot
+    from .metrics import ClientMetrics
+
+    metrics = ClientMetrics()  # /metrics; every generation feeds it once the client has loaded
+    link = link_config(args, args.server)
+
+    def load():
+        client = client_from_args(args, link)
+        client.metrics, metrics.model_name = metrics, client.model_name
+        return client
+
+    if args.api_key and not args.server_api_key:
+        logging.getLogger("edgespec.client.serve").info(
+            "--api-key guards the local API (as vLLM's); it is not sent to the edgespec server: if the server "
+            "asks for a key, give it as --server-api-key (EDGESPEC_SERVER_API_KEY)")
+    slot = ClientSlot.load_in_background(load, args.drafter, link)
+    loop = generation_config_from_args(args, LOOP_GENERATION_FLAGS)
+    app = build_app(slot, policy=loop.resume_policy, offline_wait_s=loop.offline_wait_s, api_key=args.api_key,
+                    metrics=metrics, metrics_need_key=args.metrics_need_key,
+                    max_body_bytes=int(args.max_body_mb * (1 << 20)), allowed_origins=comma_list(args.allowed_origins),
+                    log_requests=args.enable_log_requests)
+    return slot, app
+
+
 def serve(args) -> int:
     """The local API: the port answers at once (/health says 503 "loading") while the client loads."""
     import uvicorn
 
-    from .api import build_app
-    from .client_health import ClientSlot
-    from .commit import ResumePolicy
-    from .link import LinkConfig
-    from .metrics import ClientMetrics
-
-    metrics = ClientMetrics()  # /metrics; every generation feeds it once the client has loaded
-
-    def load():
-        client = client_from_args(args, args.server)
-        client.metrics, metrics.model_name = metrics, client.model_name
-        return client
-
-    local_key = args.api_key
-    if local_key and not args.server_api_key:
-        logging.getLogger("edgespec.client.serve").info(
-            "--api-key guards the local API (as vLLM's); it is not sent to the edgespec server: if the server "
-            "asks for a key, give it as --server-api-key (EDGESPEC_SERVER_API_KEY)")
-    link = LinkConfig(args.server, tls=args.tls, root_certificates=args.ca, api_key=args.server_api_key)
-    slot = ClientSlot.load_in_background(load, args.drafter, link)
-    app = build_app(slot, policy=ResumePolicy[args.policy.upper()], offline_wait_s=args.offline_wait,
-                    api_key=local_key, metrics=metrics, metrics_need_key=args.metrics_need_key,
-                    max_body_bytes=int(args.max_body_mb * (1 << 20)), allowed_origins=comma_list(args.allowed_origins),
-                    log_requests=args.enable_log_requests)
+    slot, app = local_api(args)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                                            log_level=None))  # logging is configured above, not by uvicorn
     logging.getLogger("edgespec.client.serve").info(

@@ -75,9 +75,11 @@ def classify_status(code: grpc.StatusCode, detail: str, from_server: bool = True
 class LinkConfig:
     """How the client reaches the server and decides it is gone."""
 
-    address: str  # server's gRPC HOST:PORT
-    tls: bool = False  # use TLS (server certificate checked against root_certificates or the system roots)
-    root_certificates: str | None = None  # PEM file of the CA to trust for TLS (None: system roots)
+    address: str  # the server's gRPC HOST:PORT
+    tls: bool = False  # connect with TLS (the server's certificate checked against the CA file, else the system
+    # roots)
+    root_certificates: str | None = None  # PEM file of the CA that signed the server's certificate (unset: the
+    # system roots)
     api_key: str | None = None  # sent as "authorization: Bearer <key>" on every call
     keepalive_s: float = 2.0  # HTTP/2 ping interval while the channel is up: finds a blackhole when idle
     keepalive_timeout_s: float = 2.0  # a ping unanswered this long closes the connection
@@ -86,9 +88,9 @@ class LinkConfig:
     resume_timeout_s: float = 20.0  # deadline of Resume: below GenerationConfig.offline_wait_s (30 s), so a server
     # that takes the stream and never answers cannot hold the client past its offline wait; a Resume re-prefills
     # only when the server lost the session
-    deadline_factor: float = 4.0  # a Draft's deadline is this times the slowest recent round trip ...
-    min_deadline_s: float = 1.0  # ... but at least this (scheduling noise on a busy laptop) ...
-    max_deadline_s: float = 30.0  # ... and at most this
+    deadline_factor: float = 4.0  # a Draft's deadline is this times the slowest recent round trip, clamped to:
+    min_deadline_s: float = 1.0  # floor of a Draft's deadline in seconds (scheduling noise on a busy laptop)
+    max_deadline_s: float = 30.0  # ceiling of a Draft's deadline in seconds
     rtt_window: int = 8  # recent Draft round trips the deadline looks at
     backoff_initial_s: float = 0.1  # wait after the first failure (a failed connect, or a call that failed on a
     # fresh connection) before the next try

@@ -97,16 +97,13 @@ def _serving(args, split) -> Iterator[str]:
 
 def _generate(args, address: str) -> None:
     """One prompt through the client, printed as it comes."""
-    from edgespec.client.cli import client_from_args
-    from edgespec.client.commit import ResumePolicy
-    from edgespec.client.generation import GenerationConfig
+    from edgespec.client.cli import LOOP_GENERATION_FLAGS, client_from_args, generation_config_from_args, link_config
     from edgespec.client.render import TerminalPrinter, use_color
 
-    client = client_from_args(args, address)
+    client = client_from_args(args, link_config(args, address))
     try:
         ids = client.encode_chat([{"role": "user", "content": args.prompt}])
-        config = GenerationConfig(max_new_tokens=args.max_tokens, resume_policy=ResumePolicy[args.policy.upper()],
-                                  offline_wait_s=args.offline_wait)
+        config = generation_config_from_args(args, LOOP_GENERATION_FLAGS, max_new_tokens=args.max_tokens)
         print(f"edgespec demo: drafter {client.drafter.name}; prompt: {args.prompt}\n", file=sys.stderr)
         printer = TerminalPrinter(client.decode, sys.stdout, sys.stderr, use_color(args.color, sys.stdout))
         result = printer.run(client.stream(ids, config))

@@ -17,7 +17,8 @@ Modules, from the model outwards:
 - ``service``: the gRPC servicer and the one place errors become statuses; ``grpc_server``: grpc.aio.
 - ``decoder``, ``http_api``: the plain OpenAI-style API's backend (the protocol is ``edgespec.shared.openai``),
   /health, /metrics; ``metrics``: the server's Prometheus series.
-- ``app``: ServerConfig, start_server, ServerHandle. ``cli``: `edgespec server`.
+- ``config``: ServerConfig; ``app``: start_server, ServerHandle. ``cli``: `edgespec server`, its flags made from
+  ServerConfig.
 
 (The verification maths itself lives in ``edgespec.shared.verification``; the benchmark in
 ``edgespec.netem.bench.server_engines``.)

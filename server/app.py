@@ -13,62 +13,15 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
 
-from edgespec.shared.openai.gate import DEFAULT_MAX_BODY_BYTES
-from edgespec.shared.tree import MAX_NODES
-from edgespec.shared.wire import DEFAULT_MAX_MESSAGE_BYTES
+from edgespec.shared.wire import MAX_NODES
 
+from .config import ServerConfig
 from .core import CoreLimits, VerifierCore
 from .grpc_server import GrpcServer
 from .session_store import StoreLimits
 
 log = logging.getLogger("edgespec.server")
-
-
-@dataclass
-class ServerConfig:
-    model: str  # registry name or local Hugging Face directory of the target
-    host: str = "127.0.0.1"  # interface both ports bind to
-    port: int = 0  # gRPC port; 0 = pick a free one (the CLI's --grpc-port)
-    http_port: int | None = 0  # HTTP port (health, metrics, plain API; the CLI's --port, as vLLM's); 0 = pick a
-    # free one, None = no HTTP
-    device: str | None = None  # "cpu", "cuda:0"; None = CUDA when present
-    dtype: str | None = None  # "bfloat16" (default), "float16", "float32", "auto" (the checkpoint's own)
-    trust_remote_code: bool = False  # let the model repository run its own Python code (custom architectures)
-    served_model_name: str | None = None  # the name in the API, Info and metrics; None = the model's own name
-    max_sessions: int = 64  # sessions held at once; Open past it gets RESOURCE_EXHAUSTED
-    session_ttl_s: float = 600.0  # idle seconds before a session is dropped
-    max_kv_bytes: int = 8 << 30  # KV memory of all sessions; least recently used go first past it
-    prefix_cache_bytes: int = 2 << 30  # KV of closed sessions and finished plain-API requests kept so that a prompt
-    # starting with the same tokens (a chat's next turn) prefills only the rest; LRU past it; 0 = no prefix cache
-    engine: str = "auto"  # "batched" (KV pool, one forward for all sessions), "generic" (DynamicCache per
-    # session), "auto" (batched on an accelerator for full-attention architectures, else generic)
-    shape_buckets: bool | None = None  # batched engine: pad batches to a grid of static shapes (what CUDA graphs
-    # need); None = on for a CUDA device, off elsewhere (the padding costs a CPU compute)
-    enforce_eager: bool = False  # batched engine: never capture CUDA graphs; run the step eagerly (vLLM's flag)
-    max_tree_nodes: int = MAX_NODES  # most nodes per draft tree (more is cut to MAX_NODES, the wire's limit)
-    max_context_tokens: int = 0  # per session; 0 = the model's max positions (at most 32768)
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # gRPC message size limit, both directions
-    tls_cert: str | None = None  # PEM certificate chain; with tls_key, gRPC and HTTP serve TLS
-    tls_key: str | None = None  # PEM private key
-    api_key: str | None = None  # when set, every gRPC call and /v1 request must carry it
-    moa_server_parts: dict[str, str] = field(default_factory=dict)  # name -> safetensors path of an LSA module
-    random_moa_parts: tuple[str, ...] = ()  # names of randomly initialised LSA modules (tests, demos)
-    grpc_workers: int = 0  # threads running Session messages' work (a message holds one until answered; idle
-    # streams and Info hold none); 0 = max_sessions + 8
-    first_message_timeout_s: float = 5.0  # a Session stream that sends no first message (Open, Resume) this
-    # long after opening is closed with DEADLINE_EXCEEDED, so silent streams cannot pile up on the server
-    keepalive_min_ping_s: float = 1.0  # clients may ping this often without data (they ping every 2 s)
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # HTTP request bodies larger than this get 413 before they are read
-    metrics_need_key: bool = False  # /metrics asks for api_key too (it names the model and the load)
-    allowed_origins: tuple[str, ...] = ()  # CORS origins browser pages may call the HTTP API from ("*": any)
-    log_requests: bool = False  # log every plain-API request as it is accepted (--enable-log-requests)
-    drain_grace_s: float = 10.0  # on stop, seconds in-flight gRPC calls and HTTP requests get to finish
-
-    @property
-    def tls(self) -> bool:
-        return bool(self.tls_cert and self.tls_key)
 
 
 class ServerHandle:

@@ -24,7 +24,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 ENV_PREFIX = "EDGESPEC_"
 CONFIG_ENV = ENV_PREFIX + "CONFIG"
@@ -37,6 +37,7 @@ KNOWN_ENV = RESERVED_ENV | {CONFIG_ENV} | {ENV_PREFIX + name for name in (
     "PROXY_LISTEN", "PROXY_ACCESS_LOG", "UPSTREAMS", "SERVER_VARIANT", "CLIENT_PUBLISH", "SERVER_HTTP_PUBLISH")}
 # Every layered parser made in this process: an unknown variable is one that none of them reads.
 _LAYERED: list[argparse.ArgumentParser] = []
+_PENDING: list["LayeredParser"] = []  # parsers with options add_on_first_use has not added yet
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 # Defaults of these options are not printed by --help: an API key from the environment would show. Only
@@ -77,12 +78,26 @@ def comma_list(values: list[str]) -> tuple[str, ...]:
     return tuple(item.strip() for value in values for item in value.split(",") if item.strip())
 
 
+def add_on_first_use(parser: argparse.ArgumentParser, add: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Call add(parser) when the parser first parses or shows its help, not now: `add` may import a config
+    dataclass whose module imports torch, which `edgespec --help` and the other commands should not wait for.
+    A parser that is not a LayeredParser gets its options now."""
+    if isinstance(parser, LayeredParser):
+        parser.pending.append(add)
+        _PENDING.append(parser)
+    else:
+        add(parser)
+
+
 def _known_env() -> set[str]:
     return set(KNOWN_ENV) | {n for p in _LAYERED for a in _layered_actions(p) for n in env_names(a)}
 
 
 def unknown_env(environ: Mapping[str, str]) -> list[str]:
     """EDGESPEC_* variables set in `environ` that no command's option and no part of edgespec reads."""
+    if any(name.startswith(ENV_PREFIX) for name in set(environ) - _known_env()):
+        while _PENDING:  # a command whose options are not added yet may read it
+            _PENDING.pop().add_pending()
     known = _known_env()
     return sorted(name for name in environ if name.startswith(ENV_PREFIX) and name not in known)
 
@@ -111,7 +126,8 @@ class LayeredParser(argparse.ArgumentParser):
     ``enable_layers`` was called on it; until then it only differs by showing defaults in --help.
 
     shared/cli.py makes the root parser one, so every subcommand parser is one too (argparse builds
-    subparsers of the root's class)."""
+    subparsers of the root's class). Options given to ``add_on_first_use`` are added when the parser
+    first parses or shows its help."""
 
     def __init__(self, *args, **kwargs):
         # Commands that asked for raw descriptions get them, with defaults shown as everywhere else.
@@ -119,8 +135,21 @@ class LayeredParser(argparse.ArgumentParser):
             kwargs["formatter_class"] = HelpFormatter
         super().__init__(*args, **kwargs)
         self.layered = False  # set by enable_layers
+        self.pending: list[Callable[[argparse.ArgumentParser], None]] = []  # add_on_first_use's, in order
+
+    def add_pending(self) -> None:
+        """Add the options add_on_first_use put off; a set_defaults made before them still wins."""
+        while self.pending:
+            self.pending.pop(0)(self)
+            for action in self._actions:
+                action.default = self._defaults.get(action.dest, action.default)
+
+    def format_help(self) -> str:
+        self.add_pending()
+        return super().format_help()
 
     def parse_known_args(self, args=None, namespace=None):
+        self.add_pending()
         if not self.layered:
             return super().parse_known_args(args, namespace)
         argv = list(sys.argv[1:] if args is None else args)

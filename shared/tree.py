@@ -18,9 +18,8 @@ from typing import Sequence
 import torch
 
 from .errors import InvalidTreeError
+from .wire import MAX_NODES, ROOT  # noqa: F401 - the tree's wire limits, named where trees are
 
-ROOT = 255  # wire parent index meaning "the last committed token"
-MAX_NODES = 255  # parent is one byte and 255 is taken by ROOT
 MAX_TOKEN_ID = (1 << 24) - 1  # token id is three bytes
 NODE_BYTES = 4
 

@@ -36,8 +36,16 @@ FEATURE_NAMES = (HIDDEN, LSA, TLI_K, TLI_V)
 # Most alternatives sent per committed token (``edgespec.v1.LogprobRequest.top``), as OpenAI's chat API allows.
 MAX_TOP_LOGPROBS = 20
 # Largest gRPC message either side sends or takes, unless configured otherwise (the server's Info reports its
-# own): room for a long context's ids and a full tree's feature frames. The tree's limit is ``shared.tree``'s.
+# own): room for a long context's ids and a full tree's feature frames.
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+# A draft tree's wire form (``Draft.tree``): a node's parent is one byte, and its largest value names the last
+# committed token, so a tree holds at most 255 nodes. Here rather than in ``shared.tree`` (which loads torch) so
+# that configs and --help can name it.
+ROOT = 255  # the parent index meaning "the last committed token"
+MAX_NODES = ROOT  # most nodes in a tree
+# Largest HTTP request body either API reads by default (413 past it, before it is read): a 32k-token context is
+# a few hundred KB of text; room for long contexts.
+DEFAULT_MAX_BODY_BYTES = 8 << 20
 
 # Call metadata.
 SESSION_METADATA_KEY = "x-edgespec-session"  # the session id on every Session stream, so a proxy can route it

@@ -20,12 +20,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.concurrency import run_in_threadpool
 
 from edgespec.shared.auth import api_key_problem
+from edgespec.shared.wire import DEFAULT_MAX_BODY_BYTES  # noqa: F401 - the routes' default, named here too
 
 from .errors import Cancelled, OpenAIError
 
 T = TypeVar("T")
 
-DEFAULT_MAX_BODY_BYTES = 8 << 20  # a 32k-token context is a few hundred KB of text; room for long contexts
 
 
 def too_large(limit: int) -> OpenAIError:
