@@ -15,6 +15,8 @@ from edgespec.shared.drafters.checkpoint import DrafterCheckpointError
 
 def drafter_flags(parser: argparse.ArgumentParser, path=()):
     """(command words, the --drafter action) of every command under `parser` that takes --drafter."""
+    if hasattr(parser, "add_pending"):  # options a command adds on first use (shared.config.add_on_first_use)
+        parser.add_pending()
     for action in parser._actions:
         if "--drafter" in action.option_strings:
             yield " ".join(path), action
