@@ -96,7 +96,11 @@ def _serve_and_run(config: BenchConfig, split: CpuSplit, sink: JsonLines) -> Non
     moa_parts = [a for d in {d.partition("@")[0] for d in config.drafters} if d.startswith("moa")
                  for a in ("--moa-server-part", d)]
     threads = config.server_threads or (len(split.server) if split.server else None)
-    with ServerProcess(config.model, [*config.server_args, *moa_parts], threads, log_path=log,
+    # No prefix cache: the systems answer each prompt one after another, so with it every system after the
+    # first (the plain API) would find the prompt's KV cached and skip its prefill, and the speed-ups would
+    # count the saved prefill. (Before this, Spec-Bench's long-prompt categories and the link runs did.)
+    no_cache = ["--prefix-cache-gb", "0"]
+    with ServerProcess(config.model, [*no_cache, *config.server_args, *moa_parts], threads, log_path=log,
                        cpus=split.server) as server:
         if config.experiment == "specbench":
             from .specbench import run_specbench

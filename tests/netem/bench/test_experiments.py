@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -50,6 +51,9 @@ def test_speed_and_link(tmp_path, tiny_model_dir, tiny_drafter_dir):
             # Lossless: the same greedy text as the server generating alone.
             assert r["text"] == plain[r["prompt_id"]]["text"]
             assert r["calls"] >= 1 and r["acceptance_length"] >= 1
+    # Each system prefills the prompt itself: none reuses the KV of the system that answered it before.
+    opened = re.findall(r"cached_tokens=(\d+)", (tmp_path / "speed-server.log").read_text())
+    assert opened and set(opened) == {"0"}, opened
 
     run(_config("link", tmp_path, tiny_model_dir, tiny_drafter_dir, profiles=("5g",), drafters=("ngram",)))
     link = _lines(tmp_path / "link.jsonl")
