@@ -41,7 +41,8 @@ class LoopConfig:
         if self.tree not in ("auto", "fixed"):
             raise ValueError(f"tree must be 'auto' or 'fixed', got {self.tree!r}")
         if self.max_guesses < 0 or self.max_depth < 1 or self.explore_every < 1 or self.warmup_trees < 0:
-            raise ValueError(f"need max_guesses >= 0, max_depth >= 1 and explore_every >= 1, got {self}")
+            raise ValueError(f"need max_guesses >= 0, max_depth >= 1, explore_every >= 1 and warmup_trees >= 0, "
+                             f"got {self}")
 
 
 # The loops a benchmark can compare in one run, named after the drafter as "independent@serial" and so on.
