@@ -110,7 +110,7 @@ def test_probes_while_plain_steps_win_are_few_and_cost_less_than_the_drafters_sh
         probes: list[TreeSize] = []
         chat = generation(est, CHAT, rng, probes=probes)
         settled = next(i for i in range(len(chat)) if all(s.plain for s in chat[i:i + 8]))
-        assert sum(not s.plain for s in chat[settled:]) <= 4, (seed, chat)  # main's: a tree every ninth step, ~10
+        assert sum(not s.plain for s in chat[settled:]) <= 5, (seed, chat)  # main's: a tree every ninth step, ~10
         full = TreeSize(SERVER_LIMIT, 100)  # the drafter's own shape: as deep and as wide as it goes
         assert probes and all(step_cost(CHAT, p) < step_cost(CHAT, full) for p in probes), (seed, probes)
 
