@@ -248,7 +248,7 @@ class TreePlanner:
         once: one verdict does not outweigh what was measured before, a run of them does, and takes the loop
         back to trees within a few steps."""
         followed, self.probing = self.probing and self.estimates.last_whole, False
-        probe = probe_tree(inputs)
+        probe = probe_tree(inputs)  # at the planner's costs: trees that win are drafted ahead
         if probe.plain:
             return PLAIN  # no tree could win here, whatever the drafter's acceptance
         self._plain_in_a_row += 1

@@ -135,3 +135,18 @@ def test_code_prompts_keep_their_trees():
         for _ in range(3):
             sizes = generation(est, CODE, rng)
             assert all(not s.plain for s in sizes[:-5]), (seed, sizes)
+
+
+def test_each_generation_the_pipeline_runs_starts_from_the_carried_acceptance():
+    """The replay above calls new_generation as DraftPipeline does: a pipeline (one per generation) must."""
+    from edgespec.client.drafters.ngram import NgramDrafter
+    from edgespec.client.pipeline import DraftPipeline
+    from edgespec.shared.metrics import GenerationMetrics
+
+    est = LoopEstimates(*CURVE)
+    tree = drafted(CODE, TreeSize(16, 12))
+    for _ in range(30):
+        est.observe_verdict(tree, 12, round_trip_s=3.0, server_s=2.9)
+    assert est.reached[0] > 9
+    DraftPipeline(None, NgramDrafter(), LoopConfig(), est, SERVER_LIMIT, GenerationMetrics())
+    assert est.reached[0] == 2.0 == est.CARRY
