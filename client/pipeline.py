@@ -68,6 +68,7 @@ class DraftPipeline:
         # pruning re-indexes nodes, so the drafter's scores no longer fit the tree and nothing is drafted ahead.
         self.grammar, self.prompt_len = grammar, prompt_len
         can_guess = type(drafter).tree_scores is not Drafter.tree_scores
+        estimates.new_generation()  # the previous prompts' acceptance is a starting point, not the answer
         self.planner = TreePlanner(loop, estimates, max_tree_nodes, can_guess)
         self._pool: ThreadPoolExecutor | None = None  # the worker a Draft waits for its answer on
 

@@ -110,3 +110,16 @@ def plan_tree(inputs: PlanInputs) -> TreeSize:
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = size, rate
     return best
+
+
+def probe_tree(inputs: PlanInputs) -> TreeSize:
+    """The shallowest tree that would beat plain steps were the drafter right on every node (PLAIN when none
+    would): while plain steps win, it is the cheapest tree whose verdict can show that trees win again."""
+    plain = tokens_per_s(inputs, PLAIN)
+    for depth in range(1, max(0, inputs.max_depth) + 1):
+        size = TreeSize(tree_nodes(inputs, depth), depth)
+        if size.nodes > inputs.max_nodes:
+            break
+        if (depth + 1) / max(step_time(inputs, size), 1e-9) > plain:
+            return size
+    return PLAIN

@@ -5,18 +5,24 @@
 server's own time), the server's verification time by tree size (the curve Info
 reports, scaled by what Verified timings show), the drafter's time per level of
 depth, its acceptance by depth, its nodes per level and the share of guesses
-that hit. Each is a running average that forgets slowly, so a link that gets
-worse, or a topic where the drafter does badly, moves the plan within a few steps.
+that hit. Each is a running average that forgets, so a link that gets worse, or a
+topic where the drafter does badly, moves the plan within a few steps; and a new
+generation keeps the acceptance measured before as its starting point, at the
+weight of a couple of verdicts, so one client serving code and then chat leaves
+trees within a few steps of the chat (it took ~24 trees when the counts only
+faded by 5 % a verdict).
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import threading
 from dataclasses import dataclass
 from typing import Sequence
 
 from edgespec.shared.tree import DraftTree
 
-from .planner import PLAIN, PlanInputs, TreeSize, plan_tree, verify_time
+from .planner import PLAIN, PlanInputs, TreeSize, expected_tokens, plan_tree, probe_tree, step_time, verify_time
 
 
 @dataclass(frozen=True)
@@ -30,8 +36,12 @@ class LoopConfig:
     min_guess_probability: float = 0.0  # a guess less likely than this is not drafted ahead for (drafting ahead
     # costs nothing while the client would idle, and the planner weighs it by the hit rate measured otherwise)
     max_depth: int = 16  # deepest tree the planner weighs (the drafter's own shape caps it too)
-    explore_every: int = 8  # after this many plain steps in a row one step drafts a tree of the drafter's own
-    # shape, so acceptance keeps being measured while trees lose
+    explore_every: int = 8  # at least this many plain steps in a row before one drafts a small tree, a probe
+    # (TreePlanner._plain_or_probe), so acceptance keeps being measured while trees lose; the first plain step
+    # of each generation probes regardless
+    explore_share: float = 0.05  # most the probes may lose against plain steps, as a share of the plain steps'
+    # time: where a tree costs 4x a plain step (a one-core CPU server) probes come tens of plain steps apart,
+    # where trees come close to plain steps every explore_every
     warmup_trees: int = 3  # trees of the drafter's own shape verified before the planner sizes any: a plain
     # step measures no acceptance, so a planner that starts from its prior alone can settle on plain steps
     # with a drafter whose trees would win (seen on a one-core server: the 0.5B drafter at 1.9 tokens a step
@@ -40,9 +50,10 @@ class LoopConfig:
     def __post_init__(self) -> None:
         if self.tree not in ("auto", "fixed"):
             raise ValueError(f"tree must be 'auto' or 'fixed', got {self.tree!r}")
-        if self.max_guesses < 0 or self.max_depth < 1 or self.explore_every < 1 or self.warmup_trees < 0:
-            raise ValueError(f"need max_guesses >= 0, max_depth >= 1, explore_every >= 1 and warmup_trees >= 0, "
-                             f"got {self}")
+        if (self.max_guesses < 0 or self.max_depth < 1 or self.explore_every < 1 or self.warmup_trees < 0
+                or self.explore_share < 0):
+            raise ValueError(f"need max_guesses >= 0, max_depth >= 1, explore_every >= 1, warmup_trees >= 0 and "
+                             f"explore_share >= 0, got {self}")
 
 
 # The loops a benchmark can compare in one run, named after the drafter as "independent@serial" and so on.
@@ -78,6 +89,9 @@ class LoopEstimates:
     PRIOR = 1.0  # pseudo-observations behind each depth's acceptance before it is measured
     PRIOR_ACCEPTANCE = 0.6  # what an unmeasured first depth is taken to accept
     PRIOR_HIT_RATE = 0.3  # what the guesses are taken to hit before any was checked
+    FORGET = 0.1  # share of the acceptance counts each verdict fades: about the last 10 verdicts count, so
+    # a drop in acceptance moves the plan within a few trees (at 0.05 a chat answer after code took ~20)
+    CARRY = 2.0  # verdicts' worth of acceptance counts a new generation starts with (new_generation)
 
     def __init__(self, curve_nodes: Sequence[int] = (), curve_s: Sequence[float] = ()):
         self._lock = threading.Lock()
@@ -94,6 +108,7 @@ class LoopEstimates:
         self.accepted: list[float] = []  # [i]: ... of which depth i + 1 was accepted
         self.hit_rate = self.PRIOR_HIT_RATE
         self.trees_verified = 0  # verdicts on non-empty trees
+        self.last_whole = False  # the last tree verified was accepted down to its deepest node
 
     # ------------------------------------------------------------ observing
     def observe_draft(self, tree: DraftTree, seconds: float) -> None:
@@ -119,14 +134,27 @@ class LoopEstimates:
             if not n:
                 return
             self.trees_verified += 1
-            depth = max(tree.depths())
-            for i in range(min(depth, accepted + 1)):
-                while len(self.reached) <= i:
-                    self.reached.append(0.0)
-                    self.accepted.append(0.0)
-                # forget slowly: the old counts fade so the rates follow the text being written
-                self.reached[i] = self.reached[i] * (1 - self.WEIGHT / 4) + 1
-                self.accepted[i] = self.accepted[i] * (1 - self.WEIGHT / 4) + (1 if accepted > i else 0)
+            self.last_whole = accepted >= max(tree.depths())
+            reached = min(max(tree.depths()), accepted + 1)  # depths 1..reached were tried
+            while len(self.reached) < reached:
+                self.reached.append(0.0)
+                self.accepted.append(0.0)
+            # Every verdict fades every depth's counts, the ones it did not reach too: a depth the text being
+            # written no longer reaches falls back to its prior (the depth before it) instead of keeping the
+            # rate an older text gave it (code's deep acceptance, kept through a chat answer, kept trees going).
+            for i in range(len(self.reached)):
+                self.reached[i] = self.reached[i] * (1 - self.FORGET) + (i < reached)
+                self.accepted[i] = self.accepted[i] * (1 - self.FORGET) + (accepted > i)
+
+    def new_generation(self) -> None:
+        """A new prompt may be another kind of text (a chat answer after code, or the reverse): the acceptance
+        measured so far stays the starting point (a client serving similar prompts need not measure it again),
+        but at the weight of CARRY verdicts at most, so the new text's first few verdicts outweigh it."""
+        with self._lock:
+            if self.reached and self.reached[0] > self.CARRY:
+                keep = self.CARRY / self.reached[0]
+                self.reached = [r * keep for r in self.reached]
+                self.accepted = [a * keep for a in self.accepted]
 
     def observe_guess(self, hit: bool) -> None:
         with self._lock:
@@ -184,7 +212,10 @@ class TreePlanner:
     def __init__(self, config: LoopConfig, estimates: LoopEstimates, max_nodes: int, can_pipeline: bool):
         self.config, self.estimates, self.max_nodes = config, estimates, max_nodes
         self.pipelined = config.pipeline and can_pipeline
-        self._plain_in_a_row = 0
+        # One planner per generation, and a new prompt may be text the drafter does well on where the last one's
+        # was not: its first plain step probes, unless a tree went first.
+        self._plain_in_a_row, self._plain_s = config.explore_every, math.inf
+        self.probing = False  # the last step asked for was a probe (not a tree the estimates chose)
 
     def size(self, remaining: int, explore: bool = True) -> TreeSize:
         """The tree for a step that may commit at most `remaining` tokens (the bonus token included);
@@ -195,18 +226,41 @@ class TreePlanner:
             return full
         inputs = self.estimates.inputs(self.max_nodes, min(depth, self.config.max_depth), self.pipelined)
         if inputs is None or self.estimates.trees_verified < self.config.warmup_trees:
-            return full  # not measured enough yet: the drafter's own shape, which measures it
-        size = plan_tree(inputs)
+            size = full  # not measured enough yet: the drafter's own shape, which measures it
+        else:
+            size = plan_tree(inputs)
         if not explore:
             return size
         if size.plain:
-            self._plain_in_a_row += 1
-            if self._plain_in_a_row > self.config.explore_every:
-                self._plain_in_a_row = 0
-                return full
+            size = self._plain_or_probe(inputs)
         else:
-            self._plain_in_a_row = 0
+            self.probing = False
+        if not size.plain:
+            self._plain_in_a_row, self._plain_s = 0, 0.0
         return size
+
+    def _plain_or_probe(self, inputs: PlanInputs) -> TreeSize:
+        """A step while plain steps win: plain, or now and then a probe, the shallowest tree that would win were
+        the drafter right on every node (``probe_tree``; cheaper than the drafter's own shape, and on a CPU
+        server a tree costs several plain steps). A probe comes after explore_every plain steps at the least, and
+        once what it is expected to lose against them (its time less theirs for its expected tokens) is at most
+        explore_share of their time since the last one. A probe the target took whole is followed by another at
+        once: one verdict does not outweigh what was measured before, a run of them does, and takes the loop
+        back to trees within a few steps."""
+        followed, self.probing = self.probing and self.estimates.last_whole, False
+        probe = probe_tree(inputs)  # at the planner's costs: trees that win are drafted ahead
+        if probe.plain:
+            return PLAIN  # no tree could win here, whatever the drafter's acceptance
+        self._plain_in_a_row += 1
+        plain_s = step_time(inputs, PLAIN)
+        self._plain_s += plain_s
+        serial = dataclasses.replace(inputs, hit_rate=0.0)  # between plain steps nothing is drafted ahead
+        loss = step_time(serial, probe) - expected_tokens(inputs.acceptance, probe.depth) * plain_s
+        if followed or (self._plain_in_a_row > self.config.explore_every
+                        and loss <= self.config.explore_share * self._plain_s):
+            self.probing = True
+            return probe
+        return PLAIN
 
     def worth_drafting_ahead(self, flight_nodes: int, next_depth: int, elapsed_s: float, first: bool) -> bool:
         """Is one more tree drafted ahead likely to pay? The first always does while the drafter would finish

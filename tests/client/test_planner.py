@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.client.planner import PLAIN, PlanInputs, TreeSize, expected_tokens, plan_tree, step_time, tokens_per_s, verify_time
+from edgespec.client.planner import (PLAIN, PlanInputs, TreeSize, expected_tokens, plan_tree, probe_tree, step_time,
+                                     tokens_per_s, verify_time)
 from edgespec.client.step_plan import LoopConfig, LoopEstimates, TreePlanner
 from edgespec.shared.tree import DraftTree
 
@@ -69,21 +70,82 @@ def test_estimates_follow_what_the_loop_sees():
     assert dict(zip(got.verify_nodes, got.verify_s))[4] == pytest.approx(0.15)  # the size seen replaces the curve
 
 
-def test_fixed_keeps_the_drafters_shape_and_auto_explores_after_plain_steps():
-    est = LoopEstimates((0, 4), (0.1, 10.0))
+def test_fixed_keeps_the_drafters_shape_and_auto_probes_with_the_smallest_tree_that_could_win():
+    """While plain steps win, a probe is the shallowest tree that would win were all of it accepted (here one
+    node: a decode step costs 0.1 s, a one-node tree 0.16 s with its drafting), not the drafter's whole shape.
+    The generation's first plain step probes; the next probe waits until what it is expected to lose (0.16 s
+    less 1.06 tokens' worth of plain steps: 0.054 s) is explore_share (5 %) of the plain steps' time: 11 steps."""
+    est = LoopEstimates((0, 16), (0.1, 0.74))
+    chain = DraftTree.chain([1, 2])
+    for _ in range(20):
+        est.observe_draft(chain, 0.03)
+        est.observe_verdict(chain, 0, round_trip_s=0.18, server_s=0.18)
+    fixed = TreePlanner(LoopConfig(tree="fixed"), est, 255, can_pipeline=True)
+    assert fixed.size(40) == TreeSize(255, 39) and fixed.size(1) == PLAIN
+    auto = TreePlanner(LoopConfig(explore_every=3, warmup_trees=1), est, 255, can_pipeline=False)
+    sizes = [auto.size(40) for _ in range(14)]
+    probe = TreeSize(1, 1)
+    assert sizes == [probe] + [PLAIN] * 10 + [probe] + [PLAIN] * 2
+
+
+def test_auto_does_not_probe_where_no_tree_could_win():
+    est = LoopEstimates((0, 4), (0.1, 10.0))  # a tree costs 100 plain steps: not even a whole one pays
     chain = DraftTree.chain([1, 2])
     est.observe_draft(chain, 0.01)
     est.observe_verdict(chain, 0, round_trip_s=10.1, server_s=10.0)
-    fixed = TreePlanner(LoopConfig(tree="fixed"), est, 255, can_pipeline=True)
-    assert fixed.size(40) == TreeSize(255, 39) and fixed.size(1) == PLAIN
     auto = TreePlanner(LoopConfig(explore_every=3, warmup_trees=1), est, 255, can_pipeline=True)
-    sizes = [auto.size(40) for _ in range(8)]
-    assert sizes[:3] == [PLAIN] * 3 and sizes[3] == TreeSize(255, 39)  # one tree after 3 plain steps
+    assert [auto.size(40) for _ in range(20)] == [PLAIN] * 20  # main's: the drafter's whole shape every fourth
+
+
+def test_probe_tree_is_the_shallowest_that_would_win_if_accepted_whole():
+    # a decode step 0.1 s; a tree of depth d: 0.1 + 0.05 d to verify (d nodes) and 0.02 (d + 1) to draft
+    base = dict(round_trip_s=0.0, verify_nodes=(0, 16), verify_s=(0.1, 0.9), draft_pass_s=0.02, acceptance=(0.1,),
+                nodes_per_depth=1.0, max_nodes=64, max_depth=12)
+    # whole, depth d commits d + 1 tokens in 0.12 + 0.07 d s: more than plain's 10 a second from d = 1 (2 / 0.19)
+    assert probe_tree(inputs(**base)) == TreeSize(1, 1)
+    # a dearer drafter: 0.1 s a pass, (d + 1) / (0.2 + 0.15 d) > 10 needs d > 1 / -0.5: never
+    assert probe_tree(inputs(**{**base, "draft_pass_s": 0.1})) == PLAIN
+    # a tree path with a fixed cost (as on a one-core CPU server): a one-node tree 0.25 s more than a decode step,
+    # then 0.05 s a node: (d + 1) / (0.32 + 0.07 d) > 10 from d = 8; at 0.55 s more, from d = 18, past max_depth
+    assert probe_tree(inputs(**{**base, "verify_nodes": (0, 1, 16), "verify_s": (0.1, 0.35, 1.1)})) == TreeSize(8, 8)
+    assert probe_tree(inputs(**{**base, "verify_nodes": (0, 1, 16), "verify_s": (0.1, 0.65, 1.4)})) == PLAIN
+
+
+def test_a_new_generation_keeps_the_rates_at_the_weight_of_a_few_verdicts():
+    est = LoopEstimates()
+    chain = DraftTree.chain([1, 2, 3])
+    for _ in range(30):
+        est.observe_verdict(chain, 3, round_trip_s=0.1, server_s=0.05)  # every depth accepted
+    before = est.acceptance()
+    assert before[0] > 0.9
+    est.new_generation()
+    assert est.reached[0] == pytest.approx(est.CARRY)
+    after = est.acceptance()  # a client serving similar prompts starts near where it was (the prior pulls a little)
+    assert after[0] > 0.85 and after[1] > 0.9
+    for _ in range(3):
+        est.observe_verdict(chain, 0, round_trip_s=0.1, server_s=0.05)  # the new prompt: depth 1 refused
+    assert est.acceptance()[0] < 0.5  # three verdicts on it outweigh the thirty before
+
+
+def test_depths_the_text_no_longer_reaches_fall_back_to_their_prior():
+    """Code's deep acceptance must not outlive it: a depth no verdict reaches any more fades to the depth
+    before it (main kept depth 3 at code's rate however long the chat went on)."""
+    est = LoopEstimates()
+    chain = DraftTree.chain([1, 2, 3, 4])
+    for _ in range(30):
+        est.observe_verdict(chain, 4, round_trip_s=0.1, server_s=0.05)
+    for _ in range(50):
+        est.observe_verdict(chain, 1, round_trip_s=0.1, server_s=0.05)  # depth 1 accepted, depth 2 refused
+    rates = est.acceptance()
+    assert rates[0] > 0.9 and rates[1] < 0.15
+    assert rates[2] < 0.25 and rates[3] < 0.25  # back toward depth 2's rate, not code's ~1.0
 
 
 def test_loop_config_says_what_is_wrong():
     with pytest.raises(ValueError, match="auto"):
         LoopConfig(tree="big")
+    with pytest.raises(ValueError, match="explore_share >= 0"):
+        LoopConfig(explore_share=-0.1)
 
 
 def test_loops_by_name_and_by_flag():
