@@ -13,6 +13,19 @@ from __future__ import annotations
 
 import os
 
+from edgespec.shared.config_flags import Flag, add_flags
+
+from .train_config import TrainConfig
+
+# `train fit`'s flags that are the training loop's settings (the others choose the recipe and its features).
+FIT_FLAGS = {
+    "window": Flag(), "steps": Flag(), "lr": Flag(), "batch_tokens": Flag(), "eval_every": Flag(),
+    "eval_sequences": Flag(), "eval_depth": Flag(), "save_every": Flag(),
+    "max_wall_s": Flag("--max-minutes", convert=lambda minutes: 60.0 * minutes,
+                       help="stop (validate, save, write the drafter) after this much training; 0 = run all steps"),
+    "grad_accum": Flag(), "amp": Flag(), "log_every": Flag(), "seed": Flag(),
+}
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="train learned drafters (EAGLE, MoA)")
@@ -80,22 +93,7 @@ def register(subparsers) -> None:
     t.add_argument("--heads", type=int, default=0)
     t.add_argument("--vocab", type=int, default=0, help="reduced draft vocabulary size (0: full)")
     t.add_argument("--unroll", type=int, default=1, help="EAGLE: drafting steps trained per start (training-time test)")
-    t.add_argument("--window", type=int, default=512, help="longest window of one sequence in a batch")
-    t.add_argument("--steps", type=int, default=1000)
-    t.add_argument("--lr", type=float, default=3e-4)
-    t.add_argument("--batch-tokens", type=int, default=2048, help="tokens per optimizer step, over all processes")
-    t.add_argument("--eval-every", type=int, default=100)
-    t.add_argument("--eval-sequences", type=int, default=32, help="validation sequences per pass")
-    t.add_argument("--eval-depth", type=int, default=6, help="draft positions whose acceptance is logged")
-    t.add_argument("--save-every", type=int, default=100)
-    t.add_argument("--max-minutes", type=float, default=0.0,
-                   help="stop (validate, save, write the drafter) after this much training; 0 = run all steps")
-    t.add_argument("--grad-accum", type=int, default=1,
-                   help="micro-batches per process and step (same global batch, less memory)")
-    t.add_argument("--amp", choices=("auto", "bf16", "off"), default="auto",
-                   help="mixed precision: auto = bf16 autocast on CUDA, none on CPU")
-    t.add_argument("--log-every", type=int, default=10, help="steps between progress lines (when not on a terminal)")
-    t.add_argument("--seed", type=int, default=0)
+    add_flags(t, TrainConfig, FIT_FLAGS)
     _common(t)
     t.set_defaults(func=_fit)
     s = sub.add_parser("ship", help="copy a run's drafter into the shipped checkpoints, with its card")
@@ -171,10 +169,12 @@ def _features(args) -> int:
 
 
 def _fit(args) -> int:
+    from edgespec.shared.config_flags import from_args
+
     from .fit import fit_from_args
 
     _setup(args)
-    return fit_from_args(args)
+    return fit_from_args(args, from_args(TrainConfig, args, FIT_FLAGS))
 
 
 def _ship(args) -> int:
