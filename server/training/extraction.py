@@ -27,17 +27,9 @@ from edgespec.shared.drafters.target_parts import target_shape
 from edgespec.shared.models.cache_arg import output_cache
 from .data import read_samples
 from .features import CODEC, tokenize_sample
+from .train_config import ExtractConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ExtractConfig:
-    max_len: int = 1024  # tokens per sequence at most (longer ones are cut)
-    tli_depths: tuple[int, ...] = (0, 1, 3)  # TLI depths whose target activations are stored
-    batch_tokens: int = 4096  # padded tokens per forward (several sequences each)
-    shard_tokens: int = 16384  # tokens per shard file: what a kill can cost at most
-    limit: int = 0  # use only the first rows of the data set; 0 = all
 
 
 @dataclass(frozen=True)
