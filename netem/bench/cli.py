@@ -96,7 +96,7 @@ PROMPT_SET_FLAGS = {
     "profiles": Flag(type=_csv, action="store", help="comma-separated network profiles"),
     "prompt_sets": Flag("--sets", type=_csv, action="store", help="prompt sets, comma-separated"),
     # --limit N,SET=N is limit and set_limits (which _run_experiment gives from_args itself)
-    "limit": Flag(type=_limits, default=(20, {}), convert=operator.itemgetter(0),
+    "limit": Flag(type=_limits, default=(BenchConfig.limit, {}), convert=operator.itemgetter(0),
                   help="prompts per set: N for every set, or per set, e.g. humaneval=40,mtbench=20"),
     "max_new_tokens": Flag(),
     "cut_after": Flag(type=_cuts, action="store", help="e.g. 1,10,25,50,never"),
