@@ -16,16 +16,6 @@ from typing import Mapping
 HOW_TO_SEND = "send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')"
 
 
-def api_key_from_headers(headers: Mapping[str, str]) -> str | None:
-    """The key a caller sent (the bearer's first), or None.
-
-    ``headers`` maps lower-case names to values: Starlette's headers (any case
-    works there) or dict(gRPC metadata), whose keys are lower-case by the spec.
-    """
-    keys = api_keys_from_headers(headers)
-    return keys[0] if keys else None
-
-
 def api_keys_from_headers(headers: Mapping[str, str]) -> list[str]:
     """Every key a caller sent: the bearer credentials and x-api-key, each when present."""
     keys = []

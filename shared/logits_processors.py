@@ -83,10 +83,6 @@ class RowProcessors:
         self.constraint = constraint
         self.prompt_seen = token_counts(prompt, vocab_size) > 0  # [V]
 
-    @property
-    def active(self) -> bool:
-        return self.sampling.penalized or self.constraint is not None
-
     def tree_logits(self, logits: torch.Tensor, committed: Sequence[int], tree: DraftTree) -> torch.Tensor:
         """logits [1 + N, V] of [root] + nodes hung after `committed` (prompt included), processed per row."""
         output = committed[self.prompt_len:]

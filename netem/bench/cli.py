@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import operator
 from pathlib import Path
+
+from edgespec.shared.config_flags import Flag, add_flags, from_args
+from .experiments import BenchConfig
 
 # command -> one line of help
 EXPERIMENTS: dict[str, str] = {
@@ -81,14 +85,50 @@ def _per_category(text: str) -> int:
     return n
 
 
-def _add_cpu_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--server-cpus", default=None, metavar="CPUS",
-                   help="the server's cores, as taskset writes them: 1, 2-3, 2,3 (default: the upper half)")
-    p.add_argument("--client-cpus", default=None, metavar="CPUS",
-                   help="the client's (and the relays') cores (default: the lower half, or the cores the server "
-                        "does not have)")
-    p.add_argument("--no-pin", action="store_true",
-                   help="without --server-cpus/--client-cpus: server and client share every core")
+# An experiment's flags are BenchConfig's fields (shared/config_flags.py); experiment_flags says which.
+MODEL_FLAGS = {
+    "model": Flag(default=None, help="target (default qwen2.5-coder-1.5b-instruct)"),
+    "drafter_model": Flag(default=None, help="small model (default qwen2.5-coder-0.5b-instruct)"),
+}
+PROMPT_SET_FLAGS = {
+    "drafters": Flag(type=_csv, action="store", help="comma-separated; NAME@serial, @pipelined, @auto-serial or @auto "
+                                                     "(the default) picks the client's loop, so loops compare in one run"),
+    "profiles": Flag(type=_csv, action="store", help="comma-separated network profiles"),
+    "prompt_sets": Flag("--sets", type=_csv, action="store", help="prompt sets, comma-separated"),
+    # --limit N,SET=N is limit and set_limits (which _run_experiment gives from_args itself)
+    "limit": Flag(type=_limits, default=(BenchConfig.limit, {}), convert=operator.itemgetter(0),
+                  help="prompts per set: N for every set, or per set, e.g. humaneval=40,mtbench=20"),
+    "max_new_tokens": Flag(),
+    "cut_after": Flag(type=_cuts, action="store", help="e.g. 1,10,25,50,never"),
+    "cut_mode": Flag(),
+}
+SPECBENCH_FLAGS = {
+    "drafters": Flag(type=_csv, action="store", help="comma-separated"),
+    "profiles": Flag("--profile", dest="profiles", type=_csv, action="store", default=("5g",),
+                     help="network profile of the relayed links (default 5g; comma-separated for several)"),
+    "per_category": Flag("--limit", type=_per_category,
+                         help="the first N questions of each of the 13 categories (default: all 480)"),
+    "max_new_tokens": Flag(default=1024, help="per turn (default 1024, as Spec-Bench)"),
+    "questions": Flag(help="a question file in Spec-Bench's format (default: the shipped one)"),
+}
+CPU_FLAGS = {
+    "server_cpus": Flag(metavar="CPUS", help="the server's cores, as taskset writes them: 1, 2-3, 2,3 (default: the "
+                                             "upper half)"),
+    "client_cpus": Flag(metavar="CPUS", help="the client's (and the relays') cores (default: the lower half, or the "
+                                             "cores the server does not have)"),
+    "pin": Flag("--no-pin", default=False, convert=operator.not_,
+                help="without --server-cpus/--client-cpus: server and client share every core"),
+}
+RUN_FLAGS = {
+    "server_threads": Flag(help="torch threads of the server (default: one per server core when pinned)"),
+    "progress": Flag("--no-progress", default=False, convert=operator.not_, help="no progress bar"),
+}
+
+
+def experiment_flags(name: str) -> dict[str, Flag]:
+    """The BenchConfig fields experiment `name` takes on its command line."""
+    options = SPECBENCH_FLAGS if name == "specbench" else PROMPT_SET_FLAGS
+    return {**MODEL_FLAGS, **options, **({} if name in ("codec", "report") else CPU_FLAGS), **RUN_FLAGS}
 
 
 def _add_experiment(benchmarks: argparse._SubParsersAction, name: str, help_text: str) -> None:
@@ -101,18 +141,8 @@ def _add_experiment(benchmarks: argparse._SubParsersAction, name: str, help_text
                                               "prompt sets, appends one JSON line per generation to "
                                               "OUT/EXPERIMENT.jsonl and writes OUT/report.md with plots.")
     p.add_argument("out", nargs="?", default="runs/bench", help="output folder (default runs/bench)")
-    p.add_argument("--model", default=None, help="target (default qwen2.5-coder-1.5b-instruct)")
-    p.add_argument("--drafter-model", default=None, help="small model (default qwen2.5-coder-0.5b-instruct)")
-    if name == "specbench":
-        _add_specbench_options(p)
-    else:
-        _add_prompt_set_options(p)
-    if name not in ("codec", "report"):
-        _add_cpu_options(p)
-    p.add_argument("--server-threads", type=int, default=None,
-                   help="torch threads of the server (default: one per server core when pinned)")
+    add_flags(p, BenchConfig, experiment_flags(name))
     p.add_argument("--fresh", action="store_true", help="delete this experiment's earlier results first")
-    p.add_argument("--no-progress", action="store_true")
     marker = "edgespec-specbench" if name == "specbench" else "edgespec-bench"
     p.add_argument("--readme", default=None,
                    help="also put the report's tables into this Markdown file, between the lines "
@@ -126,29 +156,6 @@ def _specbench_doc() -> str:
     from . import specbench
 
     return specbench.__doc__
-
-
-def _add_specbench_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--drafters", type=_csv, default=("ngram", "independent"), help="comma-separated")
-    p.add_argument("--profile", dest="profiles", type=_csv, default=("5g",),
-                   help="network profile of the relayed links (default 5g; comma-separated for several)")
-    p.add_argument("--limit", type=_per_category, default=None,
-                   help="the first N questions of each of the 13 categories (default: all 480)")
-    p.add_argument("--max-new-tokens", type=int, default=1024, help="per turn (default 1024, as Spec-Bench)")
-    p.add_argument("--questions", default="", help="a question file in Spec-Bench's format (default: the shipped one)")
-
-
-def _add_prompt_set_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--drafters", type=_csv, default=("ngram", "independent"),
-                   help="comma-separated; NAME@serial, @pipelined, @auto-serial or @auto (the default) picks the "
-                        "client's loop, so loops compare in one run")
-    p.add_argument("--profiles", type=_csv, default=("5g", "4g"), help="comma-separated network profiles")
-    p.add_argument("--sets", type=_csv, default=("humaneval", "mtbench"), help="prompt sets, comma-separated")
-    p.add_argument("--limit", type=_limits, default=(20, {}),
-                   help="prompts per set: N for every set, or per set, e.g. humaneval=40,mtbench=20")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--cut-after", type=_cuts, default=(1, 10, 25, 50, None), help="e.g. 1,10,25,50,never")
-    p.add_argument("--cut-mode", choices=["blackhole", "reset"], default="blackhole")
 
 
 def _add_micro_benchmark(benchmarks: argparse._SubParsersAction, name: str, module: str, help_text: str) -> None:
@@ -178,22 +185,13 @@ def _run_experiment(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     if args.experiment != "report":
-        from edgespec.shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
-        from .experiments import BenchConfig, run
+        from .experiments import run
 
         if args.fresh:
             (out / f"{args.experiment}.jsonl").unlink(missing_ok=True)
-        common = dict(model=args.model or DEFAULT_TARGET, drafter_model=args.drafter_model or DEFAULT_DRAFTER,
-                      drafters=args.drafters, profiles=args.profiles, max_new_tokens=args.max_new_tokens,
-                      server_threads=args.server_threads, progress=not args.no_progress,
-                      command=shlex.join(["edgespec", *getattr(args, "argv", sys.argv[1:])]))
-        if args.experiment != "codec":
-            common.update(server_cpus=args.server_cpus, client_cpus=args.client_cpus, pin=not args.no_pin)
-        if args.experiment == "specbench":
-            config = BenchConfig(args.experiment, out, questions=args.questions, per_category=args.limit, **common)
-        else:
-            config = BenchConfig(args.experiment, out, prompt_sets=args.sets, limit=args.limit[0],
-                                 set_limits=args.limit[1], cut_after=args.cut_after, cut_mode=args.cut_mode, **common)
+        given = {} if args.experiment == "specbench" else {"set_limits": args.limit[1]}
+        config = from_args(BenchConfig, args, experiment_flags(args.experiment), experiment=args.experiment, out=out,
+                           command=shlex.join(["edgespec", *getattr(args, "argv", sys.argv[1:])]), **given)
         print(f"results: {run(config)}")
     report = write_report(out)
     if args.experiment == "specbench":  # its tables on the terminal too (the other experiments have plots)

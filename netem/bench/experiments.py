@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 from edgespec.shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
 from edgespec.netem.cpus import CpuSplit, choose_split, pinned
@@ -42,7 +42,8 @@ class BenchConfig:
     set_limits: dict = field(default_factory=dict)  # per-set overrides of limit, e.g. {"humaneval": 40}
     max_new_tokens: int = 256  # per generation
     cut_after: tuple[int | None, ...] = (1, 10, 25, 50, None)  # `disconnect`: B new tokens, None = never
-    cut_mode: str = "blackhole"  # `disconnect`: "blackhole" (packets vanish) or "reset" (connections close)
+    cut_mode: Literal["blackhole", "reset"] = "blackhole"  # `disconnect`: "blackhole" (packets vanish) or "reset" (connections close)
+
     # `disconnect`: generation ends after the answer's first code block, for every system alike (the
     # instruct models add prose after it that HumanEval never reads; it would only cost time)
     humaneval_stop: tuple[str, ...] = ("\n```\n",)

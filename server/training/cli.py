@@ -13,6 +13,40 @@ from __future__ import annotations
 
 import os
 
+from edgespec.shared.config_flags import Flag, add_flags
+
+from .train_config import DataConfig, ExtractConfig, FileDataConfig, TrainConfig
+
+# `train data`'s flags: those of the files' data set, those of the stdlib prompts', those of both (where
+# --val-fraction is left out, the chosen config's default).
+FILE_DATA_FLAGS = {
+    "text": Flag(metavar="PATH", help="plain text / code file or folder (walked; repeatable), cut into --chunk-tokens "
+                                      "chunks"),
+    "text_globs": Flag("--glob", metavar="PATTERN", help="file-name glob of --text files (repeatable; default: "
+                                                         "common code and doc extensions)"),
+    "chats": Flag("--chat", metavar="FILE"), "answers": Flag(), "chunk_tokens": Flag(), "chunks_per_file": Flag(),
+    "max_tokens": Flag(), "val_first": Flag(),
+}
+PROMPT_DATA_FLAGS = {"n_write": Flag(), "n_explain": Flag(), "n_code": Flag()}
+BOTH_DATA_FLAGS = {
+    "seed": Flag(), "max_new_tokens": Flag(), "batch_size": Flag(),
+    "val_fraction": Flag(default=None, help="held-out share (default 0.1 for stdlib prompts, 0.02 for files)"),
+}
+# `train features`' flags (--tli as the comma-separated list it always was).
+EXTRACT_FLAGS = {
+    "max_len": Flag(), "tli_depths": Flag("--tli", default="0,1,3", type=str, action="store",
+                                          convert=lambda text: tuple(int(x) for x in text.split(",") if x.strip())),
+    "batch_tokens": Flag(), "shard_tokens": Flag(),
+}
+# `train fit`'s flags that are the training loop's settings (the others choose the recipe and its features).
+FIT_FLAGS = {
+    "window": Flag(), "steps": Flag(), "lr": Flag(), "batch_tokens": Flag(), "eval_every": Flag(),
+    "eval_sequences": Flag(), "eval_depth": Flag(), "save_every": Flag(),
+    "max_wall_s": Flag("--max-minutes", convert=lambda minutes: 60.0 * minutes,
+                       help="stop (validate, save, write the drafter) after this much training; 0 = run all steps"),
+    "grad_accum": Flag(), "amp": Flag(), "log_every": Flag(), "seed": Flag(),
+}
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="train learned drafters (EAGLE, MoA)")
@@ -22,27 +56,8 @@ def register(subparsers) -> None:
                                     "target's greedy responses")
     d.add_argument("--target", required=True, help="registry name or local HF directory of the target")
     d.add_argument("--out", required=True, help="folder for samples.jsonl (use runs/..., it is git-ignored)")
-    d.add_argument("--text", action="append", default=[], metavar="PATH",
-                   help="plain text / code file or folder (walked; repeatable), cut into --chunk-tokens chunks")
-    d.add_argument("--glob", action="append", default=[], metavar="PATTERN",
-                   help="file-name glob of --text files (repeatable; default: common code and doc extensions)")
-    d.add_argument("--chat", action="append", default=[], metavar="FILE",
-                   help="ShareGPT (conversations: [{from, value}]) or OpenAI-style messages JSON/JSONL (repeatable)")
-    d.add_argument("--answers", choices=("given", "target"), default="given",
-                   help="chat files: keep their assistant turns, or have the target rewrite them (self-distillation)")
-    d.add_argument("--chunk-tokens", type=int, default=512, help="target tokens per text chunk")
-    d.add_argument("--chunks-per-file", type=int, default=4, help="text chunks taken from one file at most")
-    d.add_argument("--max-tokens", type=int, default=0, help="text: stop at about this many tokens (0: all)")
-    d.add_argument("--val-first", type=int, default=8,
-                   help="text: this many held-out chunks go first, so a store cut short can be validated on")
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--n-write", type=int, default=200)
-    d.add_argument("--n-explain", type=int, default=100)
-    d.add_argument("--n-code", type=int, default=60)
-    d.add_argument("--max-new-tokens", type=int, default=192, help="length cap of a generated answer")
-    d.add_argument("--batch-size", type=int, default=8)
-    d.add_argument("--val-fraction", type=float, default=None,
-                   help="held-out share (default 0.1 for stdlib prompts, 0.02 for files)")
+    add_flags(d, FileDataConfig, FILE_DATA_FLAGS)
+    add_flags(d, DataConfig, {**PROMPT_DATA_FLAGS, **BOTH_DATA_FLAGS})
     _common(d)
     d.set_defaults(func=_data)
 
@@ -50,11 +65,7 @@ def register(subparsers) -> None:
     f.add_argument("--target", required=True)
     f.add_argument("--data", required=True, help="folder with samples.jsonl")
     f.add_argument("--out", required=True, help="feature store folder")
-    f.add_argument("--max-len", type=int, default=1024, help="tokens per sequence at most")
-    f.add_argument("--tli", default="0,1,3", help="TLI depths whose target activations to store")
-    f.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per target forward")
-    f.add_argument("--shard-tokens", type=int, default=16384,
-                   help="tokens per shard file (a killed run loses at most the shard it was on)")
+    add_flags(f, ExtractConfig, EXTRACT_FLAGS)
     f.add_argument("--per-sequence", action="store_true",
                    help="the older layout: one file per sequence, one sequence per forward")
     _common(f)
@@ -80,22 +91,7 @@ def register(subparsers) -> None:
     t.add_argument("--heads", type=int, default=0)
     t.add_argument("--vocab", type=int, default=0, help="reduced draft vocabulary size (0: full)")
     t.add_argument("--unroll", type=int, default=1, help="EAGLE: drafting steps trained per start (training-time test)")
-    t.add_argument("--window", type=int, default=512, help="longest window of one sequence in a batch")
-    t.add_argument("--steps", type=int, default=1000)
-    t.add_argument("--lr", type=float, default=3e-4)
-    t.add_argument("--batch-tokens", type=int, default=2048, help="tokens per optimizer step, over all processes")
-    t.add_argument("--eval-every", type=int, default=100)
-    t.add_argument("--eval-sequences", type=int, default=32, help="validation sequences per pass")
-    t.add_argument("--eval-depth", type=int, default=6, help="draft positions whose acceptance is logged")
-    t.add_argument("--save-every", type=int, default=100)
-    t.add_argument("--max-minutes", type=float, default=0.0,
-                   help="stop (validate, save, write the drafter) after this much training; 0 = run all steps")
-    t.add_argument("--grad-accum", type=int, default=1,
-                   help="micro-batches per process and step (same global batch, less memory)")
-    t.add_argument("--amp", choices=("auto", "bf16", "off"), default="auto",
-                   help="mixed precision: auto = bf16 autocast on CUDA, none on CPU")
-    t.add_argument("--log-every", type=int, default=10, help="steps between progress lines (when not on a terminal)")
-    t.add_argument("--seed", type=int, default=0)
+    add_flags(t, TrainConfig, FIT_FLAGS)
     _common(t)
     t.set_defaults(func=_fit)
     s = sub.add_parser("ship", help="copy a run's drafter into the shipped checkpoints, with its card")
@@ -134,47 +130,44 @@ def _log_to(path: str) -> None:
 
 
 def _data(args) -> int:
-    from .data import DataConfig, FileDataConfig, build_dataset, build_from_files
+    from edgespec.shared.config_flags import from_args
+
+    from .data import build_dataset, build_from_files
 
     _setup(args)
     if args.text or args.chat:
-        cfg = FileDataConfig(text=tuple(args.text), chats=tuple(args.chat), text_globs=tuple(args.glob),
-                             answers=args.answers, chunk_tokens=args.chunk_tokens, chunks_per_file=args.chunks_per_file,
-                             max_tokens=args.max_tokens, val_first=args.val_first, max_new_tokens=args.max_new_tokens,
-                             batch_size=args.batch_size, seed=args.seed,
-                             val_fraction=0.02 if args.val_fraction is None else args.val_fraction)
+        cfg = from_args(FileDataConfig, args, {**FILE_DATA_FLAGS, **BOTH_DATA_FLAGS})
         print(build_from_files(args.target, args.out, cfg, device=args.device, dtype=args.dtype))
         return 0
-    cfg = DataConfig(seed=args.seed, n_write=args.n_write, n_explain=args.n_explain, n_code=args.n_code,
-                     max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                     val_fraction=0.1 if args.val_fraction is None else args.val_fraction)
-    path = build_dataset(args.target, args.out, cfg, device=args.device, dtype=args.dtype)
-    print(path)
+    cfg = from_args(DataConfig, args, {**PROMPT_DATA_FLAGS, **BOTH_DATA_FLAGS})
+    print(build_dataset(args.target, args.out, cfg, device=args.device, dtype=args.dtype))
     return 0
 
 
 def _features(args) -> int:
+    from edgespec.shared.config_flags import from_args
+
     from .features import extract_features
 
     _setup(args)
-    tli = tuple(int(x) for x in args.tli.split(",") if x.strip())
+    cfg = from_args(ExtractConfig, args, EXTRACT_FLAGS)
     if args.per_sequence:
-        extract_features(args.target, args.data, args.out, max_len=args.max_len, tli_depths=tli,
+        extract_features(args.target, args.data, args.out, max_len=cfg.max_len, tli_depths=cfg.tli_depths,
                          device=args.device, dtype=args.dtype)
         return 0
-    from .extraction import ExtractConfig, extract_sharded
+    from .extraction import extract_sharded
 
-    cfg = ExtractConfig(max_len=args.max_len, tli_depths=tli, batch_tokens=args.batch_tokens,
-                        shard_tokens=args.shard_tokens)
     extract_sharded(args.target, args.data, args.out, cfg, device=args.device, dtype=args.dtype)
     return 0
 
 
 def _fit(args) -> int:
+    from edgespec.shared.config_flags import from_args
+
     from .fit import fit_from_args
 
     _setup(args)
-    return fit_from_args(args)
+    return fit_from_args(args, from_args(TrainConfig, args, FIT_FLAGS))
 
 
 def _ship(args) -> int:

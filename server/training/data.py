@@ -12,44 +12,16 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from .corpus import DEFAULT_TEXT_GLOBS, Conversation, read_chat_file, text_chunks, text_files
 from .prompts import Sample, derive_samples, split_of
+from .train_config import DataConfig, FileDataConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    seed: int = 0  # chooses the prompts; same seed, same data set
-    n_write: int = 200  # "write a function that ..." prompts from docstrings
-    n_explain: int = 100  # "explain this code" prompts
-    n_code: int = 60  # plain code chunks (no generation; the target's features only)
-    code_chars: int = 1500  # characters per code chunk
-    max_new_tokens: int = 192  # length cap of the target's responses
-    batch_size: int = 8  # prompts generated together (left padding); a CPU is much faster batched
-    val_fraction: float = 0.1  # share of samples (by id hash) held out for validation
-    source_root: str | None = None  # where prompts come from; None = this interpreter's standard library
-
-
-@dataclass(frozen=True)
-class FileDataConfig:
-    text: tuple[str, ...] = ()  # files or folders of plain text / code (walked, filtered by text_globs)
-    chats: tuple[str, ...] = ()  # ShareGPT or OpenAI-style messages JSON / JSONL files
-    text_globs: tuple[str, ...] = ()  # file-name globs of text files; () = corpus.DEFAULT_TEXT_GLOBS
-    answers: str = "given"  # "given": keep the files' assistant turns; "target": the target rewrites them
-    chunk_tokens: int = 512  # target tokens per plain-text chunk (one training sequence)
-    chunks_per_file: int = 4  # at most this many chunks of one file: many sources beat a few long ones
-    max_tokens: int = 0  # stop adding text chunks at about this many tokens; 0 = all
-    max_new_tokens: int = 512  # length cap of a regenerated answer
-    batch_size: int = 8  # conversations regenerated together
-    val_fraction: float = 0.02  # share of samples (by id hash) held out for validation
-    val_first: int = 8  # held-out text chunks put first (the rest keep their shuffled place)
-    seed: int = 0  # file and chunk order
 
 
 def read_samples(path: str | Path) -> list[dict]:

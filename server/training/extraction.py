@@ -21,23 +21,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from edgespec.shared.drafters.target_parts import target_shape
-from edgespec.shared.models.cache_arg import output_cache
 from .data import read_samples
-from .features import CODEC, tokenize_sample
+from .features import CODEC, batch_features, tokenize_sample
+from .train_config import ExtractConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ExtractConfig:
-    max_len: int = 1024  # tokens per sequence at most (longer ones are cut)
-    tli_depths: tuple[int, ...] = (0, 1, 3)  # TLI depths whose target activations are stored
-    batch_tokens: int = 4096  # padded tokens per forward (several sequences each)
-    shard_tokens: int = 16384  # tokens per shard file: what a kill can cost at most
-    limit: int = 0  # use only the first rows of the data set; 0 = all
 
 
 @dataclass(frozen=True)
@@ -75,47 +65,6 @@ def plan_batches(seqs: list[Sequence], batch_tokens: int) -> list[list[int]]:
     if cur:
         batches.append(cur)
     return batches
-
-
-@torch.inference_mode()
-def batch_features(model, batch: list[list[int]], tli_depths: tuple[int, ...], pad_id: int) -> list[dict]:
-    """Per sequence: hidden [n, E], kv [n, L, 2*E_kv], act{N} [n, E] (float32, CPU), from one
-    right-padded forward of the whole batch."""
-    shape = target_shape(model)
-    base = model.model
-    lengths = [len(ids) for ids in batch]
-    width = max(lengths)
-    x = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    for r, ids in enumerate(batch):
-        x[r, :len(ids)] = torch.tensor(ids)
-    layer_inputs: dict[int, torch.Tensor] = {}
-    norm_io: dict[str, torch.Tensor] = {}
-    hooks = []
-    for idx in {shape.num_layers - n for n in tli_depths if n > 0}:
-        def pre(mod, args, kwargs, idx=idx):
-            layer_inputs[idx] = (args[0] if args else kwargs["hidden_states"]).float().cpu()
-        hooks.append(base.layers[idx].register_forward_pre_hook(pre, with_kwargs=True))
-
-    def on_norm(mod, args, out):
-        norm_io["in"], norm_io["out"] = args[0].float().cpu(), out.float().cpu()
-    hooks.append(base.norm.register_forward_hook(on_norm))
-    try:
-        out = base(input_ids=x.to(model.device), use_cache=True)
-    finally:
-        for h in hooks:
-            h.remove()
-    cache = output_cache(out)
-    # [B, kv_heads, T, D] -> [B, T, kv_heads*D] per layer; then [B, T, L, 2*E_kv]
-    flat = lambda t: t.transpose(1, 2).reshape(t.shape[0], t.shape[2], -1).float().cpu()  # noqa: E731
-    kv = torch.stack([torch.cat([flat(cache.layers[i].keys), flat(cache.layers[i].values)], -1)
-                      for i in range(shape.num_layers)], dim=2)
-    acts = {n: norm_io["in"] if n == 0 else layer_inputs[shape.num_layers - n] for n in tli_depths}
-    feats = []
-    for r, n in enumerate(lengths):
-        f = {"hidden": norm_io["out"][r, :n], "kv": kv[r, :n]}
-        f.update({f"act{d}": a[r, :n] for d, a in acts.items()})
-        feats.append(f)
-    return feats
 
 
 def shard_path(store: Path, k: int) -> Path:

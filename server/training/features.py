@@ -66,39 +66,49 @@ def tokenize_sample(tokenizer, row: dict, max_len: int) -> tuple[list[int], list
 
 
 @torch.inference_mode()
-def target_features(model, ids: list[int], tli_depths: tuple[int, ...]) -> dict[str, torch.Tensor]:
-    """hidden [n, E], kv [n, L, 2*E_kv], act{N} [n, E] of one sequence (float32, on CPU)."""
+def batch_features(model, batch: list[list[int]], tli_depths: tuple[int, ...], pad_id: int) -> list[dict]:
+    """Per sequence: hidden [n, E], kv [n, L, 2*E_kv], act{N} [n, E] (float32, CPU), from one
+    right-padded forward of the whole batch."""
     shape = target_shape(model)
     base = model.model
+    lengths = [len(ids) for ids in batch]
+    width = max(lengths)
+    x = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    for r, ids in enumerate(batch):
+        x[r, :len(ids)] = torch.tensor(ids)
     layer_inputs: dict[int, torch.Tensor] = {}
     norm_io: dict[str, torch.Tensor] = {}
-    wanted = {shape.num_layers - n for n in tli_depths if n > 0}
     hooks = []
-    for idx in wanted:
+    for idx in {shape.num_layers - n for n in tli_depths if n > 0}:
         def pre(mod, args, kwargs, idx=idx):
-            layer_inputs[idx] = (args[0] if args else kwargs["hidden_states"])[0].float().cpu()
+            layer_inputs[idx] = (args[0] if args else kwargs["hidden_states"]).float().cpu()
         hooks.append(base.layers[idx].register_forward_pre_hook(pre, with_kwargs=True))
 
     def on_norm(mod, args, out):
-        norm_io["in"], norm_io["out"] = args[0][0].float().cpu(), out[0].float().cpu()
+        norm_io["in"], norm_io["out"] = args[0].float().cpu(), out.float().cpu()
     hooks.append(base.norm.register_forward_hook(on_norm))
     try:
-        out = model.model(input_ids=torch.tensor([ids], device=model.device), use_cache=True)
+        out = base(input_ids=x.to(model.device), use_cache=True)
     finally:
         for h in hooks:
             h.remove()
     cache = output_cache(out)
-    kv = torch.stack([torch.cat([_flat(cache.layers[i].keys), _flat(cache.layers[i].values)], -1)
-                      for i in range(shape.num_layers)], dim=1)
-    feats = {"hidden": norm_io["out"], "kv": kv}
-    for n in tli_depths:
-        feats[f"act{n}"] = norm_io["in"] if n == 0 else layer_inputs[shape.num_layers - n]
+    # [B, kv_heads, T, D] -> [B, T, kv_heads*D] per layer; then [B, T, L, 2*E_kv]
+    flat = lambda t: t.transpose(1, 2).reshape(t.shape[0], t.shape[2], -1).float().cpu()  # noqa: E731
+    kv = torch.stack([torch.cat([flat(cache.layers[i].keys), flat(cache.layers[i].values)], -1)
+                      for i in range(shape.num_layers)], dim=2)
+    acts = {n: norm_io["in"] if n == 0 else layer_inputs[shape.num_layers - n] for n in tli_depths}
+    feats = []
+    for r, n in enumerate(lengths):
+        f = {"hidden": norm_io["out"][r, :n], "kv": kv[r, :n]}
+        f.update({f"act{d}": a[r, :n] for d, a in acts.items()})
+        feats.append(f)
     return feats
 
 
-def _flat(x: torch.Tensor) -> torch.Tensor:
-    # [1, kv_heads, n, D] -> [n, kv_heads*D]
-    return x[0].transpose(0, 1).reshape(x.shape[2], -1).float().cpu()
+def target_features(model, ids: list[int], tli_depths: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    """hidden [n, E], kv [n, L, 2*E_kv], act{N} [n, E] of one sequence (float32, on CPU): a batch of one."""
+    return batch_features(model, [ids], tli_depths, pad_id=0)[0]
 
 
 def seq_file(store: Path, sample_id: str) -> Path:

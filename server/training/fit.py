@@ -114,7 +114,7 @@ def feature_source(args, device=None):
     return FeatureStore(args.features)
 
 
-def fit_from_args(args) -> int:
+def fit_from_args(args, cfg: TrainConfig) -> int:
     from transformers import AutoTokenizer
 
     from edgespec.shared.fingerprint import tokenizer_fingerprint
@@ -138,11 +138,6 @@ def fit_from_args(args) -> int:
                           vocab=args.vocab, special_ids=specials, seed=args.seed, unroll=args.unroll,
                           run_dir=Path(args.out), options=parse_opts(getattr(args, "opt", None) or []),
                           init=getattr(args, "init", None))
-    cfg = TrainConfig(steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens, window=args.window,
-                      eval_every=args.eval_every, eval_sequences=args.eval_sequences, eval_depth=args.eval_depth,
-                      save_every=args.save_every, seed=args.seed,
-                      max_wall_s=60.0 * getattr(args, "max_minutes", 0.0), grad_accum=getattr(args, "grad_accum", 1),
-                      amp=getattr(args, "amp", "auto"), log_every=getattr(args, "log_every", 10))
     run_dir = Path(args.out)
     trainer = Trainer(recipe, store, run_dir, cfg, device=device)
     t0 = time.perf_counter()

@@ -1,15 +1,15 @@
 """shared.auth: where a key is read from, and that a wrong one is told apart from a missing one."""
 from __future__ import annotations
 
-from edgespec.shared.auth import api_key_from_headers, api_key_matches, api_key_problem
+from edgespec.shared.auth import api_key_matches, api_key_problem, api_keys_from_headers
 
 
 def test_the_bearer_scheme_is_read_in_any_case_and_x_api_key_too():
     for headers in ({"authorization": "Bearer k"}, {"authorization": "bearer k"}, {"authorization": "BEARER   k "},
                     {"x-api-key": "k"}, {"authorization": "Basic zzz", "x-api-key": "k"}):
-        assert api_key_from_headers(headers) == "k", headers
+        assert api_keys_from_headers(headers) == ["k"], headers
     for headers in ({}, {"authorization": "Bearer "}, {"authorization": "k"}, {"x-api-key": "  "}):
-        assert api_key_from_headers(headers) is None, headers
+        assert api_keys_from_headers(headers) == [], headers
 
 
 def test_keys_match_exactly():

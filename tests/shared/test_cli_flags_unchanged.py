@@ -16,7 +16,14 @@ import pytest
 
 SNAPSHOT = Path(__file__).parent / "data" / "cli_flags.json"
 # `client serve` and `client` share one parser (serve is its positional action); demo takes the client's options.
-COMMANDS = ("server", "client", "demo")
+# A sub-command is named by its path ("bench multi-turn"); the bench and train commands' flags share helpers and
+# come from their configs (BenchConfig, TrainConfig).
+COMMANDS = ("server", "client", "demo",
+            "bench speed", "bench link", "bench disconnect", "bench codec", "bench specbench", "bench report",
+            "bench server", "bench drafting", "bench tree-sweep", "bench independent", "bench router", "bench beagle",
+            "bench activation-codec", "bench near-ties", "bench multi-turn", "bench constrained",
+            "train data", "train features", "train fit", "train ship",
+            "netem apply", "netem clear", "netem lab up", "netem lab down", "netem relay", "netem measure")
 
 
 def _kind(action: argparse.Action) -> str:
@@ -31,7 +38,8 @@ def describe(action: argparse.Action) -> dict:
     """What a flag is, from the parser object: every spelling, where it lands, its default and how it parses."""
     # Choices as a set: their order is only how --help lists them.
     choices = None if action.choices is None else sorted(str(c) for c in action.choices)
-    return {"option_strings": list(action.option_strings), "dest": action.dest, "default": action.default,
+    default = json.loads(json.dumps(action.default, default=str))  # a Path as its text, a tuple as a list
+    return {"option_strings": list(action.option_strings), "dest": action.dest, "default": default,
             "kind": _kind(action), "type": _type(action), "choices": choices, "nargs": action.nargs,
             "required": action.required}
 
@@ -39,10 +47,11 @@ def describe(action: argparse.Action) -> dict:
 def command_flags() -> dict[str, list[dict]]:
     from edgespec.cli import build_parser
 
-    subcommands = build_parser()._subparsers._group_actions[0].choices
-    out = {}
+    root, out = build_parser(), {}
     for name in COMMANDS:
-        parser = subcommands[name]
+        parser = root
+        for word in name.split():
+            parser = parser._subparsers._group_actions[0].choices[word]
         parser.format_help()  # a command whose options are added on first use has them now
         out[name] = [describe(a) for a in parser._actions if not isinstance(a, argparse._HelpAction)]
     return out

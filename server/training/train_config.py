@@ -1,0 +1,71 @@
+"""The settings of the `edgespec train` steps: the data set (data.py), the feature extraction (extraction.py),
+the training loop (trainer.py). They stand apart from their torch-importing modules so that the steps' flags
+come from them (shared/config_flags.py) while `edgespec --help` stays fast."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 1000  # optimizer steps in all
+    lr: float = 3e-4  # peak learning rate (AdamW)
+    warmup: int = 20  # linear warm-up steps, then cosine decay to lr/10
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    grad_clip: float = 0.5  # max global gradient norm
+    batch_tokens: int = 2048  # tokens per optimizer step (summed over windows and processes)
+    window: int = 512  # longest window cut from one sequence (random start)
+    eval_every: int = 100  # steps between validation passes (and at the end)
+    eval_depth: int = 6  # draft positions whose acceptance is logged
+    eval_sequences: int = 32  # validation sequences per pass (the first ones, for comparable numbers)
+    save_every: int = 100  # steps between checkpoints (and at the end)
+    seed: int = 0  # data order, windows, noise
+    max_wall_s: float = 0.0  # stop (validate, save) once this run has trained this long; 0 = no limit
+    grad_accum: int = 1  # micro-batches (separate backward passes) per process and optimizer step
+    amp: Literal["auto", "bf16", "off"] = "auto"  # mixed precision: auto = bf16 autocast on CUDA, none on CPU
+    log_every: int = 10  # steps between progress lines when not on a terminal
+
+    # Randomness inside windows: "per-window" (seeded by step and window: the same whatever process or
+    # micro-batch draws it), "shared" (one stream with the window draws, as runs before data-parallel
+    # training had), "auto": per-window under a launcher (WORLD_SIZE set) or with grad_accum > 1.
+    window_rng: str = "auto"
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    seed: int = 0  # chooses the prompts; same seed, same data set
+    n_write: int = 200  # "write a function that ..." prompts from docstrings
+    n_explain: int = 100  # "explain this code" prompts
+    n_code: int = 60  # plain code chunks (no generation; the target's features only)
+    code_chars: int = 1500  # characters per code chunk
+    max_new_tokens: int = 192  # length cap of the target's responses
+    batch_size: int = 8  # prompts generated together (left padding); a CPU is much faster batched
+    val_fraction: float = 0.1  # share of samples (by id hash) held out for validation
+    source_root: str | None = None  # where prompts come from; None = this interpreter's standard library
+
+
+@dataclass(frozen=True)
+class FileDataConfig:
+    text: tuple[str, ...] = ()  # files or folders of plain text / code (walked, filtered by text_globs)
+    chats: tuple[str, ...] = ()  # ShareGPT or OpenAI-style messages JSON / JSONL files
+    text_globs: tuple[str, ...] = ()  # file-name globs of text files; () = corpus.DEFAULT_TEXT_GLOBS
+    answers: Literal["given", "target"] = "given"  # chat files: "given" keeps their assistant turns, "target"
+    # has the target rewrite them (self-distillation)
+    chunk_tokens: int = 512  # target tokens per plain-text chunk (one training sequence)
+    chunks_per_file: int = 4  # at most this many chunks of one file: many sources beat a few long ones
+    max_tokens: int = 0  # stop adding text chunks at about this many tokens; 0 = all
+    max_new_tokens: int = 512  # length cap of a regenerated answer
+    batch_size: int = 8  # conversations regenerated together
+    val_fraction: float = 0.02  # share of samples (by id hash) held out for validation
+    val_first: int = 8  # held-out text chunks put first (the rest keep their shuffled place)
+    seed: int = 0  # file and chunk order
+
+
+@dataclass(frozen=True)
+class ExtractConfig:
+    max_len: int = 1024  # tokens per sequence at most (longer ones are cut)
+    tli_depths: tuple[int, ...] = (0, 1, 3)  # TLI depths whose target activations are stored
+    batch_tokens: int = 4096  # padded tokens per forward (several sequences each)
+    shard_tokens: int = 16384  # tokens per shard file: what a kill can cost at most
+    limit: int = 0  # use only the first rows of the data set; 0 = all
