@@ -91,8 +91,9 @@ MODEL_FLAGS = {
     "drafter_model": Flag(default=None, help="small model (default qwen2.5-coder-0.5b-instruct)"),
 }
 PROMPT_SET_FLAGS = {
-    "drafters": Flag(type=_csv, action="store", help="comma-separated; NAME@serial, @pipelined, @auto-serial or @auto "
-                                                     "(the default) picks the client's loop, so loops compare in one run"),
+    "drafters": Flag(type=_csv, action="store",
+                     help="comma-separated; NAME@serial, @pipelined, @auto-serial or @auto (the default) picks the "
+                          "client's loop, so loops compare in one run"),
     "profiles": Flag(type=_csv, action="store", help="comma-separated network profiles"),
     "prompt_sets": Flag("--sets", type=_csv, action="store", help="prompt sets, comma-separated"),
     # --limit N,SET=N is limit and set_limits (which _run_experiment gives from_args itself)

@@ -42,7 +42,7 @@ class BenchConfig:
     set_limits: dict = field(default_factory=dict)  # per-set overrides of limit, e.g. {"humaneval": 40}
     max_new_tokens: int = 256  # per generation
     cut_after: tuple[int | None, ...] = (1, 10, 25, 50, None)  # `disconnect`: B new tokens, None = never
-    cut_mode: Literal["blackhole", "reset"] = "blackhole"  # `disconnect`: "blackhole" (packets vanish) or "reset" (connections close)
+    cut_mode: Literal["blackhole", "reset"] = "blackhole"  # `disconnect`: packets vanish, or connections close
 
     # `disconnect`: generation ends after the answer's first code block, for every system alike (the
     # instruct models add prose after it that HumanEval never reads; it would only cost time)
