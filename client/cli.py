@@ -85,12 +85,17 @@ def add_loop_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-pipeline", action="store_true",
                    help="the serial loop: draft only after each verdict (default: draft the next tree while the "
                         "server verifies, from the likeliest verdict)")
+    p.add_argument("--decode-ahead", type=int, default=None, metavar="N",
+                   help="most tokens a step without a tree asks the server to decode on its own, so a round trip "
+                        "is not paid per token while trees lose (1: one token a step; default: LoopConfig's, 8)")
 
 
 def loop_config(args: argparse.Namespace):
     from .step_plan import LoopConfig
 
-    return LoopConfig(pipeline=not getattr(args, "no_pipeline", False), tree=getattr(args, "tree", "auto"))
+    ahead = getattr(args, "decode_ahead", None)
+    return LoopConfig(pipeline=not getattr(args, "no_pipeline", False), tree=getattr(args, "tree", "auto"),
+                      decode_ahead=LoopConfig.decode_ahead if ahead is None else ahead)
 
 
 def add_tree_arguments(p: argparse.ArgumentParser) -> None:

@@ -295,11 +295,13 @@ class Generation:
         return tree if self._grammar is None else self._grammar.prune(s.generated, tree)
 
     def _take_verdict(self, tree: DraftTree, verdict: Verdict, what: str) -> list[int]:
-        """Count and commit a verified tree's accepted nodes and the bonus token; returns the accepted tokens."""
+        """Count and commit a verified tree's accepted nodes (or the tokens the target decoded ahead) and the
+        bonus token; returns the accepted tokens."""
         tokens = accepted_path(tree, verdict.accepted)
-        check_committed_len(len(self.state.committed) + len(tokens) + 1, verdict.committed_len, what)
+        target = [*verdict.decoded, verdict.bonus_token]  # the target's own tokens
+        check_committed_len(len(self.state.committed) + len(tokens) + len(target), verdict.committed_len, what)
         self.metrics.observe_draft(len(tree), len(tokens))
-        self._commit(tokens + [verdict.bonus_token], [TokenOrigin.ACCEPTED] * len(tokens) + [TokenOrigin.BONUS],
+        self._commit(tokens + target, [TokenOrigin.ACCEPTED] * len(tokens) + [TokenOrigin.BONUS] * len(target),
                      verdict.logprobs)
         return tokens
 
@@ -331,14 +333,16 @@ class Generation:
         # 6. the drafter observes the result (after dropping what drafting ahead left)
         if prepared:
             self.drafter.rewind(flight.committed)
-        self.drafter.observe(Verification(flight.tree, verdict.accepted, verdict.bonus_token, after,
-                                          verdict.features))
+        # tokens the target decoded ahead reach the drafter as a chain it drafted and the target took whole
+        tree, accepted = ((DraftTree.chain(verdict.decoded), tuple(range(len(verdict.decoded))))
+                          if verdict.decoded else (flight.tree, verdict.accepted))
+        self.drafter.observe(Verification(tree, accepted, verdict.bonus_token, after, verdict.features))
         # 7. emit
         yield from self._events()
 
-    def _send(self, tree: DraftTree, scores: Sequence[float] | None) -> Flight:
+    def _send(self, tree: DraftTree, scores: Sequence[float] | None, ahead: int = 1) -> Flight:
         self._step += 1
-        return self.pipe.send(self._step, self.state.committed, tree, scores)
+        return self.pipe.send(self._step, self.state.committed, tree, scores, ahead)
 
     def _offline_step(self) -> Iterator[Event]:
         failures = self.verifier.reconnected(0.0)

@@ -375,13 +375,15 @@ class GrpcTransport:
             timeout_s = link.config.resume_timeout_s
         elif kind == "draft":  # a few times the recent round trips: a blackhole is found in about one
             nodes = len(message.draft.tree) // TREE_NODE_BYTES
-            timeout_s = link.draft_deadline(nodes)
+            # decoding ahead costs up to `ahead` plain steps; its round trip is kept as one step's share of it
+            ahead = max(1, message.draft.decode_ahead)
+            timeout_s = min(link.config.max_deadline_s, link.draft_deadline(nodes) * ahead)
         else:  # Close: no work for the model
             timeout_s = min(2.0, link.draft_deadline())
         t0 = time.perf_counter()
         answer = self._stream.request(message, timeout_s)
         if kind == "draft":
-            link.record(time.perf_counter() - t0, nodes)
+            link.record((time.perf_counter() - t0) / ahead, nodes)
         elif kind == "open" and link.first_round_trip_s is None:  # the deadline's base until a Draft is timed
             link.first_round_trip_s = time.perf_counter() - t0
         return answer

@@ -44,6 +44,7 @@ class Flight:
     sent: float  # perf_counter when it was sent
     future: Future  # -> (Verdict, perf_counter when it came)
     waited_s: float = 0.0  # a serial Draft: the client's wait for its answer
+    ahead: int = 1  # an empty tree: the tokens the target is asked to decode on its own (Draft.decode_ahead)
 
 
 @dataclass(frozen=True)
@@ -72,12 +73,13 @@ class DraftPipeline:
         self.planner = TreePlanner(loop, estimates, max_tree_nodes, can_guess)
         self._pool: ThreadPoolExecutor | None = None  # the worker a Draft waits for its answer on
 
-    def draft_now(self, committed: Sequence[int], remaining: int) -> Scored:
+    def draft_now(self, committed: Sequence[int], remaining: int) -> tuple[DraftTree, Sequence[float] | None, int]:
         """A tree from the committed text for a step that may commit `remaining` tokens, of the size the
-        planner picks (none: an empty tree, a plain decode step)."""
+        planner picks, and how many tokens the target is to decode ahead (none: an empty tree, a plain step
+        of that many tokens)."""
         size = self.planner.size(remaining)
         if size.plain:
-            return DraftTree((), ()), None
+            return DraftTree((), ()), None, size.ahead
         t0 = time.perf_counter()
         if self.grammar is None:
             tree = self.drafter.propose(DraftRequest(tuple(committed), size.nodes, size.depth))
@@ -89,13 +91,14 @@ class DraftPipeline:
         took = time.perf_counter() - t0
         self.metrics.draft_s += took
         self.estimates.observe_draft(tree, took)
-        return tree, self.drafter.tree_scores() if self.grammar is None else None
+        return tree, self.drafter.tree_scores() if self.grammar is None else None, 1
 
-    def send(self, step: int, committed: Sequence[int], tree: DraftTree, scores: Sequence[float] | None) -> Flight:
+    def send(self, step: int, committed: Sequence[int], tree: DraftTree, scores: Sequence[float] | None,
+             ahead: int = 1) -> Flight:
         """Send a Draft: on the worker when there will be drafting ahead to do meanwhile, else here."""
         if not len(tree):
             self.metrics.plain_steps += 1
-        flight = Flight(step, tuple(committed), tree, scores, time.perf_counter(), Future())
+        flight = Flight(step, tuple(committed), tree, scores, time.perf_counter(), Future(), ahead=ahead)
         if self.planner.pipelined and scores is not None and len(tree):
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="edgespec-verify")
@@ -109,7 +112,7 @@ class DraftPipeline:
         return flight
 
     def _verify(self, flight: Flight) -> tuple[Verdict, float]:
-        verdict = self.verifier.verify(flight.step, len(flight.committed), flight.tree)
+        verdict = self.verifier.verify(flight.step, len(flight.committed), flight.tree, flight.ahead)
         return verdict, time.perf_counter()
 
     def land(self, flight: Flight) -> tuple[Verdict, float]:
@@ -121,7 +124,7 @@ class DraftPipeline:
         finally:
             self.metrics.idle_s += flight.waited_s + (time.perf_counter() - t0)
         self.estimates.observe_verdict(flight.tree, len(verdict.accepted), arrived - flight.sent,
-                                       verdict.timings.total_ns / 1e9)
+                                       verdict.timings.total_ns / 1e9, len(verdict.decoded) + 1)
         return verdict, arrived - flight.sent
 
     def draft_ahead(self, flight: Flight, tokens_left: int) -> list[Prepared]:

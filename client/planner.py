@@ -5,9 +5,11 @@ chance that depth i is accepted (the bonus token is always there); the chance
 of depth i is the product of the drafter's per-depth acceptance up to i. It
 costs the drafter's time for the tree, the link's round trip and the server's
 verification of its nodes (the cost curve the server measured, refined by the
-timings of each answer). A step with no tree ("none", a plain decode step
-through the session) commits exactly one token for the round trip and a decode
-step. Drafting ahead (``guess.py``) hides the drafting behind the verification
+timings of each answer). A step with no tree ("none", a plain step through the
+session) asks the target to decode k tokens on its own (``Draft.decode_ahead``):
+it commits k tokens for one round trip and k decode steps, with k the fewest
+that keep the round trip under a set share of the step (one round trip a token
+lost to the plain API's stream at 4g: 0.78 s a token against 0.50). Drafting ahead (``guess.py``) hides the drafting behind the verification
 of the previous tree when its guess was right: a cycle then costs
 max(draft, round trip + verify), plus the drafting again for a wrong guess.
 The planner compares every depth up to the limit and keeps the best; the node
@@ -24,8 +26,9 @@ from typing import Sequence
 class TreeSize:
     """What one step asks the drafter for."""
 
-    nodes: int  # most nodes in the tree (0: no tree, a plain decode step)
+    nodes: int  # most nodes in the tree (0: no tree, a plain step)
     depth: int  # deepest level (0: no tree)
+    ahead: int = 1  # a plain step: the tokens the target decodes on its own (Draft.decode_ahead)
 
     @property
     def plain(self) -> bool:
@@ -48,6 +51,9 @@ class PlanInputs:
     max_nodes: int  # largest tree allowed (the server's limit, the drafter's shape)
     max_depth: int  # deepest tree allowed (also: the tokens still wanted)
     hit_rate: float = 0.0  # share of trees drafted ahead while the previous verification was out (0: serial)
+    max_ahead: int = 1  # most tokens a plain step may ask the target to decode (also: at most the tokens wanted)
+    ahead_overhead: float = 0.1  # a plain step asks for the fewest tokens that keep the round trip at most this
+    # share of its time (more only delay the next tree's chance and the output's next piece)
 
     def __post_init__(self) -> None:
         if len(self.verify_nodes) != len(self.verify_s) or not self.verify_nodes:
@@ -57,6 +63,9 @@ class PlanInputs:
             raise ValueError(f"the cost curve's sizes must ascend without repeats, got {self.verify_nodes}")
         if not 0.0 <= self.hit_rate <= 1.0 or any(not 0.0 <= a <= 1.0 for a in self.acceptance):
             raise ValueError("hit_rate and acceptance are chances, between 0 and 1")
+        if self.max_ahead < 1 or not 0.0 < self.ahead_overhead < 1.0:
+            raise ValueError(f"need max_ahead >= 1 and 0 < ahead_overhead < 1, got {self.max_ahead} and "
+                             f"{self.ahead_overhead}")
 
 
 def verify_time(nodes: int, curve_nodes: Sequence[int], curve_s: Sequence[float]) -> float:
@@ -85,23 +94,36 @@ def tree_nodes(inputs: PlanInputs, depth: int) -> int:
     return 0 if depth == 0 else max(depth, min(inputs.max_nodes, math.ceil(inputs.nodes_per_depth * depth)))
 
 
+def plain_step(inputs: PlanInputs) -> TreeSize:
+    """The plain step: the fewest tokens decoded ahead (up to max_ahead) that keep the round trip at most
+    ahead_overhead of the step's time."""
+    decode = verify_time(0, inputs.verify_nodes, inputs.verify_s)
+    share = inputs.ahead_overhead
+    # round trip <= share * (round trip + k * decode)  <=>  k >= round trip * (1 - share) / (share * decode)
+    wanted = math.ceil(inputs.round_trip_s * (1 - share) / (share * decode)) if decode > 0 else inputs.max_ahead
+    return TreeSize(0, 0, max(1, min(inputs.max_ahead, wanted)))
+
+
 def step_time(inputs: PlanInputs, size: TreeSize) -> float:
     """Seconds one step costs, the better of drafting serially and drafting ahead at the measured hit rate."""
-    flight = inputs.round_trip_s + verify_time(size.nodes, inputs.verify_nodes, inputs.verify_s)
     if size.plain:
-        return flight
+        return inputs.round_trip_s + size.ahead * verify_time(0, inputs.verify_nodes, inputs.verify_s)
+    flight = inputs.round_trip_s + verify_time(size.nodes, inputs.verify_nodes, inputs.verify_s)
     draft = inputs.draft_pass_s * (size.depth + 1)
     ahead = max(draft, flight) + (1.0 - inputs.hit_rate) * draft
     return min(draft + flight, ahead)
 
 
 def tokens_per_s(inputs: PlanInputs, size: TreeSize) -> float:
-    return expected_tokens(inputs.acceptance, 0 if size.plain else size.depth) / max(step_time(inputs, size), 1e-9)
+    tokens = size.ahead if size.plain else expected_tokens(inputs.acceptance, size.depth)
+    return tokens / max(step_time(inputs, size), 1e-9)
 
 
 def plan_tree(inputs: PlanInputs) -> TreeSize:
-    """The tree size (or PLAIN) with the most expected committed tokens per second; on a tie the smaller."""
-    best, best_rate = PLAIN, tokens_per_s(inputs, PLAIN)
+    """The tree size (or the plain step) with the most expected committed tokens per second; on a tie the
+    smaller."""
+    best = plain_step(inputs)
+    best_rate = tokens_per_s(inputs, best)
     for depth in range(1, max(0, inputs.max_depth) + 1):
         size = TreeSize(tree_nodes(inputs, depth), depth)
         if size.nodes > inputs.max_nodes:
@@ -115,7 +137,7 @@ def plan_tree(inputs: PlanInputs) -> TreeSize:
 def probe_tree(inputs: PlanInputs) -> TreeSize:
     """The shallowest tree that would beat plain steps were the drafter right on every node (PLAIN when none
     would): while plain steps win, it is the cheapest tree whose verdict can show that trees win again."""
-    plain = tokens_per_s(inputs, PLAIN)
+    plain = tokens_per_s(inputs, plain_step(inputs))
     for depth in range(1, max(0, inputs.max_depth) + 1):
         size = TreeSize(tree_nodes(inputs, depth), depth)
         if size.nodes > inputs.max_nodes:

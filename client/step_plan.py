@@ -22,7 +22,10 @@ from typing import Sequence
 
 from edgespec.shared.tree import DraftTree
 
-from .planner import PLAIN, PlanInputs, TreeSize, expected_tokens, plan_tree, probe_tree, step_time, verify_time
+from edgespec.shared.wire import MAX_DECODE_AHEAD
+
+from .planner import (PLAIN, PlanInputs, TreeSize, expected_tokens, plain_step, plan_tree, probe_tree, step_time,
+                      verify_time)
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,11 @@ class LoopConfig:
     explore_share: float = 0.05  # most the probes may lose against plain steps, as a share of the plain steps'
     # time: where a tree costs 4x a plain step (a one-core CPU server) probes come tens of plain steps apart,
     # where trees come close to plain steps every explore_every
+    decode_ahead: int = 8  # most tokens a plain step asks the target to decode on its own (Draft.decode_ahead): a
+    # plain step that pays a round trip per token loses to the plain API's stream (4g: 0.78 s a token against 0.50)
+    ahead_overhead: float = 0.1  # a plain step asks for the fewest tokens (up to decode_ahead) that keep the round
+    # trip at most this share of its time: on a GPU server (decode steps of milliseconds) that is decode_ahead,
+    # on a one-core CPU server (0.3-0.5 s a step) one to a few
     warmup_trees: int = 3  # trees of the drafter's own shape verified before the planner sizes any: a plain
     # step measures no acceptance, so a planner that starts from its prior alone can settle on plain steps
     # with a drafter whose trees would win (seen on a one-core server: the 0.5B drafter at 1.9 tokens a step
@@ -51,9 +59,11 @@ class LoopConfig:
         if self.tree not in ("auto", "fixed"):
             raise ValueError(f"tree must be 'auto' or 'fixed', got {self.tree!r}")
         if (self.max_guesses < 0 or self.max_depth < 1 or self.explore_every < 1 or self.warmup_trees < 0
-                or self.explore_share < 0):
-            raise ValueError(f"need max_guesses >= 0, max_depth >= 1, explore_every >= 1, warmup_trees >= 0 and "
-                             f"explore_share >= 0, got {self}")
+                or self.explore_share < 0 or not 1 <= self.decode_ahead <= MAX_DECODE_AHEAD
+                or not 0 < self.ahead_overhead < 1):
+            raise ValueError(f"need max_guesses >= 0, max_depth >= 1, explore_every >= 1, warmup_trees >= 0, "
+                             f"explore_share >= 0, 1 <= decode_ahead <= {MAX_DECODE_AHEAD} and "
+                             f"0 < ahead_overhead < 1, got {self}")
 
 
 # The loops a benchmark can compare in one run, named after the drafter as "independent@serial" and so on.
@@ -62,6 +72,7 @@ LOOP_MODES = {
     "pipelined": LoopConfig(tree="fixed"),  # drafting ahead, the drafter's own shape every step
     "auto-serial": LoopConfig(pipeline=False),  # trees sized each step, no drafting ahead
     "auto": LoopConfig(),  # the default: both
+    "auto-1": LoopConfig(decode_ahead=1),  # the default before plain steps decoded ahead: a round trip a token
 }
 
 
@@ -120,11 +131,14 @@ class LoopEstimates:
             self.pass_s = _ema(self.pass_s, seconds / (depth + 1), self.WEIGHT)
             self.nodes_per_depth = _ema(self.nodes_per_depth, len(tree) / depth, self.WEIGHT)
 
-    def observe_verdict(self, tree: DraftTree, accepted: int, round_trip_s: float, server_s: float) -> None:
-        """A Draft of `tree` came back with `accepted` nodes after `round_trip_s`, `server_s` of it the server's."""
+    def observe_verdict(self, tree: DraftTree, accepted: int, round_trip_s: float, server_s: float,
+                        decoded: int = 1) -> None:
+        """A Draft of `tree` came back with `accepted` nodes after `round_trip_s`, `server_s` of it the server's;
+        a plain step that decoded ahead made `decoded` tokens (the curve keeps one decode step's time)."""
         with self._lock:
             self.round_trip_s = _ema(self.round_trip_s, max(0.0, round_trip_s - server_s), self.WEIGHT)
             n = len(tree)
+            server_s /= max(1, decoded) if not n else 1
             if server_s > 0:
                 self.seen[n] = _ema(self.seen.get(n), server_s, self.WEIGHT)
                 if self.reported:
@@ -191,7 +205,8 @@ class LoopEstimates:
     def draft_s(self, depth: int) -> float:
         return (self.pass_s or 0.0) * (depth + 1)
 
-    def inputs(self, max_nodes: int, max_depth: int, pipelined: bool) -> PlanInputs | None:
+    def inputs(self, max_nodes: int, max_depth: int, pipelined: bool, max_ahead: int = 1,
+               ahead_overhead: float = 0.1) -> PlanInputs | None:
         """What the planner needs, or None while something is not measured yet (no curve, no round trip,
         no drafting time)."""
         with self._lock:
@@ -203,7 +218,8 @@ class LoopEstimates:
                 round_trip_s=self.round_trip_s, verify_nodes=tuple(sizes),
                 verify_s=tuple(curve[n] for n in sizes), draft_pass_s=self.pass_s,
                 acceptance=self.acceptance(), nodes_per_depth=self.nodes_per_depth or 1.0,
-                max_nodes=max_nodes, max_depth=max_depth, hit_rate=self.hit_rate if pipelined else 0.0)
+                max_nodes=max_nodes, max_depth=max_depth, hit_rate=self.hit_rate if pipelined else 0.0,
+                max_ahead=max(1, max_ahead), ahead_overhead=ahead_overhead)
 
 
 class TreePlanner:
@@ -224,7 +240,8 @@ class TreePlanner:
         full = TreeSize(self.max_nodes, depth) if depth else PLAIN
         if self.config.tree == "fixed" or full.plain:
             return full
-        inputs = self.estimates.inputs(self.max_nodes, min(depth, self.config.max_depth), self.pipelined)
+        inputs = self.estimates.inputs(self.max_nodes, min(depth, self.config.max_depth), self.pipelined,
+                                       min(self.config.decode_ahead, remaining), self.config.ahead_overhead)
         if inputs is None or self.estimates.trees_verified < self.config.warmup_trees:
             size = full  # not measured enough yet: the drafter's own shape, which measures it
         else:
@@ -248,19 +265,20 @@ class TreePlanner:
         once: one verdict does not outweigh what was measured before, a run of them does, and takes the loop
         back to trees within a few steps."""
         followed, self.probing = self.probing and self.estimates.last_whole, False
+        plain = plain_step(inputs)
         probe = probe_tree(inputs)  # at the planner's costs: trees that win are drafted ahead
         if probe.plain:
-            return PLAIN  # no tree could win here, whatever the drafter's acceptance
-        self._plain_in_a_row += 1
-        plain_s = step_time(inputs, PLAIN)
+            return plain  # no tree could win here, whatever the drafter's acceptance
+        self._plain_in_a_row += plain.ahead  # counted in tokens: a plain step may decode several
+        plain_s = step_time(inputs, plain)
         self._plain_s += plain_s
         serial = dataclasses.replace(inputs, hit_rate=0.0)  # between plain steps nothing is drafted ahead
-        loss = step_time(serial, probe) - expected_tokens(inputs.acceptance, probe.depth) * plain_s
+        loss = step_time(serial, probe) - expected_tokens(inputs.acceptance, probe.depth) * plain_s / plain.ahead
         if followed or (self._plain_in_a_row > self.config.explore_every
                         and loss <= self.config.explore_share * self._plain_s):
             self.probing = True
             return probe
-        return PLAIN
+        return plain
 
     def worth_drafting_ahead(self, flight_nodes: int, next_depth: int, elapsed_s: float, first: bool) -> bool:
         """Is one more tree drafted ahead likely to pay? The first always does while the drafter would finish

@@ -19,10 +19,11 @@ Both transports fail the same way, and the loop acts on the kind of error:
 """
 from __future__ import annotations
 
+
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Protocol, Sequence
 
 import torch
@@ -113,6 +114,7 @@ class Verdict:
     features: Mapping[str, torch.Tensor] = field(default_factory=dict)  # decoded, by wire name (``shared.wire``)
     timings: ServerTimings = ServerTimings()  # the server's time on it
     logprobs: tuple[TokenLogprob, ...] = ()  # with SessionSpec.logprobs: one per token this answer committed
+    decoded: tuple[int, ...] = ()  # a Draft with decode_ahead: the target's tokens before bonus_token
 
 
 class Transport(Protocol):
@@ -161,15 +163,21 @@ class Verifier:
         return self._verdict(opened, opened.first_token, len(opened.accepted) + 1, accepted=opened.accepted,
                              rows=rows)
 
-    def verify(self, step: int, committed_len: int, tree: DraftTree) -> Verdict:
-        """Verify a tree hung from the last of committed_len committed tokens."""
+    def verify(self, step: int, committed_len: int, tree: DraftTree, decode_ahead: int = 1) -> Verdict:
+        """Verify a tree hung from the last of committed_len committed tokens; with an empty tree and
+        decode_ahead > 1, the target decodes up to that many tokens on its own (``Verdict.decoded`` + bonus)."""
         draft = pb.Draft(session_id=self._open.session_id, step=step, committed_len=committed_len,
-                         tree=encode_tree(tree))
+                         tree=encode_tree(tree), decode_ahead=decode_ahead if decode_ahead > 1 else 0)
         verified = self._call(pb.ClientMessage(draft=draft), "verified")
         if verified.step != step:
             raise ProtocolError(f"Verified answers step {verified.step}, the client sent step {step}")
-        return self._verdict(verified, verified.bonus_token, len(verified.accepted) + 1, accepted=verified.accepted,
-                             rows=len(tree) + 1)
+        if len(verified.decoded) >= max(1, decode_ahead) or (verified.decoded and verified.accepted):
+            raise ProtocolError(f"Verified decoded {len(verified.decoded)} tokens before its bonus token (and accepted "
+                                f"{len(verified.accepted)} nodes) where the Draft asked for {decode_ahead} in all")
+        committed = len(verified.accepted) + len(verified.decoded) + 1
+        verdict = self._verdict(verified, verified.bonus_token, committed, accepted=verified.accepted,
+                                rows=max(len(tree) + 1, decode_ahead))
+        return replace(verdict, decoded=tuple(verified.decoded))
 
     def resume(self, confirmed: Sequence[int], provisional: Sequence[int], policy: ResumePolicy,
                step: int) -> Verdict:

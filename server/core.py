@@ -80,11 +80,12 @@ class VerifierCore:
             "max_new_tokens": settings.max_new_tokens})
         return result
 
-    def verify(self, session_id: str, step: int, committed_len: int, tree_bytes: bytes) -> StepResult:
+    def verify(self, session_id: str, step: int, committed_len: int, tree_bytes: bytes,
+               decode_ahead: int = 1) -> StepResult:
         tree = decode_tree(tree_bytes, self.target.vocab_size, self.limits.max_tree_nodes)
         session = self._checkout(session_id)
         try:
-            result = session.verify(step, committed_len, tree)
+            result = session.verify(step, committed_len, tree, decode_ahead)
             self.store.touch(session)
         finally:
             session.lock.release()

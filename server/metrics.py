@@ -192,7 +192,7 @@ class ServerMetrics(VllmMetrics):
         self.verify_time.observe(t.total_ns / 1e9)
         self.queue_time.observe(t.queue_ns / 1e9)
         self._observe_draft(tree_nodes, len(result.accepted))
-        self._session_tokens(session_id, len(result.accepted) + 1, result.next_token)
+        self._session_tokens(session_id, len(result.accepted) + len(result.decoded) + 1, result.next_token)
 
     def _session_tokens(self, session_id: str, count: int, last_id: int) -> None:
         with self._mutex:

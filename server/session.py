@@ -27,7 +27,7 @@ from edgespec.shared.logprobs import TokenLogprob, token_logprobs
 from edgespec.shared.session_contract import SamplingSettings, ServerTimings
 from edgespec.shared.tree import DraftTree
 from edgespec.shared.verification import VerifyOutcome, next_token, sample_verify, target_probs, verify_tree
-from edgespec.shared.wire import FeatureKind, ResumePolicy
+from edgespec.shared.wire import MAX_DECODE_AHEAD, FeatureKind, ResumePolicy
 
 from .errors import InvalidRequestError, StaleStateError
 from .features import FeatureSpec, export_features
@@ -64,6 +64,7 @@ class StepResult:
     timings: ServerTimings = ServerTimings()
     logprobs: tuple[TokenLogprob, ...] = ()  # with SessionSettings.logprobs: one per token committed by this step
     cached_tokens: int = 0  # Open: prompt tokens whose KV came from the prefix cache instead of a prefill
+    decoded: tuple[int, ...] = ()  # Draft with decode_ahead: the target's tokens before next_token
 
 
 @dataclass
@@ -77,6 +78,10 @@ class _ModelStep:
     kv: torch.Tensor | None  # [n, L, 2*E_kv] for MOA
     timings: ServerTimings  # the job's part: waiting for the forwards' batches, the forwards, the acceptance
     logprobs: tuple[TokenLogprob, ...] = ()
+    decoded: tuple[int, ...] = ()  # a decode-ahead job: the tokens before next_token
+
+
+_NO_TREE = DraftTree((), ())  # a plain decode step's tree
 
 
 def _job_timings(out, t1: int) -> ServerTimings:
@@ -152,16 +157,26 @@ class VerifierSession:
                           self._logprobs(out.logits, rows, new))
 
     # -------------------------------------------------------------- verify
-    def verify(self, step: int, committed_len: int, tree: DraftTree) -> StepResult:
-        """Verify a tree hung from the last committed token."""
+    def verify(self, step: int, committed_len: int, tree: DraftTree, decode_ahead: int = 1) -> StepResult:
+        """Verify a tree hung from the last committed token; with an empty tree and decode_ahead > 1, decode up to
+        that many tokens instead (``Draft.decode_ahead``)."""
         if self._last_draft and self._last_draft[:2] == (step, committed_len):
             return self._last_draft[2]  # a retry of the step just answered
         if committed_len != len(self.committed):
             raise StaleStateError(
                 f"Draft step {step} says committed_len={committed_len} but session {self.id} has "
                 f"{len(self.committed)} committed tokens; send Resume to resynchronise")
+        if decode_ahead > 1 and len(tree):
+            raise InvalidRequestError(f"Draft.decode_ahead={decode_ahead} comes with a tree of {len(tree)} nodes: "
+                                      f"the target decodes ahead only on an empty tree")
+        if decode_ahead > MAX_DECODE_AHEAD:
+            raise InvalidRequestError(f"Draft.decode_ahead={decode_ahead} is more than the {MAX_DECODE_AHEAD} tokens "
+                                      f"one Draft may ask for")
         self._check_room(committed_len + max(tree.depths(), default=0) + 1)
-        result = self._run(self._verify_job, tree)
+        if decode_ahead > 1:  # as many as the context has room for (the check above: at least one)
+            result = self._run(self._decode_job, min(decode_ahead, self.max_context_tokens - committed_len))
+        else:
+            result = self._run(self._verify_job, tree)
         self.steps += 1
         self._last_draft = (step, committed_len, result)
         return result
@@ -193,6 +208,23 @@ class VerifierSession:
         return _ModelStep(outcome.next_token, outcome.accepted, 0, self._hidden_rows(out.hidden, rows), kv,
                           _job_timings(out, t1),
                           self._logprobs(out.logits, rows, new))
+
+    def _decode_job(self, count: int) -> _ModelStep:
+        """Up to `count` plain decode steps in a row, each a forward of its own (batched with other sessions'
+        work like any step), as `count` Drafts with empty trees would be, with the same draws from the
+        session's generator; stops after EOS. The answer reads as a chain the target accepted whole."""
+        steps: list[_ModelStep] = []
+        while len(steps) < count:
+            steps.append((yield from self._verify_job(_NO_TREE)))
+            if steps[-1].next_token in self.target.eos_ids:
+                break
+        last = steps[-1]
+        timings = ServerTimings(sum(st.timings.queue_ns for st in steps), sum(st.timings.forward_ns for st in steps),
+                                sum(st.timings.verify_ns for st in steps))
+        kv = None if last.kv is None else torch.cat([st.kv for st in steps])
+        return _ModelStep(last.next_token, (), 0, torch.cat([st.hidden for st in steps]), kv, timings,
+                          tuple(lp for st in steps for lp in st.logprobs),
+                          decoded=tuple(st.next_token for st in steps[:-1]))
 
     # -------------------------------------------------------------- resume
     def matches(self, confirmed_len: int, confirmed_hash: bytes) -> bool:
@@ -317,7 +349,7 @@ class VerifierSession:
         self.last_used = time.monotonic()
         timings = replace(step.timings, encode_ns=encode_ns, total_ns=time.perf_counter_ns() - start)
         return StepResult(step.next_token, len(self.committed), step.accepted, step.agreed,
-                          True, features, timings, step.logprobs)
+                          True, features, timings, step.logprobs, decoded=step.decoded)
 
     def _logprobs(self, logits: torch.Tensor, rows, tokens: list[int]) -> tuple[TokenLogprob, ...]:
         """logits[rows] [n, V]: the logits each of the n newly committed tokens was chosen from (gathered

@@ -43,6 +43,9 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 # that configs and --help can name it.
 ROOT = 255  # the parent index meaning "the last committed token"
 MAX_NODES = ROOT  # most nodes in a tree
+# Most tokens one Draft may ask the target to decode on its own (``Draft.decode_ahead``): a step's features stay
+# within what a full tree's answer carries, and the session's stream is not held for long.
+MAX_DECODE_AHEAD = 64
 # Largest HTTP request body either API reads by default (413 past it, before it is read): a 32k-token context is
 # a few hundred KB of text; room for long contexts.
 DEFAULT_MAX_BODY_BYTES = 8 << 20

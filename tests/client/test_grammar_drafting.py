@@ -54,8 +54,8 @@ def test_constrained_speculation_equals_the_constrained_reference(core, llg, tin
     assert truth[-1] in target.eos_ids
     trees: list[tuple[int, DraftTree]] = []
     verify = Verifier.verify
-    monkeypatch.setattr(Verifier, "verify", lambda self, step, n, tree: trees.append((n, tree)) or
-                        verify(self, step, n, tree))
+    monkeypatch.setattr(Verifier, "verify", lambda self, step, n, tree, *ahead: trees.append((n, tree)) or
+                        verify(self, step, n, tree, *ahead))
     info = TokenizerInfo(target.fingerprint, set(target.eos_ids), lambda t: tok.decode(list(t)), lambda: llg)
     sampling = SamplingSettings(presence_penalty=CONTROLS.presence, frequency_penalty=CONTROLS.frequency,
                                 repetition_penalty=CONTROLS.repetition)

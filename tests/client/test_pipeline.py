@@ -89,13 +89,22 @@ def test_pipelined_and_auto_write_the_serial_output(start, tiny_target_f32, gree
         assert piped.guesses > 0 and piped.guess_hit_rate < 0.5
 
 
-def test_auto_sends_plain_steps_when_trees_lose(start, tiny_target_f32, greedy):
-    """A server where any tree costs 50x a decode step: the planner sends plain decode steps (empty trees)."""
+@pytest.mark.parametrize("decode_ahead", [1, 8])
+def test_auto_sends_plain_steps_when_trees_lose(start, tiny_target_f32, greedy, decode_ahead):
+    """A server where any tree costs 50x a decode step: the planner sends plain steps (empty trees), each asking
+    the target for several tokens where the round trip is long beside a decode step (5 ms against ~1 ms)."""
     dear = LoopEstimates((0, 1, 255), (0.001, 0.05, 1.0))
-    gen, _, ids = start("missing", AUTO, dear, max_new_tokens=40)
+    gen, _, ids = start("missing", LoopConfig(decode_ahead=decode_ahead), dear, max_new_tokens=40, logprobs=1)
     r = gen.run()
     assert r.token_ids == greedy(tiny_target_f32, ids, 40, set())
-    assert r.metrics.plain_steps > 0
+    assert r.metrics.plain_steps > 0 and all(lp is not None for lp in r.logprobs)
+    target_tokens = sum(o is TokenOrigin.BONUS for o in r.origins)  # a tree's bonus, or a plain step's tokens
+    trees = r.metrics.calls - 1 - r.metrics.plain_steps  # less Open
+    if decode_ahead == 1:
+        assert target_tokens == trees + r.metrics.plain_steps + 1  # one token a call, and Open's first
+    else:
+        assert target_tokens > 2 * (trees + r.metrics.plain_steps)
+        assert r.metrics.calls < 40 / 3
 
 
 @pytest.mark.parametrize("policy", [ResumePolicy.ROLLBACK, ResumePolicy.KEEP], ids=["rollback", "keep"])

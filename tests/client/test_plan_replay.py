@@ -46,7 +46,7 @@ def drafted(text: Text, size: TreeSize) -> DraftTree:
 def step_cost(text: Text, size: TreeSize, hit: bool = False) -> float:
     """Seconds the step takes: drafting (none when a guess drafted it ahead), the link, the server."""
     if size.plain:
-        return LINK_S + CURVE[1][0]
+        return LINK_S + CURVE[1][0] * size.ahead
     tree = drafted(text, size)
     return LINK_S + verify_time(len(tree), *CURVE) + (0.0 if hit else PASS_S * (max(tree.depths()) + 1))
 
@@ -62,10 +62,10 @@ def generation(est: LoopEstimates, text: Text, rng: random.Random, tokens: int =
         size = planner.size(tokens)
         if probes is not None and getattr(planner, "probing", not size.plain):  # main's planner: any tree
             probes.append(size)
-        if size.plain:
-            server = CURVE[1][0]
-            est.observe_verdict(DraftTree((), ()), 0, LINK_S + server, server)
-            tokens -= 1
+        if size.plain:  # the target decodes size.ahead tokens
+            server = CURVE[1][0] * size.ahead
+            est.observe_verdict(DraftTree((), ()), 0, LINK_S + server, server, size.ahead)
+            tokens -= size.ahead
         else:
             tree = drafted(text, size)
             depth = max(tree.depths())

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.client.planner import (PLAIN, PlanInputs, TreeSize, expected_tokens, plan_tree, probe_tree, step_time,
-                                     tokens_per_s, verify_time)
+from edgespec.client.planner import (PLAIN, PlanInputs, TreeSize, expected_tokens, plain_step, plan_tree, probe_tree,
+                                     step_time, tokens_per_s, verify_time)
 from edgespec.client.step_plan import LoopConfig, LoopEstimates, TreePlanner
 from edgespec.shared.tree import DraftTree
 
@@ -94,7 +94,7 @@ def test_auto_does_not_probe_where_no_tree_could_win():
     est.observe_draft(chain, 0.01)
     est.observe_verdict(chain, 0, round_trip_s=10.1, server_s=10.0)
     auto = TreePlanner(LoopConfig(explore_every=3, warmup_trees=1), est, 255, can_pipeline=True)
-    assert [auto.size(40) for _ in range(20)] == [PLAIN] * 20  # main's: the drafter's whole shape every fourth
+    assert all(auto.size(40).plain for _ in range(20))  # main's: the drafter's whole shape every fourth
 
 
 def test_probe_tree_is_the_shallowest_that_would_win_if_accepted_whole():
@@ -156,13 +156,17 @@ def test_loops_by_name_and_by_flag():
 
     assert loop_mode("independent") == ("independent", LoopConfig())
     assert loop_mode("ngram@serial") == ("ngram", LoopConfig(pipeline=False, tree="fixed"))
-    assert set(LOOP_MODES) == {"serial", "pipelined", "auto-serial", "auto"}
+    assert set(LOOP_MODES) == {"serial", "pipelined", "auto-serial", "auto", "auto-1"}
+    assert loop_mode("ngram@auto-1") == ("ngram", LoopConfig(decode_ahead=1))
     with pytest.raises(ValueError, match="unknown loop 'fast'"):
         loop_mode("ngram@fast")
     p = argparse.ArgumentParser()
     add_loop_arguments(p)
     assert loop_config(p.parse_args([])) == LoopConfig()  # the CLI's default: auto, pipelined
     assert loop_config(p.parse_args(["--no-pipeline", "--tree", "fixed"])) == LoopConfig(pipeline=False, tree="fixed")
+    assert loop_config(p.parse_args(["--decode-ahead", "1"])) == LoopConfig(decode_ahead=1)
+    with pytest.raises(ValueError, match="decode_ahead"):
+        loop_config(p.parse_args(["--decode-ahead", "0"]))
 
 
 def test_auto_keeps_the_drafters_shape_until_enough_trees_are_measured():
@@ -177,7 +181,8 @@ def test_auto_keeps_the_drafters_shape_until_enough_trees_are_measured():
         if not size.plain:
             est.observe_draft(chain, 0.01)
             est.observe_verdict(chain, 0, round_trip_s=10.1, server_s=10.0)
-    assert sizes[:3] == [TreeSize(255, 39)] * 3 and sizes[3:] == [PLAIN] * 2
+    # then plain steps, each asking the target for several tokens (the round trip is as long as a decode step)
+    assert sizes[:3] == [TreeSize(255, 39)] * 3 and all(s.plain and s.ahead > 1 for s in sizes[3:])
 
 
 def test_a_low_hit_rate_drifts_back_so_drafting_ahead_is_tried_again():
@@ -189,3 +194,41 @@ def test_a_low_hit_rate_drifts_back_so_drafting_ahead_is_tried_again():
     for _ in range(10):
         est.observe_no_guess()
     assert low < est.hit_rate < est.PRIOR_HIT_RATE
+
+
+def test_a_plain_step_decodes_ahead_enough_tokens_to_hide_the_round_trip():
+    """The fewest tokens that keep the round trip at most ahead_overhead of the step, capped by max_ahead."""
+    cpu = inputs(round_trip_s=0.05, verify_s=(0.59, 2.0, 4.0), max_ahead=8)  # 5g to a one-core CPU server
+    assert plain_step(cpu) == TreeSize(0, 0, 1)  # 0.05 s is under 10 % of one 0.59 s decode step
+    four_g = inputs(round_trip_s=0.28, verify_s=(0.5, 2.0, 4.0), max_ahead=8)  # 4g's 0.78 s a plain step
+    assert plain_step(four_g) == TreeSize(0, 0, 6)  # 0.28 <= 0.1 x (0.28 + 6 x 0.5), not at 5
+    gpu = inputs(round_trip_s=0.04, verify_s=(0.02, 0.025, 0.03), max_ahead=8)
+    assert plain_step(gpu) == TreeSize(0, 0, 8)  # would want 18: capped
+    assert plain_step(inputs(round_trip_s=0.04, verify_s=(0.02, 0.025, 0.03))) == PLAIN  # max_ahead 1: as before
+    # tokens per second of a plain step: k tokens for one round trip and k decode steps
+    assert tokens_per_s(four_g, plain_step(four_g)) == pytest.approx(6 / (0.28 + 6 * 0.5))
+    assert step_time(four_g, TreeSize(0, 0, 3)) == pytest.approx(0.28 + 3 * 0.5)
+    with pytest.raises(ValueError, match="max_ahead >= 1"):
+        inputs(max_ahead=0)
+
+
+def test_decoding_ahead_makes_plain_steps_win_where_a_round_trip_a_token_lost():
+    """4g to a CPU server with a drafter right half the time: a 4-node tree beats one token a round trip, and
+    loses to plain steps of 6 tokens each."""
+    over = dict(round_trip_s=0.28, verify_nodes=(0, 4, 16), verify_s=(0.5, 1.0, 2.0), acceptance=(0.5,),
+                nodes_per_depth=1.0, draft_pass_s=0.02, max_depth=4)
+    assert not plan_tree(inputs(**over, max_ahead=1)).plain
+    assert plan_tree(inputs(**over, max_ahead=8)) == TreeSize(0, 0, 6)
+
+
+def test_estimates_keep_one_decode_step_of_a_plain_step_that_decoded_ahead():
+    est = LoopEstimates()
+    est.observe_verdict(DraftTree((), ()), 0, round_trip_s=0.1 + 8 * 0.05, server_s=8 * 0.05, decoded=8)
+    assert est.curve()[0] == pytest.approx(0.05) and est.round_trip_s == pytest.approx(0.1)
+    planner = TreePlanner(LoopConfig(warmup_trees=0, decode_ahead=4), est, 16, can_pipeline=False)
+    est.observe_draft(DraftTree.chain([1, 2]), 0.01)
+    est.observe_verdict(DraftTree.chain([1, 2]), 0, round_trip_s=5.1, server_s=5.0)  # trees: ruinous
+    assert planner.size(40) == TreeSize(0, 0, 4)  # capped by LoopConfig.decode_ahead
+    assert planner.size(3) == TreeSize(0, 0, 3)  # and by the tokens still wanted
+    with pytest.raises(ValueError, match="decode_ahead"):
+        LoopConfig(decode_ahead=0)

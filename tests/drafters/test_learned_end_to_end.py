@@ -13,6 +13,8 @@ from support.drafters import learned_options
 from support.relays import drive, relay_to
 from support.servers import running_server
 
+from edgespec.client.step_plan import LoopEstimates
+
 pytestmark = pytest.mark.slow  # module fixtures train four drafters; end to end through a server and a relay
 
 PROMPT = "Write a function that adds two numbers."
@@ -56,6 +58,39 @@ def test_drafted_generation_equals_the_targets_greedy_output(target_greedy, kind
         assert m.num_accepted_tokens > 0, "a trained drafter should get some drafts accepted"
         assert m.calls < 48  # fewer target calls than tokens: the drafts paid
         assert 0 < m.feature_bytes <= m.bytes_down and m.feature_raw_bytes > 0
+    finally:
+        client.close()
+
+
+class TreesNeverPay(LoopEstimates):
+    """The loop's estimates with a server where any tree costs 50 decode steps, whatever the answers' timings
+    show: past its first tree, the loop sends plain steps only, each decoding ahead."""
+
+    def curve(self) -> dict[int, float]:
+        return {0: 0.001, 1: 0.05, 255: 1.0}
+
+
+@pytest.mark.parametrize("kind,tli", [("eagle", 0), ("moa", 1)])
+def test_plain_steps_decoding_ahead_hand_the_drafter_every_tokens_features(target_greedy, kind, tli, server, target,
+                                                                         target_dir, checkpoints):
+    """Tokens the target decodes ahead reach a learned drafter with their features (one row each, checked by
+    its runtime) as a chain it took whole: the output stays the target's and the drafter holds the text."""
+    import dataclasses
+
+    from edgespec.client.generation import GenerationConfig, TokenOrigin
+    from edgespec.client.step_plan import LoopConfig
+
+    client = learned_client(server.address, target_dir, checkpoints[f"{kind}-tli{tli}"], kind)
+    try:
+        client.config = dataclasses.replace(client.config, loop=LoopConfig(warmup_trees=1))
+        client.estimates = TreesNeverPay()
+        ids = client.encode(PROMPT)
+        result = client.generate(ids, GenerationConfig(max_new_tokens=48, ignore_eos=True))
+        assert result.token_ids == target_greedy(target.model, ids, 48)
+        m = result.metrics
+        assert m.plain_steps >= 3 and m.calls <= 2 + m.plain_steps < 48 / 3  # Open, the first tree, plain steps
+        assert sum(o is TokenOrigin.BONUS for o in result.origins) > 3 * m.plain_steps
+        assert client.drafter.rt.tokens == [*ids, *result.token_ids]
     finally:
         client.close()
 

@@ -227,3 +227,63 @@ def test_rebuild_then_resume_equals_a_restored_session(target, scheduler, greedy
     session.rebuild(confirmed)
     result = session.resume(len(confirmed), committed_hash(confirmed), truth[3:5], ResumePolicy.ROLLBACK)
     assert result.agreed == 2 and result.next_token == truth[5]
+
+
+# ------------------------------------------------------------------ decoding ahead (Draft.decode_ahead)
+EMPTY = DraftTree((), ())
+
+
+@pytest.mark.parametrize("sampling", [SamplingSettings(), SamplingSettings(temperature=1.0, top_k=20)],
+                         ids=["greedy", "sampled"])
+def test_decoding_ahead_commits_what_as_many_plain_steps_would(target, scheduler, sampling):
+    """k tokens decoded ahead in one Draft are the k tokens k plain Drafts commit (the same draws from the
+    session's seeded generator), with the same cache, features and logprobs."""
+    rng = random.Random(11)
+    prompt = [rng.randrange(256) for _ in range(7)]
+    features = FeatureSpec(FeatureKind.LAST_HIDDEN)
+    ahead, plain = (VerifierSession(SessionSettings("test", sampling, 4, features, logprobs=2), target, scheduler,
+                                    max_context_tokens=1024) for _ in range(2))
+    for s in (ahead, plain):
+        s.open(prompt)
+    result = ahead.verify(1, len(ahead.committed), EMPTY, decode_ahead=6)
+    singles = [plain.verify(step, len(plain.committed), EMPTY) for step in range(1, 7)]
+    assert ahead.committed == plain.committed
+    assert list(result.decoded) + [result.next_token] == ahead.committed[-6:]
+    assert result.accepted == () and result.committed_len == len(ahead.committed)
+    assert len(ahead.kv) == len(ahead.committed) - 1
+    assert torch.allclose(session_next_logits(ahead), fresh_next_logits(target, ahead.committed), atol=1e-4)
+    (_, frame), = result.features  # the root and the 5 decoded tokens, as a chain accepted whole would have
+    # (each frame keeps its own outlier channels apart, so the two agree to the int8 step)
+    assert torch.allclose(decode_frame(frame), torch.cat([decode_frame(s.features[0][1]) for s in singles]),
+                          atol=0.05)
+    assert [lp.logprob for lp in result.logprobs] == pytest.approx([s.logprobs[0].logprob for s in singles])
+
+
+def test_decoding_ahead_stops_after_eos_and_at_the_context_limit(target, scheduler, greedy_reference, monkeypatch):
+    prompt = [3, 1, 4, 1, 5]
+    truth = greedy_reference(prompt, 12)
+    eos = truth[4]  # the fifth token the target writes stands in for EOS
+    monkeypatch.setattr(target, "eos_ids", frozenset({eos}))
+    session = make_session(target, scheduler)
+    session.open(prompt)
+    result = session.verify(1, len(session.committed), EMPTY, decode_ahead=10)
+    assert result.next_token == eos and session.committed[len(prompt):] == truth[:truth.index(eos) + 1]
+    monkeypatch.undo()
+    short = VerifierSession(SessionSettings("test"), target, scheduler, max_context_tokens=len(prompt) + 4)
+    short.open(prompt)
+    result = short.verify(1, len(short.committed), EMPTY, decode_ahead=10)
+    assert len(short.committed) == short.max_context_tokens  # as many as there was room for
+    assert short.committed[len(prompt):] == truth[:4]
+
+
+def test_decoding_ahead_refuses_a_tree_and_too_many_tokens(target, scheduler):
+    from edgespec.server.errors import InvalidRequestError
+    from edgespec.shared.wire import MAX_DECODE_AHEAD
+
+    session = make_session(target, scheduler)
+    session.open([1, 2, 3])
+    with pytest.raises(InvalidRequestError, match="decode_ahead=4 comes with a tree of 2 nodes"):
+        session.verify(1, 4, DraftTree((5, 6), (ROOT, 0)), decode_ahead=4)
+    with pytest.raises(InvalidRequestError, match=f"more than the {MAX_DECODE_AHEAD} tokens"):
+        session.verify(1, 4, EMPTY, decode_ahead=MAX_DECODE_AHEAD + 1)
+    assert session.committed == [1, 2, 3, session.committed[3]] and len(session.kv) == 3  # nothing lost
