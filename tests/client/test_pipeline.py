@@ -14,6 +14,8 @@ import math
 import pytest
 import torch
 
+from support.estimates import TreesNeverPay
+
 from edgespec.client.drafters.factory import DrafterOptions, make_drafter
 from edgespec.client.generation import Generation, GenerationConfig, TokenEvent, TokenizerInfo, TokenOrigin
 from edgespec.client.in_process import InProcessTransport
@@ -105,6 +107,25 @@ def test_auto_sends_plain_steps_when_trees_lose(start, tiny_target_f32, greedy, 
     else:
         assert target_tokens > 2 * (trees + r.metrics.plain_steps)
         assert r.metrics.calls < 40 / 3
+
+
+@pytest.mark.parametrize("policy", [ResumePolicy.ROLLBACK, ResumePolicy.KEEP], ids=["rollback", "keep"])
+def test_the_answer_of_a_step_that_decoded_ahead_is_lost(start, tiny_target_f32, greedy, policy):
+    """The server decoded several tokens ahead and committed them, and the answer never came: the loop goes
+    offline from the text it had confirmed, and the Resume rolls the server back to it; the output is the
+    target's greedy text, nothing lost or doubled."""
+    gen, transport, ids = start("hitting", AUTO, TreesNeverPay(), max_new_tokens=40, resume_policy=policy)
+    sent, request = [], transport.request
+    transport.request = lambda message: sent.append(message) or request(message)
+    lost = None
+    for e in gen:
+        if isinstance(e, TokenEvent) and e.index >= 10 and lost is None and gen.metrics.plain_steps >= 2:
+            transport.fail_next(1, answered=True)  # the next request: the server commits, the answer is lost
+            lost = len(sent)
+    r = gen.result
+    assert sent[lost].draft.decode_ahead > 1  # the lost one decoded ahead
+    assert r.metrics.disconnects == 1 and r.metrics.resumes == 1
+    assert r.token_ids == greedy(tiny_target_f32, ids, 40, set()) and r.provisional == 0
 
 
 @pytest.mark.parametrize("policy", [ResumePolicy.ROLLBACK, ResumePolicy.KEEP], ids=["rollback", "keep"])

@@ -10,10 +10,9 @@ import json
 import pytest
 from support.clients import edge_client
 from support.drafters import learned_options
+from support.estimates import TreesNeverPay
 from support.relays import drive, relay_to
 from support.servers import running_server
-
-from edgespec.client.step_plan import LoopEstimates
 
 pytestmark = pytest.mark.slow  # module fixtures train four drafters; end to end through a server and a relay
 
@@ -60,14 +59,6 @@ def test_drafted_generation_equals_the_targets_greedy_output(target_greedy, kind
         assert 0 < m.feature_bytes <= m.bytes_down and m.feature_raw_bytes > 0
     finally:
         client.close()
-
-
-class TreesNeverPay(LoopEstimates):
-    """The loop's estimates with a server where any tree costs 50 decode steps, whatever the answers' timings
-    show: past its first tree, the loop sends plain steps only, each decoding ahead."""
-
-    def curve(self) -> dict[int, float]:
-        return {0: 0.001, 1: 0.05, 255: 1.0}
 
 
 @pytest.mark.parametrize("kind,tli", [("eagle", 0), ("moa", 1)])
