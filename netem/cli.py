@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
+import threading
+
+from edgespec.shared.errors import EdgespecError
 
 
 def register(subparsers) -> None:
@@ -89,10 +93,6 @@ def _nice_arg(s: argparse.ArgumentParser) -> None:
 def _renice(value: int | None) -> None:
     if value is None:
         return
-    import os
-
-    from edgespec.shared.errors import EdgespecError
-
     try:
         os.setpriority(os.PRIO_PROCESS, 0, value)
     except OSError as exc:
@@ -108,8 +108,6 @@ def host_port(text: str) -> tuple[str, int]:
 
 
 def _host_port(text: str, what: str) -> tuple[str, int]:
-    from edgespec.shared.errors import EdgespecError
-
     try:
         return host_port(text)
     except argparse.ArgumentTypeError as exc:
@@ -183,8 +181,6 @@ def _clear(args) -> int:
 
 
 def _lab_up(args) -> int:
-    from edgespec.shared.errors import EdgespecError
-
     from .profile import load_profile
     from .tc import (LabConfig, format_commands, lab_down_commands, lab_exists, lab_instructions,
                      lab_up_commands, notes_for, require_netem, run_commands, run_ignoring_errors)
@@ -257,8 +253,6 @@ CONTROL_HELP = "commands: cut [blackhole|reset], restore, stats"
 
 def _read_control(relay, loop) -> None:
     """Drive the relay from stdin, one command a line; a thread, since stdin may be a pipe."""
-    import threading
-
     def apply(line: str) -> None:
         words = line.split()
         try:
@@ -285,8 +279,6 @@ def _read_control(relay, loop) -> None:
 
 
 def _measure(args) -> int:
-    from edgespec.shared.errors import EdgespecError
-
     from .measure import format_measurement
     from .profile import load_profile
 

@@ -11,9 +11,11 @@
 """
 from __future__ import annotations
 
+import json
+import logging
 import os
 
-from edgespec.shared.config_flags import Flag, add_flags
+from edgespec.shared.config_flags import Flag, add_flags, from_args
 
 from .train_config import DataConfig, ExtractConfig, FileDataConfig, TrainConfig
 
@@ -121,8 +123,6 @@ def _setup(args) -> None:
 
 
 def _log_to(path: str) -> None:
-    import logging
-
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(handler)
@@ -130,23 +130,18 @@ def _log_to(path: str) -> None:
 
 
 def _data(args) -> int:
-    from edgespec.shared.config_flags import from_args
-
     from .data import build_dataset, build_from_files
 
     _setup(args)
     if args.text or args.chat:
-        cfg = from_args(FileDataConfig, args, {**FILE_DATA_FLAGS, **BOTH_DATA_FLAGS})
-        print(build_from_files(args.target, args.out, cfg, device=args.device, dtype=args.dtype))
-        return 0
-    cfg = from_args(DataConfig, args, {**PROMPT_DATA_FLAGS, **BOTH_DATA_FLAGS})
-    print(build_dataset(args.target, args.out, cfg, device=args.device, dtype=args.dtype))
+        build, cfg = build_from_files, from_args(FileDataConfig, args, {**FILE_DATA_FLAGS, **BOTH_DATA_FLAGS})
+    else:
+        build, cfg = build_dataset, from_args(DataConfig, args, {**PROMPT_DATA_FLAGS, **BOTH_DATA_FLAGS})
+    print(build(args.target, args.out, cfg, device=args.device, dtype=args.dtype))
     return 0
 
 
 def _features(args) -> int:
-    from edgespec.shared.config_flags import from_args
-
     from .features import extract_features
 
     _setup(args)
@@ -162,8 +157,6 @@ def _features(args) -> int:
 
 
 def _fit(args) -> int:
-    from edgespec.shared.config_flags import from_args
-
     from .fit import fit_from_args
 
     _setup(args)
@@ -171,8 +164,6 @@ def _fit(args) -> int:
 
 
 def _ship(args) -> int:
-    import json
-
     from .ship import ship
 
     measured = json.loads(open(args.measured).read()) if args.measured else None
