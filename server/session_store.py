@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import OrderedDict
@@ -58,24 +59,18 @@ class SessionStore:
         """Hold a new session (replacing one of the same id); SessionCapError when the cap is hit.
 
         Nothing changes when it is refused: a live session of the same id stays."""
-        try:
-            with self._mutex:
-                self._expire_locked()
-                self._check_room_locked(session.id)
-                self._sessions.pop(session.id, None)
-                session.last_used = self._clock()
-                self._sessions[session.id] = session
-        finally:
-            self._release()
+        with self._locked():
+            self._expire_locked()
+            self._check_room_locked(session.id)
+            self._sessions.pop(session.id, None)
+            session.last_used = self._clock()
+            self._sessions[session.id] = session
 
     def check_room(self, session_id: str) -> None:
         """SessionCapError now when adding this id would pass the cap (before the work of building it)."""
-        try:
-            with self._mutex:
-                self._expire_locked()
-                self._check_room_locked(session_id)
-        finally:
-            self._release()
+        with self._locked():
+            self._expire_locked()
+            self._check_room_locked(session_id)
 
     def _check_room_locked(self, session_id: str) -> None:
         held = len(self._sessions) - (session_id in self._sessions)  # a replaced session makes room
@@ -86,20 +81,17 @@ class SessionStore:
 
     def get(self, session_id: str) -> StoredSession:
         """The session, marked as just used; SessionNotFoundError when absent."""
-        try:
-            with self._mutex:
-                self._expire_locked()
-                session = self._sessions.get(session_id)
-                if session is None:
-                    raise SessionNotFoundError(
-                        f"unknown session {session_id!r}: never opened here, closed, expired after "
-                        f"{self.limits.ttl_s:g} s idle, or evicted; send Resume with committed_ids and reopen to "
-                        f"rebuild it")
-                session.last_used = self._clock()
-                self._sessions.move_to_end(session_id)
-                return session
-        finally:
-            self._release()
+        with self._locked():
+            self._expire_locked()
+            session = self._sessions.get(session_id)
+            if session is None:
+                raise SessionNotFoundError(
+                    f"unknown session {session_id!r}: never opened here, closed, expired after "
+                    f"{self.limits.ttl_s:g} s idle, or evicted; send Resume with committed_ids and reopen to "
+                    f"rebuild it")
+            session.last_used = self._clock()
+            self._sessions.move_to_end(session_id)
+            return session
 
     def find(self, session_id: str) -> StoredSession | None:
         try:
@@ -117,22 +109,16 @@ class SessionStore:
 
     def touch(self, session: StoredSession) -> None:
         """Mark a session used now and enforce the memory cap (call after a step grew its KV)."""
-        try:
-            with self._mutex:
-                session.last_used = self._clock()
-                if session.id in self._sessions:
-                    self._sessions.move_to_end(session.id)
-                self._evict_locked(keep=session.id)
-        finally:
-            self._release()
+        with self._locked():
+            session.last_used = self._clock()
+            if session.id in self._sessions:
+                self._sessions.move_to_end(session.id)
+            self._evict_locked(keep=session.id)
 
     def expire(self) -> int:
         """Drop idle sessions now; returns how many."""
-        try:
-            with self._mutex:
-                return self._expire_locked()
-        finally:
-            self._release()
+        with self._locked():
+            return self._expire_locked()
 
     def total_kv_bytes(self) -> int:
         with self._mutex:
@@ -159,11 +145,15 @@ class SessionStore:
             self._released.append(self._sessions.pop(sid))
             self._on_drop(sid, "evicted")
 
-    def _release(self) -> None:
-        """Hand the sessions dropped under the lock to on_release, outside it."""
-        if not self._released:
-            return
-        with self._mutex:
-            released, self._released = self._released, []
-        for session in released:
-            self._on_release(session)
+    @contextlib.contextmanager
+    def _locked(self):
+        """The store's lock; the sessions dropped under it go to on_release after it is let go."""
+        try:
+            with self._mutex:
+                yield
+        finally:
+            if self._released:
+                with self._mutex:
+                    released, self._released = self._released, []
+                for session in released:
+                    self._on_release(session)

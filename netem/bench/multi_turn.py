@@ -27,10 +27,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgespec.shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
+from .specbench_format import MT_BENCH
+
 SPEC_BENCH = Path("/work/shared/data/spec_bench/question.jsonl")
-MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
-DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
-DEFAULT_DRAFTER_MODEL = "qwen2.5-coder-0.5b-instruct"
 
 
 @dataclass
@@ -54,7 +54,7 @@ def mt_bench_questions(path: Path, limit: int) -> list[dict]:
         raise SystemExit(f"no Spec-Bench question file at {path} (--questions-file)")
     with open(path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    picked = [r for r in rows if r.get("category") in MT_BENCH_CATEGORIES and len(r.get("turns", ())) == 2]
+    picked = [r for r in rows if r.get("category") in MT_BENCH and len(r.get("turns", ())) == 2]
     if not picked:
         raise SystemExit(f"{path} holds no two-turn MT-Bench question")
     return picked[:limit]
@@ -180,8 +180,8 @@ def summary(turns: list[Turn], systems: list[str]) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """This benchmark's options (``edgespec bench``'s micro-benchmark interface: add_arguments, run)."""
-    p.add_argument("--model", default=DEFAULT_MODEL, help="target (registry name or directory)")
-    p.add_argument("--drafter-model", default=DEFAULT_DRAFTER_MODEL, help="small model of the independent drafter")
+    p.add_argument("--model", default=DEFAULT_TARGET, help="target (registry name or directory)")
+    p.add_argument("--drafter-model", default=DEFAULT_DRAFTER, help="small model of the independent drafter")
     p.add_argument("--systems", default="plain,ngram", help="comma-separated: plain and/or drafter names")
     p.add_argument("--questions", type=int, default=80, help="first N MT-Bench questions of Spec-Bench")
     p.add_argument("--questions-file", type=Path, default=SPEC_BENCH, help="Spec-Bench's question.jsonl")

