@@ -9,8 +9,9 @@ timings of each answer). A step with no tree ("none", a plain step through the
 session) asks the target to decode k tokens on its own (``Draft.decode_ahead``):
 it commits k tokens for one round trip and k decode steps, with k the fewest
 that keep the round trip under a set share of the step (one round trip a token
-lost to the plain API's stream at 4g: 0.78 s a token against 0.50). Drafting ahead (``guess.py``) hides the drafting behind the verification
-of the previous tree when its guess was right: a cycle then costs
+lost to the plain API's stream at 4g: 0.78 s a token against 0.50). Drafting
+ahead (``guess.py``) hides the drafting behind the verification of the
+previous tree when its guess was right: a cycle then costs
 max(draft, round trip + verify), plus the drafting again for a wrong guess.
 The planner compares every depth up to the limit and keeps the best; the node
 count follows from the depth by the drafter's own nodes per level.

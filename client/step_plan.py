@@ -77,11 +77,15 @@ LOOP_MODES = {
 
 
 def loop_mode(system: str) -> tuple[str, LoopConfig]:
-    """"independent@serial" -> ("independent", the serial loop); a name without "@" gets the default loop."""
-    drafter, _, mode = system.partition("@")
-    if mode and mode not in LOOP_MODES:
+    """"independent@serial" -> ("independent", the serial loop); a name without "@" gets the default loop. The
+    loop is the last "@" part; a drafter with a tree shape ("independent:2x6x8@0.1", netem/bench/systems.py)
+    keeps its own "@"."""
+    drafter, _, mode = system.rpartition("@")
+    if mode in LOOP_MODES and drafter:
+        return drafter, LOOP_MODES[mode]
+    if "@" in system and ":" not in system:
         raise ValueError(f"unknown loop {mode!r} in {system!r}; choose one of {', '.join(LOOP_MODES)}")
-    return drafter, LOOP_MODES[mode or "auto"]
+    return system, LOOP_MODES["auto"]
 
 
 def _ema(old: float | None, new: float, weight: float) -> float:

@@ -94,7 +94,7 @@ def _serve_and_run(config: BenchConfig, split: CpuSplit, sink: JsonLines) -> Non
     prompts = [p for name in sets for p in load_prompts(name, config.set_limits.get(name, config.limit))]
     log = config.out / f"{config.experiment}-server.log"
     # MoA drafters (shipped names such as moa-tli0) need their server part on the server
-    moa_parts = [a for d in {d.partition("@")[0] for d in config.drafters} if d.startswith("moa")
+    moa_parts = [a for d in {d.partition("@")[0].partition(":")[0] for d in config.drafters} if d.startswith("moa")
                  for a in ("--moa-server-part", d)]
     threads = config.server_threads or (len(split.server) if split.server else None)
     # No prefix cache: the systems answer each prompt one after another, so with it every system after the

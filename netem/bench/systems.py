@@ -30,9 +30,18 @@ def drafter_client(address: str, drafter: str, config, tokenizer=None, instance=
     from edgespec.client.step_plan import loop_mode
 
     drafter, loop = loop_mode(drafter)  # "independent@serial": the serial loop (client/step_plan.py LOOP_MODES)
-    options = DrafterOptions(name=drafter, model=config.drafter_model, target=config.model)
+    options = DrafterOptions(**drafter_shape(drafter), model=config.drafter_model, target=config.model)
     return EdgespecClient(ClientConfig(LinkConfig(address), options, tokenizer=config.drafter_model, loop=loop),
                           tokenizer=tokenizer, drafter=instance)
+
+
+def drafter_shape(drafter: str) -> dict:
+    """ "independent:2x6x8@0.1" -> the drafter's name and its EAGLE-2 tree shape (BxDxM[@min_prob], as
+    tree-sweep's --shapes), so fixed shapes and --tree auto compare in one run; a name alone keeps the default."""
+    from .tree_sweep import parse_shape
+
+    name, _, shape = drafter.partition(":")
+    return {"name": name, **({"tree": parse_shape(shape)} if shape else {})}
 
 
 def plain_api(http_address: str, prompt_ids: list[int], config, stop: tuple[str, ...] = ()) -> dict:

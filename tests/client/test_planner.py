@@ -158,6 +158,8 @@ def test_loops_by_name_and_by_flag():
     assert loop_mode("ngram@serial") == ("ngram", LoopConfig(pipeline=False, tree="fixed"))
     assert set(LOOP_MODES) == {"serial", "pipelined", "auto-serial", "auto", "auto-1"}
     assert loop_mode("ngram@auto-1") == ("ngram", LoopConfig(decode_ahead=1))
+    assert loop_mode("independent:2x6x8@0.1@pipelined") == ("independent:2x6x8@0.1", LoopConfig(tree="fixed"))
+    assert loop_mode("independent:2x6x8@0.1") == ("independent:2x6x8@0.1", LoopConfig())
     with pytest.raises(ValueError, match="unknown loop 'fast'"):
         loop_mode("ngram@fast")
     p = argparse.ArgumentParser()

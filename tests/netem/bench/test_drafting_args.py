@@ -71,3 +71,17 @@ def test_each_method_names_its_drafter_for_the_factory(tmp_path):
     assert (got["mine"].name, got["mine"].checkpoint, got["mine"].router, got["mine"].moa_server_part) == \
         ("moa", moa, False, "mine")  # a --learned one: its kind, its path, its router switch, its own name
     assert method_options("eagle", "t", "s", tree, str(tmp_path), {}).checkpoint == str(tmp_path / "eagle")
+
+
+def test_a_systems_tree_shape_rides_in_its_name():
+    """`bench link --drafters independent:2x6x8@0.1@pipelined,independent`: fixed shapes beside --tree auto."""
+    import argparse
+
+    from edgespec.client.drafters.tree_builder import TreeShape
+    from edgespec.netem.bench.systems import drafter_shape
+
+    assert drafter_shape("independent:2x6x8@0.1") == {"name": "independent",
+                                                       "tree": TreeShape(2, 6, 8, 0.1)}
+    assert drafter_shape("independent") == {"name": "independent"}
+    with pytest.raises(argparse.ArgumentTypeError, match="BxDxM"):
+        drafter_shape("independent:big")
