@@ -85,9 +85,18 @@ def add_loop_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-pipeline", action="store_true",
                    help="the serial loop: draft only after each verdict (default: draft the next tree while the "
                         "server verifies, from the likeliest verdict)")
-    p.add_argument("--decode-ahead", type=int, default=None, metavar="N",
+    p.add_argument("--decode-ahead", type=decode_ahead_count, default=None, metavar="N",
                    help="most tokens a step without a tree asks the server to decode on its own, so a round trip "
                         "is not paid per token while trees lose (1: one token a step; default: LoopConfig's, 8)")
+
+
+def decode_ahead_count(text: str) -> int:
+    """--decode-ahead's value: a whole number of tokens from 1 to the wire's limit."""
+    from edgespec.shared.wire import MAX_DECODE_AHEAD
+
+    if not text.strip().isdigit() or not 1 <= int(text) <= MAX_DECODE_AHEAD:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of tokens from 1 to {MAX_DECODE_AHEAD}")
+    return int(text)
 
 
 def loop_config(args: argparse.Namespace):

@@ -59,11 +59,12 @@ class LoopConfig:
         if self.tree not in ("auto", "fixed"):
             raise ValueError(f"tree must be 'auto' or 'fixed', got {self.tree!r}")
         if (self.max_guesses < 0 or self.max_depth < 1 or self.explore_every < 1 or self.warmup_trees < 0
-                or self.explore_share < 0 or not 1 <= self.decode_ahead <= MAX_DECODE_AHEAD
-                or not 0 < self.ahead_overhead < 1):
-            raise ValueError(f"need max_guesses >= 0, max_depth >= 1, explore_every >= 1, warmup_trees >= 0, "
-                             f"explore_share >= 0, 1 <= decode_ahead <= {MAX_DECODE_AHEAD} and "
-                             f"0 < ahead_overhead < 1, got {self}")
+                or self.explore_share < 0):
+            raise ValueError(f"need max_guesses >= 0, max_depth >= 1, explore_every >= 1, warmup_trees >= 0 and "
+                             f"explore_share >= 0, got {self}")
+        if not 1 <= self.decode_ahead <= MAX_DECODE_AHEAD or not 0 < self.ahead_overhead < 1:
+            raise ValueError(f"decode_ahead must be between 1 and {MAX_DECODE_AHEAD} (got {self.decode_ahead}) and "
+                             f"ahead_overhead between 0 and 1 exclusive (got {self.ahead_overhead})")
 
 
 # The loops a benchmark can compare in one run, named after the drafter as "independent@serial" and so on.

@@ -148,7 +148,7 @@ def test_loop_config_says_what_is_wrong():
         LoopConfig(explore_share=-0.1)
 
 
-def test_loops_by_name_and_by_flag():
+def test_loops_by_name_and_by_flag(capsys):
     import argparse
 
     from edgespec.client.cli import add_loop_arguments, loop_config
@@ -167,8 +167,10 @@ def test_loops_by_name_and_by_flag():
     assert loop_config(p.parse_args([])) == LoopConfig()  # the CLI's default: auto, pipelined
     assert loop_config(p.parse_args(["--no-pipeline", "--tree", "fixed"])) == LoopConfig(pipeline=False, tree="fixed")
     assert loop_config(p.parse_args(["--decode-ahead", "1"])) == LoopConfig(decode_ahead=1)
-    with pytest.raises(ValueError, match="decode_ahead"):
-        loop_config(p.parse_args(["--decode-ahead", "0"]))
+    for bad in ("0", "65", "two"):
+        with pytest.raises(SystemExit):
+            p.parse_args(["--decode-ahead", bad])
+    assert "not a number of tokens from 1 to 64" in capsys.readouterr().err
 
 
 def test_auto_keeps_the_drafters_shape_until_enough_trees_are_measured():
