@@ -35,7 +35,7 @@ class TurnAnswer:
     text: str  # the answer as Spec-Bench keeps it: special tokens dropped, whitespace stripped
     new_tokens: int
     wall_s: float  # request to last token, the link included
-    accept_lengths: list[int]  # tokens committed per target call
+    accept_lengths: list[int]  # tokens committed per target decoding step (specbench_format.accept_lengths)
     finish_reason: str
     metrics: dict  # the client's metrics of the turn (every field), or the plain API's figures
 

@@ -65,9 +65,11 @@ def load_questions(path: Path = QUESTIONS, per_category: int | None = None) -> l
 
 
 def accept_lengths(origins: Iterable[str]) -> list[int]:
-    """Tokens committed per target call, from the origin of each output token in order: every call ends
-    with the target's own (bonus) token after the draft tokens it accepted. A last group without its
-    bonus token is a call whose output was cut (max tokens, a stop string): it counts what was kept."""
+    """Tokens committed per target decoding step (Spec-Bench's accept_lengths), from the origin of each output
+    token in order: every step ends with the target's own (bonus) token after the draft tokens it accepted. A
+    plain step that decoded k tokens ahead ran k forwards and gave k bonus tokens: k steps of one token. A
+    last group without its bonus token is a step whose output was cut (max tokens, a stop string): it counts
+    what was kept."""
     lengths, run = [], 0
     for origin in origins:
         run += 1
