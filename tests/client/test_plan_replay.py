@@ -13,6 +13,7 @@ sizes trees; tests/client/test_pipeline.py checks it is unchanged)."""
 from __future__ import annotations
 
 import random
+import sys
 from dataclasses import dataclass
 
 from edgespec.client.planner import TreeSize, verify_time
@@ -150,3 +151,20 @@ def test_each_generation_the_pipeline_runs_starts_from_the_carried_acceptance():
     assert est.reached[0] > 9
     DraftPipeline(None, NgramDrafter(), LoopConfig(), est, SERVER_LIMIT, GenerationMetrics())
     assert est.reached[0] == 2.0 == est.CARRY
+
+
+def test_plain_steps_that_decode_ahead_do_not_bring_probes_closer(monkeypatch):
+    """A 600 ms link (satellite) to this box's bf16 server (0 / 4 / 16 / 32 nodes: 0.33 / 0.36 / 0.53 / 0.78 s):
+    on chat, plain steps of 8 tokens win and probes come as the plain steps' count allows, not their tokens'.
+    Counted in tokens, a probe came every plain step or two (~10 an answer) and the 0.5B client lost 12 % on
+    MT-Bench/81 against plain steps alone (netem/results-decode-ahead)."""
+    here = sys.modules[__name__]
+    monkeypatch.setattr(here, "CURVE", ((0, 4, 16, 32), (0.332, 0.355, 0.528, 0.775)))
+    monkeypatch.setattr(here, "LINK_S", 0.6)
+    monkeypatch.setattr(here, "PASS_S", 0.07)  # the 0.5B's pass in bf16 there
+    for seed in SEEDS:
+        rng, est = random.Random(seed), LoopEstimates(*CURVE)
+        probes: list[TreeSize] = []
+        sizes = generation(est, CHAT, rng, probes=probes)
+        assert any(s.plain and s.ahead == 8 for s in sizes), (seed, sizes)
+        assert len(probes) <= 4, (seed, sizes)  # counted in tokens: 8 to 16
