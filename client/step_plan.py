@@ -47,9 +47,9 @@ class LoopConfig:
     # where trees come close to plain steps every explore_every
     decode_ahead: int = 8  # most tokens a plain step asks the target to decode on its own (Draft.decode_ahead): a
     # plain step that pays a round trip per token loses to the plain API's stream (4g: 0.78 s a token against 0.50)
-    ahead_overhead: float = 0.1  # a plain step asks for the fewest tokens (up to decode_ahead) that keep the round
-    # trip at most this share of its time: on a GPU server (decode steps of milliseconds) that is decode_ahead,
-    # on a one-core CPU server (0.3-0.5 s a step) one to a few
+    ahead_overhead: float = PlanInputs.ahead_overhead  # a plain step asks for the fewest tokens (up to decode_ahead)
+    # that keep the round trip at most this share of its time (0.1): on a GPU server (decode steps of
+    # milliseconds) that is decode_ahead, on a one-core CPU server (0.3-0.5 s a step) one to a few
     warmup_trees: int = 3  # trees of the drafter's own shape verified before the planner sizes any: a plain
     # step measures no acceptance, so a planner that starts from its prior alone can settle on plain steps
     # with a drafter whose trees would win (seen on a one-core server: the 0.5B drafter at 1.9 tokens a step
@@ -143,7 +143,8 @@ class LoopEstimates:
         with self._lock:
             self.round_trip_s = _ema(self.round_trip_s, max(0.0, round_trip_s - server_s), self.WEIGHT)
             n = len(tree)
-            server_s /= max(1, decoded) if not n else 1
+            if not n:  # the curve's size 0 is one decode step
+                server_s /= max(1, decoded)
             if server_s > 0:
                 self.seen[n] = _ema(self.seen.get(n), server_s, self.WEIGHT)
                 if self.reported:
@@ -211,7 +212,7 @@ class LoopEstimates:
         return (self.pass_s or 0.0) * (depth + 1)
 
     def inputs(self, max_nodes: int, max_depth: int, pipelined: bool, max_ahead: int = 1,
-               ahead_overhead: float = 0.1) -> PlanInputs | None:
+               ahead_overhead: float = PlanInputs.ahead_overhead) -> PlanInputs | None:
         """What the planner needs, or None while something is not measured yet (no curve, no round trip,
         no drafting time)."""
         with self._lock:

@@ -19,7 +19,6 @@ Both transports fail the same way, and the loop acts on the kind of error:
 """
 from __future__ import annotations
 
-
 import logging
 import math
 import time
