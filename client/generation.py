@@ -64,6 +64,7 @@ from .commit import (Finish, ProtocolError, StopStrings, accepted_path, check_co
                      resume_commit)
 from .drafters.base import Drafter, DraftRequest, OfflineUnsupportedError, Verification
 from .pipeline import DraftPipeline, Flight
+from .planner import TreeSize
 from .step_plan import LoopConfig, LoopEstimates
 from .verifier import LinkDownError, ServerRefusedError, SessionSpec, Verdict, Verifier
 
@@ -202,7 +203,8 @@ class Generation:
         self.estimates = estimates if estimates is not None else LoopEstimates()
         self.metrics = GenerationMetrics(drafter=drafter.name, prompt_tokens=len(prompt_ids))
         self.pipe = DraftPipeline(verifier, drafter, loop, self.estimates, max_tree_nodes, self.metrics)
-        self._flight: Flight | None = None  # a Draft sent at the end of the last step (a guess hit)
+        self._flight: Flight | None = None  # a Draft sent ahead of its step (a guess hit, a queued plain step)
+        self._planned: TreeSize | None = None  # the planner's size for the next step, asked for ahead of it
         self.session_id = str(uuid.uuid4())
         self.state = _State(list(prompt_ids), len(prompt_ids), confirmed=len(prompt_ids))
         self.result: GenerationResult | None = None
@@ -309,22 +311,36 @@ class Generation:
         s, m, pipe = self.state, self.metrics, self.pipe
         # 1. the tree: sent already (drafted ahead for the last verdict), or drafted now
         flight, self._flight = self._flight, None
+        wanted = self.config.max_new_tokens - len(s.generated)
         if flight is None:
-            flight = self._send(*pipe.draft_now(s.committed, self.config.max_new_tokens - len(s.generated)))
-        # 2-3. while the target verifies it, draft ahead from the likeliest verdicts
-        prepared = pipe.draft_ahead(flight, self.config.max_new_tokens - len(s.generated))
+            flight = self._send(*pipe.draft_now(s.committed, wanted, self._planned))
+        self._planned = None
+        # 2-3. while the target verifies it, draft ahead from the likeliest verdicts; behind a plain step, the
+        # next plain step goes out at once (the planner's next step, kept for the next turn when it is a tree)
+        prepared = pipe.draft_ahead(flight, wanted)
+        if pipe.can_queue(flight) and wanted > flight.ahead:
+            self._planned = pipe.planner.size(wanted - flight.ahead)
+            if self._planned.plain:
+                self._step += 1
+                self._flight, self._planned = pipe.queue_plain(self._step, flight, self._planned.ahead), None
         try:
             verdict, _ = pipe.land(flight)
         except LinkDownError as err:
             if prepared:
                 self.drafter.rewind(flight.committed)
+            self._flight = self._planned = None  # a step queued behind it went down with the stream
             yield from self._go_offline(err)
             return
         self._verified()
+        if verdict.skipped:  # queued behind a step that ended short (EOS, the context's end): nothing done
+            yield from self._skip_queued()
+            return
         # 4. commit accepted + bonus
         m.verify_s += verdict.timings.total_ns / 1e9
         self._take_verdict(flight.tree, verdict, "Verified")
         after = tuple(s.committed)
+        if self._flight is not None:  # queued behind this one: it hangs from the text just committed
+            self._flight.committed = after
         # 5. a tree drafted ahead for this verdict goes out at once, unless the output just ended
         ready = pipe.match(prepared, verdict)
         self._settle()
@@ -339,6 +355,16 @@ class Generation:
         self.drafter.observe(Verification(tree, accepted, verdict.bonus_token, after, verdict.features))
         # 7. emit
         yield from self._events()
+
+    def _skip_queued(self) -> Iterator[Event]:
+        """A queued step was skipped: the one queued behind it hangs further past the text, so the server skips
+        it too; its answer is the next on the stream and is taken before anything else is sent."""
+        queued, self._flight, self._planned = self._flight, None, None
+        if queued is not None:
+            try:
+                self.pipe.land(queued)
+            except LinkDownError as err:
+                yield from self._go_offline(err)
 
     def _send(self, tree: DraftTree, scores: Sequence[float] | None, ahead: int = 1) -> Flight:
         self._step += 1

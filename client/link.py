@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import grpc
 
@@ -233,13 +233,16 @@ class SessionStream:
         finally:
             self._ended.set()
 
-    def request(self, message: pb.ClientMessage, timeout_s: float) -> pb.ServerMessage:
-        """Send and wait for the answer; LinkDownError on timeout or a broken stream."""
+    def send(self, message: pb.ClientMessage) -> None:
+        """Put a message on the stream; its answer is the next one ``answer`` takes after those sent before."""
         if self.closed:
             raise LinkDownError("the session stream is closed")
         if self._ended.is_set() and self._answers.empty():  # e.g. Close after a refusal ended the stream
             raise LinkDownError("the session stream has ended")
         self._requests.put(message)
+
+    def answer(self, timeout_s: float) -> pb.ServerMessage:
+        """The next answer on the stream; LinkDownError on timeout or a broken stream."""
         try:
             answer = self._answers.get(timeout=timeout_s)
         except queue.Empty:
@@ -366,9 +369,12 @@ class GrpcTransport:
         self._stream = SessionStream(self.link.channel, self.link.config, session_id)
 
     def request(self, message: pb.ClientMessage) -> pb.ServerMessage:
+        return self.send(message)()
+
+    def send(self, message: pb.ClientMessage) -> Callable[[], pb.ServerMessage]:
         if self._stream is None:
             raise LinkDownError("not connected")
-        kind, link = message.WhichOneof("kind"), self.link
+        kind, link, queued = message.WhichOneof("kind"), self.link, False
         if kind == "open":  # may prefill a long prompt (on a CPU, slowly)
             timeout_s = link.config.open_timeout_s
         elif kind == "resume":  # the link just came back: a silent server must not outlast the offline wait
@@ -376,16 +382,24 @@ class GrpcTransport:
         elif kind == "draft":  # a few times the recent round trips: a blackhole is found in about one
             nodes = len(message.draft.tree) // TREE_NODE_BYTES
             # decoding ahead costs up to `ahead` plain steps; its round trip is kept as one step's share of it
-            ahead = max(1, message.draft.decode_ahead)
+            ahead, queued = max(1, message.draft.decode_ahead), message.draft.queued
             timeout_s = min(link.config.max_deadline_s, link.draft_deadline(nodes) * ahead)
         else:  # Close: no work for the model
             timeout_s = min(2.0, link.draft_deadline())
+        stream = self._stream
+        stream.send(message)
         t0 = time.perf_counter()
-        answer = self._stream.request(message, timeout_s)
-        if kind == "draft":
-            link.record((time.perf_counter() - t0) / ahead, nodes)
-        elif kind == "open" and link.first_round_trip_s is None:  # the deadline's base until a Draft is timed
-            link.first_round_trip_s = time.perf_counter() - t0
+
+        def answer() -> pb.ServerMessage:
+            # A queued Draft's deadline runs from when its wait starts, after the answer before it: until then it
+            # waits behind that one's work on the server. Its round trip is no link's, so it is not recorded.
+            start = time.perf_counter() if queued else t0
+            got = stream.answer(timeout_s)
+            if kind == "draft" and not queued:
+                link.record((time.perf_counter() - start) / ahead, nodes)
+            elif kind == "open" and link.first_round_trip_s is None:  # the deadline's base until a Draft is timed
+                link.first_round_trip_s = time.perf_counter() - start
+            return got
         return answer
 
     def disconnect(self, failures: int) -> None:

@@ -18,8 +18,9 @@ use vLLM's names (``edgespec.shared.prom``) and meanings, from the client's side
 - the pipelined loop's (drafting while a verification is out): ``edgespec_client:draft_ahead_guesses_total``
   and ``edgespec_client:draft_ahead_hits_total`` (their ratio is the guess hit rate),
   ``edgespec_client:draft_ahead_saved_seconds_total`` (drafting the hits did ahead),
-  ``edgespec_client:client_idle_seconds_total`` (waiting for a verdict with nothing to draft) and
-  ``edgespec_client:plain_steps_total`` (Drafts without a tree: the planner found trees lose).
+  ``edgespec_client:client_idle_seconds_total`` (waiting for a verdict with nothing to draft),
+  ``edgespec_client:plain_steps_total`` (Drafts without a tree: the planner found trees lose) and
+  ``edgespec_client:queued_steps_total`` (of them, those sent before the answer to the one before).
 
 No ``kv_cache_usage_perc``: the drafter's cache has no capacity to be a share of.
 """
@@ -58,6 +59,8 @@ class ClientMetrics(VllmMetrics):
                             "Time the client waited for a verdict with nothing to draft, in seconds.", registry=r)
         self.plain_steps = Counter(CLIENT_PREFIX + "plain_steps", "Drafts sent without a tree (plain decode steps).",
                                    registry=r)
+        self.queued_steps = Counter(CLIENT_PREFIX + "queued_steps", "Plain steps sent before the answer to the one "
+                                    "before them came.", registry=r)
 
     def watch(self) -> "RequestWatch":
         """A request has arrived; the watch follows it to its end."""
@@ -78,6 +81,7 @@ class ClientMetrics(VllmMetrics):
         self.saved.inc(m.saved_s)
         self.idle.inc(m.idle_s)
         self.plain_steps.inc(m.plain_steps)
+        self.queued_steps.inc(m.queued_steps)
 
 
 class RequestWatch:

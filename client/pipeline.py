@@ -1,14 +1,17 @@
 """Drafting while the Draft is in flight: the online step's machinery (DESIGN section 1).
 
-A Draft goes out on a worker thread (the gRPC stream reads answers on its own
-thread and torch releases the GIL, so the client's drafter keeps working); while
-it is out, the client guesses the verdict from the drafter's scores
-(``guess.py``) and drafts the next tree from the likeliest outcomes, as long as
-the verdict has not come and another tree is likely to pay (``TreePlanner``). A
-verdict a guess matched sends the part of that tree below its bonus token at
-once; any other verdict drops the trees drafted ahead. Drafts go out on the
-caller's thread, serially, when nothing would be drafted meanwhile (the pipeline
-is off, the drafter cannot guess, or the tree is empty).
+A Draft goes out at once and a worker thread waits for its answer (the gRPC
+stream reads answers on its own thread and torch releases the GIL, so the
+client's drafter keeps working); while it is out, the client guesses the verdict
+from the drafter's scores (``guess.py``) and drafts the next tree from the
+likeliest outcomes, as long as the verdict has not come and another tree is
+likely to pay (``TreePlanner``). A verdict a guess matched sends the part of that
+tree below its bonus token at once; any other verdict drops the trees drafted
+ahead. The caller's thread waits for the answer itself when nothing would be
+drafted meanwhile (the pipeline is off, the drafter cannot guess, or the tree
+is empty). A plain step needs no verdict to follow: the next plain step goes
+behind it before its answer comes (``queue_plain``), so on a long link the
+target decodes on while the answers travel, as the plain API's stream does.
 
 Which trees are sent never changes what the target accepts, so the output is
 the serial loop's; only the time differs, and ``GenerationMetrics`` counts it:
@@ -19,7 +22,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from edgespec.shared.metrics import GenerationMetrics
 from edgespec.shared.tree import DraftTree
@@ -43,8 +46,10 @@ class Flight:
     scores: Sequence[float] | None  # the drafter's log-probability per node (None: it cannot guess)
     sent: float  # perf_counter when it was sent
     future: Future  # -> (Verdict, perf_counter when it came)
-    waited_s: float = 0.0  # a serial Draft: the client's wait for its answer
     ahead: int = 1  # an empty tree: the tokens the target is asked to decode on its own (Draft.decode_ahead)
+    queued: bool = False  # a plain step sent before the answer to the one before it (Draft.queued)
+    wait: Callable[[], Verdict] | None = None  # waits for the answer on the caller's thread, in ``land`` (None: a
+    # worker waits for it, or it came)
 
 
 @dataclass(frozen=True)
@@ -73,11 +78,12 @@ class DraftPipeline:
         self.planner = TreePlanner(loop, estimates, max_tree_nodes, can_guess)
         self._pool: ThreadPoolExecutor | None = None  # the worker a Draft waits for its answer on
 
-    def draft_now(self, committed: Sequence[int], remaining: int) -> tuple[DraftTree, Sequence[float] | None, int]:
+    def draft_now(self, committed: Sequence[int], remaining: int, size: TreeSize | None = None
+                  ) -> tuple[DraftTree, Sequence[float] | None, int]:
         """A tree from the committed text for a step that may commit `remaining` tokens, of the size the
-        planner picks, and how many tokens the target is to decode ahead (none: an empty tree, a plain step
-        of that many tokens)."""
-        size = self.planner.size(remaining)
+        planner picks (or `size`, picked already), and how many tokens the target is to decode ahead (none: an
+        empty tree, a plain step of that many tokens)."""
+        size = self.planner.size(remaining) if size is None else size
         if size.plain:
             return DraftTree((), ()), None, size.ahead
         t0 = time.perf_counter()
@@ -95,36 +101,70 @@ class DraftPipeline:
 
     def send(self, step: int, committed: Sequence[int], tree: DraftTree, scores: Sequence[float] | None,
              ahead: int = 1) -> Flight:
-        """Send a Draft: on the worker when there will be drafting ahead to do meanwhile, else here."""
+        """Send a Draft; a worker waits for its answer when there will be drafting ahead to do meanwhile, else
+        ``land`` does."""
         if not len(tree):
             self.metrics.plain_steps += 1
         flight = Flight(step, tuple(committed), tree, scores, time.perf_counter(), Future(), ahead=ahead)
-        if self.planner.pipelined and scores is not None and len(tree):
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="edgespec-verify")
-            flight.future = self._pool.submit(self._verify, flight)
-        else:
-            try:
-                flight.future.set_result(self._verify(flight))
-            except Exception as err:  # noqa: BLE001 - raised where the answer is taken, as on the worker
-                flight.future.set_exception(err)
-            flight.waited_s = time.perf_counter() - flight.sent
+        self._post(flight, len(committed), worker=self.planner.pipelined and scores is not None and len(tree) > 0)
         return flight
 
-    def _verify(self, flight: Flight) -> tuple[Verdict, float]:
-        verdict = self.verifier.verify(flight.step, len(flight.committed), flight.tree, flight.ahead)
-        return verdict, time.perf_counter()
+    def queue_plain(self, step: int, before: Flight, ahead: int) -> Flight:
+        """Send a plain step of `ahead` tokens behind the plain step `before`, whose answer has not come: it
+        hangs from where that one leaves the text, so the target decodes on while that answer and this Draft
+        cross the link (a stream's pace, where a step at a time idles the server a round trip each)."""
+        self.metrics.plain_steps += 1
+        self.metrics.queued_steps += 1
+        flight = Flight(step, before.committed, DraftTree((), ()), None, time.perf_counter(), Future(), ahead=ahead,
+                        queued=True)
+        self._post(flight, len(before.committed) + before.ahead, worker=False)
+        return flight
+
+    def can_queue(self, flight: Flight) -> bool:
+        """May a plain step go behind this one before its answer? Only in the pipelined loop, and, past one token,
+        once this server has shown it decodes ahead: a server that ignores Draft.decode_ahead answers one token,
+        and the Draft queued behind would hang past its text."""
+        return (self.loop.pipeline and self.loop.queue_plain and not len(flight.tree)
+                and (flight.ahead == 1 or self.estimates.server_decodes_ahead))
+
+    def _post(self, flight: Flight, committed_len: int, worker: bool) -> None:
+        try:
+            wait = self.verifier.send_draft(flight.step, committed_len, flight.tree, flight.ahead, flight.queued)
+        except Exception as err:  # noqa: BLE001 - raised where the answer is taken, as the answer's own errors
+            flight.future.set_exception(err)
+            return
+        if worker:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="edgespec-verify")
+            flight.future = self._pool.submit(lambda: (wait(), time.perf_counter()))
+        else:
+            flight.wait = wait
+
+    @staticmethod
+    def _answer(flight: Flight) -> tuple[Verdict, float]:
+        wait, flight.wait = flight.wait, None
+        if wait is not None:
+            try:
+                flight.future.set_result((wait(), time.perf_counter()))
+            except Exception as err:  # noqa: BLE001 - kept for whoever takes the answer
+                flight.future.set_exception(err)
+        return flight.future.result()
 
     def land(self, flight: Flight) -> tuple[Verdict, float]:
         """Wait for the flight's answer (the client's idle time); returns it and its round trip. Raises what
         the verification raised (LinkDownError: the link)."""
         t0 = time.perf_counter()
         try:
-            verdict, arrived = flight.future.result()
+            verdict, arrived = self._answer(flight)
         finally:
-            self.metrics.idle_s += flight.waited_s + (time.perf_counter() - t0)
-        self.estimates.observe_verdict(flight.tree, len(verdict.accepted), arrived - flight.sent,
-                                       verdict.timings.total_ns / 1e9, len(verdict.decoded) + 1)
+            self.metrics.idle_s += time.perf_counter() - t0
+        if verdict.decoded:
+            self.estimates.server_decodes_ahead = True
+        if not verdict.skipped:
+            # a queued step's wait ran behind the step before it: no round trip of the link's
+            self.estimates.observe_verdict(flight.tree, len(verdict.accepted),
+                                           None if flight.queued else arrived - flight.sent,
+                                           verdict.timings.total_ns / 1e9, len(verdict.decoded) + 1)
         return verdict, arrived - flight.sent
 
     def draft_ahead(self, flight: Flight, tokens_left: int) -> list[Prepared]:
@@ -184,7 +224,7 @@ class DraftPipeline:
         stops, so Close never crosses it on the stream."""
         if flight is not None:
             try:
-                flight.future.result()
+                self._answer(flight)
             except Exception:  # noqa: BLE001 - the output is complete whatever happened to it
                 pass
         if self._pool is not None:

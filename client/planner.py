@@ -9,7 +9,10 @@ timings of each answer). A step with no tree ("none", a plain step through the
 session) asks the target to decode k tokens on its own (``Draft.decode_ahead``):
 it commits k tokens for one round trip and k decode steps, with k the fewest
 that keep the round trip under a set share of the step (one round trip a token
-lost to the plain API's stream at 4g: 0.78 s a token against 0.50). Drafting
+lost to the plain API's stream at 4g: 0.78 s a token against 0.50); in the
+pipelined loop plain steps in a row are queued, each sent before the answer to
+the one before, so a step costs the longer of its round trip and its decoding,
+and k is the fewest whose decoding covers the round trip. Drafting
 ahead (``guess.py``) hides the drafting behind the verification of the
 previous tree when its guess was right: a cycle then costs
 max(draft, round trip + verify), plus the drafting again for a wrong guess.
@@ -55,6 +58,8 @@ class PlanInputs:
     max_ahead: int = 1  # most tokens a plain step may ask the target to decode (also: at most the tokens wanted)
     ahead_overhead: float = 0.1  # a plain step asks for the fewest tokens that keep the round trip at most this
     # share of its time (more only delay the next tree's chance and the output's next piece)
+    queue_plain: bool = False  # plain steps in a row go out before the answer to the one before (Draft.queued):
+    # the round trip overlaps the decoding
 
     def __post_init__(self) -> None:
         if len(self.verify_nodes) != len(self.verify_s) or not self.verify_nodes:
@@ -97,18 +102,25 @@ def tree_nodes(inputs: PlanInputs, depth: int) -> int:
 
 def plain_step(inputs: PlanInputs) -> TreeSize:
     """The plain step: the fewest tokens decoded ahead (up to max_ahead) that keep the round trip at most
-    ahead_overhead of the step's time."""
+    ahead_overhead of the step's time; queued, the fewest whose decoding outlasts the round trip (the next
+    step then reaches the server before it runs out of work)."""
     decode = verify_time(0, inputs.verify_nodes, inputs.verify_s)
     share = inputs.ahead_overhead
-    # round trip <= share * (round trip + k * decode)  <=>  k >= round trip * (1 - share) / (share * decode)
-    wanted = math.ceil(inputs.round_trip_s * (1 - share) / (share * decode)) if decode > 0 else inputs.max_ahead
+    if decode <= 0:
+        wanted = inputs.max_ahead
+    elif inputs.queue_plain:
+        wanted = math.ceil(inputs.round_trip_s / decode)
+    else:  # round trip <= share * (round trip + k * decode)  <=>  k >= round trip * (1 - share) / (share * decode)
+        wanted = math.ceil(inputs.round_trip_s * (1 - share) / (share * decode))
     return TreeSize(0, 0, max(1, min(inputs.max_ahead, wanted)))
 
 
 def step_time(inputs: PlanInputs, size: TreeSize) -> float:
     """Seconds one step costs, the better of drafting serially and drafting ahead at the measured hit rate."""
     if size.plain:
-        return inputs.round_trip_s + size.ahead * verify_time(0, inputs.verify_nodes, inputs.verify_s)
+        decoding = size.ahead * verify_time(0, inputs.verify_nodes, inputs.verify_s)
+        # queued behind the step before, its round trip runs while that one decodes
+        return max(inputs.round_trip_s, decoding) if inputs.queue_plain else inputs.round_trip_s + decoding
     flight = inputs.round_trip_s + verify_time(size.nodes, inputs.verify_nodes, inputs.verify_s)
     draft = inputs.draft_pass_s * (size.depth + 1)
     ahead = max(draft, flight) + (1.0 - inputs.hit_rate) * draft

@@ -50,6 +50,8 @@ class LoopConfig:
     ahead_overhead: float = PlanInputs.ahead_overhead  # a plain step asks for the fewest tokens (up to decode_ahead)
     # that keep the round trip at most this share of its time (0.1): on a GPU server (decode steps of
     # milliseconds) that is decode_ahead, on a one-core CPU server (0.3-0.5 s a step) one to a few
+    queue_plain: bool = True  # in the pipelined loop, a plain step goes out behind the one before it, before its
+    # answer (Draft.queued), so the target decodes on while answers cross the link
     warmup_trees: int = 3  # trees of the drafter's own shape verified before the planner sizes any: a plain
     # step measures no acceptance, so a planner that starts from its prior alone can settle on plain steps
     # with a drafter whose trees would win (seen on a one-core server: the 0.5B drafter at 1.9 tokens a step
@@ -73,7 +75,9 @@ LOOP_MODES = {
     "pipelined": LoopConfig(tree="fixed"),  # drafting ahead, the drafter's own shape every step
     "auto-serial": LoopConfig(pipeline=False),  # trees sized each step, no drafting ahead
     "auto": LoopConfig(),  # the default: both
-    "auto-1": LoopConfig(decode_ahead=1),  # the default before plain steps decoded ahead: a round trip a token
+    "auto-1": LoopConfig(decode_ahead=1, queue_plain=False),  # before plain steps decoded ahead: a round trip
+    # a token
+    "auto-unqueued": LoopConfig(queue_plain=False),  # before plain steps were queued: a round trip a plain step
 }
 
 
@@ -124,6 +128,7 @@ class LoopEstimates:
         self.accepted: list[float] = []  # [i]: ... of which depth i + 1 was accepted
         self.hit_rate = self.PRIOR_HIT_RATE
         self.trees_verified = 0  # verdicts on non-empty trees
+        self.server_decodes_ahead = False  # a plain step came back with Verified.decoded: the server knows it
         self.last_whole = False  # the last tree verified was accepted down to its deepest node
 
     # ------------------------------------------------------------ observing
@@ -136,12 +141,14 @@ class LoopEstimates:
             self.pass_s = _ema(self.pass_s, seconds / (depth + 1), self.WEIGHT)
             self.nodes_per_depth = _ema(self.nodes_per_depth, len(tree) / depth, self.WEIGHT)
 
-    def observe_verdict(self, tree: DraftTree, accepted: int, round_trip_s: float, server_s: float,
+    def observe_verdict(self, tree: DraftTree, accepted: int, round_trip_s: float | None, server_s: float,
                         decoded: int = 1) -> None:
-        """A Draft of `tree` came back with `accepted` nodes after `round_trip_s`, `server_s` of it the server's;
-        a plain step that decoded ahead made `decoded` tokens (the curve keeps one decode step's time)."""
+        """A Draft of `tree` came back with `accepted` nodes after `round_trip_s` (None: not timed, a queued
+        step), `server_s` of it the server's; a plain step that decoded ahead made `decoded` tokens (the curve
+        keeps one decode step's time)."""
         with self._lock:
-            self.round_trip_s = _ema(self.round_trip_s, max(0.0, round_trip_s - server_s), self.WEIGHT)
+            if round_trip_s is not None:
+                self.round_trip_s = _ema(self.round_trip_s, max(0.0, round_trip_s - server_s), self.WEIGHT)
             n = len(tree)
             if not n:  # the curve's size 0 is one decode step
                 server_s /= max(1, decoded)
@@ -212,7 +219,7 @@ class LoopEstimates:
         return (self.pass_s or 0.0) * (depth + 1)
 
     def inputs(self, max_nodes: int, max_depth: int, pipelined: bool, max_ahead: int = 1,
-               ahead_overhead: float = PlanInputs.ahead_overhead) -> PlanInputs | None:
+               ahead_overhead: float = PlanInputs.ahead_overhead, queue_plain: bool = False) -> PlanInputs | None:
         """What the planner needs, or None while something is not measured yet (no curve, no round trip,
         no drafting time)."""
         with self._lock:
@@ -225,7 +232,7 @@ class LoopEstimates:
                 verify_s=tuple(curve[n] for n in sizes), draft_pass_s=self.pass_s,
                 acceptance=self.acceptance(), nodes_per_depth=self.nodes_per_depth or 1.0,
                 max_nodes=max_nodes, max_depth=max_depth, hit_rate=self.hit_rate if pipelined else 0.0,
-                max_ahead=max(1, max_ahead), ahead_overhead=ahead_overhead)
+                max_ahead=max(1, max_ahead), ahead_overhead=ahead_overhead, queue_plain=queue_plain)
 
 
 class TreePlanner:
@@ -247,7 +254,8 @@ class TreePlanner:
         if self.config.tree == "fixed" or full.plain:
             return full
         inputs = self.estimates.inputs(self.max_nodes, min(depth, self.config.max_depth), self.pipelined,
-                                       min(self.config.decode_ahead, remaining), self.config.ahead_overhead)
+                                       min(self.config.decode_ahead, remaining), self.config.ahead_overhead,
+                                       self.config.pipeline and self.config.queue_plain)
         if inputs is None or self.estimates.trees_verified < self.config.warmup_trees:
             size = full  # not measured enough yet: the drafter's own shape, which measures it
         else:

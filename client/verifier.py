@@ -23,7 +23,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 import torch
 
@@ -114,6 +114,7 @@ class Verdict:
     timings: ServerTimings = ServerTimings()  # the server's time on it
     logprobs: tuple[TokenLogprob, ...] = ()  # with SessionSpec.logprobs: one per token this answer committed
     decoded: tuple[int, ...] = ()  # a Draft with decode_ahead: the target's tokens before bonus_token
+    skipped: bool = False  # a queued Draft the server skipped: the step before it ended short (nothing else set)
 
 
 class Transport(Protocol):
@@ -124,6 +125,10 @@ class Transport(Protocol):
 
     def request(self, message: pb.ClientMessage) -> pb.ServerMessage:
         """Send one message and wait for its one answer, within the deadline its kind gets."""
+
+    def send(self, message: pb.ClientMessage) -> Callable[[], pb.ServerMessage]:
+        """Send one message now; the call returned waits for its answer. Answers come in the order the
+        messages went: wait for them in that order (``request`` is ``send(message)()``)."""
 
     def disconnect(self, failures: int) -> None:
         """The link failed (``failures`` times in a row): drop it and reconnect in the background, after the
@@ -165,18 +170,33 @@ class Verifier:
     def verify(self, step: int, committed_len: int, tree: DraftTree, decode_ahead: int = 1) -> Verdict:
         """Verify a tree hung from the last of committed_len committed tokens; with an empty tree and
         decode_ahead > 1, the target decodes up to that many tokens on its own (``Verdict.decoded`` + bonus)."""
+        return self.send_draft(step, committed_len, tree, decode_ahead)()
+
+    def send_draft(self, step: int, committed_len: int, tree: DraftTree, decode_ahead: int = 1,
+                   queued: bool = False) -> Callable[[], Verdict]:
+        """``verify`` in two halves: the Draft goes now, the call returned waits for its Verdict. queued: sent
+        before the answer to the Draft before it, hung from where that one leaves the text (``Draft.queued``)."""
         draft = pb.Draft(session_id=self._open.session_id, step=step, committed_len=committed_len,
-                         tree=encode_tree(tree), decode_ahead=decode_ahead if decode_ahead > 1 else 0)
-        verified = self._call(pb.ClientMessage(draft=draft), "verified")
-        if verified.step != step:
-            raise ProtocolError(f"Verified answers step {verified.step}, the client sent step {step}")
-        if len(verified.decoded) >= max(1, decode_ahead) or (verified.decoded and verified.accepted):
-            raise ProtocolError(f"Verified decoded {len(verified.decoded)} tokens before its bonus token (and accepted "
-                                f"{len(verified.accepted)} nodes) where the Draft asked for {decode_ahead} in all")
-        committed = len(verified.accepted) + len(verified.decoded) + 1
-        verdict = self._verdict(verified, verified.bonus_token, committed, accepted=verified.accepted,
+                         tree=encode_tree(tree), decode_ahead=decode_ahead if decode_ahead > 1 else 0, queued=queued)
+        answer = self._send(pb.ClientMessage(draft=draft), "verified", timed=not queued)
+
+        def verdict() -> Verdict:
+            verified = answer()
+            if verified.step != step:
+                raise ProtocolError(f"Verified answers step {verified.step}, the client sent step {step}")
+            if verified.skipped:
+                if not queued:
+                    raise ProtocolError(f"Verified skipped step {step}, which was not queued")
+                return Verdict(bonus_token=0, committed_len=verified.committed_len, skipped=True)
+            if len(verified.decoded) >= max(1, decode_ahead) or (verified.decoded and verified.accepted):
+                raise ProtocolError(f"Verified decoded {len(verified.decoded)} tokens before its bonus token (and "
+                                    f"accepted {len(verified.accepted)} nodes) where the Draft asked for "
+                                    f"{decode_ahead} in all")
+            committed = len(verified.accepted) + len(verified.decoded) + 1
+            got = self._verdict(verified, verified.bonus_token, committed, accepted=verified.accepted,
                                 rows=max(len(tree) + 1, decode_ahead))
-        return replace(verdict, decoded=tuple(verified.decoded))
+            return replace(got, decoded=tuple(verified.decoded))
+        return verdict
 
     def resume(self, confirmed: Sequence[int], provisional: Sequence[int], policy: ResumePolicy,
                step: int) -> Verdict:
@@ -230,11 +250,20 @@ class Verifier:
 
     def _call(self, message: pb.ClientMessage, expect: str):
         """Send, count, check the answer's kind; returns the answer's body (``Opened``, ``Verified``, ...)."""
+        return self._send(message, expect)()
+
+    def _send(self, message: pb.ClientMessage, expect: str, timed: bool = True) -> Callable[[], object]:
+        """``_call`` in two halves (timed=False: the wait is no round trip of the link's, so it is not kept)."""
         t = self.traffic
         t.bytes_up += message.ByteSize()
         t0 = time.perf_counter()
-        answer = self.transport.request(message)
-        t.round_trips_s.append(time.perf_counter() - t0)
+        wait = self.transport.send(message)
+        return lambda: self._received(wait(), expect, time.perf_counter() - t0 if timed else None)
+
+    def _received(self, answer: pb.ServerMessage, expect: str, round_trip_s: float | None):
+        t = self.traffic
+        if round_trip_s is not None:
+            t.round_trips_s.append(round_trip_s)
         t.bytes_down += answer.ByteSize()
         if expect != "closed":  # a Close is no work for the model
             t.calls += 1

@@ -81,15 +81,16 @@ class VerifierCore:
         return result
 
     def verify(self, session_id: str, step: int, committed_len: int, tree_bytes: bytes,
-               decode_ahead: int = 1) -> StepResult:
+               decode_ahead: int = 1, queued: bool = False) -> StepResult:
         tree = decode_tree(tree_bytes, self.target.vocab_size, self.limits.max_tree_nodes)
         session = self._checkout(session_id)
         try:
-            result = session.verify(step, committed_len, tree, decode_ahead)
+            result = session.verify(step, committed_len, tree, decode_ahead, queued)
             self.store.touch(session)
         finally:
             session.lock.release()
-        self.metrics.verified(session_id, len(tree), result)
+        if not result.skipped:
+            self.metrics.verified(session_id, len(tree), result)
         return result
 
     def resume(self, session_id: str, confirmed_len: int, confirmed_hash: bytes, committed_ids: Sequence[int],

@@ -179,11 +179,11 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         if kind == "draft":
             d = message.draft
             sid = _session_id(d.session_id, meta_id)
-            result = self.core.verify(sid, d.step, d.committed_len, d.tree, d.decode_ahead)
+            result = self.core.verify(sid, d.step, d.committed_len, d.tree, d.decode_ahead, d.queued)
             return pb.ServerMessage(verified=pb.Verified(
                 session_id=sid, step=d.step, accepted=list(result.accepted), bonus_token=result.next_token,
                 committed_len=result.committed_len, features=_features(result), timings=_timings(result),
-                logprobs=_logprobs(result), decoded=list(result.decoded)))
+                logprobs=_logprobs(result), decoded=list(result.decoded), skipped=result.skipped))
         if kind == "resume":
             r = message.resume
             sid = _session_id(r.session_id, meta_id)

@@ -65,6 +65,7 @@ class StepResult:
     logprobs: tuple[TokenLogprob, ...] = ()  # with SessionSettings.logprobs: one per token committed by this step
     cached_tokens: int = 0  # Open: prompt tokens whose KV came from the prefix cache instead of a prefill
     decoded: tuple[int, ...] = ()  # Draft with decode_ahead: the target's tokens before next_token
+    skipped: bool = False  # a queued Draft past the text of a step that ended short: nothing done
 
 
 @dataclass
@@ -105,6 +106,7 @@ class VerifierSession:
         self.kv_bytes = 0
         self.steps = 0  # verifications done
         self._last_draft: tuple[int, int, StepResult] | None = None  # (step, committed_len, answer)
+        self._ended_short = False  # the last Draft decoded fewer tokens than it asked for
         # Open and rebuild start from the longest cached prefix; close and drop give the KV back to it. Not
         # for LAST_HIDDEN sessions: Open's features cover every prompt token, and a restored prefix has no
         # hidden states.
@@ -157,11 +159,15 @@ class VerifierSession:
                           self._logprobs(out.logits, rows, new))
 
     # -------------------------------------------------------------- verify
-    def verify(self, step: int, committed_len: int, tree: DraftTree, decode_ahead: int = 1) -> StepResult:
+    def verify(self, step: int, committed_len: int, tree: DraftTree, decode_ahead: int = 1,
+               queued: bool = False) -> StepResult:
         """Verify a tree hung from the last committed token; with an empty tree and decode_ahead > 1, decode up to
-        that many tokens instead (``Draft.decode_ahead``)."""
+        that many tokens instead (``Draft.decode_ahead``). A queued Draft (``Draft.queued``) past the text of a
+        step that ended short is skipped."""
         if self._last_draft and self._last_draft[:2] == (step, committed_len):
             return self._last_draft[2]  # a retry of the step just answered
+        if queued and committed_len > len(self.committed) and self._ended_short:
+            return StepResult(0, len(self.committed), skipped=True)
         if committed_len != len(self.committed):
             raise StaleStateError(
                 f"Draft step {step} says committed_len={committed_len} but session {self.id} has "
@@ -177,6 +183,8 @@ class VerifierSession:
             result = self._run(self._decode_job, min(decode_ahead, self.max_context_tokens - committed_len))
         else:
             result = self._run(self._verify_job, tree)
+        # fewer tokens than asked (EOS, the context's end): a Draft queued behind this one hangs past the text
+        self._ended_short = not len(tree) and len(result.decoded) + 1 < decode_ahead
         self.steps += 1
         self._last_draft = (step, committed_len, result)
         return result

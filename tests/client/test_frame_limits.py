@@ -24,6 +24,9 @@ class ScriptedServer:
     def request(self, message):
         return self.answers.pop(0)
 
+    def send(self, message):
+        return lambda: self.request(message)
+
     def disconnect(self, failures): ...
 
     def reconnected(self, timeout_s):

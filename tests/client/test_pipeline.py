@@ -128,6 +128,61 @@ def test_the_answer_of_a_step_that_decoded_ahead_is_lost(start, tiny_target_f32,
     assert r.token_ids == greedy(tiny_target_f32, ids, 40, set()) and r.provisional == 0
 
 
+def recorded(transport: InProcessTransport, answers: list | None = None) -> list:
+    """The messages the server is handed, in order (the in-process server works on one when it is waited for),
+    and its answers to them in `answers`."""
+    sent, request = [], transport.request
+
+    def record(message):
+        sent.append(message)
+        answer = request(message)
+        if answers is not None:
+            answers.append(answer)
+        return answer
+    transport.request = record
+    return sent
+
+
+def test_plain_steps_queue_behind_each_other(start, tiny_target_f32, greedy):
+    """Plain steps in a row go out before the answer to the one before (Draft.queued), each hung from where the
+    one before was asked to leave the text; the output is the target's greedy text. The unqueued loop sends the
+    same text with no queued Draft."""
+    want = None
+    for loop in (AUTO, LoopConfig(queue_plain=False)):
+        gen, transport, ids = start("missing", loop, TreesNeverPay(), max_new_tokens=40, logprobs=1)
+        sent = recorded(transport)
+        r = gen.run()
+        want = want or greedy(tiny_target_f32, ids, 40, set())
+        assert r.token_ids == want and all(lp is not None for lp in r.logprobs)
+        drafts = [m.draft for m in sent if m.HasField("draft")]
+        queued = [i for i, d in enumerate(drafts) if d.queued]
+        assert r.metrics.queued_steps == len(queued)
+        if loop.queue_plain:
+            assert len(queued) >= 2 and r.metrics.plain_steps > len(queued)  # the first of a run is not queued
+            for i in queued:
+                before = drafts[i - 1]
+                assert not before.tree and drafts[i].step == before.step + 1
+                assert drafts[i].committed_len == before.committed_len + max(1, before.decode_ahead)
+        else:
+            assert not queued and r.metrics.plain_steps > 2
+
+
+def test_a_queued_step_behind_one_that_stopped_at_eos_is_skipped(start, core, tiny_target_f32, greedy, monkeypatch):
+    """The server stops decoding ahead after EOS; a client that ignores EOS (a benchmark of fixed length) had
+    queued the next plain step past it: the server skips that one and the loop carries on from the real text."""
+    gen, transport, ids = start("missing", AUTO, TreesNeverPay(), max_new_tokens=40)
+    want = greedy(tiny_target_f32, ids, 40, set())
+    monkeypatch.setattr(core.target, "eos_ids", frozenset(want[12:30]))  # the server's EOS, the client ignores it
+    answers = []
+    sent = recorded(transport, answers)
+    r = gen.run()
+    assert r.token_ids == want
+    queued = [d for d in (m.draft for m in sent if m.HasField("draft")) if d.queued]
+    skipped = [a.verified for a in answers if a.HasField("verified") and a.verified.skipped]
+    assert queued and r.metrics.queued_steps == len(queued)
+    assert skipped and len(skipped) < len(queued)  # a step queued behind a skipped one is skipped too
+
+
 @pytest.mark.parametrize("policy", [ResumePolicy.ROLLBACK, ResumePolicy.KEEP], ids=["rollback", "keep"])
 def test_link_drops_while_a_tree_drafted_ahead_is_out(start, tiny_target_f32, tiny_drafter_f32, greedy, policy):
     """The link is cut while a tree sent at once for a right guess is on its way: the loop goes offline from
@@ -247,3 +302,35 @@ def test_relay_outage_while_a_tree_drafted_ahead_is_out(tiny_server, make_client
     assert cut_with_flight and r.metrics.disconnects >= 1 and r.metrics.resumes >= 1
     assert r.token_ids == greedy(tiny_target_f32, ids, 40, set()) and r.provisional == 0
     assert r.metrics.guess_hits > 0
+
+
+@pytest.mark.parametrize("cut", [None, "blackhole"])
+def test_over_grpc_queued_plain_steps_write_the_targets_text(tiny_server, make_client, tiny_model_dir,
+                                                             tiny_target_f32, greedy, cut):
+    """A real server on loopback behind netem's 5g relay, a client whose planner takes plain steps: they go out
+    queued, two on the stream at a time, and the output is the target's greedy text; with the link cut while a
+    queued step is out (both Drafts lost), the loop goes offline, resumes and stays exact."""
+    import dataclasses
+
+    from support.relays import relay_to
+
+    with relay_to(tiny_server, "5g") as relay:
+        client = make_client(relay.target, "independent", drafter_dir=tiny_model_dir)
+        client.config = dataclasses.replace(client.config, loop=AUTO)
+        client.estimates = TreesNeverPay()
+        ids = client.encode(PROMPT)
+        gen = client.generation(ids, GenerationConfig(max_new_tokens=48, ignore_eos=True))
+        cut_done, offline = False, 0
+        for e in gen:
+            if cut and not cut_done and isinstance(e, TokenEvent) and gen._flight is not None and gen._flight.queued:
+                relay.cut(cut)
+                cut_done = True
+            if isinstance(e, TokenEvent) and e.origin is TokenOrigin.OFFLINE:
+                offline += 1
+                if offline >= 3 and relay.state != "up":
+                    relay.restore()
+        r = gen.result
+    assert r.token_ids == greedy(tiny_target_f32, ids, 48, set()) and r.provisional == 0
+    assert r.metrics.queued_steps >= 2
+    if cut:
+        assert cut_done and r.metrics.disconnects >= 1 and r.metrics.resumes >= 1

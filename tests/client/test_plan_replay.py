@@ -53,11 +53,11 @@ def step_cost(text: Text, size: TreeSize, hit: bool = False) -> float:
 
 
 def generation(est: LoopEstimates, text: Text, rng: random.Random, tokens: int = 128,
-               probes: list[TreeSize] | None = None) -> list[TreeSize]:
+               probes: list[TreeSize] | None = None, loop: LoopConfig = LoopConfig()) -> list[TreeSize]:
     """One generation through the planner, as DraftPipeline runs it; returns the size of each step (and appends
     the probes to `probes`)."""
     est.new_generation()
-    planner = TreePlanner(LoopConfig(), est, SERVER_LIMIT, can_pipeline=True)
+    planner = TreePlanner(loop, est, SERVER_LIMIT, can_pipeline=True)
     sizes: list[TreeSize] = []
     while tokens > 0:
         size = planner.size(tokens)
@@ -165,6 +165,11 @@ def test_plain_steps_that_decode_ahead_do_not_bring_probes_closer(monkeypatch):
     for seed in SEEDS:
         rng, est = random.Random(seed), LoopEstimates(*CURVE)
         probes: list[TreeSize] = []
-        sizes = generation(est, CHAT, rng, probes=probes)
+        sizes = generation(est, CHAT, rng, probes=probes, loop=LoopConfig(queue_plain=False))
         assert any(s.plain and s.ahead == 8 for s in sizes), (seed, sizes)
         assert len(probes) <= 4, (seed, sizes)  # counted in tokens: 8 to 16
+        # queued, a plain step's round trip runs during the one before: 2 tokens (0.66 s) cover 0.6 s
+        rng, est, probes = random.Random(seed), LoopEstimates(*CURVE), []
+        sizes = generation(est, CHAT, rng, probes=probes)
+        assert any(s.plain and s.ahead == 2 for s in sizes), (seed, sizes)
+        assert len(probes) <= 8, (seed, sizes)  # ~55 plain steps an answer: explore_share holds their cost to 5 %

@@ -156,8 +156,8 @@ def test_loops_by_name_and_by_flag(capsys):
 
     assert loop_mode("independent") == ("independent", LoopConfig())
     assert loop_mode("ngram@serial") == ("ngram", LoopConfig(pipeline=False, tree="fixed"))
-    assert set(LOOP_MODES) == {"serial", "pipelined", "auto-serial", "auto", "auto-1"}
-    assert loop_mode("ngram@auto-1") == ("ngram", LoopConfig(decode_ahead=1))
+    assert set(LOOP_MODES) == {"serial", "pipelined", "auto-serial", "auto", "auto-1", "auto-unqueued"}
+    assert loop_mode("ngram@auto-1") == ("ngram", LoopConfig(decode_ahead=1, queue_plain=False))
     assert loop_mode("independent:2x6x8@0.1@pipelined") == ("independent:2x6x8@0.1", LoopConfig(tree="fixed"))
     assert loop_mode("independent:2x6x8@0.1") == ("independent:2x6x8@0.1", LoopConfig())
     with pytest.raises(ValueError, match="unknown loop 'fast'"):
@@ -177,7 +177,7 @@ def test_auto_keeps_the_drafters_shape_until_enough_trees_are_measured():
     """A prior alone must not settle the loop on plain steps: the first trees are the drafter's own shape."""
     est = LoopEstimates((0, 4), (0.1, 10.0))  # trees look ruinous on this curve
     chain = DraftTree.chain([1, 2])
-    auto = TreePlanner(LoopConfig(warmup_trees=3, explore_every=100), est, 255, can_pipeline=False)
+    auto = TreePlanner(LoopConfig(warmup_trees=3, explore_every=100, queue_plain=False), est, 255, can_pipeline=False)
     sizes = []
     for _ in range(5):
         size = auto.size(40)
@@ -229,10 +229,27 @@ def test_estimates_keep_one_decode_step_of_a_plain_step_that_decoded_ahead():
     est = LoopEstimates()
     est.observe_verdict(DraftTree((), ()), 0, round_trip_s=0.1 + 8 * 0.05, server_s=8 * 0.05, decoded=8)
     assert est.curve()[0] == pytest.approx(0.05) and est.round_trip_s == pytest.approx(0.1)
-    planner = TreePlanner(LoopConfig(warmup_trees=0, decode_ahead=4), est, 16, can_pipeline=False)
+    planner = TreePlanner(LoopConfig(warmup_trees=0, decode_ahead=4, queue_plain=False), est, 16,
+                          can_pipeline=False)
     est.observe_draft(DraftTree.chain([1, 2]), 0.01)
     est.observe_verdict(DraftTree.chain([1, 2]), 0, round_trip_s=5.1, server_s=5.0)  # trees: ruinous
     assert planner.size(40) == TreeSize(0, 0, 4)  # capped by LoopConfig.decode_ahead
     assert planner.size(3) == TreeSize(0, 0, 3)  # and by the tokens still wanted
     with pytest.raises(ValueError, match="decode_ahead"):
         LoopConfig(decode_ahead=0)
+
+
+def test_queued_plain_steps_decode_just_long_enough_to_cover_the_round_trip():
+    """Queued behind the step before, a plain step's round trip runs while that one decodes: it asks for the
+    fewest tokens whose decoding outlasts the round trip, and costs the longer of the two, not their sum."""
+    base = dict(round_trip_s=0.6, verify_nodes=(0, 8), verify_s=(0.25, 0.5), draft_pass_s=0.1, acceptance=(0.1,),
+                nodes_per_depth=1.0, max_nodes=8, max_depth=4, max_ahead=8)
+    queued, unqueued = PlanInputs(**base, queue_plain=True), PlanInputs(**base)
+    assert plain_step(queued) == TreeSize(0, 0, 3)  # 3 x 0.25 s covers 0.6 s
+    assert step_time(queued, plain_step(queued)) == pytest.approx(0.75)
+    assert tokens_per_s(queued, plain_step(queued)) == pytest.approx(4.0)  # the server never waits: 1 / decode
+    assert plain_step(unqueued) == TreeSize(0, 0, 8)  # one round trip a step: as many as allowed
+    assert tokens_per_s(unqueued, plain_step(unqueued)) == pytest.approx(8 / 2.6)
+    fast_link = PlanInputs(**{**base, "round_trip_s": 0.01}, queue_plain=True)
+    assert plain_step(fast_link) == TreeSize(0, 0, 1)  # a token at a time costs nothing when the link is short
+    assert plan_tree(fast_link).plain  # this drafter's trees lose either way

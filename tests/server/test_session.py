@@ -287,3 +287,31 @@ def test_decoding_ahead_refuses_a_tree_and_too_many_tokens(target, scheduler):
     with pytest.raises(InvalidRequestError, match=f"more than the {MAX_DECODE_AHEAD} tokens"):
         session.verify(1, 4, EMPTY, decode_ahead=MAX_DECODE_AHEAD + 1)
     assert session.committed == [1, 2, 3, session.committed[3]] and len(session.kv) == 3  # nothing lost
+
+
+def test_a_queued_draft_behind_a_step_that_ended_short_is_skipped(target, scheduler, greedy_reference, monkeypatch):
+    """Draft.queued: sent before the answer to the step before, it hangs from where that step was asked to leave
+    the text. Behind a full step it is an ordinary Draft; behind one that ended short (EOS) it is skipped and
+    changes nothing; a Draft that is not queued and hangs past the text is refused as before."""
+    from edgespec.server.errors import StaleStateError
+
+    prompt = [3, 1, 4, 1, 5]
+    truth = greedy_reference(prompt, 12)
+    session = make_session(target, scheduler)
+    session.open(prompt)
+    first = session.verify(1, len(session.committed), EMPTY, decode_ahead=3)
+    queued = session.verify(2, len(prompt) + 1 + 3, EMPTY, decode_ahead=2, queued=True)  # behind a full step
+    assert not first.skipped and not queued.skipped
+    assert session.committed[len(prompt):] == truth[:6] and queued.committed_len == len(prompt) + 6
+    eos = truth[7]  # the step after the next ends two tokens into four
+    monkeypatch.setattr(target, "eos_ids", frozenset({eos}))
+    short = session.verify(3, len(session.committed), EMPTY, decode_ahead=4)
+    assert short.next_token == eos and len(short.decoded) == 1
+    before, kv = list(session.committed), len(session.kv)
+    skipped = session.verify(4, len(prompt) + 6 + 4, EMPTY, decode_ahead=4, queued=True)
+    assert skipped.skipped and skipped.committed_len == len(before) and not skipped.decoded
+    assert session.committed == before and len(session.kv) == kv  # nothing done
+    with pytest.raises(StaleStateError, match="send Resume"):
+        session.verify(5, len(prompt) + 6 + 4, EMPTY, decode_ahead=4)  # not queued: a client out of step
+    again = session.verify(5, len(session.committed), EMPTY, decode_ahead=2, queued=True)  # the text's end: runs
+    assert not again.skipped and session.committed[len(prompt):] == truth[:10]

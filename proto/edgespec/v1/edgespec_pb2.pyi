@@ -232,21 +232,23 @@ class Opened(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., first_token: _Optional[int] = ..., committed_len: _Optional[int] = ..., features: _Optional[_Iterable[_Union[Feature, _Mapping]]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., accepted: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class Draft(_message.Message):
-    __slots__ = ("session_id", "step", "committed_len", "tree", "decode_ahead")
+    __slots__ = ("session_id", "step", "committed_len", "tree", "decode_ahead", "queued")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_LEN_FIELD_NUMBER: _ClassVar[int]
     TREE_FIELD_NUMBER: _ClassVar[int]
     DECODE_AHEAD_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     step: int
     committed_len: int
     tree: bytes
     decode_ahead: int
-    def __init__(self, session_id: _Optional[str] = ..., step: _Optional[int] = ..., committed_len: _Optional[int] = ..., tree: _Optional[bytes] = ..., decode_ahead: _Optional[int] = ...) -> None: ...
+    queued: bool
+    def __init__(self, session_id: _Optional[str] = ..., step: _Optional[int] = ..., committed_len: _Optional[int] = ..., tree: _Optional[bytes] = ..., decode_ahead: _Optional[int] = ..., queued: _Optional[bool] = ...) -> None: ...
 
 class Verified(_message.Message):
-    __slots__ = ("session_id", "step", "accepted", "bonus_token", "committed_len", "features", "timings", "logprobs", "decoded")
+    __slots__ = ("session_id", "step", "accepted", "bonus_token", "committed_len", "features", "timings", "logprobs", "decoded", "skipped")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
@@ -256,6 +258,7 @@ class Verified(_message.Message):
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     DECODED_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     step: int
     accepted: _containers.RepeatedScalarFieldContainer[int]
@@ -265,7 +268,8 @@ class Verified(_message.Message):
     timings: Timings
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
     decoded: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, session_id: _Optional[str] = ..., step: _Optional[int] = ..., accepted: _Optional[_Iterable[int]] = ..., bonus_token: _Optional[int] = ..., committed_len: _Optional[int] = ..., features: _Optional[_Iterable[_Union[Feature, _Mapping]]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., decoded: _Optional[_Iterable[int]] = ...) -> None: ...
+    skipped: bool
+    def __init__(self, session_id: _Optional[str] = ..., step: _Optional[int] = ..., accepted: _Optional[_Iterable[int]] = ..., bonus_token: _Optional[int] = ..., committed_len: _Optional[int] = ..., features: _Optional[_Iterable[_Union[Feature, _Mapping]]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., decoded: _Optional[_Iterable[int]] = ..., skipped: _Optional[bool] = ...) -> None: ...
 
 class Resume(_message.Message):
     __slots__ = ("session_id", "committed_len", "committed_hash", "committed_ids", "provisional_ids", "policy", "reopen", "step")
