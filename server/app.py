@@ -80,9 +80,9 @@ def start_server(config: ServerConfig) -> ServerHandle:
     from .http_api import HttpState, build_http_app
     from .target import TargetModel
 
-    state = HttpState(api_key=config.api_key, served_model_name=config.served_model_name,
-                      max_body_bytes=config.max_body_bytes, metrics_need_key=config.metrics_need_key,
-                      allowed_origins=config.allowed_origins, log_requests=config.log_requests)
+    state = HttpState(config.served_model_name, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
+                      metrics_need_key=config.metrics_need_key, allowed_origins=config.allowed_origins,
+                      log_requests=config.log_requests)
     http = _HttpThread(build_http_app(state), config) if config.http_port is not None else None
     try:
         t0 = time.monotonic()
