@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import threading
@@ -148,9 +149,10 @@ def _check(args) -> int:
     return 0 if probe.available else 1
 
 
-def _shape(commands, profile_name: str | None, dry_run: bool, notes=()) -> bool:
-    """Print the commands (dry run) or run them, after tc's check when shaping with a profile; True if run."""
-    from .tc import format_commands, require_netem, run_commands
+def _shape(commands, profile_name: str | None, dry_run: bool, notes=(), check=None, undo=()) -> bool:
+    """Print the commands (dry run) or run them, after tc's check when shaping with a profile and then `check()`;
+    a failed run runs the `undo` commands, so nothing is left half-built. True if run."""
+    from .tc import format_commands, require_netem, run_commands, run_ignoring_errors
 
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
@@ -159,7 +161,13 @@ def _shape(commands, profile_name: str | None, dry_run: bool, notes=()) -> bool:
         return False
     if profile_name is not None:
         require_netem(profile_name)
-    run_commands(commands)
+    if check is not None:
+        check()
+    try:
+        run_commands(commands)
+    except Exception:
+        run_ignoring_errors(undo)
+        raise
     return True
 
 
@@ -182,27 +190,19 @@ def _clear(args) -> int:
 
 def _lab_up(args) -> int:
     from .profile import load_profile
-    from .tc import (LabConfig, format_commands, lab_down_commands, lab_exists, lab_instructions,
-                     lab_up_commands, notes_for, require_netem, run_commands, run_ignoring_errors)
+    from .tc import LabConfig, lab_down_commands, lab_exists, lab_instructions, lab_up_commands, notes_for
 
     profile = load_profile(args.profile)
     lab = LabConfig(args.name, args.subnet)
-    commands = lab_up_commands(profile, lab)
-    for note in notes_for(profile):
-        print(f"note: {note}", file=sys.stderr)
-    if args.dry_run:
-        print(format_commands(commands))
-        return 0
-    require_netem(args.profile)
-    if lab_exists(lab):
-        raise EdgespecError(f"lab {lab.name!r} exists already: `edgespec netem lab down --name "
-                            f"{lab.name}` first, or pick another --name")
-    try:
-        run_commands(commands)
-    except Exception:
-        run_ignoring_errors(lab_down_commands(lab))  # leave no half-built lab behind
-        raise
-    print(lab_instructions(profile, lab))
+
+    def check() -> None:
+        if lab_exists(lab):
+            raise EdgespecError(f"lab {lab.name!r} exists already: `edgespec netem lab down --name "
+                                f"{lab.name}` first, or pick another --name")
+
+    if _shape(lab_up_commands(profile, lab), args.profile, args.dry_run, notes_for(profile), check,
+              undo=lab_down_commands(lab)):
+        print(lab_instructions(profile, lab))
     return 0
 
 
@@ -220,10 +220,8 @@ def _relay(args) -> int:
     _renice(args.nice)
     listen = _host_port(args.listen, "--listen")
     upstream = _host_port(args.upstream, "--upstream")
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_run_relay(profile, listen, upstream, args))
-    except KeyboardInterrupt:
-        pass
     return 0
 
 
@@ -326,8 +324,6 @@ def _echo(args) -> int:
         async with server:
             await server.serve_forever()
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve())
-    except KeyboardInterrupt:
-        pass
     return 0

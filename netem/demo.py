@@ -52,25 +52,19 @@ def main(args) -> int:
     print(f"edgespec demo: loading target {args.target} ...", file=sys.stderr, flush=True)
     if split.pinned:
         print(f"edgespec demo: {split.describe()}", file=sys.stderr)
-    relay = None
-    with _serving(args, split) as server_address, pinned(split.client):
+    with _serving(args, split) as server_address, pinned(split.client), contextlib.ExitStack() as stack:
         address = server_address
-        try:
-            if args.profile != "none":
-                from .cli import host_port
-                from .profile import load_profile
-                from .relay_thread import RelayThread
+        if args.profile != "none":
+            from .cli import host_port
+            from .profile import load_profile
+            from .relay_thread import RelayThread
 
-                relay = RelayThread(load_profile(args.profile), upstream=host_port(server_address), seed=0).start()
-                address = relay.target
-                print(f"edgespec demo: client -> relay ({args.profile}) -> server at {server_address}", file=sys.stderr)
-            else:
-                print(f"edgespec demo: client -> server at {server_address} directly (--profile none)",
-                      file=sys.stderr)
-            _generate(args, address)
-        finally:
-            if relay is not None:
-                relay.stop()
+            relay = RelayThread(load_profile(args.profile), upstream=host_port(server_address), seed=0)
+            address = stack.enter_context(relay).target
+            print(f"edgespec demo: client -> relay ({args.profile}) -> server at {server_address}", file=sys.stderr)
+        else:
+            print(f"edgespec demo: client -> server at {server_address} directly (--profile none)", file=sys.stderr)
+        _generate(args, address)
     return 0
 
 

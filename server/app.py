@@ -27,13 +27,12 @@ log = logging.getLogger("edgespec.server")
 class ServerHandle:
     """A running server. ``address`` is "host:port" of the gRPC side."""
 
-    def __init__(self, config: ServerConfig, core: VerifierCore, grpc_server: GrpcServer, port: int,
-                 http: "_HttpThread | None"):
+    def __init__(self, config: ServerConfig, core: VerifierCore, grpc_server: GrpcServer, http: "_HttpThread | None"):
         self.config = config
         self.core = core
-        self.port = port
+        self.port = grpc_server.port
         self.http_port: int | None = http.port if http else None
-        self.address = f"{config.host}:{port}"
+        self.address = f"{config.host}:{self.port}"
         self._grpc = grpc_server
         self._http = http
         self._stopped = threading.Event()
@@ -80,9 +79,9 @@ def start_server(config: ServerConfig) -> ServerHandle:
     from .http_api import HttpState, build_http_app
     from .target import TargetModel
 
-    state = HttpState(api_key=config.api_key, served_model_name=config.served_model_name,
-                      max_body_bytes=config.max_body_bytes, metrics_need_key=config.metrics_need_key,
-                      allowed_origins=config.allowed_origins, log_requests=config.log_requests)
+    state = HttpState(config.served_model_name, api_key=config.api_key, max_body_bytes=config.max_body_bytes,
+                      metrics_need_key=config.metrics_need_key, allowed_origins=config.allowed_origins,
+                      log_requests=config.log_requests)
     http = _HttpThread(build_http_app(state), config) if config.http_port is not None else None
     try:
         t0 = time.monotonic()
@@ -100,13 +99,18 @@ def start_server(config: ServerConfig) -> ServerHandle:
         core = VerifierCore(target, _limits(config, support.max_context_tokens, engine),
                             _load_lsa_parts(config, target), engine=engine)
         core.cost_curve = measure_cost_curve(core)  # Info reports it: clients size their trees from it
-        grpc_server, port = _start_grpc(config, core)
+        grpc_server = GrpcServer(core, host=config.host, port=config.port, api_key=config.api_key,
+                                 workers=config.grpc_workers or config.max_sessions + 8,
+                                 max_message_bytes=config.max_message_bytes,
+                                 first_message_timeout_s=config.first_message_timeout_s,
+                                 keepalive_min_ping_s=config.keepalive_min_ping_s,
+                                 tls=(config.tls_cert, config.tls_key) if config.tls else None)
     except BaseException:
         if http:
             http.stop()
         raise
     state.core = core
-    handle = ServerHandle(config, core, grpc_server, port, http)
+    handle = ServerHandle(config, core, grpc_server, http)
     log.info("listening grpc=%s%s%s", handle.address,
              f" http={config.host}:{handle.http_port}" if http else "", " (TLS)" if config.tls else "")
     return handle
@@ -152,16 +156,6 @@ def _load_lsa_parts(config: ServerConfig, target) -> dict:
         parts[name] = module.to(target.device).eval()
         log.info("MoA server part %s is randomly initialised (for tests)", name)
     return parts
-
-
-def _start_grpc(config: ServerConfig, core: VerifierCore) -> tuple[GrpcServer, int]:
-    server = GrpcServer(core, host=config.host, port=config.port, api_key=config.api_key,
-                        workers=config.grpc_workers or config.max_sessions + 8,
-                        max_message_bytes=config.max_message_bytes,
-                        first_message_timeout_s=config.first_message_timeout_s,
-                        keepalive_min_ping_s=config.keepalive_min_ping_s,
-                        tls=(config.tls_cert, config.tls_key) if config.tls else None)
-    return server, server.port
 
 
 class _HttpThread:

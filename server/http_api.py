@@ -18,7 +18,6 @@ from edgespec.shared.logprobs import token_logprobs
 from edgespec.shared.metrics import SpecDecodeStats
 from edgespec.shared.openai.backend import GeneratedToken, GenerationJob
 from edgespec.shared.openai.errors import unavailable
-from edgespec.shared.openai.gate import DEFAULT_MAX_BODY_BYTES
 from edgespec.shared.openai.routes import ApiSettings, build_openai_app
 
 from .decoder import DecodedToken, GenerationRequest, generate
@@ -27,16 +26,10 @@ from .decoder import DecodedToken, GenerationRequest, generate
 class HttpState:
     """What the HTTP side sees of the server: the core once the model is loaded, and how the API is guarded."""
 
-    def __init__(self, api_key: str | None = None, served_model_name: str | None = None,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, metrics_need_key: bool = False,
-                 allowed_origins: tuple[str, ...] = (), log_requests: bool = False):
+    def __init__(self, served_model_name: str | None = None, **api):
         self.core = None  # VerifierCore, set when the model is loaded
-        self.api_key = api_key  # every /v1 request (and /metrics when metrics_need_key) must carry it
         self.served_model_name = served_model_name  # the name the API answers to; None = the target's name
-        self.max_body_bytes = max_body_bytes  # larger request bodies get 413
-        self.metrics_need_key = metrics_need_key
-        self.allowed_origins = tuple(allowed_origins)  # CORS: origins browser pages may call from
-        self.log_requests = log_requests  # log each plain-API request (--enable-log-requests)
+        self.api = ApiSettings(**api)  # key, body limit, CORS, request log (ApiSettings' fields)
         self._backend: PlainBackend | None = None
 
     def backend(self) -> "PlainBackend":
@@ -113,10 +106,7 @@ class PlainRun:
 
 
 def build_http_app(state: HttpState) -> FastAPI:
-    settings = ApiSettings(api_key=state.api_key, max_body_bytes=state.max_body_bytes,
-                           metrics_need_key=state.metrics_need_key, allowed_origins=state.allowed_origins,
-                           log_requests=state.log_requests)
-    app = build_openai_app("edgespec server", state.backend, settings)
+    app = build_openai_app("edgespec server", state.backend, state.api)
 
     @app.get("/health")
     def health() -> JSONResponse:

@@ -1,6 +1,6 @@
 """Acceptance length under a grammar: tau constrained against unconstrained, on the same prompts.
 
-    python -m edgespec.netem.bench.constrained --humaneval 10 --mtbench 10 --max-tokens 128
+    edgespec bench constrained --humaneval 10 --mtbench 10 --max-tokens 128
 
 Two tasks a coding agent asks of a code model, each on its own prompt set:
 - json: a HumanEval function described as a JSON object (response_format json_schema);
@@ -169,20 +169,3 @@ def run(args: argparse.Namespace) -> int:
                   f"{t.parsed}/{t.outputs} |")
     return 0
 
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m edgespec.netem.bench.constrained", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's choice)")
-    add_arguments(p)
-    args = p.parse_args(argv)
-    args.parser = p
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    return run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

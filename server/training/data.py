@@ -45,16 +45,9 @@ def chat_text(tokenizer, prompt: str, response: str | None) -> str:
     return text if response is None else text + response + tokenizer.eos_token
 
 
-@torch.inference_mode()
 def generate_batch(model, tokenizer, prompts: list[str], max_new_tokens: int) -> list[str]:
-    """Greedy responses of the target to chat prompts, batched with left padding."""
-    texts = [chat_text(tokenizer, p, None) for p in prompts]
-    tokenizer.padding_side = "left"
-    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None,
-                         top_k=None, pad_token_id=tokenizer.pad_token_id)
-    new = out[:, enc["input_ids"].shape[1]:]
-    return [tokenizer.decode(row, skip_special_tokens=True) for row in new]
+    """Greedy responses of the target to chat prompts (one user turn each), batched with left padding."""
+    return generate_chat(model, tokenizer, [[{"role": "user", "content": p}] for p in prompts], max_new_tokens)
 
 
 def build_dataset(target: str, out_dir: str | Path, config: DataConfig = DataConfig(),
@@ -197,6 +190,7 @@ def regenerate(model, tokenizer, convs: list[Conversation], max_new_tokens: int)
 
 @torch.inference_mode()
 def generate_chat(model, tokenizer, histories: list[list[dict]], max_new_tokens: int) -> list[str]:
+    """Greedy answers of the target to chat histories, batched with left padding."""
     texts = [tokenizer.apply_chat_template(h, tokenize=False, add_generation_prompt=True) for h in histories]
     tokenizer.padding_side = "left"
     enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)

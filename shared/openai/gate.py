@@ -27,7 +27,6 @@ from .errors import Cancelled, OpenAIError
 T = TypeVar("T")
 
 
-
 def too_large(limit: int) -> OpenAIError:
     return OpenAIError(413, f"the request body is larger than this server's limit of {limit} bytes", None,
                        "request_too_large")

@@ -76,13 +76,14 @@ def check_ids(ids: Sequence[int], vocab_size: int, limit: int, param: str) -> li
     return list(ids)
 
 
-def chat_text(tokenizer, messages: list[dict], limit: int, tools: Sequence[dict] | None = None) -> str:
+def chat_text(tokenizer, messages: list[dict], limit: int, tools: Sequence[dict] | None = None,
+              add_generation_prompt: bool = True) -> str:
     """The chat template applied to messages (and the tools, which the template renders), ready for the
-    assistant's turn (a 400 if the template refuses)."""
+    assistant's turn unless `add_generation_prompt` is False (a 400 if the template refuses)."""
     check_chars(sum(len(m["content"]) for m in messages), tokenizer, limit, "messages")
     try:
         return tokenizer.apply_chat_template(messages, tools=list(tools) if tools else None, tokenize=False,
-                                             add_generation_prompt=True)
+                                             add_generation_prompt=add_generation_prompt)
     except Exception as err:  # noqa: BLE001 - jinja's TemplateError or a template's raise_exception: the caller's
         raise bad_request(f"the model's chat template refused the messages: {err}", "messages") from None
 

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from .errors import bad_request
-from .prompts import _encode, check_chars, check_ids
+from .prompts import _encode, chat_text, check_chars, check_ids
 from .requests import ChatMessage, _first_error, _Strict, parse_json
 
 MAX_DETOKENIZE_IDS = 1 << 20  # ids per /detokenize call (a context is at most a few hundred thousand)
@@ -48,12 +48,7 @@ def tokenize(backend, body: TokenizeRequest) -> dict[str, Any]:
     limit, tok = backend.max_context_tokens, backend.tokenizer
     if body.messages is not None:
         messages = [m.template_message() for m in body.messages]
-        check_chars(sum(len(m["content"]) for m in messages), tok, limit, "messages")
-        try:
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=body.add_generation_prompt)
-        except Exception as err:  # noqa: BLE001 - a template's own refusal is the caller's to fix
-            raise bad_request(f"the model's chat template refused the messages: {err}", "messages") from None
-        ids = _encode(tok, text)
+        ids = _encode(tok, chat_text(tok, messages, limit, add_generation_prompt=body.add_generation_prompt))
     else:
         check_chars(len(body.prompt), tok, limit, "prompt")
         ids = list(tok(body.prompt, add_special_tokens=body.add_special_tokens)["input_ids"])
