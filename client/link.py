@@ -241,8 +241,15 @@ class SessionStream:
             raise LinkDownError("the session stream has ended")
         self._requests.put(message)
 
+    def request(self, message: pb.ClientMessage, timeout_s: float) -> pb.ServerMessage:
+        """Send and wait for the answer."""
+        self.send(message)
+        return self.answer(timeout_s)
+
     def answer(self, timeout_s: float) -> pb.ServerMessage:
         """The next answer on the stream; LinkDownError on timeout or a broken stream."""
+        if self._ended.is_set() and self._answers.empty():  # a message sent behind the one the stream ended on
+            raise LinkDownError("the session stream has ended")
         try:
             answer = self._answers.get(timeout=timeout_s)
         except queue.Empty:

@@ -102,7 +102,8 @@ class LinkTraffic:
     bytes_down: int = 0  # server -> client, serialized messages
     feature_bytes: int = 0  # of bytes_down: the encoded activation frames
     feature_raw_bytes: int = 0  # the same activations as plain float16 (what they would cost unencoded)
-    round_trips_s: list[float] = field(default_factory=list)  # request-to-answer time of every call
+    round_trips_s: list[float] = field(default_factory=list)  # request-to-answer time of every call but queued
+    # plain steps (Draft.queued: their wait runs behind the step before, no round trip of the link's)
 
 
 @dataclass

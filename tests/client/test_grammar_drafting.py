@@ -53,9 +53,9 @@ def test_constrained_speculation_equals_the_constrained_reference(core, llg, tin
                                llguidance.LLMatcher(llg, grammar, log_level=0), target.eos_ids)
     assert truth[-1] in target.eos_ids
     trees: list[tuple[int, DraftTree]] = []
-    verify = Verifier.verify
-    monkeypatch.setattr(Verifier, "verify", lambda self, step, n, tree, *ahead: trees.append((n, tree)) or
-                        verify(self, step, n, tree, *ahead))
+    send = Verifier.send_draft
+    monkeypatch.setattr(Verifier, "send_draft", lambda self, step, n, tree, *more: trees.append((n, tree)) or
+                        send(self, step, n, tree, *more))
     info = TokenizerInfo(target.fingerprint, set(target.eos_ids), lambda t: tok.decode(list(t)), lambda: llg)
     sampling = SamplingSettings(presence_penalty=CONTROLS.presence, frequency_penalty=CONTROLS.frequency,
                                 repetition_penalty=CONTROLS.repetition)
