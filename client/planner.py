@@ -12,7 +12,7 @@ that keep the round trip under a set share of the step (one round trip a token
 lost to the plain API's stream at 4g: 0.78 s a token against 0.50); in the
 pipelined loop plain steps in a row are queued, each sent before the answer to
 the one before, so a step costs the longer of its round trip and its decoding,
-and k is the fewest whose decoding covers the round trip. Drafting
+and k is the fewest whose decoding covers the round trip with a margin. Drafting
 ahead (``guess.py``) hides the drafting behind the verification of the
 previous tree when its guess was right: a cycle then costs
 max(draft, round trip + verify), plus the drafting again for a wrong guess.
@@ -100,16 +100,21 @@ def tree_nodes(inputs: PlanInputs, depth: int) -> int:
     return 0 if depth == 0 else max(depth, min(inputs.max_nodes, math.ceil(inputs.nodes_per_depth * depth)))
 
 
+# A queued plain step decodes for this many round trips: round trips vary (the satellite profile's pareto tail;
+# at exactly one, the server idled on most steps there), and a longer step costs nothing but a coarser stream.
+QUEUE_MARGIN = 1.5
+
+
 def plain_step(inputs: PlanInputs) -> TreeSize:
     """The plain step: the fewest tokens decoded ahead (up to max_ahead) that keep the round trip at most
-    ahead_overhead of the step's time; queued, the fewest whose decoding outlasts the round trip (the next
-    step then reaches the server before it runs out of work)."""
+    ahead_overhead of the step's time; queued, the fewest whose decoding outlasts QUEUE_MARGIN round trips (the
+    next step then reaches the server before it runs out of work)."""
     decode = verify_time(0, inputs.verify_nodes, inputs.verify_s)
     share = inputs.ahead_overhead
     if decode <= 0:
         wanted = inputs.max_ahead
     elif inputs.queue_plain:
-        wanted = math.ceil(inputs.round_trip_s / decode)
+        wanted = math.ceil(QUEUE_MARGIN * inputs.round_trip_s / decode)
     else:  # round trip <= share * (round trip + k * decode)  <=>  k >= round trip * (1 - share) / (share * decode)
         wanted = math.ceil(inputs.round_trip_s * (1 - share) / (share * decode))
     return TreeSize(0, 0, max(1, min(inputs.max_ahead, wanted)))

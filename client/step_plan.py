@@ -290,6 +290,8 @@ class TreePlanner:
         self._plain_s += plain_s
         serial = dataclasses.replace(inputs, hit_rate=0.0)  # between plain steps nothing is drafted ahead
         loss = step_time(serial, probe) - expected_tokens(inputs.acceptance, probe.depth) * plain_s / plain.ahead
+        if inputs.queue_plain:  # the plain step after a probe cannot be queued: the server idles a round trip
+            loss += inputs.round_trip_s
         if followed or (self._plain_in_a_row > self.config.explore_every
                         and loss <= self.config.explore_share * self._plain_s):
             self.probing = True

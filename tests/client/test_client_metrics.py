@@ -76,3 +76,16 @@ def test_a_second_request_waits_while_one_runs_and_an_abandoned_one_leaves_the_g
     assert v[(P + "num_requests_running", None)] == 0 and v[(P + "num_requests_waiting", None)] == 0
     assert v[(P + "request_queue_time_seconds_count", None)] == 2
     assert v[(P + "e2e_request_latency_seconds_count", None)] == 1  # only the finished one
+
+
+def test_plain_and_queued_steps_are_counted(tiny_server, make_client):
+    from support.estimates import TreesNeverPay
+
+    client = make_client(tiny_server.address, "ngram")
+    client.metrics = metrics = ClientMetrics(client.model_name)
+    client.estimates = TreesNeverPay()  # plain steps, queued behind each other
+    r = client.generate(client.encode("x = 1\n"), GenerationConfig(max_new_tokens=40, ignore_eos=True))
+    v = values(metrics)
+    assert r.metrics.queued_steps >= 2 and r.metrics.plain_steps > r.metrics.queued_steps
+    assert v[(P + "plain_steps_total", None)] == r.metrics.plain_steps
+    assert v[(P + "queued_steps_total", None)] == r.metrics.queued_steps

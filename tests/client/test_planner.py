@@ -245,8 +245,8 @@ def test_queued_plain_steps_decode_just_long_enough_to_cover_the_round_trip():
     base = dict(round_trip_s=0.6, verify_nodes=(0, 8), verify_s=(0.25, 0.5), draft_pass_s=0.1, acceptance=(0.1,),
                 nodes_per_depth=1.0, max_nodes=8, max_depth=4, max_ahead=8)
     queued, unqueued = PlanInputs(**base, queue_plain=True), PlanInputs(**base)
-    assert plain_step(queued) == TreeSize(0, 0, 3)  # 3 x 0.25 s covers 0.6 s
-    assert step_time(queued, plain_step(queued)) == pytest.approx(0.75)
+    assert plain_step(queued) == TreeSize(0, 0, 4)  # 4 x 0.25 s covers 1.5 x 0.6 s (QUEUE_MARGIN)
+    assert step_time(queued, plain_step(queued)) == pytest.approx(1.0)
     assert tokens_per_s(queued, plain_step(queued)) == pytest.approx(4.0)  # the server never waits: 1 / decode
     assert plain_step(unqueued) == TreeSize(0, 0, 8)  # one round trip a step: as many as allowed
     assert tokens_per_s(unqueued, plain_step(unqueued)) == pytest.approx(8 / 2.6)

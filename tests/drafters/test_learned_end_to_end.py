@@ -80,6 +80,7 @@ def test_plain_steps_decoding_ahead_hand_the_drafter_every_tokens_features(targe
         assert result.token_ids == target_greedy(target.model, ids, 48)
         m = result.metrics
         assert m.plain_steps >= 3 and m.calls <= 2 + m.plain_steps < 48 / 3  # Open, the first tree, plain steps
+        assert m.queued_steps >= 1  # sent before the features of the step before had come
         assert sum(o is TokenOrigin.BONUS for o in result.origins) > 3 * m.plain_steps
         assert client.drafter.rt.tokens == [*ids, *result.token_ids]
     finally:
