@@ -79,9 +79,14 @@ def test_a_second_request_waits_while_one_runs_and_an_abandoned_one_leaves_the_g
 
 
 def test_plain_and_queued_steps_are_counted(tiny_server, make_client):
+    import dataclasses
+
     from support.estimates import TreesNeverPay
 
+    from edgespec.client.step_plan import LoopConfig
+
     client = make_client(tiny_server.address, "ngram")
+    client.config = dataclasses.replace(client.config, loop=LoopConfig())  # trees sized each step, or none
     client.metrics = metrics = ClientMetrics(client.model_name)
     client.estimates = TreesNeverPay()  # plain steps, queued behind each other
     r = client.generate(client.encode("x = 1\n"), GenerationConfig(max_new_tokens=40, ignore_eos=True))
