@@ -320,9 +320,10 @@ class Generation:
         prepared = pipe.draft_ahead(flight, wanted)
         if pipe.can_queue(flight) and wanted > flight.ahead:
             self._planned = pipe.planner.size(wanted - flight.ahead)
-            if self._planned.plain:
+            if self._planned.plain or pipe.queue_anyway(flight):
                 self._step += 1
-                self._flight, self._planned = pipe.queue_plain(self._step, flight, self._planned.ahead), None
+                self._flight = pipe.queue_plain(self._step, flight, self._planned.ahead if self._planned.plain else 1)
+                self._planned = None
         try:
             verdict, _ = pipe.land(flight)
         except LinkDownError as err:

@@ -48,6 +48,7 @@ class Flight:
     future: Future  # -> (Verdict, perf_counter when it came)
     ahead: int = 1  # an empty tree: the tokens the target is asked to decode on its own (Draft.decode_ahead)
     queued: bool = False  # a plain step sent before the answer to the one before it (Draft.queued)
+    emptied: bool = False  # a tree was asked for and the drafter left it empty
     wait: Callable[[], Verdict] | None = None  # waits for the answer on the caller's thread, in ``land`` (None: a
     # worker waits for it, or it came)
 
@@ -77,6 +78,7 @@ class DraftPipeline:
         estimates.new_generation()  # the previous prompts' acceptance is a starting point, not the answer
         self.planner = TreePlanner(loop, estimates, max_tree_nodes, can_guess)
         self._pool: ThreadPoolExecutor | None = None  # the worker a Draft waits for its answer on
+        self._emptied = False  # the last tree draft_now asked for came back empty
 
     def draft_now(self, committed: Sequence[int], remaining: int, size: TreeSize | None = None
                   ) -> tuple[DraftTree, Sequence[float] | None, int]:
@@ -84,6 +86,7 @@ class DraftPipeline:
         planner picks (or `size`, picked already), and how many tokens the target is to decode ahead (none: an
         empty tree, a plain step of that many tokens)."""
         size = self.planner.size(remaining) if size is None else size
+        self._emptied = False
         if size.plain:
             return DraftTree((), ()), None, size.ahead
         t0 = time.perf_counter()
@@ -97,6 +100,8 @@ class DraftPipeline:
         took = time.perf_counter() - t0
         self.metrics.draft_s += took
         self.estimates.observe_draft(tree, took)
+        self.estimates.observe_proposal(not len(tree))
+        self._emptied = not len(tree)
         return tree, self.drafter.tree_scores() if self.grammar is None else None, 1
 
     def send(self, step: int, committed: Sequence[int], tree: DraftTree, scores: Sequence[float] | None,
@@ -105,7 +110,9 @@ class DraftPipeline:
         ``land`` does."""
         if not len(tree):
             self.metrics.plain_steps += 1
-        flight = Flight(step, tuple(committed), tree, scores, time.perf_counter(), Future(), ahead=ahead)
+        flight = Flight(step, tuple(committed), tree, scores, time.perf_counter(), Future(), ahead=ahead,
+                        emptied=self._emptied and not len(tree))
+        self._emptied = False
         self._post(flight, len(committed), worker=self.planner.pipelined and scores is not None and len(tree) > 0)
         return flight
 
@@ -119,6 +126,13 @@ class DraftPipeline:
                         queued=True)
         self._post(flight, len(before.committed) + before.ahead, worker=False)
         return flight
+
+    def queue_anyway(self, flight: Flight) -> bool:
+        """The planner wants a tree next, but this step's tree came back empty and most do: the drafter will
+        likely have none next either (an n-gram client on prose), so a one-token plain step goes behind this
+        one rather than the server idling a round trip for an empty tree. A match it delays is not lost: the
+        tree comes a token later."""
+        return flight.emptied and self.estimates.empty_rate >= 0.5
 
     def can_queue(self, flight: Flight) -> bool:
         """May a plain step go behind this one before its answer? Only in the pipelined loop, and, past one token,

@@ -127,6 +127,7 @@ class LoopEstimates:
         self.reached: list[float] = []  # [i]: verdicts whose tree reached depth i + 1 with depth i accepted
         self.accepted: list[float] = []  # [i]: ... of which depth i + 1 was accepted
         self.hit_rate = self.PRIOR_HIT_RATE
+        self.empty_rate = 0.0  # share of the trees asked for that the drafter left empty (an n-gram without a match)
         self.trees_verified = 0  # verdicts on non-empty trees
         self.server_decodes_ahead = False  # a plain step came back with Verified.decoded: the server knows it
         self.last_whole = False  # the last tree verified was accepted down to its deepest node
@@ -186,6 +187,11 @@ class LoopEstimates:
     def observe_guess(self, hit: bool) -> None:
         with self._lock:
             self.hit_rate = _ema(self.hit_rate, 1.0 if hit else 0.0, self.WEIGHT)
+
+    def observe_proposal(self, empty: bool) -> None:
+        """The drafter was asked for a tree and left it empty (or not)."""
+        with self._lock:
+            self.empty_rate = _ema(self.empty_rate, 1.0 if empty else 0.0, self.WEIGHT)
 
     def observe_no_guess(self) -> None:
         """A flight went without drafting ahead because the hit rate looked too low to pay. Guesses not made

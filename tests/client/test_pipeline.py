@@ -167,6 +167,25 @@ def test_plain_steps_queue_behind_each_other(start, tiny_target_f32, greedy):
             assert not queued and r.metrics.plain_steps > 2
 
 
+def test_a_plain_step_queues_behind_an_empty_tree_when_most_come_back_empty(start, tiny_target_f32, greedy):
+    """The planner wants trees but the n-gram drafter finds no match in most steps (the tiny target's text
+    rarely repeats): behind such an empty step a one-token plain step goes out at once; the output is the
+    target's greedy text, and every step still drafting its tree from the text keeps the drafter asked."""
+    cheap_trees = LoopEstimates((0, 255), (0.001, 0.002))  # trees cost next to nothing: the planner wants them
+    gen, transport, ids = start("ngram", AUTO, cheap_trees, max_new_tokens=48)
+    sent = recorded(transport)
+    r = gen.run()
+    assert r.token_ids == greedy(tiny_target_f32, ids, 48, set())
+    drafts = [m.draft for m in sent if m.HasField("draft")]
+    queued = [i for i, d in enumerate(drafts) if d.queued]
+    assert gen.estimates.empty_rate >= 0.5 and len(queued) >= 3 and r.metrics.queued_steps == len(queued)
+    behind_empty = [i for i in queued if not drafts[i - 1].queued and not drafts[i - 1].tree
+                    and drafts[i - 1].decode_ahead == drafts[i].decode_ahead == 0]
+    assert len(behind_empty) >= 3  # one token behind a one-token step whose tree came back empty
+    unqueued = start("ngram", LoopConfig(queue_plain=False), cheap_trees, max_new_tokens=48)[0].run()
+    assert unqueued.token_ids == r.token_ids and unqueued.metrics.queued_steps == 0
+
+
 def test_a_queued_step_behind_one_that_stopped_at_eos_is_skipped(start, core, tiny_target_f32, greedy, monkeypatch):
     """The server stops decoding ahead after EOS; a client that ignores EOS (a benchmark of fixed length) had
     queued the next plain step past it: the server skips that one and the loop carries on from the real text."""
