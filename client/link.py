@@ -398,14 +398,13 @@ class GrpcTransport:
         t0 = time.perf_counter()
 
         def answer() -> pb.ServerMessage:
-            # A queued Draft's deadline runs from when its wait starts, after the answer before it: until then it
-            # waits behind that one's work on the server. Its round trip is no link's, so it is not recorded.
-            start = time.perf_counter() if queued else t0
+            # The deadline runs from when the wait starts: a queued Draft waits first behind the answer before it,
+            # and that wait, no round trip of the link's, is not recorded.
             got = stream.answer(timeout_s)
             if kind == "draft" and not queued:
-                link.record((time.perf_counter() - start) / ahead, nodes)
+                link.record((time.perf_counter() - t0) / ahead, nodes)
             elif kind == "open" and link.first_round_trip_s is None:  # the deadline's base until a Draft is timed
-                link.first_round_trip_s = time.perf_counter() - start
+                link.first_round_trip_s = time.perf_counter() - t0
             return got
         return answer
 

@@ -123,12 +123,9 @@ class Transport(Protocol):
     def start(self, session_id: str) -> None:
         """A new stream for the session (Open and Resume come first on one); connects if there is no link."""
 
-    def request(self, message: pb.ClientMessage) -> pb.ServerMessage:
-        """Send one message and wait for its one answer, within the deadline its kind gets."""
-
     def send(self, message: pb.ClientMessage) -> Callable[[], pb.ServerMessage]:
-        """Send one message now; the call returned waits for its answer. Answers come in the order the
-        messages went: wait for them in that order (``request`` is ``send(message)()``)."""
+        """Send one message now; the call returned waits for its one answer, within the deadline its kind gets.
+        Answers come in the order the messages went: wait for them in that order."""
 
     def disconnect(self, failures: int) -> None:
         """The link failed (``failures`` times in a row): drop it and reconnect in the background, after the

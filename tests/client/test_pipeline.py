@@ -109,25 +109,6 @@ def test_auto_sends_plain_steps_when_trees_lose(start, tiny_target_f32, greedy, 
         assert r.metrics.calls < 40 / 3
 
 
-@pytest.mark.parametrize("policy", [ResumePolicy.ROLLBACK, ResumePolicy.KEEP], ids=["rollback", "keep"])
-def test_the_answer_of_a_step_that_decoded_ahead_is_lost(start, tiny_target_f32, greedy, policy):
-    """The server decoded several tokens ahead and committed them, and the answer never came: the loop goes
-    offline from the text it had confirmed, and the Resume rolls the server back to it; the output is the
-    target's greedy text, nothing lost or doubled."""
-    gen, transport, ids = start("hitting", AUTO, TreesNeverPay(), max_new_tokens=40, resume_policy=policy)
-    sent, request = [], transport.request
-    transport.request = lambda message: sent.append(message) or request(message)
-    lost = None
-    for e in gen:
-        if isinstance(e, TokenEvent) and e.index >= 10 and lost is None and gen.metrics.plain_steps >= 2:
-            transport.fail_next(1, answered=True)  # the next request: the server commits, the answer is lost
-            lost = len(sent)
-    r = gen.result
-    assert sent[lost].draft.decode_ahead > 1  # the lost one decoded ahead
-    assert r.metrics.disconnects == 1 and r.metrics.resumes == 1
-    assert r.token_ids == greedy(tiny_target_f32, ids, 40, set()) and r.provisional == 0
-
-
 def recorded(transport: InProcessTransport, answers: list | None = None) -> list:
     """The messages the server is handed, in order (the in-process server works on one when it is waited for),
     and its answers to them in `answers`."""
@@ -141,6 +122,24 @@ def recorded(transport: InProcessTransport, answers: list | None = None) -> list
         return answer
     transport.request = record
     return sent
+
+
+@pytest.mark.parametrize("policy", [ResumePolicy.ROLLBACK, ResumePolicy.KEEP], ids=["rollback", "keep"])
+def test_the_answer_of_a_step_that_decoded_ahead_is_lost(start, tiny_target_f32, greedy, policy):
+    """The server decoded several tokens ahead and committed them, and the answer never came: the loop goes
+    offline from the text it had confirmed, and the Resume rolls the server back to it; the output is the
+    target's greedy text, nothing lost or doubled."""
+    gen, transport, ids = start("hitting", AUTO, TreesNeverPay(), max_new_tokens=40, resume_policy=policy)
+    sent = recorded(transport)
+    lost = None
+    for e in gen:
+        if isinstance(e, TokenEvent) and e.index >= 10 and lost is None and gen.metrics.plain_steps >= 2:
+            transport.fail_next(1, answered=True)  # the next request: the server commits, the answer is lost
+            lost = len(sent)
+    r = gen.result
+    assert sent[lost].draft.decode_ahead > 1  # the lost one decoded ahead
+    assert r.metrics.disconnects == 1 and r.metrics.resumes == 1
+    assert r.token_ids == greedy(tiny_target_f32, ids, 40, set()) and r.provisional == 0
 
 
 def test_plain_steps_queue_behind_each_other(start, tiny_target_f32, greedy):
@@ -291,6 +290,23 @@ def test_over_grpc_pipelined_and_auto_write_the_serial_output(tiny_server, make_
         assert metrics["pipelined"].guesses > 0 and metrics["serial"].guesses == 0
 
 
+def cut_once_when(gen, relay, cut: str | None, when) -> bool:
+    """Consume the generation; cut the relay (`cut`: "blackhole" or "reset"; None: never) at the first online
+    token event for which `when(event)` holds, and restore it after 3 offline tokens. Returns whether it cut."""
+    done, offline = False, 0
+    for e in gen:
+        if not isinstance(e, TokenEvent):
+            continue
+        if cut and not done and e.origin is not TokenOrigin.OFFLINE and when(e):
+            relay.cut(cut)
+            done = True
+        if e.origin is TokenOrigin.OFFLINE:
+            offline += 1
+            if offline >= 3 and relay.state != "up":
+                relay.restore()
+    return done
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("cut", ["blackhole", "reset"])
 def test_relay_outage_while_a_tree_drafted_ahead_is_out(tiny_server, make_client, tiny_model_dir, tiny_target_f32,
@@ -307,16 +323,7 @@ def test_relay_outage_while_a_tree_drafted_ahead_is_out(tiny_server, make_client
         client.estimates = slow_server()
         ids = client.encode(PROMPT)
         gen = client.generation(ids, GenerationConfig(max_new_tokens=40, ignore_eos=True))
-        cut_with_flight, offline = False, 0
-        for e in gen:
-            if isinstance(e, TokenEvent) and e.origin is not TokenOrigin.OFFLINE and not cut_with_flight \
-                    and e.index >= 4 and gen._flight is not None:
-                relay.cut(cut)
-                cut_with_flight = True
-            if isinstance(e, TokenEvent) and e.origin is TokenOrigin.OFFLINE:
-                offline += 1
-                if offline >= 3 and relay.state != "up":
-                    relay.restore()
+        cut_with_flight = cut_once_when(gen, relay, cut, lambda e: e.index >= 4 and gen._flight is not None)
         r = gen.result
     assert cut_with_flight and r.metrics.disconnects >= 1 and r.metrics.resumes >= 1
     assert r.token_ids == greedy(tiny_target_f32, ids, 40, set()) and r.provisional == 0
@@ -339,15 +346,7 @@ def test_over_grpc_queued_plain_steps_write_the_targets_text(tiny_server, make_c
         client.estimates = TreesNeverPay()
         ids = client.encode(PROMPT)
         gen = client.generation(ids, GenerationConfig(max_new_tokens=48, ignore_eos=True))
-        cut_done, offline = False, 0
-        for e in gen:
-            if cut and not cut_done and isinstance(e, TokenEvent) and gen._flight is not None and gen._flight.queued:
-                relay.cut(cut)
-                cut_done = True
-            if isinstance(e, TokenEvent) and e.origin is TokenOrigin.OFFLINE:
-                offline += 1
-                if offline >= 3 and relay.state != "up":
-                    relay.restore()
+        cut_done = cut_once_when(gen, relay, cut, lambda e: gen._flight is not None and gen._flight.queued)
         r = gen.result
     assert r.token_ids == greedy(tiny_target_f32, ids, 48, set()) and r.provisional == 0
     assert r.metrics.queued_steps >= 2
