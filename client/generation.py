@@ -264,17 +264,32 @@ class Generation:
 
     def _open(self) -> Iterator[Event]:
         t0 = time.perf_counter()
-        s = self.state
-        tree = None
-        if self.config.draft_on_open and self.drafter.feature_request().kind is FeatureKind.NONE:
-            tree = self._propose(max(0, self.config.max_new_tokens - 1))
-            self.metrics.draft_s += time.perf_counter() - t0
-            tree = tree if len(tree) else None  # an empty tree asks for the prefill alone
+        s, wanted = self.state, self.config.max_new_tokens
+        tree, prepared = None, []
+        drafts = self.config.draft_on_open and self.drafter.feature_request().kind is FeatureKind.NONE
+        # Sampled output follows the trees sent, and a seed must give the same text each time: only greedy
+        # output (the same whatever the trees) lets the estimates pick the first tree.
+        alone = self.pipe.open_alone(s.prompt_len, wanted) if drafts and self.config.sampling.greedy else None
         try:
-            verdict = self.verifier.open(self._session_spec(), tree)
+            if alone is not None:  # Open goes alone; the drafter reads the prompt and drafts meanwhile
+                opened = self.pipe.submit(lambda: self.verifier.open(self._session_spec()))
+                prepared = self.pipe.draft_from_prompt(s.committed, alone, wanted - 1)
+                self.estimates.observe_open_draft(s.prompt_len, time.perf_counter() - t0,
+                                                  len(prepared[0].tree) if prepared else 0)
+                verdict = opened.result()
+            else:
+                if drafts:
+                    tree = self._propose(max(0, wanted - 1))
+                    took = time.perf_counter() - t0
+                    self.metrics.draft_s += took
+                    self.estimates.observe_open_draft(s.prompt_len, took, len(tree))
+                    tree = tree if len(tree) else None  # an empty tree asks for the prefill alone
+                verdict = self.verifier.open(self._session_spec(), tree)
         except LinkDownError as err:
             if not self.drafter.can_generate_offline:
                 raise LinkDownError(f"{err}; the {self.drafter.name!r} drafter cannot start without the server") from None
+            if prepared:
+                self.drafter.rewind(s.committed)
             yield from self._go_offline(err)
             return
         self._verified()
@@ -285,6 +300,12 @@ class Generation:
             tokens = []
             check_committed_len(s.prompt_len + 1, verdict.committed_len, "Opened")
             self._commit([verdict.bonus_token], [TokenOrigin.BONUS], verdict.logprobs)
+        ready = self.pipe.match(prepared, verdict, DraftTree((), ()))
+        self._settle()
+        if ready is not None and s.finish.reason is None:
+            self._flight = self._send(*ready)
+        if prepared:
+            self.drafter.rewind(s.committed[:s.prompt_len])
         self.drafter.start(s.committed[: s.prompt_len + len(tokens)], verdict.bonus_token, verdict.features)
         yield from self._emit()
 
@@ -343,7 +364,7 @@ class Generation:
         if self._flight is not None:  # queued behind this one: it hangs from the text just committed
             self._flight.committed = after
         # 5. a tree drafted ahead for this verdict goes out at once, unless the output just ended
-        ready = pipe.match(prepared, verdict)
+        ready = pipe.match(prepared, verdict, flight.tree)
         self._settle()
         if ready is not None and s.finish.reason is None:
             self._flight = self._send(*ready)

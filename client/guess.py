@@ -9,8 +9,10 @@ at n is p(n) minus what its children take, sum of p(c). The bonus token is not
 guessed one by one: the tree drafted ahead hangs from the guessed path's last
 token, so its depth-1 nodes are the drafter's most likely bonus tokens, and a
 verdict whose bonus is one of them sends the part of that tree below it
-(``tree_after_bonus``), re-rooted on the bonus. One tree drafted ahead thereby
-covers a path and several bonus tokens.
+(``tree_after``), re-rooted on the bonus. A verdict that accepted more than the
+guessed path is a hit too when the tree drafted ahead holds those tokens and
+the bonus after them: it sends what is below them. One tree drafted ahead
+thereby covers a path, the paths longer than it, and several bonus tokens.
 """
 from __future__ import annotations
 
@@ -54,24 +56,28 @@ def likely_outcomes(tree: DraftTree, scores: Sequence[float], count: int, min_pr
     return out
 
 
-def tree_after_bonus(tree: DraftTree, scores: Sequence[float], bonus: int, max_nodes: int
-                     ) -> tuple[DraftTree, list[float]] | None:
-    """The nodes below the depth-1 node of token ``bonus`` as a tree of their own (that node becomes the
-    root), at most ``max_nodes`` of them taken in node order (parents before children, so the kept ones
-    stay connected), with their scores given the bonus token (log p(n) - log p(bonus)). None when no depth-1
-    node is ``bonus``: the guess missed."""
-    top = next((i for i, (tok, par) in enumerate(zip(tree.tokens, tree.parents)) if par == ROOT and tok == bonus),
-               None)
-    if top is None:
-        return None
-    where = {top: ROOT}  # old node -> new node (the bonus node becomes the root)
-    tokens, parents, new_scores = [], [], []
+def tree_after(tree: DraftTree, scores: Sequence[float], tokens: Sequence[int], max_nodes: int
+               ) -> tuple[DraftTree, list[float]] | None:
+    """The nodes below the path of ``tokens`` from the root (the accepted tokens past the guessed path, then the
+    bonus token) as a tree of their own, the path's last node its root: at most ``max_nodes`` of them taken in
+    node order (parents before children, so the kept ones stay connected), with their scores given that path
+    (log p(n) - log p(last)). None when the tree has no such path: the guess missed."""
+    if not tokens:
+        raise ValueError("tree_after needs at least the bonus token")
+    top = ROOT
+    for token in tokens:
+        first = 0 if top == ROOT else top + 1  # a child comes after its parent
+        top = next((i for i in range(first, len(tree)) if tree.parents[i] == top and tree.tokens[i] == token), None)
+        if top is None:
+            return None
+    where = {top: ROOT}  # old node -> new node (the path's last node becomes the root)
+    new_tokens, parents, new_scores = [], [], []
     for i in range(top + 1, len(tree)):
-        if len(tokens) >= max_nodes:
+        if len(new_tokens) >= max_nodes:
             break
         if tree.parents[i] in where:
-            where[i] = len(tokens)
-            tokens.append(tree.tokens[i])
+            where[i] = len(new_tokens)
+            new_tokens.append(tree.tokens[i])
             parents.append(where[tree.parents[i]])
             new_scores.append(scores[i] - scores[top])
-    return DraftTree(tuple(tokens), tuple(parents)), new_scores
+    return DraftTree(tuple(new_tokens), tuple(parents)), new_scores

@@ -28,7 +28,7 @@ from edgespec.shared.metrics import GenerationMetrics
 from edgespec.shared.tree import DraftTree
 
 from .drafters.base import Drafter, DraftRequest
-from .guess import Outcome, likely_outcomes, tree_after_bonus
+from .guess import Outcome, likely_outcomes, tree_after
 from .planner import TreeSize
 from .step_plan import LoopConfig, LoopEstimates, TreePlanner
 from .verifier import Verdict, Verifier
@@ -148,9 +148,7 @@ class DraftPipeline:
             flight.future.set_exception(err)
             return
         if worker:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="edgespec-verify")
-            flight.future = self._pool.submit(lambda: (wait(), time.perf_counter()))
+            flight.future = self.submit(lambda: (wait(), time.perf_counter()))
         else:
             flight.wait = wait
 
@@ -181,6 +179,26 @@ class DraftPipeline:
                                            verdict.timings.total_ns / 1e9, len(verdict.decoded) + 1)
         return verdict, arrived - flight.sent
 
+    def open_alone(self, prompt_len: int, wanted: int) -> TreeSize | None:
+        """Open without a tree, the first tree drafted from the prompt meanwhile (``draft_from_prompt``)? The
+        size that tree may hold after the first token when so, None when Open should carry the tree."""
+        if not (self.planner.pipelined and self.loop.overlap_open) or self.grammar is not None or wanted < 3:
+            return None
+        size = self.planner.size(wanted - 1, explore=False)
+        return None if size.plain or not self.estimates.open_overlap_pays(prompt_len) else size
+
+    def submit(self, call: Callable[[], object]) -> Future:
+        """`call` on the worker thread (Open, while the caller drafts)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="edgespec-verify")
+        return self._pool.submit(call)
+
+    def draft_from_prompt(self, prompt: Sequence[int], size: TreeSize, left: int) -> list[Prepared]:
+        """While Open is out alone: a tree from the prompt, one level deeper than `size`, whose depth-1 nodes are
+        the first tokens the drafter finds likeliest; the one the target picks re-roots it (``match``)."""
+        ready = self._draft_for(Outcome((), 1.0), tuple(prompt), size, left)
+        return [] if ready is None else [ready]
+
     def draft_ahead(self, flight: Flight, tokens_left: int) -> list[Prepared]:
         """Trees for the likeliest verdicts on the flight's tree, drafted while it is out, most likely first,
         as long as the verdict has not come and drafting another is likely to pay. `tokens_left`: the tokens
@@ -202,29 +220,37 @@ class DraftPipeline:
                     self.estimates.observe_no_guess()
                 break
             context = flight.committed + tuple(flight.tree.tokens[i] for i in outcome.path)
-            # one level more (the bonus token's) and room for the other bonus tokens beside the likeliest
-            request = DraftRequest(context, min(self.max_tree_nodes, size.nodes + max(2, size.nodes // 2)),
-                                   min(size.depth + 1, left), ahead=True)
-            t0 = time.perf_counter()
-            tree = self.drafter.propose(request)
-            took = time.perf_counter() - t0
-            m.draft_s += took
-            m.draft_ahead_s += took
-            scores = self.drafter.tree_scores()
-            if scores is not None and len(tree):
-                prepared.append(Prepared(outcome, tree, scores, size, took))
+            ready = self._draft_for(outcome, context, size, left)
+            if ready is not None:
+                prepared.append(ready)
         return prepared
 
-    def match(self, prepared: list[Prepared], verdict: Verdict) -> Scored | None:
-        """The tree (and its scores) drafted ahead for this verdict, if a guess matched it."""
+    def _draft_for(self, outcome: Outcome, context: tuple[int, ...], size: TreeSize, left: int) -> Prepared | None:
+        """A tree drafted ahead from `context` (the text an outcome would leave, before its bonus token): one level
+        more than `size` (the bonus token's) and room for the other bonus tokens beside the likeliest."""
+        request = DraftRequest(context, min(self.max_tree_nodes, size.nodes + max(2, size.nodes // 2)),
+                               min(size.depth + 1, left), ahead=True)
+        t0 = time.perf_counter()
+        tree = self.drafter.propose(request)
+        took = time.perf_counter() - t0
+        self.metrics.draft_s += took
+        self.metrics.draft_ahead_s += took
+        scores = self.drafter.tree_scores()
+        return Prepared(outcome, tree, scores, size, took) if scores is not None and len(tree) else None
+
+    def match(self, prepared: list[Prepared], verdict: Verdict, tree: DraftTree) -> Scored | None:
+        """The tree (and its scores) drafted ahead for this verdict on `tree`, if a guess matched it: the verdict
+        accepted the guessed path, or more, and the tree drafted ahead holds the rest and the bonus token."""
         if not prepared:
             return None
         m = self.metrics
         m.guesses += 1
+        accepted = tuple(verdict.accepted)
         for p in prepared:
-            if tuple(verdict.accepted) != p.outcome.path:
+            if accepted[:len(p.outcome.path)] != p.outcome.path:
                 continue
-            after = tree_after_bonus(p.tree, p.scores, verdict.bonus_token, p.size.nodes)
+            past = [tree.tokens[i] for i in accepted[len(p.outcome.path):]]
+            after = tree_after(p.tree, p.scores, [*past, verdict.bonus_token], p.size.nodes)
             if after is not None and len(after[0]):
                 m.guess_hits += 1
                 m.saved_s += p.draft_s

@@ -52,6 +52,10 @@ class LoopConfig:
     # milliseconds) that is decode_ahead, on a one-core CPU server (0.3-0.5 s a step) one to a few
     queue_plain: bool = True  # in the pipelined loop, a plain step goes out behind the one before it, before its
     # answer (Draft.queued), so the target decodes on while answers cross the link
+    overlap_open: bool = True  # in the pipelined loop, Open goes out without a tree while the drafter reads the
+    # prompt and drafts, when the server's prefill and the drafter's would both outlast a round trip and a
+    # verification (LoopEstimates.open_overlap_pays): a one-core CPU server's prefill then no longer waits for
+    # the client's (a 160-token prompt: ~2.5 s and ~1.5 s on this box, in a row before)
     warmup_trees: int = 3  # trees of the drafter's own shape verified before the planner sizes any: a plain
     # step measures no acceptance, so a planner that starts from its prior alone can settle on plain steps
     # with a drafter whose trees would win (seen on a one-core server: the 0.5B drafter at 1.9 tokens a step
@@ -78,6 +82,8 @@ LOOP_MODES = {
     "auto-1": LoopConfig(decode_ahead=1, queue_plain=False),  # before plain steps decoded ahead: a round trip
     # a token
     "auto-unqueued": LoopConfig(queue_plain=False),  # before plain steps were queued: a round trip a plain step
+    "auto-no-overlap": LoopConfig(overlap_open=False),  # before Open overlapped the drafter's prefill: the tree
+    # from the prompt went with Open
 }
 
 
@@ -131,6 +137,9 @@ class LoopEstimates:
         self.trees_verified = 0  # verdicts on non-empty trees
         self.server_decodes_ahead = False  # a plain step came back with Verified.decoded: the server knows it
         self.last_whole = False  # the last tree verified was accepted down to its deepest node
+        self.open_s_per_token: float | None = None  # the drafter's time to read a prompt and draft from it, per
+        # prompt token (its prefill dominates; an n-gram drafter's is ~0)
+        self.open_nodes = 0  # the size of the last tree drafted from a prompt
 
     # ------------------------------------------------------------ observing
     def observe_draft(self, tree: DraftTree, seconds: float) -> None:
@@ -184,6 +193,13 @@ class LoopEstimates:
                 self.reached = [r * keep for r in self.reached]
                 self.accepted = [a * keep for a in self.accepted]
 
+    def observe_open_draft(self, prompt_len: int, seconds: float, nodes: int) -> None:
+        """The drafter took `seconds` to draft its first tree, of `nodes` nodes, from a prompt of `prompt_len`
+        tokens."""
+        with self._lock:
+            self.open_s_per_token = _ema(self.open_s_per_token, seconds / max(1, prompt_len), self.WEIGHT)
+            self.open_nodes = nodes
+
     def observe_guess(self, hit: bool) -> None:
         with self._lock:
             self.hit_rate = _ema(self.hit_rate, 1.0 if hit else 0.0, self.WEIGHT)
@@ -220,6 +236,19 @@ class LoopEstimates:
         with self._lock:
             curve = self.curve()
             return (self.round_trip_s or 0.0) + (_interpolate(curve, nodes) if curve else 0.0)
+
+    def open_overlap_pays(self, prompt_len: int) -> bool:
+        """Is Open sent alone, the drafter drafting from the prompt meanwhile, faster than Open with the tree?
+        Alone it costs a second round trip and a verification of the tree (R + V), and takes the shorter of the
+        server's prefill (S) and the client's drafting from the prompt (C, less the round trip it overlaps)
+        off the time in a row: it pays when min(S, C - R) > V. Unknown until a first generation measured C."""
+        with self._lock:
+            curve = self.curve()
+            if self.open_s_per_token is None or not curve:
+                return False
+            rtt = self.round_trip_s or 0.0
+            server = _interpolate(curve, prompt_len)  # a prefill of n tokens ~ a tree of n nodes
+            return min(server, self.open_s_per_token * prompt_len - rtt) > _interpolate(curve, self.open_nodes)
 
     def draft_s(self, depth: int) -> float:
         return (self.pass_s or 0.0) * (depth + 1)

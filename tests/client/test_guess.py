@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from edgespec.client.guess import likely_outcomes, tree_after_bonus
+from edgespec.client.guess import likely_outcomes, tree_after
 from edgespec.shared.tree import ROOT, DraftTree
 
 
@@ -25,11 +25,24 @@ def test_tree_after_the_bonus_token():
     # drafted ahead: root -> x(0) -> y(1) -> z(3); root -> w(2) -> v(4)
     tree = DraftTree((5, 6, 7, 8, 9), (ROOT, 0, ROOT, 1, 2))
     scores = [-0.1, -0.3, -1.0, -0.6, -1.5]
-    sub, sub_scores = tree_after_bonus(tree, scores, 5, 8)
+    sub, sub_scores = tree_after(tree, scores, [5], 8)
     assert sub == DraftTree((6, 8), (ROOT, 0)) and sub_scores == pytest.approx([-0.2, -0.5])
-    assert tree_after_bonus(tree, scores, 7, 8)[0] == DraftTree((9,), (ROOT,))
-    assert tree_after_bonus(tree, scores, 5, 1)[0] == DraftTree((6,), (ROOT,))  # capped, still connected
-    assert tree_after_bonus(tree, scores, 6, 8) is None  # 6 is not a depth-1 node: the guess missed
+    assert tree_after(tree, scores, [7], 8)[0] == DraftTree((9,), (ROOT,))
+    assert tree_after(tree, scores, [5], 1)[0] == DraftTree((6,), (ROOT,))  # capped, still connected
+    assert tree_after(tree, scores, [6], 8) is None  # 6 is not a depth-1 node: the guess missed
+    with pytest.raises(ValueError):
+        tree_after(tree, scores, [], 8)
+
+
+def test_tree_after_a_verdict_that_accepted_more_than_the_guess():
+    # the target accepted one token past the guessed path (5), then its bonus (8): what is below 5 -> 6 -> 8
+    tree = DraftTree((5, 6, 7, 8, 9, 4), (ROOT, 0, ROOT, 1, 2, 3))
+    scores = [-0.1, -0.3, -1.0, -0.6, -1.5, -0.7]
+    sub, sub_scores = tree_after(tree, scores, [5, 6, 8], 8)
+    assert sub == DraftTree((4,), (ROOT,)) and sub_scores == pytest.approx([-0.1])
+    assert tree_after(tree, scores, [5, 6, 8, 4], 8)[0] == DraftTree((), ())  # nothing below: a miss to the loop
+    assert tree_after(tree, scores, [5, 7], 8) is None  # 7 is not below 5
+    assert tree_after(tree, scores, [7, 9], 8)[0] == DraftTree((), ())
 
 
 def test_ngram_scores_are_its_match_shares():

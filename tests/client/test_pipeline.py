@@ -91,6 +91,66 @@ def test_pipelined_and_auto_write_the_serial_output(start, tiny_target_f32, gree
         assert piped.guesses > 0 and piped.guess_hit_rate < 0.5
 
 
+def slow_prefill() -> LoopEstimates:
+    """A server whose prefill of the prompt costs far more than a small tree, and a client that took a second a
+    prompt token to draft from its last prompt: Open goes alone while the drafter drafts (open_overlap_pays)."""
+    est = LoopEstimates((0, 8, 255), (0.001, 0.001, 10.0))
+    est.observe_open_draft(1, 1.0, 4)
+    return est
+
+
+@pytest.mark.parametrize("drafter", ["hitting", "missing"])
+def test_open_goes_alone_while_the_drafter_drafts_from_the_prompt(start, tiny_target_f32, greedy, drafter):
+    """Where both prefills are long, Open carries no tree: the drafter drafts from the prompt while the server
+    prefills, and the tree below the first token the target picks goes out as the first Draft (a guess hit:
+    the tiny target drafting for itself). A miss drafts anew. The output is the target's greedy text; the loop
+    that does not overlap, a client with nothing measured yet and a sampled generation send the tree with Open."""
+    want = None
+    for loop, est in ((AUTO, slow_prefill()), (LoopConfig(overlap_open=False), slow_prefill()), (AUTO, None)):
+        gen, transport, ids = start(drafter, loop, est, max_new_tokens=24)
+        sent = recorded(transport)
+        r = gen.run()
+        want = want or greedy(tiny_target_f32, ids, 24, set())
+        assert r.token_ids == want
+        alone = not sent[0].open.tree  # the encoded tree: empty bytes without one
+        assert alone == (loop.overlap_open and est is not None)
+        if alone:
+            assert r.metrics.guesses >= 1 and r.metrics.draft_ahead_s > 0
+            if drafter == "hitting":  # the first Draft is the tree drafted from the prompt, below the first token
+                assert r.metrics.guess_hits >= 1 and sent[1].draft.committed_len == len(ids) + 1
+    # sampled output follows the trees: the first one stays with Open, so a seed gives the same text every time
+    gen, transport, _ = start(drafter, AUTO, slow_prefill(), max_new_tokens=8,
+                              sampling=SamplingSettings(temperature=1.0), seed=3)
+    sent = recorded(transport)
+    gen.run()
+    assert sent[0].open.tree
+    # a client whose drafter reads prompts in no time (an n-gram) keeps the tree with Open
+    quick = LoopEstimates((0, 8, 255), (0.001, 0.001, 10.0))
+    quick.observe_open_draft(len(ids), 0.0001, 4)
+    assert not quick.open_overlap_pays(len(ids))
+
+
+def test_a_verdict_that_accepts_past_the_guess_still_hits(drafters):
+    """The guess was the path to node 0; the target accepted nodes 0 and 1 and picked 8: the tree drafted ahead
+    from after node 0 holds 6 -> 8, so what lies below them goes out."""
+    from edgespec.client.guess import Outcome
+    from edgespec.client.pipeline import DraftPipeline, Prepared
+    from edgespec.client.planner import TreeSize
+    from edgespec.client.verifier import Verdict
+    from edgespec.shared.metrics import GenerationMetrics
+    from edgespec.shared.tree import ROOT, DraftTree
+
+    pipe = DraftPipeline(None, drafters["ngram"], AUTO, LoopEstimates(), 64, GenerationMetrics())
+    flight_tree = DraftTree((5, 6, 3), (ROOT, 0, 1))
+    ahead = Prepared(Outcome((0,), 0.5), DraftTree((6, 8, 4, 2), (ROOT, 0, 1, 2)), [-0.1, -0.2, -0.3, -0.4],
+                     TreeSize(3, 2), 0.01)
+    tree, scores = pipe.match([ahead], Verdict(bonus_token=8, committed_len=0, accepted=(0, 1)), flight_tree)
+    assert tree == DraftTree((4, 2), (ROOT, 0)) and scores == pytest.approx([-0.1, -0.2])
+    assert pipe.metrics.guess_hits == 1
+    assert pipe.match([ahead], Verdict(bonus_token=9, committed_len=0, accepted=(0, 1)), flight_tree) is None
+    assert pipe.match([ahead], Verdict(bonus_token=6, committed_len=0, accepted=()), flight_tree) is None
+
+
 @pytest.mark.parametrize("decode_ahead", [1, 8])
 def test_auto_sends_plain_steps_when_trees_lose(start, tiny_target_f32, greedy, decode_ahead):
     """A server where any tree costs 50x a decode step: the planner sends plain steps (empty trees), each asking

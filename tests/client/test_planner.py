@@ -156,7 +156,8 @@ def test_loops_by_name_and_by_flag(capsys):
 
     assert loop_mode("independent") == ("independent", LoopConfig())
     assert loop_mode("ngram@serial") == ("ngram", LoopConfig(pipeline=False, tree="fixed"))
-    assert set(LOOP_MODES) == {"serial", "pipelined", "auto-serial", "auto", "auto-1", "auto-unqueued"}
+    assert set(LOOP_MODES) == {"serial", "pipelined", "auto-serial", "auto", "auto-1", "auto-unqueued",
+                               "auto-no-overlap"}
     assert loop_mode("ngram@auto-1") == ("ngram", LoopConfig(decode_ahead=1, queue_plain=False))
     assert loop_mode("independent:2x6x8@0.1@pipelined") == ("independent:2x6x8@0.1", LoopConfig(tree="fixed"))
     assert loop_mode("independent:2x6x8@0.1") == ("independent:2x6x8@0.1", LoopConfig())
