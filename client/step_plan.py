@@ -348,3 +348,13 @@ class TreePlanner:
         if not first:
             return False
         return est.hit_rate * draft > draft - max(0.0, left)
+
+    def depth_within_flight(self, flight_nodes: int, elapsed_s: float) -> int:
+        """The deepest tree drafted ahead (its bonus level on top) that is likely done before the verdict comes:
+        drafting it delays nothing, so it is worth a guess whatever the hit rate, and it measures the hit rate
+        (a rate only ever guessed at would keep the loop serial where guesses hit: code, ~95 %)."""
+        est = self.estimates
+        if not self.pipelined or est.pass_s is None or est.pass_s <= 0:
+            return 0
+        left = est.verify_flight_s(flight_nodes) - elapsed_s
+        return max(0, int(left / est.pass_s) - 2)  # a tree of depth D drafted ahead takes D + 2 passes

@@ -201,6 +201,20 @@ def test_a_low_hit_rate_drifts_back_so_drafting_ahead_is_tried_again():
     assert low < est.hit_rate < est.PRIOR_HIT_RATE
 
 
+def test_a_tree_that_fits_the_flight_is_drafted_ahead_whatever_the_hit_rate():
+    """Code on a CPU: a 12-level tree takes 1.3 s to draft, a verification 0.5 s. At the prior hit rate a full
+    tree drafted ahead would delay the verdict more than it saves; a 3-level one is done before the verdict
+    (0.5 s / 0.1 s a pass, less the bonus level and the root's pass), so it is drafted and its hit measured."""
+    est = LoopEstimates((0, 64), (0.5, 0.5))
+    est.observe_verdict(DraftTree.chain(range(12)), 12, 0.5, 0.5)  # no link: the round trip is the server's
+    est.observe_draft(DraftTree.chain(range(12)), 1.3)  # 0.1 s a pass
+    planner = TreePlanner(LoopConfig(), est, 64, can_pipeline=True)
+    assert not planner.worth_drafting_ahead(12, 12, 0.0, first=True)
+    assert planner.depth_within_flight(12, 0.0) == 3
+    assert planner.depth_within_flight(12, 0.3) == 0  # the verdict is nearly here
+    assert TreePlanner(LoopConfig(pipeline=False), est, 64, can_pipeline=True).depth_within_flight(12, 0.0) == 0
+
+
 def test_a_plain_step_decodes_ahead_enough_tokens_to_hide_the_round_trip():
     """The fewest tokens that keep the round trip at most ahead_overhead of the step, capped by max_ahead."""
     cpu = inputs(round_trip_s=0.05, verify_s=(0.59, 2.0, 4.0), max_ahead=8)  # 5g to a one-core CPU server
