@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from support.estimates import TreesNeverPay
+from support.estimates import DraftingOutlastsFlights, TreesNeverPay
 
 from edgespec.client.drafters.factory import DrafterOptions, make_drafter
 from edgespec.client.generation import Generation, GenerationConfig, TokenEvent, TokenizerInfo, TokenOrigin
@@ -128,6 +128,16 @@ def test_open_goes_alone_while_the_drafter_drafts_from_the_prompt(start, tiny_ta
     quick = LoopEstimates((0, 8, 255), (0.001, 0.001, 10.0))
     quick.observe_open_draft(len(ids), 0.0001, 4)
     assert not quick.open_overlap_pays(len(ids))
+
+
+def test_a_tree_too_deep_to_draft_during_the_flight_is_drafted_shallower(start, tiny_target_f32, greedy):
+    """Drafting the drafter's own shape ahead would outlast every flight, and the prior hit rate does not pay for
+    the delay: the first guess is drafted as deep as the flight leaves time for (3 levels) instead of not at
+    all, so the hits are seen (without it: no guess at all). Output: the target's greedy text."""
+    gen, _, ids = start("hitting", PIPELINED, DraftingOutlastsFlights(), max_new_tokens=40)
+    r = gen.run()
+    assert r.token_ids == greedy(tiny_target_f32, ids, 40, set())
+    assert r.metrics.guesses > 0 and r.metrics.guess_hits > 0
 
 
 def test_a_verdict_that_accepts_past_the_guess_still_hits(drafters):

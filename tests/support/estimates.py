@@ -12,3 +12,16 @@ class TreesNeverPay(LoopEstimates):
 
     def curve(self) -> dict[int, float]:
         return {0: 0.0001, 1: 0.05, 255: 1.0}
+
+
+class DraftingOutlastsFlights(LoopEstimates):
+    """A client whose drafter takes 0.2 s a pass against flights of 1 s, kept whatever it measures: a tree of the
+    drafter's own shape drafted ahead would delay every verdict by more than the prior hit rate pays for, and
+    one of 3 levels (5 passes with its bonus level and root) is done before the verdict."""
+
+    def observe_draft(self, tree, seconds: float) -> None:
+        super().observe_draft(tree, seconds)
+        self.pass_s = 0.2
+
+    def verify_flight_s(self, nodes: int) -> float:
+        return 1.0
