@@ -133,11 +133,12 @@ def test_open_goes_alone_while_the_drafter_drafts_from_the_prompt(start, tiny_ta
 def test_a_tree_too_deep_to_draft_during_the_flight_is_drafted_shallower(start, tiny_target_f32, greedy):
     """Drafting the drafter's own shape ahead would outlast every flight, and the prior hit rate does not pay for
     the delay: the first guess is drafted as deep as the flight leaves time for (3 levels) instead of not at
-    all, so the hits are seen (without it: no guess at all). Output: the target's greedy text."""
+    all, so the hits are seen. Output: the target's greedy text."""
     gen, _, ids = start("hitting", PIPELINED, DraftingOutlastsFlights(), max_new_tokens=40)
     r = gen.run()
     assert r.token_ids == greedy(tiny_target_f32, ids, 40, set())
-    assert r.metrics.guesses > 0 and r.metrics.guess_hits > 0
+    # most verdicts had a guess (17 of 19 calls; without it 3, the last few steps, whose trees are shallow anyway)
+    assert r.metrics.guesses >= r.metrics.calls // 2 and r.metrics.guess_hits > 0
 
 
 def test_a_verdict_that_accepts_past_the_guess_still_hits(drafters):
