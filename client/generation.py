@@ -301,13 +301,13 @@ class Generation:
             check_committed_len(s.prompt_len + 1, verdict.committed_len, "Opened")
             self._commit([verdict.bonus_token], [TokenOrigin.BONUS], verdict.logprobs)
         ready = self.pipe.match(prepared, verdict, DraftTree((), ()))
-        self._settle()
+        self._settle()  # once: a second pass would start past the end it found, and forget it
         if ready is not None and s.finish.reason is None:
             self._flight = self._send(*ready)
         if prepared:
             self.drafter.rewind(s.committed[:s.prompt_len])
         self.drafter.start(s.committed[: s.prompt_len + len(tokens)], verdict.bonus_token, verdict.features)
-        yield from self._emit()
+        yield from self._events()
 
     def _propose(self, max_depth: int) -> DraftTree:
         """The drafter's tree; under a grammar, drafted inside it (and cut to it, for drafters that draft

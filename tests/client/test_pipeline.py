@@ -52,14 +52,15 @@ def drafters(tiny_model_dir, tiny_drafter_dir):
 
 @pytest.fixture
 def start(core, drafters):
-    """start(drafter, loop, estimates=None, round_trip_s=0.005, **config) -> (Generation, transport, prompt ids)."""
+    """start(drafter, loop, estimates=None, round_trip_s=0.005, eos=(), **config) -> (Generation, transport, prompt
+    ids); eos: the client's end-of-output ids."""
     from edgespec.server.service import VerifierServicer
 
     tok = core.target.tokenizer
     ids = tok(PROMPT, add_special_tokens=False)["input_ids"]
 
-    def make(drafter: str, loop: LoopConfig, estimates=None, round_trip_s: float = 0.005, **config):
-        info = TokenizerInfo(core.target.fingerprint, set(), lambda t: tok.decode(list(t), skip_special_tokens=True))
+    def make(drafter: str, loop: LoopConfig, estimates=None, round_trip_s: float = 0.005, eos=frozenset(), **config):
+        info = TokenizerInfo(core.target.fingerprint, set(eos), lambda t: tok.decode(list(t), skip_special_tokens=True))
         transport = InProcessTransport(VerifierServicer(core), round_trip_s=round_trip_s)
         config.setdefault("ignore_eos", True)
         gen = Generation(Verifier(transport), drafters[drafter], ids, GenerationConfig(**config), info,
@@ -128,6 +129,21 @@ def test_open_goes_alone_while_the_drafter_drafts_from_the_prompt(start, tiny_ta
     quick = LoopEstimates((0, 8, 255), (0.001, 0.001, 10.0))
     quick.observe_open_draft(len(ids), 0.0001, 4)
     assert not quick.open_overlap_pays(len(ids))
+
+
+@pytest.mark.parametrize("alone", [False, True], ids=["tree-with-open", "open-alone"])
+def test_an_output_that_ends_at_its_first_token_sends_no_draft(start, tiny_target_f32, greedy, alone):
+    """The target's first token is EOS, and the tree sent with Open was accepted past it (or Open went alone and
+    a tree from the prompt waits): the output is that one token and no Draft follows. (Checking for the end
+    twice after Open forgot it: the loop went on, and a Draft hung from the cut text was refused.)"""
+    gen, transport, ids = start("hitting", AUTO, slow_prefill() if alone else None, max_new_tokens=24)
+    first = greedy(tiny_target_f32, ids, 1, set())[0]
+    gen, transport, ids = start("hitting", AUTO, slow_prefill() if alone else None, max_new_tokens=24,
+                                ignore_eos=False, eos={first})
+    sent = recorded(transport)
+    r = gen.run()
+    assert r.token_ids == [first] and r.finish_reason == "stop"
+    assert not any(m.HasField("draft") for m in sent) and bool(sent[0].open.tree) != alone
 
 
 def test_a_tree_too_deep_to_draft_during_the_flight_is_drafted_shallower(start, tiny_target_f32, greedy):
