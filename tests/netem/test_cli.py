@@ -54,8 +54,11 @@ def test_echo_relay_and_measure_as_processes(capsys):
         out = capsys.readouterr().out
         mean = float(re.search(r"mean ([\d.]+)", out).group(1))
         down = float(re.search(r"throughput down \(Mbit/s\): ([\d.]+)", out).group(1))
-        assert 30 < mean < 70  # 4g: about 45 ms
-        assert 14 < down < 23  # 20 Mbit/s; one lost packet could cost a 200 ms stall
+        # The relay applies 4g: a round trip of about 45 ms and 20 Mbit/s. Load on the box only ever adds delay
+        # and takes throughput, so the bounds that prove the shaping are tight (no faster than the profile) and
+        # the others loose, to catch a unit error, not the machine's load (30-70 ms failed under a busy CI).
+        assert 30 < mean < 200
+        assert 5 < down < 23  # one lost packet could cost a 200 ms stall
     finally:
         for proc in (relay, echo):
             if proc is not None:
