@@ -288,8 +288,6 @@ class Generation:
         except LinkDownError as err:
             if not self.drafter.can_generate_offline:
                 raise LinkDownError(f"{err}; the {self.drafter.name!r} drafter cannot start without the server") from None
-            if prepared:
-                self.drafter.rewind(s.committed)
             yield from self._go_offline(err)
             return
         self._verified()
@@ -304,8 +302,7 @@ class Generation:
         self._settle()  # once: a second pass would start past the end it found, and forget it
         if ready is not None and s.finish.reason is None:
             self._flight = self._send(*ready)
-        if prepared:
-            self.drafter.rewind(s.committed[:s.prompt_len])
+        # the tree from the prompt was drafted from the text itself, as the one Open carries: nothing to rewind
         self.drafter.start(s.committed[: s.prompt_len + len(tokens)], verdict.bonus_token, verdict.features)
         yield from self._events()
 
