@@ -6,8 +6,9 @@
 For each engine (``generic``: a DynamicCache per session, one forward each;
 ``batched``: the KV pool, one forward for every session's work, as the server
 builds it on that device: exact shapes and eager on a CPU, shape buckets with a
-CUDA graph per bucket on a GPU unless --enforce-eager; ``bucketed``: the pool
-with shape buckets forced on, graphs as for batched):
+CUDA graph per bucket on a GPU unless --enforce-eager; ``batched-eager``: the
+same without graphs, so graphs and eager are timed in one run; ``bucketed``: the
+pool with shape buckets forced on, graphs as for batched):
 
 - latency: one session at --context tokens; a plain decode step (one token)
   and a verification per tree size (random trees, depth up to 6), median of
@@ -42,6 +43,7 @@ from .records import markdown_table
 
 ENGINES = {"generic": "a DynamicCache per session, one forward each",
            "batched": "the KV pool, one forward for all sessions, as the server builds it on the device",
+           "batched-eager": "the KV pool as batched builds it, with no CUDA graphs (the eager baseline in the same run)",
            "bucketed": "the KV pool with shape buckets forced on (a CUDA graph per bucket on a GPU)"}
 
 
@@ -284,6 +286,7 @@ def run(args: argparse.Namespace) -> int:
         pool = PoolConfig(max_kv_bytes=1 << 50, max_slots=max(args.sessions) + 2,
                           max_context_tokens=args.context + 8, max_tree_nodes=max(args.tree_sizes + [args.tree_nodes]))
         pools = {"generic": pool, "batched": replace(pool, shape_buckets=cuda, graphs=cuda and not args.enforce_eager),
+                 "batched-eager": replace(pool, shape_buckets=cuda, graphs=False),
                  "bucketed": replace(pool, shape_buckets=True, graphs=not args.enforce_eager)}
         print(f"# {target.name} on {target.device} ({str(target.dtype).removeprefix('torch.')}), "
               f"torch threads {torch.get_num_threads()}", flush=True)

@@ -26,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     rp.add_argument("--layers", type=int, default=0, help="keep the widths, use this many layers (0 = all)")
     rp.add_argument("--dtype", default="bfloat16", help="bfloat16 (default), float16, float32")
     rp.add_argument("--seed", type=int, default=0)
+    rp.add_argument("--device", default="cpu", help="where the random numbers are drawn (cuda: a 7B in seconds)")
     rp.set_defaults(func=_random)
 
 
@@ -68,7 +69,8 @@ def _random(args: argparse.Namespace) -> int:
         shape = shape_of(args.like, args.shape, args.layers)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
-    out = save_random_model(args.dir, args.like, shape, parse_dtype(args.dtype), args.seed)
+    out = save_random_model(args.dir, args.like, shape, parse_dtype(args.dtype), args.seed,
+                            device=args.device)
     print(f"random model like {args.like} ({shape.num_layers} layers, hidden {shape.hidden_size}, "
           f"vocab {shape.vocab_size}) written to {out}")
     return 0
