@@ -150,15 +150,18 @@ def test_compiled_graphs_are_the_distinct_buckets_used(target):
 
 
 def test_every_batch_the_scheduler_forms_has_a_captured_bucket(target):
-    """The grid a server captures (64 sessions + 8 API slots, 4k context): every batch within the scheduler's
-    budget (padded rows <= 2,048, rows of a session <= 64) lands on one of its buckets."""
+    """The grid a server captures (64 sessions + 8 API slots, 4k context, trees up to 255 nodes): every batch
+    within the scheduler's budget (padded rows <= 2,048) whose items are no longer than the largest tree and its
+    root row lands on one of its buckets."""
     config = PoolConfig(max_kv_bytes=1 << 40, max_slots=72, max_context_tokens=4096, shape_buckets=True)
     eng = BatchedEngine(target, config)
     buckets = set(grid(config, eng.pool.slot_tokens))
-    assert len(buckets) == 192 and {b.keys for b in buckets} == {256, 1024, 4096, eng.pool.slot_tokens}
+    # rows of a session: 1..256 for up to 8 sessions, 128 for 16, 64 for 32, 32 for 64: 57 shapes, 4 key lengths
+    assert len(buckets) == 228 and {b.keys for b in buckets} == {256, 1024, 4096, eng.pool.slot_tokens}
+    assert eng.bucket([Work.chunk([1] * 256, 0)], 300) == (Bucket(1, 256, 1024, 256), True)
     rng = random.Random(0)
     for _ in range(300):
-        works = [Work.chunk([1] * rng.randint(1, 64), 0) for _ in range(rng.randint(1, 64))]
+        works = [Work.chunk([1] * rng.randint(1, 256), 0) for _ in range(rng.randint(1, 64))]
         if eng.cost(works) > 2048:
             continue
         bucket, in_grid = eng.bucket(works, rng.randint(1, eng.pool.slot_tokens))
