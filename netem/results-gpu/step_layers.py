@@ -7,13 +7,15 @@ For one session at --context tokens, medians of 50 (ms):
 - runner: the upload of a packed batch, the replay and the readback (host clock, synchronised);
 - engine: BatchedEngine.run of one decode item (packing, runner, acceptance bookkeeping);
 - scheduler: the same through the model thread (ModelScheduler.run_job), as a server's session calls it.
-The differences are the host's share of each layer.
+The differences are the host's share of each layer. Then the ATen operations one eager step of that bucket
+dispatches, views and reshapes left out: on a GPU each is a kernel, and a captured graph replays every one.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import time
+from collections import Counter
 
 import torch
 
@@ -24,6 +26,29 @@ from edgespec.server.engine_choice import build_engine
 from edgespec.server.engine_step import pack_batch
 from edgespec.server.target import TargetModel
 from edgespec.shared.models.loading import load_model
+
+# Operations that make no kernel of their own: views, and the ops that only relabel a tensor.
+NO_KERNEL = {"view", "_unsafe_view", "unsqueeze", "squeeze", "transpose", "permute", "expand", "slice", "select", "t",
+             "alias", "unbind", "split", "as_strided", "detach", "reshape", "unflatten", "lift_fresh"}
+
+
+def kernel_ops(step, packed: torch.Tensor, bucket) -> Counter:
+    """The ATen operations of one eager run of the step, by name, those that make no kernel left out."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ not in NO_KERNEL:
+                self.ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), Count() as count:
+        step(packed, bucket)
+    return count.ops
 
 
 def median_ms(fn, n: int = 50) -> float:
@@ -90,6 +115,11 @@ def main() -> None:
     print("| layer | median ms |\n|---|---:|")
     for name, ms in rows.items():
         print(f"| {name} | {ms:.2f} |")
+    ops = kernel_ops(engine.step, torch.tensor(flat, device=target.device), bucket)
+    per_layer = sum(ops.values()) / target.num_layers
+    print(f"\nkernels one eager step dispatches: {sum(ops.values())} ({target.num_layers} layers, {per_layer:.1f} a layer "
+          f"with the step's own share spread); most frequent: "
+          + ", ".join(f"{k} {v}" for k, v in ops.most_common(12)))
     bench.close()
 
 
