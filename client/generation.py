@@ -267,9 +267,9 @@ class Generation:
         s, wanted = self.state, self.config.max_new_tokens
         tree, prepared = None, []
         drafts = self.config.draft_on_open and self.drafter.feature_request().kind is FeatureKind.NONE
-        # Sampled output follows the trees sent, and a seed must give the same text each time: only greedy
-        # output (the same whatever the trees) lets the estimates pick the first tree.
-        alone = self.pipe.open_alone(s.prompt_len, wanted) if drafts and self.config.sampling.greedy else None
+        # The output does not depend on the trees sent (greedy, or draws keyed by position), so the estimates
+        # may pick the first tree, or none
+        alone = self.pipe.open_alone(s.prompt_len, wanted) if drafts else None
         try:
             if alone is not None:  # Open goes alone; the drafter reads the prompt and drafts meanwhile
                 opened = self.pipe.submit(lambda: self.verifier.open(self._session_spec()))

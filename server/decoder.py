@@ -19,7 +19,7 @@ import torch
 from edgespec.shared.grammar import GrammarConstraint, grammar_tokenizer
 from edgespec.shared.logits_processors import RowProcessors
 from edgespec.shared.session_contract import SamplingSettings
-from edgespec.shared.verification import next_token
+from edgespec.shared.verification import Draws, next_token
 
 from .prefix_cache import PrefixCache
 from .scheduler import ModelScheduler
@@ -48,11 +48,7 @@ class DecodedToken:
 def generate(target: TargetModel, scheduler: ModelScheduler, request: GenerationRequest,
              prefix_cache: PrefixCache | None = None) -> Iterator[DecodedToken]:
     """Yield generated tokens one by one."""
-    generator = torch.Generator()
-    if request.seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(request.seed)
+    draws = Draws(request.seed)  # each token drawn by its position: the same text as a session with this seed
     rows = processors(target, request)
     history = list(request.prompt_ids)  # what the processors see: prompt + output so far
     kv = scheduler.new_kv()  # a pool slot on the batched engine: given back when the generation ends
@@ -66,7 +62,7 @@ def generate(target: TargetModel, scheduler: ModelScheduler, request: Generation
         cached = len(held)
         ids: Sequence[int] = prompt[cached:]
         for _ in range(request.max_new_tokens):
-            token, logits = scheduler.run_job(_step(scheduler, kv, ids, request.sampling, generator, rows, history),
+            token, logits = scheduler.run_job(_step(scheduler, kv, ids, request.sampling, draws, rows, history),
                                               kv)
             held += ids
             yield DecodedToken(token, logits, cached)
@@ -95,7 +91,7 @@ def processors(target: TargetModel, request: GenerationRequest) -> RowProcessors
     return RowProcessors(request.sampling, request.prompt_ids, target.vocab_size, constraint)
 
 
-def _step(scheduler: ModelScheduler, kv, ids: Sequence[int], sampling: SamplingSettings, generator: torch.Generator,
+def _step(scheduler: ModelScheduler, kv, ids: Sequence[int], sampling: SamplingSettings, draws: Draws,
           rows: RowProcessors | None = None, history: Sequence[int] = ()):
     """One step as a scheduler job: the forward batched with every other session's work, the draw on the
     model thread too; (token, its raw logits [V])."""
@@ -104,4 +100,4 @@ def _step(scheduler: ModelScheduler, kv, ids: Sequence[int], sampling: SamplingS
     if rows is None and sampling.greedy and out.best:
         return out.best[-1], raw  # the argmax the engine read back with the batch
     logits = raw if rows is None else rows.next_logits(raw, history)
-    return next_token(logits, sampling, generator), raw
+    return next_token(logits, sampling, draws, len(history)), raw

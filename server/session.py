@@ -26,7 +26,7 @@ from edgespec.shared.logits_processors import RowProcessors
 from edgespec.shared.logprobs import TokenLogprob, token_logprobs
 from edgespec.shared.session_contract import SamplingSettings, ServerTimings
 from edgespec.shared.tree import DraftTree
-from edgespec.shared.verification import VerifyOutcome, next_token, sample_verify, target_probs, verify_tree
+from edgespec.shared.verification import Draws, VerifyOutcome, next_token, sample_verify, target_probs, verify_tree
 from edgespec.shared.wire import MAX_DECODE_AHEAD, FeatureKind, ResumePolicy
 
 from .errors import InvalidRequestError, StaleStateError
@@ -42,7 +42,7 @@ class SessionSettings:
 
     session_id: str
     sampling: SamplingSettings = SamplingSettings()  # greedy unless temperature > 0; penalties, logit_bias
-    seed: int = 0  # seeds the session's sampling generator: same seed, same output
+    seed: int = 0  # keys the session's sampling draws: same seed, same output, whatever the trees
     features: FeatureSpec = FeatureSpec()  # what each answer carries back
     max_new_tokens: int = 0  # the client's budget (informational; the context limit is enforced)
     drafter: str = ""  # the client's drafter name, for logs and metrics
@@ -100,7 +100,7 @@ class VerifierSession:
         self.max_context_tokens = max_context_tokens
         self.committed: list[int] = []  # c_0..c_{n-1}; the KV holds all but the last
         self.kv = scheduler.new_kv()  # SessionKV: a DynamicCache or a pool slot, as the engine has it
-        self.generator = torch.Generator().manual_seed(settings.seed)
+        self.draws = Draws(settings.seed)  # sampling: each token drawn by its position, whatever trees carried it
         self.lock = threading.Lock()  # held while a stream works on the session
         self.last_used = time.monotonic()
         self.kv_bytes = 0
@@ -138,14 +138,16 @@ class VerifierSession:
         if tree is None:
             out = yield from self.scheduler.prefill(self.kv, prompt[cached:])
             t1 = time.perf_counter_ns()
-            first = next_token(self._shaped(out.logits[-1:], prompt)[0], self.settings.sampling, self.generator)
+            first = next_token(self._shaped(out.logits[-1:], prompt)[0], self.settings.sampling, self.draws,
+                               len(prompt))
             self.committed = prompt + [first]
             kv = self._kv_rows(0, len(prompt))
             return _ModelStep(first, (), 0, self._hidden_rows(out.hidden, slice(None)), kv, _job_timings(out, t1),
                               self._logprobs(out.logits, [-1], [first]))
         out = yield from self.scheduler.prefill_tree(self.kv, prompt[cached:], tree)
         t1 = time.perf_counter_ns()
-        outcome = verify_tree(tree, self._shaped(out.logits, prompt, tree), self.settings.sampling, self.generator)
+        outcome = verify_tree(tree, self._shaped(out.logits, prompt, tree), self.settings.sampling, self.draws,
+                              len(prompt))
         past = len(prompt) - 1
         rows = [0] + [i + 1 for i in outcome.accepted]  # of [last prompt token] + nodes
         self.kv.keep_rows(past, rows)
@@ -202,11 +204,11 @@ class VerifierSession:
         else:
             logits = self._shaped(out.logits, self.committed, tree)  # penalties and grammar, per node
             if sampling.greedy:
-                outcome = verify_tree(tree, logits, sampling, self.generator)
+                outcome = verify_tree(tree, logits, sampling, self.draws, len(self.committed))
             else:
-                # sampling reads its rows' distributions back once, then draws on the host with the session's
-                # generator (seeded runs give the same tokens on every device and engine)
-                outcome = sample_verify(tree, target_probs(logits, sampling).cpu(), self.generator)
+                # sampling reads its rows' distributions back once, then draws on the host (seeded runs give
+                # the same tokens on every device and engine)
+                outcome = sample_verify(tree, target_probs(logits, sampling).cpu(), self.draws, len(self.committed))
         rows = [0] + [i + 1 for i in outcome.accepted]
         if out.accepted is None:
             self.kv.keep_rows(past, rows)
@@ -219,8 +221,8 @@ class VerifierSession:
 
     def _decode_job(self, count: int) -> _ModelStep:
         """Up to `count` plain decode steps in a row, each a forward of its own (batched with other sessions'
-        work like any step), as `count` Drafts with empty trees would be, with the same draws from the
-        session's generator; stops after EOS. The answer reads as a chain the target accepted whole."""
+        work like any step), as `count` Drafts with empty trees would be, with the same draws; stops after
+        EOS. The answer reads as a chain the target accepted whole."""
         steps: list[_ModelStep] = []
         while len(steps) < count:
             steps.append((yield from self._verify_job(_NO_TREE)))
@@ -284,12 +286,12 @@ class VerifierSession:
         out = yield from self.scheduler.forward_tree(self.kv, self.committed[-1], chain)
         t1 = time.perf_counter_ns()
         logits = self._shaped(out.logits, self.committed, chain)
-        outcome: VerifyOutcome = verify_tree(chain, logits, self.settings.sampling, self.generator)
+        outcome: VerifyOutcome = verify_tree(chain, logits, self.settings.sampling, self.draws, confirmed_len)
         agreed = len(outcome.accepted)
         if policy is ResumePolicy.KEEP:
             kept = provisional
             after = outcome.next_token if agreed == len(provisional) else next_token(
-                logits[len(provisional)], self.settings.sampling, self.generator)
+                logits[len(provisional)], self.settings.sampling, self.draws, confirmed_len + len(provisional))
         else:
             kept = provisional[:agreed]
             after = outcome.next_token

@@ -19,14 +19,20 @@ Greedy: a child is accepted when it equals the argmax at its parent; the output
 is token for token the target's own greedy output.
 
 Sampling (DESIGN section 4, lossless multi-draft): draft tokens are
-deterministic picks, so at a node the children are tried in order: child x is
-accepted with probability p(x); on rejection p(x) is set to 0 and p
-renormalised before the next child; when all are rejected the recovered token is
-drawn from the residual. By induction over the children the committed token is
-distributed exactly as p.
+deterministic picks, so at a node the target's token y is drawn from p there and
+the child carrying y, if any, is accepted; otherwise y is the recovered token.
+Each child x is then accepted with probability p(x), as when children are tried
+in order with the residual renormalised after each rejection (SpecInfer's rule
+for deterministic drafts), and the committed token is distributed exactly as p.
+The draw for the token at sequence position i uses a uniform number keyed by
+(seed, i) (``Draws``), not the next number of a stream: it does not depend on
+how many draws came before, so a seed gives the same text whatever trees, plain
+steps or resumes carried it, and the same text as the plain API with that seed.
 """
 from __future__ import annotations
 
+import random
+import secrets
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -78,9 +84,26 @@ def target_probs(logits: torch.Tensor, config: SamplingSettings) -> torch.Tensor
     return probs
 
 
-def sample_token(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
-    """One draw from probs [V] (drawn on the CPU, where generators live)."""
-    return int(torch.multinomial(probs.to("cpu", torch.float64), 1, generator=generator).item())
+class Draws:
+    """The uniform numbers of one seeded generation, keyed by the position of the token each draws."""
+
+    def __init__(self, seed: int | None = None):
+        self.seed = secrets.randbits(64) if seed is None else seed  # None: a fresh seed
+
+    def uniform(self, position: int) -> float:
+        """The number in [0, 1) that draws the token at sequence position ``position`` (0 = the first prompt
+        token)."""
+        return random.Random(f"{self.seed}/{position}").random()
+
+
+def sample_token(probs: torch.Tensor, u: float) -> int:
+    """The token at which the cumulative distribution of probs [V] first passes u (of its total): a draw from
+    probs for a uniform u. On the CPU in float64, so every device and engine picks the same token."""
+    cdf = probs.to("cpu", torch.float64).cumsum(0)
+    token = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True))
+    if token >= len(cdf) or float(probs[token]) <= 0:  # u * total rounded up to the total: the last kept token
+        token = int(torch.nonzero(probs.to("cpu") > 0)[-1])
+    return token
 
 
 def greedy_verify(tree: DraftTree, logits: torch.Tensor) -> VerifyOutcome:
@@ -101,41 +124,37 @@ def greedy_walk(tree: DraftTree, best: Sequence[int]) -> VerifyOutcome:
         row = match + 1
 
 
-def sample_verify(tree: DraftTree, probs: torch.Tensor, generator: torch.Generator | None = None) -> VerifyOutcome:
-    """Lossless multi-draft verification: children tried in order, residual renormalisation.
+def sample_verify(tree: DraftTree, probs: torch.Tensor, draws: Draws, position: int) -> VerifyOutcome:
+    """Lossless multi-draft verification: at each accepted row the target's token is drawn, and the child
+    carrying it is accepted.
 
-    probs: [1 + N, V] target distributions (from ``target_probs``) for [root] + nodes.
+    probs: [1 + N, V] target distributions (from ``target_probs``) for [root] + nodes; position: the sequence
+    position of the token the root row draws (the number of tokens before it).
     """
     children = tree.children()
     accepted: list[int] = []
     row = 0
     while True:
-        # [V] on the CPU, where the session's generator lives: the residual as children are rejected
-        p = probs[row].to("cpu", torch.float64, copy=True)
-        for child in children[row]:
-            token = tree.tokens[child]
-            u = float(torch.rand((), generator=generator, dtype=torch.float64))
-            if u * float(p.sum()) < float(p[token]):  # accept with probability p(x) / sum(p)
-                accepted.append(child)
-                row = child + 1
-                break
-            p[token] = 0.0
-        else:
-            if float(p.sum()) <= 0:  # only through float rounding; the unshaped row is faithful
-                p = probs[row].to("cpu", torch.float64)
-            return VerifyOutcome(tuple(accepted), sample_token(p / p.sum(), generator), bool(children[row]))
+        drawn = sample_token(probs[row], draws.uniform(position + len(accepted)))
+        match = next((c for c in children[row] if tree.tokens[c] == drawn), None)
+        if match is None:
+            return VerifyOutcome(tuple(accepted), drawn, bool(children[row]))
+        accepted.append(match)
+        row = match + 1
 
 
-def verify_tree(tree: DraftTree, logits: torch.Tensor, config: SamplingSettings,
-                generator: torch.Generator | None = None) -> VerifyOutcome:
-    """Greedy or sampling verification of a tree, as the config says. logits: [1 + N, V]."""
+def verify_tree(tree: DraftTree, logits: torch.Tensor, config: SamplingSettings, draws: Draws,
+                position: int) -> VerifyOutcome:
+    """Greedy or sampling verification of a tree, as the config says. logits: [1 + N, V]; position: as for
+    ``sample_verify``."""
     if config.greedy:
         return greedy_verify(tree, logits)
-    return sample_verify(tree, target_probs(logits, config), generator)
+    return sample_verify(tree, target_probs(logits, config), draws, position)
 
 
-def next_token(logits: torch.Tensor, config: SamplingSettings, generator: torch.Generator | None = None) -> int:
-    """The target's next token from one row of logits [V]: argmax, or a draw under the config."""
+def next_token(logits: torch.Tensor, config: SamplingSettings, draws: Draws, position: int) -> int:
+    """The target's token at sequence position ``position`` from one row of logits [V]: argmax, or a draw
+    under the config."""
     if config.greedy:
         return int(logits.argmax(-1).item())
-    return sample_token(target_probs(logits, config), generator)
+    return sample_token(target_probs(logits, config), draws.uniform(position))

@@ -150,13 +150,12 @@ class Bench:
 
     def _generate(self, i: int, stop: threading.Event, counts: list[int], ready: list[bool]) -> None:
         """A plain-API generation (the server decoding alone) until stopped, its context held."""
-        import torch
-
         from edgespec.server.decoder import _step
         from edgespec.shared.session_contract import SamplingSettings
+        from edgespec.shared.verification import Draws
 
         rng = random.Random(1000 + i)
-        kv, greedy, gen = self.scheduler.new_kv(), SamplingSettings(), torch.Generator()
+        kv, greedy, gen = self.scheduler.new_kv(), SamplingSettings(), Draws(0)
         token, _ = self.scheduler.run_job(_step(self.scheduler, kv, [rng.randrange(min(1000, self.target.vocab_size))
                                                                      for _ in range(self.context)], greedy, gen), kv)
         ready[i] = True

@@ -124,11 +124,15 @@ def sampled(sdk, model, **kwargs) -> str:
 
 
 def test_a_seed_makes_sampling_reproducible_and_no_seed_draws_a_fresh_one_on_both(apis):
+    seeded = {}
     for side, sdk in apis.sdk.items():
         a, b = (sampled(sdk, apis.model, temperature=1.5, seed=7) for _ in range(2))
         assert a == b, side
+        seeded[side] = a
         fresh = {sampled(sdk, apis.model, temperature=1.5) for _ in range(3)}
         assert len(fresh) > 1, f"{side}: three unseeded samples were identical (a fixed seed?)"
+    # each token is drawn by its position: the client's trees write the text the server's plain steps write
+    assert seeded["client"] == seeded["server"]
 
 
 def test_the_default_temperature_is_1_on_both(apis):

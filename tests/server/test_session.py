@@ -151,6 +151,46 @@ def test_sampling_sessions_keep_the_kv_of_the_accepted_path(target, scheduler):
     assert torch.allclose(session_next_logits(session), fresh_next_logits(target, session.committed), atol=1e-4)
 
 
+def test_a_seed_gives_one_sampled_text_whatever_trees_plain_steps_and_resumes_carry_it(target, scheduler):
+    """Each token is drawn with a number keyed by (seed, its position): the text of a seed is the plain API's
+    with that seed, through trees of any shape (the target's own top tokens, so some are accepted), plain steps,
+    decoding ahead, and a resume that rolls back; another seed writes another text."""
+    from edgespec.server.decoder import GenerationRequest, generate
+
+    sampling, n = SamplingSettings(temperature=1.0, top_k=50), 24
+    rng = random.Random(8)
+    prompt = [rng.randrange(256) for _ in range(6)]
+    plain = [t.id for t in generate(target, scheduler, GenerationRequest(tuple(prompt), n, sampling, 5,
+                                                                        stop_at_eos=False))]
+    texts = []
+    for shape in range(3):
+        session = make_session(target, scheduler, sampling, seed=5)
+        first = session.open(prompt, DraftTree((7,), (ROOT,)) if shape == 1 else None)
+        step, accepted = 1, len(first.accepted)
+        while len(session.committed) < len(prompt) + n:
+            top = torch.topk(session_next_logits(session), 3).indices.tolist()
+            if shape == 0:  # plain steps, some decoding ahead
+                session.verify(step, len(session.committed), EMPTY, decode_ahead=1 + step % 3)
+            elif shape == 1:  # a chain of the target's top token and a second root child
+                result = session.verify(step, len(session.committed), DraftTree((top[0], top[1], top[0]), (ROOT, 0, ROOT)))
+                accepted += len(result.accepted)
+            else:  # wider trees, and once a resume that rolls two tokens back and resends them as provisional
+                if step == 4:
+                    confirmed = len(session.committed) - 2
+                    session.resume(confirmed, committed_hash(session.committed[:confirmed]),
+                                   session.committed[confirmed:], ResumePolicy.KEEP)
+                tree = DraftTree((top[1], top[0], top[2], top[0]), (ROOT, ROOT, ROOT, 1))
+                accepted += len(session.verify(step, len(session.committed), tree).accepted)
+            step += 1
+        texts.append(session.committed[len(prompt):len(prompt) + n])
+        if shape:
+            assert accepted > 0, shape
+    assert texts[0] == texts[1] == texts[2] == plain
+    other = [t.id for t in generate(target, scheduler, GenerationRequest(tuple(prompt), n, sampling, 6,
+                                                                        stop_at_eos=False))]
+    assert other != plain
+
+
 def test_repeated_step_is_answered_from_the_record(target, scheduler):
     session = make_session(target, scheduler)
     session.open([1, 2, 3])
@@ -236,8 +276,8 @@ EMPTY = DraftTree((), ())
 @pytest.mark.parametrize("sampling", [SamplingSettings(), SamplingSettings(temperature=1.0, top_k=20)],
                          ids=["greedy", "sampled"])
 def test_decoding_ahead_commits_what_as_many_plain_steps_would(target, scheduler, sampling):
-    """k tokens decoded ahead in one Draft are the k tokens k plain Drafts commit (the same draws from the
-    session's seeded generator), with the same cache, features and logprobs."""
+    """k tokens decoded ahead in one Draft are the k tokens k plain Drafts commit (the same draws, keyed by
+    position), with the same cache, features and logprobs."""
     rng = random.Random(11)
     prompt = [rng.randrange(256) for _ in range(7)]
     features = FeatureSpec(FeatureKind.LAST_HIDDEN)

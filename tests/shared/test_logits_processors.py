@@ -13,7 +13,7 @@ from support.constrained import Controls, grammar_allowed, processed
 from edgespec.shared.logits_processors import RowProcessors, apply_penalties, tree_histories
 from edgespec.shared.session_contract import SamplingSettings
 from edgespec.shared.tree import ROOT, DraftTree
-from edgespec.shared.verification import sample_verify, target_probs
+from edgespec.shared.verification import Draws, sample_verify, target_probs
 
 V = 8
 
@@ -126,8 +126,8 @@ def test_sampling_under_processors_and_a_grammar_is_distributed_as_the_processed
     assert root[ids["7"]] == 0 and set(root.nonzero().flatten().tolist()) == {ids[d] for d in "1234"}
     trials = 8000
     first, second = torch.zeros(320), torch.zeros(320)
-    for _ in range(trials):
-        out = sample_verify(tree, probs, gen)
+    for trial in range(trials):  # a seed a trial: a draw is keyed by (seed, position)
+        out = sample_verify(tree, probs, Draws(trial), 0)
         committed = [tree.tokens[i] for i in out.accepted] + [out.next_token]
         first[committed[0]] += 1
         if out.accepted[:1] == (0,):

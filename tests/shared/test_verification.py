@@ -12,7 +12,7 @@ import torch
 
 from edgespec.shared.session_contract import SamplingSettings
 from edgespec.shared.tree import ROOT, DraftTree
-from edgespec.shared.verification import greedy_verify, sample_verify, target_probs, verify_tree
+from edgespec.shared.verification import Draws, greedy_verify, sample_token, sample_verify, target_probs, verify_tree
 
 V = 6
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -95,8 +95,8 @@ def test_sampling_output_is_distributed_as_the_target(device):
     expected = probs.cpu()
     first = torch.zeros(V)
     second_after_2 = torch.zeros(V)
-    for _ in range(trials):
-        out = sample_verify(tree, probs, gen)
+    for trial in range(trials):  # a seed a trial: a draw is keyed by (seed, position)
+        out = sample_verify(tree, probs, Draws(trial), 5)
         committed = [tree.tokens[i] for i in out.accepted] + [out.next_token]
         first[committed[0]] += 1
         if out.accepted[:1] == (0,):
@@ -114,8 +114,8 @@ def test_sampling_with_top_k_never_leaves_the_kept_set(device):
     kept = set(torch.topk(logits[0], 2).indices.tolist())
     outside = next(t for t in range(V) if t not in kept)
     tree = DraftTree((outside,), (ROOT,))
-    for _ in range(300):
-        out = verify_tree(tree, logits, config, gen)
+    for seed in range(300):
+        out = verify_tree(tree, logits, config, Draws(seed), 0)
         assert out.accepted == () and out.next_token in kept and out.recovered
 
 
@@ -125,7 +125,31 @@ def test_sampling_is_reproducible_with_a_seed(device):
     config = SamplingSettings(temperature=1.0)
     runs = []
     for _ in range(2):
-        gen = torch.Generator().manual_seed(7)
-        runs.append([verify_tree(tree, logits, config, gen) for _ in range(20)])
+        draws = Draws(7)
+        runs.append([verify_tree(tree, logits, config, draws, position) for position in range(20)])
     assert runs[0] == runs[1]
-    assert len(set(runs[0])) > 1  # the draws do vary within a run
+    assert len(set(runs[0])) > 1  # the draws do vary from position to position
+
+
+def test_a_draw_depends_on_the_seed_and_the_position_alone():
+    """The token at a position is the same whether a tree or a plain step draws it, and whatever was drawn
+    before: the root row of a tree, a one-row step and a chain all pick it with the same number."""
+    probs = torch.softmax(torch.randn(3, V, generator=torch.Generator().manual_seed(4)), -1)
+    draws = Draws(11)
+    alone = sample_token(probs[0], draws.uniform(40))
+    for _ in range(5):  # other positions drawn in between change nothing
+        draws.uniform(3)
+    tree = DraftTree(((alone + 1) % V, (alone + 2) % V), (ROOT, ROOT))  # neither child is the drawn token
+    assert sample_verify(tree, probs, draws, 40) == sample_verify(tree, probs, Draws(11), 40)
+    assert sample_verify(tree, probs, draws, 40).next_token == alone
+    hit = DraftTree(((alone + 1) % V, alone), (ROOT, ROOT))
+    assert sample_verify(hit, probs, draws, 40).accepted == (1,)
+    assert Draws(12).uniform(40) != draws.uniform(40) and draws.uniform(41) != draws.uniform(40)
+
+
+def test_sample_token_never_picks_a_token_of_probability_zero():
+    probs = torch.zeros(16)
+    probs[[3, 9]] = torch.tensor([0.25, 0.75])
+    assert {sample_token(probs, u) for u in (0.0, 0.2499, 0.25, 0.9, 0.999999999999)} == {3, 9}
+    assert sample_token(probs, 0.1) == 3 and sample_token(probs, 0.3) == 9
+    assert sample_token(probs, 1.0 - 1e-17) == 9  # the top of the range stays on the last kept token
