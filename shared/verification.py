@@ -99,10 +99,11 @@ class Draws:
 def sample_token(probs: torch.Tensor, u: float) -> int:
     """The token at which the cumulative distribution of probs [V] first passes u (of its total): a draw from
     probs for a uniform u. On the CPU in float64, so every device and engine picks the same token."""
-    cdf = probs.to("cpu", torch.float64).cumsum(0)
+    p = probs.to("cpu", torch.float64)  # the one read from the device
+    cdf = p.cumsum(0)
     token = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=torch.float64), right=True))
-    if token >= len(cdf) or float(probs[token]) <= 0:  # u * total rounded up to the total: the last kept token
-        token = int(torch.nonzero(probs.to("cpu") > 0)[-1])
+    if token >= len(cdf) or p[token] <= 0:  # u * total rounded up to the total: the last kept token
+        token = int(torch.nonzero(p > 0)[-1])
     return token
 
 

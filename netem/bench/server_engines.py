@@ -155,12 +155,12 @@ class Bench:
         from edgespec.shared.verification import Draws
 
         rng = random.Random(1000 + i)
-        kv, greedy, gen = self.scheduler.new_kv(), SamplingSettings(), Draws(0)
+        kv, greedy, draws = self.scheduler.new_kv(), SamplingSettings(), Draws(0)
         token, _ = self.scheduler.run_job(_step(self.scheduler, kv, [rng.randrange(min(1000, self.target.vocab_size))
-                                                                     for _ in range(self.context)], greedy, gen), kv)
+                                                                     for _ in range(self.context)], greedy, draws), kv)
         ready[i] = True
         while not stop.is_set():
-            token, _ = self.scheduler.run_job(_step(self.scheduler, kv, [token], greedy, gen), kv)
+            token, _ = self.scheduler.run_job(_step(self.scheduler, kv, [token], greedy, draws), kv)
             kv.crop(self.context)  # hold the context
             counts[i] += 1
         kv.close()

@@ -77,17 +77,14 @@ def main() -> None:
     token = session.committed[-1]
     past = len(kv)
 
-    def one_item():
-        return [(kv, Work.chunk([token], 0))]
+    work = Work.chunk([token], 0)
 
     def engine_run():
-        engine.run(one_item())
+        engine.run([(kv, work)])
         kv.crop(past)
 
-    work = Work.chunk([token], 0)
     bucket, in_grid = engine.bucket([work], past + 1)
     flat = pack_batch([(kv.ensure_slot(), past, work, work.accept)], bucket, engine.pool.scratch, list(range(bucket.head)))
-    flat = flat.tolist() if hasattr(flat, "tolist") else flat
 
     def runner():
         engine.runner(flat, bucket).readback.tolist()
