@@ -22,8 +22,9 @@ from edgespec.shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
 from edgespec.netem.cpus import CpuSplit, choose_split, pinned
 from .loopback import relayed
 from .prompt_sets import Prompt, load_prompts
-from .records import JsonLines, environment
+from .records import JsonLines, environment, read_jsonl
 from .server_process import ServerProcess
+from .specbench import run_specbench, write_answer_files
 from .systems import ProgressBar, drafter_client, plain_api
 
 EXPERIMENTS = ("speed", "link", "disconnect", "codec", "specbench")
@@ -76,9 +77,6 @@ def run(config: BenchConfig) -> Path:
     with pinned(split.client):
         _serve_and_run(config, split, sink)
     if config.experiment == "specbench":
-        from .records import read_jsonl
-        from .specbench import write_answer_files
-
         write_answer_files(config.out, read_jsonl(sink.path))
     return sink.path
 
@@ -87,8 +85,6 @@ def _serve_and_run(config: BenchConfig, split: CpuSplit, sink: JsonLines) -> Non
     """Start the server (on its cores) and run the experiment's generations against it."""
     if sink.path.exists():
         # A run that stopped half way goes on where it stopped (`--fresh` starts over).
-        from .records import read_jsonl
-
         sink.done = {_key(r) for r in read_jsonl(sink.path)}
     sets = {"disconnect": ("humaneval",), "specbench": ()}.get(config.experiment, config.prompt_sets)
     prompts = [p for name in sets for p in load_prompts(name, config.set_limits.get(name, config.limit))]
@@ -104,8 +100,6 @@ def _serve_and_run(config: BenchConfig, split: CpuSplit, sink: JsonLines) -> Non
     with ServerProcess(config.model, [*no_cache, *config.server_args, *moa_parts], threads, log_path=log,
                        cpus=split.server) as server:
         if config.experiment == "specbench":
-            from .specbench import run_specbench
-
             run_specbench(config, server, sink)
             return
         {"speed": _speed, "link": _link, "disconnect": _disconnect}[config.experiment](config, server, prompts, sink)

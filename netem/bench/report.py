@@ -10,8 +10,10 @@ import json
 import os
 from pathlib import Path
 
+from .activation_codec import Row as CodecRow, markdown as codec_table
 from .plots import draw_plots
 from .records import group_by, markdown_table, read_jsonl
+from .specbench import prompts_note, specbench_section, write_answer_files
 
 
 def _agg(rows: list[dict]) -> dict:
@@ -93,16 +95,8 @@ def disconnect_section(rows: list[dict]) -> str:
 
 
 def codec_section(rows: list[dict]) -> str:
-    from .activation_codec import Row, markdown
-
-    fields = Row.__dataclass_fields__
-    return markdown([Row(**{k: r[k] for k in fields}) for r in rows])
-
-
-def specbench_section(rows: list[dict]) -> str:
-    from .specbench import specbench_section as section
-
-    return section(rows)
+    fields = CodecRow.__dataclass_fields__
+    return codec_table([CodecRow(**{k: r[k] for k in fields}) for r in rows])
 
 
 SECTIONS = {"speed": ("Speed on an ideal link", speed_section), "link": ("Under emulated networks", link_section),
@@ -144,8 +138,6 @@ def _cpus_note(rows: list[dict]) -> str:
 
 def _prompts_note(name: str, settings: dict, rows: list[dict]) -> str:
     if name == "specbench":
-        from .specbench import prompts_note
-
         return prompts_note(settings, rows)
     limits = settings.get("set_limits") or {}
     sets = ('humaneval',) if name == 'disconnect' else settings['prompt_sets']
@@ -170,8 +162,6 @@ def write_report(out: Path) -> Path:
                   f"{_prompts_note(name, s, rows)}, "
                   f"max {s['max_new_tokens']} new tokens" + _stop_note(name, s) + ".", "", section(rows), ""]
     if "specbench" in data:  # its answer files, from the same records (`report` makes them again)
-        from .specbench import write_answer_files
-
         write_answer_files(out, data["specbench"])
     plots = draw_plots(out, data)
     if plots:
