@@ -21,6 +21,7 @@ turns, and the ratio of turn two's TTFT without the cache to with it); --out app
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -61,8 +62,8 @@ def mt_bench_questions(path: Path, limit: int) -> list[dict]:
 
 
 # ------------------------------------------------------------------ systems
-def chat_plain(http: str, messages: list[dict], max_tokens: int) -> tuple[float, float, str, dict]:
-    """One streamed chat completion: (TTFT, wall, text, usage). The first chunk comes with the first token."""
+def chat_plain(http: str, messages: list[dict], max_tokens: int) -> tuple[float, float, str, int]:
+    """One streamed chat completion: (TTFT, wall, text, prompt tokens). The first chunk comes with the first token."""
     from .records import sse_chunks
 
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
@@ -75,7 +76,7 @@ def chat_plain(http: str, messages: list[dict], max_tokens: int) -> tuple[float,
         for choice in chunk.get("choices", ()):
             text.append(choice.get("delta", {}).get("content") or "")
         usage = chunk.get("usage") or usage
-    return first or 0.0, time.perf_counter() - start, "".join(text), usage
+    return first or 0.0, time.perf_counter() - start, "".join(text), usage.get("prompt_tokens", 0)
 
 
 def chat_speculative(client, messages: list[dict], max_tokens: int) -> tuple[float, float, str, int]:
@@ -113,23 +114,17 @@ def run_system(args, system: str, cache: str, questions: list[dict]) -> list[Tur
         address = server.http_address if system == "plain" else server.grpc_address
         with relayed(address, None if args.profile == "none" else args.profile, seed=args.seed) as (target, _):
             client = None if system == "plain" else _client(system, target, args, patient_link)
+            ask = (functools.partial(chat_plain, target) if client is None
+                   else functools.partial(chat_speculative, client))
             try:
                 # One unmeasured request first: a process's first forwards are slow (allocations, kernels chosen).
-                warm_up = [{"role": "user", "content": "Hello"}]
-                if client is None:
-                    chat_plain(target, warm_up, 2)
-                else:
-                    chat_speculative(client, warm_up, 2)
+                ask([{"role": "user", "content": "Hello"}], 2)
                 for q in questions:
                     history: list[dict] = []
                     for index, (message, budget) in enumerate(zip(q["turns"], (args.turn1_tokens, args.turn2_tokens))):
                         history.append({"role": "user", "content": message})
                         before = cache_hits(server.http_address)
-                        if client is None:
-                            ttft, wall, text, usage = chat_plain(target, history, budget)
-                            prompt_tokens = usage.get("prompt_tokens", 0)
-                        else:
-                            ttft, wall, text, prompt_tokens = chat_speculative(client, history, budget)
+                        ttft, wall, text, prompt_tokens = ask(history, budget)
                         cached = int(cache_hits(server.http_address) - before)
                         history.append({"role": "assistant", "content": text})
                         turns.append(Turn(system, cache, q["question_id"], index + 1, prompt_tokens, cached, ttft,
