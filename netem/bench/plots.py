@@ -84,6 +84,12 @@ def draw_plots(out: Path, data: dict[str, list[dict]]) -> list[str]:
 
     made = []
 
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        made.append(name)
+
     def bar(name: str, title: str, ylabel: str, rows: list[dict], metric: str) -> None:
         data = bars(rows, metric)
         if not data:
@@ -92,10 +98,7 @@ def draw_plots(out: Path, data: dict[str, list[dict]]) -> list[str]:
         fig, ax = plt.subplots(figsize=(max(6, groups * 1.6), 3.8))
         grouped_bars(ax, data, ylabel)
         ax.set_title(f"{title}\n(bars: 95 % bootstrap interval over generations; n = generations)", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
-        made.append(name)
+        save(fig, name)
 
     gen = data.get("link", []) + data.get("speed", [])
     if gen:
@@ -113,10 +116,7 @@ def draw_plots(out: Path, data: dict[str, list[dict]]) -> list[str]:
             ax.set_xlabel("acceptance length per generation")
             ax.set_ylabel("generations")
             ax.legend()
-            fig.tight_layout()
-            fig.savefig(out / "acceptance_length.png", dpi=110)
-            plt.close(fig)
-            made.append("acceptance_length.png")
+            save(fig, "acceptance_length.png")
     if data.get("disconnect"):
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for (drafter,), rs in sorted(group_by(data["disconnect"], "system").items()):
@@ -133,8 +133,5 @@ def draw_plots(out: Path, data: dict[str, list[dict]]) -> list[str]:
         ax.set_xlabel("link cut after B new tokens")
         ax.set_ylabel("HumanEval pass@1")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "disconnect_success.png", dpi=110)
-        plt.close(fig)
-        made.append("disconnect_success.png")
+        save(fig, "disconnect_success.png")
     return made
