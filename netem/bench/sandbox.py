@@ -12,6 +12,7 @@ exception or a hang.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -114,10 +115,8 @@ def run_program(source: str, limits: SandboxLimits = SandboxLimits()) -> Sandbox
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.S)
