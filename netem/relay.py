@@ -118,7 +118,7 @@ class Relay:
         self._up.set()
         self._server = await asyncio.start_server(self._on_client, *self.listen)
         if self._run_profile_schedule and self.profile.outages is not None:
-            self.start_schedule(self.profile.outages)
+            self._schedule_task = loop.create_task(self._follow(self.profile.outages))
         log.info("relay %s listening on %s:%d -> %s:%d", self.profile.name, *self.address,
                  *self.upstream)
         return self
@@ -191,13 +191,6 @@ class Relay:
         if n == 0:
             self._trigger = None
             self.cut(mode)
-
-    def start_schedule(self, schedule: OutageSchedule) -> asyncio.Task:
-        """Follow an outage schedule (fixed windows or poisson on/off) from now on."""
-        if self._schedule_task:
-            self._schedule_task.cancel()
-        self._schedule_task = asyncio.get_running_loop().create_task(self._follow(schedule))
-        return self._schedule_task
 
     def stats(self) -> RelayStats:
         return RelayStats(**self._counts, connections_open=len(self._conns), state=self._state,

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .profile import NetworkProfile, OutageSchedule
+from .profile import NetworkProfile
 from .relay import Relay, RelayConfig, RelayStats
 
 
@@ -109,9 +109,6 @@ class RelayThread:
 
     def cut_after_bytes(self, n: int, mode: str = "blackhole", direction: str = "down") -> None:
         self._call(self.relay.cut_after_bytes, n, mode, direction)
-
-    def start_schedule(self, schedule: OutageSchedule) -> None:
-        self._call(self.relay.start_schedule, schedule)
 
     def stats(self) -> RelayStats:
         return self._call(self.relay.stats)
