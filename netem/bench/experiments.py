@@ -199,11 +199,7 @@ def _link(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sin
                 if _done(sink, prompt, profile, "plain-api"):
                     bar.step(f"{profile} plain-api")
                 else:
-                    before = http_relay.stats()
-                    plain = plain_api(http_addr, ids, config)
-                    after = http_relay.stats()
-                    plain.update(bytes_up=after.bytes_up - before.bytes_up,
-                                 bytes_down=after.bytes_down - before.bytes_down)
+                    plain = plain_api(http_addr, ids, config, relay=http_relay)
                     sink.write(_record(prompt, experiment="link", profile=profile, system="plain-api", **plain))
                     bar.step(f"{profile} plain-api")
                 for name, client in clients.items():

@@ -57,11 +57,7 @@ def _client_turn(client, ids: list[int], max_new_tokens: int) -> TurnAnswer:
 
 
 def _baseline_turn(http_address: str, relay, ids: list[int], config) -> TurnAnswer:
-    before = relay.stats() if relay else None
-    plain = plain_api(http_address, ids, config)
-    if relay:
-        after = relay.stats()
-        plain.update(bytes_up=after.bytes_up - before.bytes_up, bytes_down=after.bytes_down - before.bytes_down)
+    plain = plain_api(http_address, ids, config, relay=relay)
     text = plain.pop("text")
     n = plain["new_tokens"]
     # Plain decoding commits one token per target forward, as Spec-Bench's own baseline records it.

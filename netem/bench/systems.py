@@ -44,10 +44,12 @@ def drafter_shape(drafter: str) -> dict:
     return {"name": name, **({"tree": parse_shape(shape)} if shape else {})}
 
 
-def plain_api(http_address: str, prompt_ids: list[int], config, stop: tuple[str, ...] = ()) -> dict:
-    """The server's own streaming completion endpoint (greedy, `config.max_new_tokens`): tokens, wall time, text."""
+def plain_api(http_address: str, prompt_ids: list[int], config, stop: tuple[str, ...] = (), relay=None) -> dict:
+    """The server's own streaming completion endpoint (greedy, `config.max_new_tokens`): tokens, wall time, text;
+    with `relay` (the RelayThread in front of `http_address`) also the bytes that crossed it."""
     from .records import sse_chunks
 
+    before = relay.stats() if relay else None
     body = {"prompt": prompt_ids, "max_tokens": config.max_new_tokens, "temperature": 0, "stream": True}
     if stop:
         body["stop"] = list(stop)
@@ -61,5 +63,9 @@ def plain_api(http_address: str, prompt_ids: list[int], config, stop: tuple[str,
         usage = chunk.get("usage") or usage
     wall = time.perf_counter() - start
     tokens = usage.get("completion_tokens", 0)
-    return {"new_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0,
-            "first_token_s": first, "calls": 1, "text": "".join(text)}
+    out = {"new_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0,
+           "first_token_s": first, "calls": 1, "text": "".join(text)}
+    if relay:
+        after = relay.stats()
+        out.update(bytes_up=after.bytes_up - before.bytes_up, bytes_down=after.bytes_down - before.bytes_down)
+    return out
