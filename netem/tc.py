@@ -103,9 +103,8 @@ def apply_commands(profile: NetworkProfile, dev: str, direction: str = "up",
              *netem_args(profile.direction(direction))]]
 
 
-def clear_commands(dev: str, netns: str | None = None) -> list[list[str]]:
-    ns = ["-n", netns] if netns else []
-    return [["tc", *ns, "qdisc", "del", "dev", dev, "root"]]
+def clear_commands(dev: str) -> list[list[str]]:
+    return [["tc", "qdisc", "del", "dev", dev, "root"]]
 
 
 def lab_up_commands(profile: NetworkProfile, lab: LabConfig = LabConfig()) -> list[list[str]]:
