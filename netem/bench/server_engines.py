@@ -202,19 +202,18 @@ class Bench:
 def measure_latency(benches: list[Bench], tree_sizes: list[int], repeats: int) -> list[LatencyRow]:
     """Medians of `repeats`, the engines taking turns call by call: a machine's load (other processes on a
     shared CPU) then weighs on all of them alike."""
-    decode = {b.name: [] for b in benches}
-    for _ in range(repeats):
-        for b in benches:
-            decode[b.name].append(b.decode_once())
-    base = {name: statistics.median(v) for name, v in decode.items()}
-    rows = [LatencyRow(name, 0, t * 1e3, 1.0) for name, t in base.items()]
-    for nodes in tree_sizes:
+    def medians(call) -> dict[str, float]:
         times = {b.name: [] for b in benches}
         for _ in range(repeats):
             for b in benches:
-                times[b.name].append(b.verify_once(nodes))
-        rows += [LatencyRow(name, nodes, statistics.median(v) * 1e3, statistics.median(v) / base[name])
-                 for name, v in times.items()]
+                times[b.name].append(call(b))
+        return {name: statistics.median(v) for name, v in times.items()}
+
+    base = medians(Bench.decode_once)
+    rows = [LatencyRow(name, 0, t * 1e3, 1.0) for name, t in base.items()]
+    for nodes in tree_sizes:
+        rows += [LatencyRow(name, nodes, t * 1e3, t / base[name])
+                 for name, t in medians(lambda b: b.verify_once(nodes)).items()]
     return rows
 
 
