@@ -81,18 +81,14 @@ def hf_generate(model, ids: list[int], max_new: int, eos: list[int], pad: int, c
     return out[0, len(ids):].tolist(), time.perf_counter() - t0, counter.count
 
 
-def method_order(runs: list[Run]) -> list[str]:
-    """The built-in methods in their fixed order, then any others (learned drafters) as they first ran."""
-    seen = list(dict.fromkeys(r.method for r in runs))
-    return [m for m in METHODS if m in seen] + [m for m in seen if m not in METHODS]
-
-
 def summarize(runs: list[Run]) -> dict:
     """Per method: tokens/s, speed-up over target, tau, exact matches; for edgespec's drafters also
     drafting time per tree, per-position acceptance and bytes per accepted token."""
     out = {}
     base = None
-    for method in method_order(runs):
+    seen = list(dict.fromkeys(r.method for r in runs))
+    # the built-in methods in their fixed order, then any others (learned drafters) as they first ran
+    for method in [m for m in METHODS if m in seen] + [m for m in seen if m not in METHODS]:
         rs = [r for r in runs if r.method == method]
         tokens, seconds, forwards = (sum(r.new_tokens for r in rs), sum(r.seconds for r in rs),
                                      sum(r.target_forwards for r in rs))
@@ -149,11 +145,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="write every run and the summary as JSON here")
 
 
-def recorded(args: argparse.Namespace) -> dict:
-    """The benchmark's own arguments, as a run's JSON keeps them (not the command line's handler and parser)."""
-    return {a.dest: getattr(args, a.dest) for a in args.parser._actions if a.dest != "help"}
-
-
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -177,9 +168,10 @@ def run(args: argparse.Namespace) -> int:
           f"min_prob={tree.min_prob}")
     print(table(summary))
     print(json.dumps(summary, indent=1))
-    if args.out:
+    if args.out:  # the benchmark's own arguments (not the command line's handler and parser) with the runs
+        recorded = {a.dest: getattr(args, a.dest) for a in p._actions if a.dest != "help"}
         with open(args.out, "w") as f:
-            json.dump({"args": recorded(args), "summary": summary, "runs": [asdict(r) for r in runs]}, f, indent=1)
+            json.dump({"args": recorded, "summary": summary, "runs": [asdict(r) for r in runs]}, f, indent=1)
     return 0
 
 
