@@ -72,10 +72,6 @@ def head_timings(parts, routed, rows, sizes: tuple[int, ...], repeat: int) -> di
     return out
 
 
-def ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}x" if b else "-"
-
-
 def table(s: dict[str, dict], heads: dict[int, tuple], same: str) -> str:
     full, routed = s[MODES[0]], s[MODES[1]]
     depth = max(len(full["accept_rate_at"]), len(routed["accept_rate_at"]))
@@ -85,7 +81,8 @@ def table(s: dict[str, dict], heads: dict[int, tuple], same: str) -> str:
              + [("tau (tokens per verification)", full["tau"], routed["tau"], ".3f")]
              + [(f"accepted at depth {k + 1} per tree", at(full, k), at(routed, k), ".3f") for k in range(depth)]
              + [("tokens/s", full["tokens_per_s"], routed["tokens_per_s"], ".2f")])
-    rows = [[label, format(a, spec), format(b, spec), ratio(a, b)] for label, a, b, spec in pairs]
+    rows = [[label, format(a, spec), format(b, spec), f"{a / b:.2f}x" if b else "-"]
+            for label, a, b, spec in pairs]
     return markdown_table([None, "full head", "router", "full / router"], rows + [["same output both ways", same, None, None]])
 
 
