@@ -107,8 +107,7 @@ class Pinger:
         self.writer.close()
 
 
-async def ping_rtts(host: str, port: int, count: int, connections: int = 4,
-                    interval_s: float = 0.0) -> list[float]:
+async def ping_rtts(host: str, port: int, count: int, connections: int = 4) -> list[float]:
     """`count` round trips (seconds), spread over parallel connections, each one ping at a time."""
     async def one(n: int) -> list[float]:
         pinger = await Pinger.connect(host, port)
@@ -116,8 +115,6 @@ async def ping_rtts(host: str, port: int, count: int, connections: int = 4,
         try:
             for _ in range(n):
                 out.append(await pinger.ping())
-                if interval_s:
-                    await asyncio.sleep(interval_s)
         finally:
             pinger.close()
         return out
