@@ -290,10 +290,7 @@ class _Connection:
             elif pending:
                 await asyncio.wait(pending)
         finally:
-            for t in self.tasks:
-                t.cancel()
-            for w in self.writers:
-                _abort(w, reset=False)
+            self.abort(reset=False)
 
     def abort(self, reset: bool) -> None:
         for t in self.tasks:
