@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .loopback import relayed
-from .records import JsonLines, group_by, markdown_table
+from .records import JsonLines, cell, group_by, markdown_table
 from .specbench_format import (MT_BENCH, QUESTIONS, TASKS, Answer, Question, accept_lengths, load_questions,
                                speed_figures, write_answers)
 from .systems import ProgressBar, drafter_client, plain_api
@@ -149,10 +149,6 @@ def _tasks(rows: list[dict]) -> list[str]:
     return order + (["mt_bench"] if present & set(MT_BENCH) else []) + ["overall"]
 
 
-def _f(x, spec: str = ".2f", suffix: str = "") -> str:
-    return "–" if x is None else format(x, spec) + suffix
-
-
 def speed_table(rows: list[dict]) -> str:
     """Per profile and task: the baseline's tokens/s, then each drafter's mean accepted tokens, tokens/s,
     speed-up and answers equal to the baseline's."""
@@ -169,12 +165,12 @@ def speed_table(rows: list[dict]) -> str:
             line = [task.replace("_", " ") if task in ("mt_bench", "overall") else task, None, None]
             for d in drafters:
                 f = speed_figures(answers[(profile, d)], base, task)
-                line[1], line[2] = f.questions, _f(f.baseline_tokens_per_s)
-                line += [_f(f.mean_accepted_tokens), _f(f.tokens_per_s), _f(f.speedup, suffix="x"),
+                line[1], line[2] = f.questions, cell(f.baseline_tokens_per_s)
+                line += [cell(f.mean_accepted_tokens), cell(f.tokens_per_s), cell(f.speedup, suffix="x"),
                          f"{f.equal}/{f.compared}"]
             if not drafters:
                 f = speed_figures(base, base, task)
-                line[1], line[2] = f.questions, _f(f.tokens_per_s)
+                line[1], line[2] = f.questions, cell(f.tokens_per_s)
             if task in ("mt_bench", "overall"):
                 line[0] = f"**{line[0]}**"
             lines.append(line)
