@@ -115,6 +115,12 @@ def measure(name: str, tensors: list, frame_tokens: int | None) -> list[Row]:
     return rows
 
 
+def measure_all(model, prompts: list[list[int]]) -> list[Row]:
+    """Every tensor of the prompts' activations, as one frame per prompt and as 4-token frames."""
+    return [row for name, tensors in activations(model, prompts).items() for frame in (None, 4)
+            for row in measure(name, tensors, frame)]
+
+
 def markdown(rows: list[Row]) -> str:
     return markdown_table(
         ["tensor", "frame", "codec", "K", "zstd", "bytes/token", "vs fp16", "rel. L2 error", "encode ms/frame",
@@ -135,13 +141,9 @@ def run(args: argparse.Namespace) -> int:
 
     loaded = load_model(args.model)
     prompts = real_prompts(loaded.tokenizer, args.max_tokens)
-    acts = activations(loaded.model, prompts)
     n = sum(len(p) for p in prompts)
     print(f"model {loaded.name} on {loaded.device} ({loaded.dtype}), {len(prompts)} prompts, {n} tokens\n")
-    rows = []
-    for name, tensors in acts.items():
-        for frame in (None, 4):
-            rows += measure(name, tensors, frame)
+    rows = measure_all(loaded.model, prompts)
     print(markdown(rows))
     if args.json:
         with open(args.json, "w") as f:

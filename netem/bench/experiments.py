@@ -20,6 +20,7 @@ from typing import Callable, Literal
 
 from edgespec.shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
 from edgespec.netem.cpus import CpuSplit, choose_split, pinned
+from .activation_codec import measure_all, real_prompts
 from .loopback import relayed
 from .prompt_sets import Prompt, load_prompts
 from .records import JsonLines, environment, read_jsonl
@@ -277,12 +278,7 @@ def _disconnect(config: BenchConfig, server: ServerProcess, prompts: list[Prompt
 
 def _codec(config: BenchConfig, sink: JsonLines) -> None:
     from edgespec.shared.models.loading import load_model
-    from . import activation_codec as cb
 
     loaded = load_model(config.model)
-    prompts = cb.real_prompts(loaded.tokenizer, 400)
-    acts = cb.activations(loaded.model, prompts)
-    for name, tensors in acts.items():
-        for frame in (None, 4):
-            for row in cb.measure(name, tensors, frame):
-                sink.write({"experiment": "codec", **asdict(row)})
+    for row in measure_all(loaded.model, real_prompts(loaded.tokenizer, 400)):
+        sink.write({"experiment": "codec", **asdict(row)})
