@@ -145,6 +145,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="write every run and the summary as JSON here")
 
 
+def recorded(args: argparse.Namespace) -> dict:
+    """The benchmark's own arguments, as a run's JSON keeps them (not the command line's handler and parser)."""
+    return {a.dest: getattr(args, a.dest) for a in args.parser._actions if a.dest != "help"}
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -168,10 +173,9 @@ def run(args: argparse.Namespace) -> int:
           f"min_prob={tree.min_prob}")
     print(table(summary))
     print(json.dumps(summary, indent=1))
-    if args.out:  # the benchmark's own arguments (not the command line's handler and parser) with the runs
-        recorded = {a.dest: getattr(args, a.dest) for a in p._actions if a.dest != "help"}
+    if args.out:
         with open(args.out, "w") as f:
-            json.dump({"args": recorded, "summary": summary, "runs": [asdict(r) for r in runs]}, f, indent=1)
+            json.dump({"args": recorded(args), "summary": summary, "runs": [asdict(r) for r in runs]}, f, indent=1)
     return 0
 
 
