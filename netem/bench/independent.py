@@ -20,7 +20,7 @@ import copy
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .prompt_sets import add_prompt_arguments, chosen_prompts
 
@@ -40,7 +40,6 @@ class Tally:
     draft_s: float = 0.0
     committed: int = 0  # tokens committed (accepted + bonus)
     nodes: int = 0
-    per_tree_s: list[float] = field(default_factory=list)
 
 
 def parse_config(text: str) -> BenchConfig:
@@ -173,7 +172,6 @@ def run_trees(drafter, prompt: list[int], continuation: list[int], tally: Tally)
             tally.trees += 1
             tally.passes += calls[0]
             tally.draft_s += dt
-            tally.per_tree_s.append(dt)
             tally.committed += len(step)
             tally.nodes += len(tree)
     finally:
