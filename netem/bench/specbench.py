@@ -178,17 +178,14 @@ def speed_table(rows: list[dict]) -> str:
     return "\n\n".join(parts)
 
 
-def _numeric(metrics: dict) -> dict[str, float]:
-    return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-
 def metrics_table(rows: list[dict]) -> str:
     """Every numeric field of the client's metrics, mean per turn, one column per profile and drafter:
     whatever the client counts shows here without a change to this table."""
     columns = {(r["profile"], r["system"]): [] for r in rows if r["system"] != BASELINE}
     for r in rows:
         if r["system"] != BASELINE:
-            columns[(r["profile"], r["system"])] += [_numeric(m) for m in r["turn_metrics"]]
+            columns[(r["profile"], r["system"])] += [{k: v for k, v in m.items() if isinstance(v, (int, float))
+                                                      and not isinstance(v, bool)} for m in r["turn_metrics"]]
     if not columns:
         return ""
     fields = list(dict.fromkeys(k for turns in columns.values() for m in turns for k in m))
