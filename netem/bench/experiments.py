@@ -184,34 +184,27 @@ def _link(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sin
     per_profile = len(config.drafters) + 1
     bar = ProgressBar(len(prompts) * (len(config.profiles) * per_profile + 1), config.progress, "link")
     for prompt in prompts:  # local-only needs no link: once per prompt
-        if _done(sink, prompt, "none", "local-only"):
-            bar.step("local-only")
-            continue
-        ids = _chat_ids(small.tokenizer, prompt)
-        sink.write(_record(prompt, experiment="link", profile="none", system="local-only",
-                           **_local_only(small.model, small.tokenizer, ids, config)))
+        if not _done(sink, prompt, "none", "local-only"):
+            ids = _chat_ids(small.tokenizer, prompt)
+            sink.write(_record(prompt, experiment="link", profile="none", system="local-only",
+                               **_local_only(small.model, small.tokenizer, ids, config)))
         bar.step("local-only")
     for profile in config.profiles:
         with relayed(server.grpc_address, profile, config.seed) as (grpc_addr, grpc_relay), \
                 relayed(server.http_address, profile, config.seed + 1) as (http_addr, http_relay):
             clients = {d: drafter_client(grpc_addr, d, config, tokenizer=small.tokenizer) for d in config.drafters}
             for prompt in prompts:
-                ids = _chat_ids(small.tokenizer, prompt)
-                if _done(sink, prompt, profile, "plain-api"):
-                    bar.step(f"{profile} plain-api")
-                else:
-                    plain = plain_api(http_addr, ids, config, relay=http_relay)
+                if not _done(sink, prompt, profile, "plain-api"):
+                    plain = plain_api(http_addr, _chat_ids(small.tokenizer, prompt), config, relay=http_relay)
                     sink.write(_record(prompt, experiment="link", profile=profile, system="plain-api", **plain))
-                    bar.step(f"{profile} plain-api")
+                bar.step(f"{profile} plain-api")
                 for name, client in clients.items():
-                    if _done(sink, prompt, profile, name):
-                        bar.step(f"{profile} {name}")
-                        continue
-                    result = _generate(client, prompt, config)
-                    m = result.metrics
-                    sink.write(_record(prompt, experiment="link", profile=profile, system=name,
-                                       finish_reason=result.finish_reason, round_trips_s=m.round_trips_s,
-                                       text=client.decode(result.token_ids), **m.to_dict()))
+                    if not _done(sink, prompt, profile, name):
+                        result = _generate(client, prompt, config)
+                        m = result.metrics
+                        sink.write(_record(prompt, experiment="link", profile=profile, system=name,
+                                           finish_reason=result.finish_reason, round_trips_s=m.round_trips_s,
+                                           text=client.decode(result.token_ids), **m.to_dict()))
                     bar.step(f"{profile} {name}")
             for client in clients.values():
                 client.close()
