@@ -33,27 +33,19 @@ class RelayThread:
         ready = threading.Event()
         failure: list[BaseException] = []
 
-        def main() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            asyncio.set_event_loop(loop)
+        async def serve() -> None:
+            self._loop, self._stopped = asyncio.get_running_loop(), asyncio.Event()
+            try:
+                await self.relay.start()
+            except BaseException as exc:  # reported to the starting thread
+                failure.append(exc)
+                return
+            finally:
+                ready.set()
+            await self._stopped.wait()
+            await self.relay.stop()
 
-            async def serve() -> None:
-                self._stopped = asyncio.Event()
-                try:
-                    await self.relay.start()
-                except BaseException as exc:  # reported to the starting thread
-                    failure.append(exc)
-                    return
-                finally:
-                    ready.set()
-                await self._stopped.wait()
-                await self.relay.stop()
-
-            loop.run_until_complete(serve())
-            loop.close()
-
-        self._thread = threading.Thread(target=main, name=f"relay-{self.relay.profile.name}",
+        self._thread = threading.Thread(target=asyncio.run, args=(serve(),), name=f"relay-{self.relay.profile.name}",
                                         daemon=True)
         self._thread.start()
         ready.wait()
