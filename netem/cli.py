@@ -115,8 +115,6 @@ def _host_port(text: str, what: str) -> tuple[str, int]:
         raise EdgespecError(f"{what}: {exc}") from None
 
 
-# ------------------------------------------------------------------ handlers
-
 def _profiles(args) -> int:
     from .profile import load_profile, profile_names
 

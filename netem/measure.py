@@ -30,8 +30,6 @@ _BLOCK = 64 * 1024
 WARMUP_FRACTION = 0.1  # bytes received before the throughput clock starts
 
 
-# ------------------------------------------------------------------ echo server
-
 async def _serve_echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while True:
@@ -77,8 +75,6 @@ async def _receive(reader: asyncio.StreamReader, n: int) -> tuple[float, int]:
     t0, b0 = next(m for m in marks if m[1] >= WARMUP_FRACTION * n)
     return marks[-1][0] - t0, n - b0
 
-
-# ------------------------------------------------------------------ probes
 
 class Pinger:
     """One connection to the echo server that times round trips, one ping at a time."""
@@ -150,8 +146,6 @@ async def upload_rate(host: str, port: int, nbytes: int) -> float:
         writer.close()
     return counted * 8 / seconds if seconds > 0 else math.inf
 
-
-# ------------------------------------------------------------------ summary
 
 @dataclass(frozen=True)
 class Distribution:

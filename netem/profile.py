@@ -129,8 +129,6 @@ class NetworkProfile:
         return d.delay.expected_ms() + d.loss_percent / 100 * self.rto_s() * 1000
 
 
-# ------------------------------------------------------------------ loading
-
 def profiles_dir() -> Path:
     return Path(str(resources.files("edgespec.netem") / "profiles"))
 

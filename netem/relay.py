@@ -106,8 +106,6 @@ class Relay:
         self._schedule_task: asyncio.Task | None = None
         self.lateness = TimerLateness()
 
-    # ------------------------------------------------------------ lifecycle
-
     async def start(self) -> "Relay":
         loop = asyncio.get_running_loop()
         now = loop.time()
@@ -155,8 +153,6 @@ class Relay:
     def port(self) -> int:
         return self.address[1]
 
-    # ------------------------------------------------------------ control
-
     def cut(self, mode: str = "blackhole") -> None:
         """Take the link down now: "blackhole" (bytes stop, sockets stay open) or "reset"."""
         if mode not in OUTAGE_MODES:
@@ -200,8 +196,6 @@ class Relay:
     @property
     def state(self) -> str:
         return self._state
-
-    # ------------------------------------------------------------ internals
 
     async def _follow(self, schedule: OutageSchedule) -> None:
         loop = asyncio.get_running_loop()

@@ -67,8 +67,6 @@ class LabConfig:
         return str(net[1]), str(net[2]), net.prefixlen
 
 
-# ------------------------------------------------------------------ command builders
-
 def _num(x: float) -> str:
     return f"{x:g}"
 
@@ -162,8 +160,6 @@ def lab_instructions(profile: NetworkProfile, lab: LabConfig = LabConfig()) -> s
         f"  tear down:  edgespec netem lab down --name {lab.name}",
     ])
 
-
-# ------------------------------------------------------------------ running
 
 @dataclass(frozen=True)
 class NetemProbe:

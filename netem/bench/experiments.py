@@ -106,9 +106,6 @@ def _serve_and_run(config: BenchConfig, split: CpuSplit, sink: JsonLines) -> Non
         {"speed": _speed, "link": _link, "disconnect": _disconnect}[config.experiment](config, server, prompts, sink)
 
 
-# ---------------------------------------------------------------- runners
-
-
 def _generate(client, prompt: Prompt, config: BenchConfig, on_token: Callable[[int], None] | None = None,
               stop: tuple[str, ...] = (), offline_wait_s: float = 30.0):
     """One generation through the client; on_token(n) after the n-th output token."""

@@ -61,7 +61,6 @@ def mt_bench_questions(path: Path, limit: int) -> list[dict]:
     return picked[:limit]
 
 
-# ------------------------------------------------------------------ systems
 def chat_plain(http: str, messages: list[dict], max_tokens: int) -> tuple[float, float, str, int]:
     """One streamed chat completion: (TTFT, wall, text, prompt tokens). The first chunk comes with the first token."""
     from .records import sse_chunks
@@ -145,7 +144,6 @@ def _client(drafter: str, address: str, args, patient_link):
     return EdgespecClient(ClientConfig(patient_link(address), options, tokenizer=args.model))
 
 
-# ------------------------------------------------------------------- report
 def summary(turns: list[Turn], systems: list[str]) -> str:
     from .records import markdown_table
 

@@ -121,9 +121,6 @@ def run_specbench(config, server, sink: JsonLines) -> None:
     bar.close()
 
 
-# ---------------------------------------------------------------- answer files and report
-
-
 def answers_by_system(rows: list[dict]) -> dict[tuple[str, str], list[Answer]]:
     """(profile, system) -> its answers, as Spec-Bench's answer files hold them (a later record of a
     question replaces an earlier one)."""
