@@ -94,16 +94,13 @@ def _generate(args, address: str) -> None:
     from edgespec.client.cli import LOOP_GENERATION_FLAGS, client_from_args, generation_config_from_args, link_config
     from edgespec.client.render import TerminalPrinter, use_color
 
-    client = client_from_args(args, link_config(args, address))
-    try:
+    with client_from_args(args, link_config(args, address)) as client:
         ids = client.encode_chat([{"role": "user", "content": args.prompt}])
         config = generation_config_from_args(args, LOOP_GENERATION_FLAGS, max_new_tokens=args.max_tokens)
         print(f"edgespec demo: drafter {client.drafter.name}; prompt: {args.prompt}\n", file=sys.stderr)
         printer = TerminalPrinter(client.decode, sys.stdout, sys.stderr, use_color(args.color, sys.stdout))
         result = printer.run(client.stream(ids, config))
         print(result.metrics.summary(), file=sys.stderr)
-    finally:
-        client.close()
 
 
 def moa_server_parts(args) -> dict[str, str]:

@@ -239,20 +239,18 @@ def _disconnect(config: BenchConfig, server: ServerProcess, prompts: list[Prompt
                     bar.step(f"{drafter} B={cut}")
                     continue
                 # A relay of its own per generation: the cut is final for that generation only.
-                with relayed(server.grpc_address, "ideal", config.seed) as (address, relay):
-                    client = drafter_client(address, drafter, config, tokenizer=tokenizer,
-                                            instance=drafters.get(drafter))
+                with relayed(server.grpc_address, "ideal", config.seed) as (address, relay), \
+                        drafter_client(address, drafter, config, tokenizer=tokenizer,
+                                       instance=drafters.get(drafter)) as client:
                     drafters[drafter], tokenizer = client.drafter, client.tokenizer
-                    try:
-                        def on_token(n: int) -> None:
-                            if cut is not None and n == cut and relay.state == "up":
-                                relay.cut(config.cut_mode)
 
-                        # The cut is final: no waiting for a link that will not come back (a drafter that
-                        # cannot go on alone ends at the cut; one that can finishes the answer offline).
-                        result = _generate(client, prompt, config, on_token, stop, offline_wait_s=0.0)
-                    finally:
-                        client.close()
+                    def on_token(n: int) -> None:
+                        if cut is not None and n == cut and relay.state == "up":
+                            relay.cut(config.cut_mode)
+
+                    # The cut is final: no waiting for a link that will not come back (a drafter that
+                    # cannot go on alone ends at the cut; one that can finishes the answer offline).
+                    result = _generate(client, prompt, config, on_token, stop, offline_wait_s=0.0)
                 text = client.decode(result.token_ids)
                 passed = score_response(prompt.problem, text).passed
                 # The lower bound: what the user would have had if generation stopped at the cut.

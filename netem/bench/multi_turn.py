@@ -21,6 +21,7 @@ turns, and the ratio of turn two's TTFT without the cache to with it); --out app
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import statistics
@@ -103,7 +104,7 @@ def cache_hits(http: str) -> float:
 
 
 def run_system(args, system: str, cache: str, questions: list[dict]) -> list[Turn]:
-    from .loopback import patient_link, relayed
+    from .loopback import relayed
     from .server_process import ServerProcess
 
     server_args = ["--dtype", args.dtype, "--prefix-cache-gb", str(args.prefix_cache_gb if cache == "on" else 0),
@@ -111,34 +112,31 @@ def run_system(args, system: str, cache: str, questions: list[dict]) -> list[Tur
     turns: list[Turn] = []
     with ServerProcess(args.model, server_args, threads=args.server_threads) as server:
         address = server.http_address if system == "plain" else server.grpc_address
-        with relayed(address, None if args.profile == "none" else args.profile, seed=args.seed) as (target, _):
-            client = None if system == "plain" else _client(system, target, args, patient_link)
+        with relayed(address, None if args.profile == "none" else args.profile, seed=args.seed) as (target, _), \
+                contextlib.nullcontext() if system == "plain" else _client(system, target, args) as client:
             ask = (functools.partial(chat_plain, target) if client is None
                    else functools.partial(chat_speculative, client))
-            try:
-                # One unmeasured request first: a process's first forwards are slow (allocations, kernels chosen).
-                ask([{"role": "user", "content": "Hello"}], 2)
-                for q in questions:
-                    history: list[dict] = []
-                    for index, (message, budget) in enumerate(zip(q["turns"], (args.turn1_tokens, args.turn2_tokens))):
-                        history.append({"role": "user", "content": message})
-                        before = cache_hits(server.http_address)
-                        ttft, wall, text, prompt_tokens = ask(history, budget)
-                        cached = int(cache_hits(server.http_address) - before)
-                        history.append({"role": "assistant", "content": text})
-                        turns.append(Turn(system, cache, q["question_id"], index + 1, prompt_tokens, cached, ttft,
-                                          wall, text))
-                        print(f"  {system} cache {cache} q{q['question_id']} turn {index + 1}: {prompt_tokens} prompt "
-                              f"tokens ({cached} cached), TTFT {ttft * 1000:.0f} ms", flush=True)
-            finally:
-                if client is not None:
-                    client.close()
+            # One unmeasured request first: a process's first forwards are slow (allocations, kernels chosen).
+            ask([{"role": "user", "content": "Hello"}], 2)
+            for q in questions:
+                history: list[dict] = []
+                for index, (message, budget) in enumerate(zip(q["turns"], (args.turn1_tokens, args.turn2_tokens))):
+                    history.append({"role": "user", "content": message})
+                    before = cache_hits(server.http_address)
+                    ttft, wall, text, prompt_tokens = ask(history, budget)
+                    cached = int(cache_hits(server.http_address) - before)
+                    history.append({"role": "assistant", "content": text})
+                    turns.append(Turn(system, cache, q["question_id"], index + 1, prompt_tokens, cached, ttft,
+                                      wall, text))
+                    print(f"  {system} cache {cache} q{q['question_id']} turn {index + 1}: {prompt_tokens} prompt "
+                          f"tokens ({cached} cached), TTFT {ttft * 1000:.0f} ms", flush=True)
     return turns
 
 
-def _client(drafter: str, address: str, args, patient_link):
+def _client(drafter: str, address: str, args):
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
+    from .loopback import patient_link
 
     options = DrafterOptions(name=drafter, model=args.drafter_model, target=args.model)
     return EdgespecClient(ClientConfig(patient_link(address), options, tokenizer=args.model))

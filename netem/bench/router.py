@@ -121,11 +121,8 @@ def measure(args: argparse.Namespace) -> dict:
     with loopback_server(args.target, dtype=args.dtype,
                          moa_server_parts={moa_part: str(ckpt)} if moa_part else {}) as server:
         tok = load_tokenizer(args.target)
-        client = None
-        try:
-            client = EdgespecClient(ClientConfig(patient_link(server.address),
-                                                 DrafterOptions(drafter.name.split("-")[0])),
-                                    tokenizer=tok, drafter=drafter)
+        with EdgespecClient(ClientConfig(patient_link(server.address), DrafterOptions(drafter.name.split("-")[0])),
+                            tokenizer=tok, drafter=drafter) as client:
             config = GenerationConfig(max_new_tokens=args.max_tokens)
             totals = {m: GenerationMetrics() for m in MODES}
             same = 0
@@ -145,9 +142,6 @@ def measure(args: argparse.Namespace) -> dict:
                     for m, t in totals.items()), file=sys.stderr, flush=True)
             rows = torch.cat(routed.rows)  # LM-head inputs met while drafting: the head's timing runs on them
             heads = head_timings(drafter.rt.parts, routed, rows, (1, min(tree.branch, rows.shape[0])), args.head_repeat)
-        finally:
-            if client is not None:
-                client.close()
     summary = {m: mode_summary(t) for m, t in totals.items()}
     return {"checkpoint": str(ckpt), "prompts": len(messages), "router": routed.router.config.__dict__,
             "summary": summary, "head_ms": {str(t): list(v) for t, v in heads.items()},
