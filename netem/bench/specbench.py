@@ -14,6 +14,7 @@ it, OUT/specbench/PROFILE/MODEL_ID.jsonl, which Spec-Bench's own evaluation/spee
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -98,26 +99,23 @@ def run_specbench(config, server, sink: JsonLines) -> None:
     drafters: dict = {}  # one loaded drafter per name, shared by the profiles
     for profile in config.profiles:
         with relayed(server.grpc_address, profile, config.seed) as (grpc_address, _), \
-                relayed(server.http_address, profile, config.seed + 1) as (http_address, http_relay):
+                relayed(server.http_address, profile, config.seed + 1) as (http_address, http_relay), \
+                contextlib.ExitStack() as stack:
             clients = {}
             for name in config.drafters:
-                clients[name] = drafter_client(grpc_address, name, config, tokenizer=tokenizer,
-                                               instance=drafters.get(name))
+                clients[name] = stack.enter_context(drafter_client(grpc_address, name, config, tokenizer=tokenizer,
+                                                                   instance=drafters.get(name)))
                 drafters[name] = clients[name].drafter
-            try:
-                for q in questions:
-                    for system in (BASELINE, *config.drafters):
-                        key = ("specbench", q.question_id, profile, system, None)
-                        if key not in sink.done:
-                            if system == BASELINE:
-                                turn = lambda ids: _baseline_turn(http_address, http_relay, ids, config)  # noqa: E731
-                            else:
-                                turn = lambda ids, c=clients[system]: _client_turn(c, ids, config.max_new_tokens)  # noqa: E731
-                            sink.write(_record(q, profile, system, config.model, _ask(q, tokenizer, turn)))
-                        bar.step(f"{profile} {system} {q.category}")
-            finally:
-                for client in clients.values():
-                    client.close()
+            for q in questions:
+                for system in (BASELINE, *config.drafters):
+                    key = ("specbench", q.question_id, profile, system, None)
+                    if key not in sink.done:
+                        if system == BASELINE:
+                            turn = lambda ids: _baseline_turn(http_address, http_relay, ids, config)  # noqa: E731
+                        else:
+                            turn = lambda ids, c=clients[system]: _client_turn(c, ids, config.max_new_tokens)  # noqa: E731
+                        sink.write(_record(q, profile, system, config.model, _ask(q, tokenizer, turn)))
+                    bar.step(f"{profile} {system} {q.category}")
     bar.close()
 
 
