@@ -89,7 +89,6 @@ class Relay:
         self.profile = profile
         self.upstream = upstream
         self.listen = listen
-        self.seed = seed
         self.config = config or RelayConfig()
         self._run_profile_schedule = run_schedule
         self._rng = random.Random(seed)
