@@ -124,9 +124,8 @@ def draw_plots(out: Path, data: dict[str, list[dict]]) -> list[str]:
                 ax.axhline(sum(r["passed"] for r in rs) / len(rs), color="grey", ls=":", label="target alone")
                 continue
             by_cut = group_by(rs, "cut_after")
-            cuts = sorted((c for (c,) in by_cut if c is not None))
-            xs = [str(c) for c in cuts] + (["never"] if (None,) in by_cut else [])
-            keys = [(c,) for c in cuts] + ([(None,)] if (None,) in by_cut else [])
+            keys = sorted(k for k in by_cut if k != (None,)) + ([(None,)] if (None,) in by_cut else [])  # never last
+            xs = ["never" if c is None else str(c) for (c,) in keys]
             ax.plot(xs, [sum(r["passed"] for r in by_cut[k]) / len(by_cut[k]) for k in keys], marker="o", label=drafter)
             ax.plot(xs, [sum(r["passed_stop_at_cut"] for r in by_cut[k]) / len(by_cut[k]) for k in keys],
                     ls="--", marker="x", label=f"{drafter}: stop at the cut")
