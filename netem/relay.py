@@ -182,9 +182,8 @@ class Relay:
         if n < 0 or direction not in ("up", "down", "both") or mode not in OUTAGE_MODES:
             raise ValueError(f"cut_after_bytes needs n >= 0, direction up|down|both and mode "
                              f"{'|'.join(OUTAGE_MODES)}; got {n}, {direction!r}, {mode!r}")
-        self._trigger = (n, mode, direction)
+        self._trigger = (n, mode, direction) if n else None
         if n == 0:
-            self._trigger = None
             self.cut(mode)
 
     def stats(self) -> RelayStats:
