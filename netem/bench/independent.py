@@ -208,7 +208,6 @@ def run(args: argparse.Namespace) -> int:
                              ("fp32", copy.deepcopy(small.model).float())):
             costs = pass_costs(model, prompt_ids[0], reduced)
             print(f"| {label} | " + " | ".join(f"{v:.1f}" for v in costs.values()) + " |", flush=True)
-            del model
     if args.skip_trees:
         return 0
     target = load_model(args.target, device="cpu")
