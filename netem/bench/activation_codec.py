@@ -15,6 +15,7 @@ JSON lines and the report).
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import json
 import time
@@ -54,8 +55,6 @@ class Row:
 
 
 def real_prompts(tokenizer, max_tokens: int) -> list[list[int]]:
-    import importlib
-
     out = []
     for question, module, func in PROMPTS:
         source = inspect.getsource(getattr(importlib.import_module(module), func))

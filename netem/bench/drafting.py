@@ -29,6 +29,7 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable
 
 from edgespec.client.cli import add_tree_arguments, tree_shape
@@ -197,8 +198,6 @@ def method_options(method: str, target: str, drafter_model: str, tree, checkpoin
                    learned: dict[str, tuple[str, bool]]):
     """The DrafterOptions of an edgespec method: a drafter's name (a learned one from ``--checkpoints`` when
     given) or a ``--learned`` NAME=PATH of its kind; a MoA drafter's server part is named after the method."""
-    from pathlib import Path
-
     from edgespec.client.drafters.factory import BUILTIN, DrafterOptions
     from edgespec.shared.drafters.checkpoint import checkpoint_kind, resolve_checkpoint
 

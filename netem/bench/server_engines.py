@@ -37,7 +37,7 @@ import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .records import markdown_table
 
@@ -168,8 +168,6 @@ class Bench:
     def _window(self, threads: int, seconds: float, work) -> tuple[int, int, object]:
         """Run work(i, stop, counts, ready) on threads; (count, device ns) in a window of `seconds` that opens
         once every thread is past its setup."""
-        from dataclasses import replace
-
         counts, ready = [0] * threads, [False] * threads
         stop = threading.Event()
         runners = [threading.Thread(target=work, args=(i, stop, counts, ready), daemon=True) for i in range(threads)]
@@ -269,8 +267,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     import torch
 
     from edgespec.server.engine_choice import build_engine
