@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 
 from .prompt_sets import add_prompt_arguments, chosen_prompts
+from .tree_sweep import parse_shape
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,6 @@ class Tally:
 
 
 def parse_config(text: str) -> BenchConfig:
-    from .tree_sweep import parse_shape
-
     try:
         name, vocab, shape, *weights = text.split(":")
         if weights and weights[0] not in ("bf16", "int8"):

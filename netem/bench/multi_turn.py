@@ -30,6 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgespec.shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
+from .loopback import patient_link, relayed
+from .records import markdown_table, sse_chunks
+from .server_process import ServerProcess
 from .specbench_format import MT_BENCH
 
 SPEC_BENCH = Path("/work/shared/data/spec_bench/question.jsonl")
@@ -64,8 +67,6 @@ def mt_bench_questions(path: Path, limit: int) -> list[dict]:
 
 def chat_plain(http: str, messages: list[dict], max_tokens: int) -> tuple[float, float, str, int]:
     """One streamed chat completion: (TTFT, wall, text, prompt tokens). The first chunk comes with the first token."""
-    from .records import sse_chunks
-
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     text, usage, first = [], {}, None
@@ -104,9 +105,6 @@ def cache_hits(http: str) -> float:
 
 
 def run_system(args, system: str, cache: str, questions: list[dict]) -> list[Turn]:
-    from .loopback import relayed
-    from .server_process import ServerProcess
-
     server_args = ["--dtype", args.dtype, "--prefix-cache-gb", str(args.prefix_cache_gb if cache == "on" else 0),
                    "--max-sessions", "8"]
     turns: list[Turn] = []
@@ -136,15 +134,12 @@ def run_system(args, system: str, cache: str, questions: list[dict]) -> list[Tur
 def _client(drafter: str, address: str, args):
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
-    from .loopback import patient_link
 
     options = DrafterOptions(name=drafter, model=args.drafter_model, target=args.model)
     return EdgespecClient(ClientConfig(patient_link(address), options, tokenizer=args.model))
 
 
 def summary(turns: list[Turn], systems: list[str]) -> str:
-    from .records import markdown_table
-
     lines = []
     header = ["system", "prefix cache", "questions", "turn-2 prompt tokens", "turn-2 cached tokens",
               "TTFT turn 1 (ms, mean)", "TTFT turn 2 (ms, mean)", "TTFT turn 2 (ms, median)"]

@@ -6,6 +6,9 @@ import time
 
 from tqdm import tqdm
 
+from .records import sse_chunks
+from .tree_sweep import parse_shape
+
 
 class ProgressBar:
     """Generations done, as a tqdm bar (off when not enabled)."""
@@ -38,8 +41,6 @@ def drafter_client(address: str, drafter: str, config, tokenizer=None, instance=
 def drafter_shape(drafter: str) -> dict:
     """ "independent:2x6x8@0.1" -> the drafter's name and its EAGLE-2 tree shape (BxDxM[@min_prob], as
     tree-sweep's --shapes), so fixed shapes and --tree auto compare in one run; a name alone keeps the default."""
-    from .tree_sweep import parse_shape
-
     name, _, shape = drafter.partition(":")
     return {"name": name, **({"tree": parse_shape(shape)} if shape else {})}
 
@@ -47,8 +48,6 @@ def drafter_shape(drafter: str) -> dict:
 def plain_api(http_address: str, prompt_ids: list[int], config, stop: tuple[str, ...] = (), relay=None) -> dict:
     """The server's own streaming completion endpoint (greedy, `config.max_new_tokens`): tokens, wall time, text;
     with `relay` (the RelayThread in front of `http_address`) also the bytes that crossed it."""
-    from .records import sse_chunks
-
     before = relay.stats() if relay else None
     body = {"prompt": prompt_ids, "max_tokens": config.max_new_tokens, "temperature": 0, "stream": True}
     if stop:
