@@ -121,14 +121,9 @@ def _stop_note(experiment: str, settings: dict) -> str:
 
 def _cpus_note(rows: list[dict]) -> str:
     """Where the server and the client ran (runs from before pinning recorded nothing)."""
-    splits = list(dict.fromkeys(json.dumps(r["env"].get("cpus"), sort_keys=True) for r in rows))
-    notes = []
-    for text in splits:
-        cpus = json.loads(text)
-        if cpus is None:
-            continue
-        notes.append(f"server on CPU {cpus['server']}, client on CPU {cpus['client']}" if cpus.get("pinned")
-                     else "server and client sharing every core")
+    splits = [json.loads(s) for s in dict.fromkeys(json.dumps(r["env"].get("cpus"), sort_keys=True) for r in rows)]
+    notes = [f"server on CPU {cpus['server']}, client on CPU {cpus['client']}" if cpus.get("pinned")
+             else "server and client sharing every core" for cpus in splits if cpus is not None]
     return "; " + " / ".join(notes) if notes else ""
 
 
