@@ -107,13 +107,10 @@ async def ping_rtts(host: str, port: int, count: int, connections: int = 4) -> l
     """`count` round trips (seconds), spread over parallel connections, each one ping at a time."""
     async def one(n: int) -> list[float]:
         pinger = await Pinger.connect(host, port)
-        out = []
         try:
-            for _ in range(n):
-                out.append(await pinger.ping())
+            return [await pinger.ping() for _ in range(n)]
         finally:
             pinger.close()
-        return out
 
     shares = [count // connections + (i < count % connections) for i in range(connections)]
     results = await asyncio.gather(*(one(n) for n in shares if n))
