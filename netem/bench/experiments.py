@@ -235,31 +235,29 @@ def _disconnect(config: BenchConfig, server: ServerProcess, prompts: list[Prompt
         bar.step("target")
         for drafter in config.drafters:
             for cut in cuts:
-                if _done(sink, prompt, "ideal", drafter, cut):
-                    bar.step(f"{drafter} B={cut}")
-                    continue
-                # A relay of its own per generation: the cut is final for that generation only.
-                with relayed(server.grpc_address, "ideal", config.seed) as (address, relay), \
-                        drafter_client(address, drafter, config, tokenizer=tokenizer,
-                                       instance=drafters.get(drafter)) as client:
-                    drafters[drafter], tokenizer = client.drafter, client.tokenizer
+                if not _done(sink, prompt, "ideal", drafter, cut):
+                    # A relay of its own per generation: the cut is final for that generation only.
+                    with relayed(server.grpc_address, "ideal", config.seed) as (address, relay), \
+                            drafter_client(address, drafter, config, tokenizer=tokenizer,
+                                           instance=drafters.get(drafter)) as client:
+                        drafters[drafter], tokenizer = client.drafter, client.tokenizer
 
-                    def on_token(n: int) -> None:
-                        if cut is not None and n == cut and relay.state == "up":
-                            relay.cut(config.cut_mode)
+                        def on_token(n: int) -> None:
+                            if cut is not None and n == cut and relay.state == "up":
+                                relay.cut(config.cut_mode)
 
-                    # The cut is final: no waiting for a link that will not come back (a drafter that
-                    # cannot go on alone ends at the cut; one that can finishes the answer offline).
-                    result = _generate(client, prompt, config, on_token, stop, offline_wait_s=0.0)
-                text = client.decode(result.token_ids)
-                passed = score_response(prompt.problem, text).passed
-                # The lower bound: what the user would have had if generation stopped at the cut.
-                at_cut = client.decode(result.token_ids[:cut]) if cut is not None else text
-                passed_at_cut = score_response(prompt.problem, at_cut).passed
-                sink.write(_record(prompt, experiment="disconnect", profile="ideal", system=drafter,
-                                   cut_after=cut, cut_mode=config.cut_mode, passed=passed,
-                                   passed_stop_at_cut=passed_at_cut, finish_reason=result.finish_reason,
-                                   text=text, **result.metrics.to_dict()))
+                        # The cut is final: no waiting for a link that will not come back (a drafter that
+                        # cannot go on alone ends at the cut; one that can finishes the answer offline).
+                        result = _generate(client, prompt, config, on_token, stop, offline_wait_s=0.0)
+                    text = client.decode(result.token_ids)
+                    passed = score_response(prompt.problem, text).passed
+                    # The lower bound: what the user would have had if generation stopped at the cut.
+                    at_cut = client.decode(result.token_ids[:cut]) if cut is not None else text
+                    passed_at_cut = score_response(prompt.problem, at_cut).passed
+                    sink.write(_record(prompt, experiment="disconnect", profile="ideal", system=drafter,
+                                       cut_after=cut, cut_mode=config.cut_mode, passed=passed,
+                                       passed_stop_at_cut=passed_at_cut, finish_reason=result.finish_reason,
+                                       text=text, **result.metrics.to_dict()))
                 bar.step(f"{drafter} B={cut}")
     bar.close()
 
