@@ -157,7 +157,7 @@ def speed_table(rows: list[dict]) -> str:
             header += [f"{d}: mean accepted tokens", f"{d}: tokens/s", f"{d}: speed-up", f"{d}: = plain API"]
         lines = []
         for task in _tasks([r for r in rows if r["profile"] == profile]):
-            line = [task.replace("_", " ") if task in ("mt_bench", "overall") else task, None, None]
+            line = [f"**{task.replace('_', ' ')}**" if task in ("mt_bench", "overall") else task, None, None]
             for d in drafters:
                 f = speed_figures(answers[(profile, d)], base, task)
                 line[1], line[2] = f.questions, cell(f.baseline_tokens_per_s)
@@ -166,8 +166,6 @@ def speed_table(rows: list[dict]) -> str:
             if not drafters:
                 f = speed_figures(base, base, task)
                 line[1], line[2] = f.questions, cell(f.tokens_per_s)
-            if task in ("mt_bench", "overall"):
-                line[0] = f"**{line[0]}**"
             lines.append(line)
         parts.append(f"Profile `{profile}`:\n\n" + markdown_table(header, lines))
     return "\n\n".join(parts)
