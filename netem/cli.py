@@ -115,8 +115,6 @@ def _host_port(text: str, what: str) -> tuple[str, int]:
         raise EdgespecError(f"{what}: {exc}") from None
 
 
-# ------------------------------------------------------------------ handlers
-
 def _profiles(args) -> int:
     from .profile import load_profile, profile_names
 
@@ -246,9 +244,6 @@ async def _run_relay(profile, listen, upstream, args) -> None:
             print(relay.stats(), flush=True)
 
 
-CONTROL_HELP = "commands: cut [blackhole|reset], restore, stats"
-
-
 def _read_control(relay, loop) -> None:
     """Drive the relay from stdin, one command a line; a thread, since stdin may be a pipe."""
     def apply(line: str) -> None:
@@ -261,7 +256,7 @@ def _read_control(relay, loop) -> None:
             elif words == ["stats"]:
                 pass
             else:
-                print(CONTROL_HELP, flush=True)
+                print("commands: cut [blackhole|reset], restore, stats", flush=True)
                 return
         except ValueError as exc:
             print(exc, flush=True)

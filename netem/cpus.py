@@ -49,16 +49,13 @@ def parse_cpus(text: str) -> CpuSet:
 
 def format_cpus(cpus: CpuSet) -> str:
     """The shortest CPU list of a set: {0, 1, 2, 5} -> "0-2,5"."""
-    ordered, parts = sorted(cpus), []
-    start = prev = None
-    for c in ordered + [None]:
-        if start is not None and (c is None or c != prev + 1):
-            parts.append(str(start) if start == prev else f"{start}-{prev}")
-            start = None
-        if c is not None and start is None:
-            start = c
-        prev = c
-    return ",".join(parts)
+    runs: list[list[int]] = []  # [first, last] of each run of consecutive CPUs
+    for c in sorted(cpus):
+        if runs and runs[-1][1] == c - 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 CAN_PIN = hasattr(os, "sched_setaffinity")  # Linux; macOS and Windows have no affinity call in Python

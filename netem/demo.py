@@ -42,6 +42,7 @@ def register(subparsers) -> None:
 
 def main(args) -> int:
     from edgespec.shared.models.registry import DEFAULT_TARGET
+    from .bench.loopback import relayed
     from .cpus import choose_split, pinned
 
     if not getattr(args, "verbose", False):  # the server's and relay's logs would interleave with the text
@@ -52,16 +53,11 @@ def main(args) -> int:
     print(f"edgespec demo: loading target {args.target} ...", file=sys.stderr, flush=True)
     if split.pinned:
         print(f"edgespec demo: {split.describe()}", file=sys.stderr)
-    with _serving(args, split) as server_address, pinned(split.client), contextlib.ExitStack() as stack:
-        address = server_address
-        if args.profile != "none":
-            from .cli import host_port
-            from .profile import load_profile
-            from .relay_thread import RelayThread
-
-            relay = RelayThread(load_profile(args.profile), upstream=host_port(server_address), seed=0)
-            address = stack.enter_context(relay).target
-            print(f"edgespec demo: client -> relay ({args.profile}) -> server at {server_address}", file=sys.stderr)
+    profile = None if args.profile == "none" else args.profile
+    with _serving(args, split) as server_address, pinned(split.client), \
+            relayed(server_address, profile) as (address, _):
+        if profile:
+            print(f"edgespec demo: client -> relay ({profile}) -> server at {server_address}", file=sys.stderr)
         else:
             print(f"edgespec demo: client -> server at {server_address} directly (--profile none)", file=sys.stderr)
         _generate(args, address)
@@ -94,16 +90,13 @@ def _generate(args, address: str) -> None:
     from edgespec.client.cli import LOOP_GENERATION_FLAGS, client_from_args, generation_config_from_args, link_config
     from edgespec.client.render import TerminalPrinter, use_color
 
-    client = client_from_args(args, link_config(args, address))
-    try:
+    with client_from_args(args, link_config(args, address)) as client:
         ids = client.encode_chat([{"role": "user", "content": args.prompt}])
         config = generation_config_from_args(args, LOOP_GENERATION_FLAGS, max_new_tokens=args.max_tokens)
         print(f"edgespec demo: drafter {client.drafter.name}; prompt: {args.prompt}\n", file=sys.stderr)
         printer = TerminalPrinter(client.decode, sys.stdout, sys.stderr, use_color(args.color, sys.stdout))
         result = printer.run(client.stream(ids, config))
         print(result.metrics.summary(), file=sys.stderr)
-    finally:
-        client.close()
 
 
 def moa_server_parts(args) -> dict[str, str]:

@@ -30,8 +30,6 @@ _BLOCK = 64 * 1024
 WARMUP_FRACTION = 0.1  # bytes received before the throughput clock starts
 
 
-# ------------------------------------------------------------------ echo server
-
 async def _serve_echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while True:
@@ -78,8 +76,6 @@ async def _receive(reader: asyncio.StreamReader, n: int) -> tuple[float, int]:
     return marks[-1][0] - t0, n - b0
 
 
-# ------------------------------------------------------------------ probes
-
 class Pinger:
     """One connection to the echo server that times round trips, one ping at a time."""
 
@@ -107,20 +103,14 @@ class Pinger:
         self.writer.close()
 
 
-async def ping_rtts(host: str, port: int, count: int, connections: int = 4,
-                    interval_s: float = 0.0) -> list[float]:
+async def ping_rtts(host: str, port: int, count: int, connections: int = 4) -> list[float]:
     """`count` round trips (seconds), spread over parallel connections, each one ping at a time."""
     async def one(n: int) -> list[float]:
         pinger = await Pinger.connect(host, port)
-        out = []
         try:
-            for _ in range(n):
-                out.append(await pinger.ping())
-                if interval_s:
-                    await asyncio.sleep(interval_s)
+            return [await pinger.ping() for _ in range(n)]
         finally:
             pinger.close()
-        return out
 
     shares = [count // connections + (i < count % connections) for i in range(connections)]
     results = await asyncio.gather(*(one(n) for n in shares if n))
@@ -153,8 +143,6 @@ async def upload_rate(host: str, port: int, nbytes: int) -> float:
         writer.close()
     return counted * 8 / seconds if seconds > 0 else math.inf
 
-
-# ------------------------------------------------------------------ summary
 
 @dataclass(frozen=True)
 class Distribution:

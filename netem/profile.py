@@ -116,23 +116,18 @@ class NetworkProfile:
             raise ValueError(f"direction must be one of {DIRECTIONS}, got {name!r}")
         return self.up if name == "up" else self.down
 
-    def expected_rtt_ms(self) -> float:
-        """Mean round trip of a small message with no loss: both one-way delays."""
-        return self.up.delay.expected_ms() + self.down.delay.expected_ms()
-
     def rto_s(self) -> float:
         """Extra delay of a lost chunk: max(200 ms, 3 x mean RTT) unless the profile says."""
         if self.rto_ms is not None:
             return self.rto_ms / 1000
-        return max(MIN_RTO_S, RTO_RTT_MULTIPLE * self.expected_rtt_ms() / 1000)
+        rtt_ms = self.up.delay.expected_ms() + self.down.delay.expected_ms()  # both one-way delays, no loss
+        return max(MIN_RTO_S, RTO_RTT_MULTIPLE * rtt_ms / 1000)
 
     def expected_one_way_ms(self, name: str) -> float:
         """Mean one-way delay of a small message, loss included."""
         d = self.direction(name)
         return d.delay.expected_ms() + d.loss_percent / 100 * self.rto_s() * 1000
 
-
-# ------------------------------------------------------------------ loading
 
 def profiles_dir() -> Path:
     return Path(str(resources.files("edgespec.netem") / "profiles"))

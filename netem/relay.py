@@ -89,7 +89,6 @@ class Relay:
         self.profile = profile
         self.upstream = upstream
         self.listen = listen
-        self.seed = seed
         self.config = config or RelayConfig()
         self._run_profile_schedule = run_schedule
         self._rng = random.Random(seed)
@@ -106,8 +105,6 @@ class Relay:
         self._schedule_task: asyncio.Task | None = None
         self.lateness = TimerLateness()
 
-    # ------------------------------------------------------------ lifecycle
-
     async def start(self) -> "Relay":
         loop = asyncio.get_running_loop()
         now = loop.time()
@@ -118,7 +115,7 @@ class Relay:
         self._up.set()
         self._server = await asyncio.start_server(self._on_client, *self.listen)
         if self._run_profile_schedule and self.profile.outages is not None:
-            self.start_schedule(self.profile.outages)
+            self._schedule_task = loop.create_task(self._follow(self.profile.outages))
         log.info("relay %s listening on %s:%d -> %s:%d", self.profile.name, *self.address,
                  *self.upstream)
         return self
@@ -155,8 +152,6 @@ class Relay:
     def port(self) -> int:
         return self.address[1]
 
-    # ------------------------------------------------------------ control
-
     def cut(self, mode: str = "blackhole") -> None:
         """Take the link down now: "blackhole" (bytes stop, sockets stay open) or "reset"."""
         if mode not in OUTAGE_MODES:
@@ -187,17 +182,9 @@ class Relay:
         if n < 0 or direction not in ("up", "down", "both") or mode not in OUTAGE_MODES:
             raise ValueError(f"cut_after_bytes needs n >= 0, direction up|down|both and mode "
                              f"{'|'.join(OUTAGE_MODES)}; got {n}, {direction!r}, {mode!r}")
-        self._trigger = (n, mode, direction)
+        self._trigger = (n, mode, direction) if n else None
         if n == 0:
-            self._trigger = None
             self.cut(mode)
-
-    def start_schedule(self, schedule: OutageSchedule) -> asyncio.Task:
-        """Follow an outage schedule (fixed windows or poisson on/off) from now on."""
-        if self._schedule_task:
-            self._schedule_task.cancel()
-        self._schedule_task = asyncio.get_running_loop().create_task(self._follow(schedule))
-        return self._schedule_task
 
     def stats(self) -> RelayStats:
         return RelayStats(**self._counts, connections_open=len(self._conns), state=self._state,
@@ -207,8 +194,6 @@ class Relay:
     @property
     def state(self) -> str:
         return self._state
-
-    # ------------------------------------------------------------ internals
 
     async def _follow(self, schedule: OutageSchedule) -> None:
         loop = asyncio.get_running_loop()
@@ -297,10 +282,7 @@ class _Connection:
             elif pending:
                 await asyncio.wait(pending)
         finally:
-            for t in self.tasks:
-                t.cancel()
-            for w in self.writers:
-                _abort(w, reset=False)
+            self.abort(reset=False)
 
     def abort(self, reset: bool) -> None:
         for t in self.tasks:

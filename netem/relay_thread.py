@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .profile import NetworkProfile, OutageSchedule
+from .profile import NetworkProfile
 from .relay import Relay, RelayConfig, RelayStats
 
 
@@ -33,27 +33,19 @@ class RelayThread:
         ready = threading.Event()
         failure: list[BaseException] = []
 
-        def main() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            asyncio.set_event_loop(loop)
+        async def serve() -> None:
+            self._loop, self._stopped = asyncio.get_running_loop(), asyncio.Event()
+            try:
+                await self.relay.start()
+            except BaseException as exc:  # reported to the starting thread
+                failure.append(exc)
+                return
+            finally:
+                ready.set()
+            await self._stopped.wait()
+            await self.relay.stop()
 
-            async def serve() -> None:
-                self._stopped = asyncio.Event()
-                try:
-                    await self.relay.start()
-                except BaseException as exc:  # reported to the starting thread
-                    failure.append(exc)
-                    return
-                finally:
-                    ready.set()
-                await self._stopped.wait()
-                await self.relay.stop()
-
-            loop.run_until_complete(serve())
-            loop.close()
-
-        self._thread = threading.Thread(target=main, name=f"relay-{self.relay.profile.name}",
+        self._thread = threading.Thread(target=asyncio.run, args=(serve(),), name=f"relay-{self.relay.profile.name}",
                                         daemon=True)
         self._thread.start()
         ready.wait()
@@ -109,9 +101,6 @@ class RelayThread:
 
     def cut_after_bytes(self, n: int, mode: str = "blackhole", direction: str = "down") -> None:
         self._call(self.relay.cut_after_bytes, n, mode, direction)
-
-    def start_schedule(self, schedule: OutageSchedule) -> None:
-        self._call(self.relay.start_schedule, schedule)
 
     def stats(self) -> RelayStats:
         return self._call(self.relay.stats)

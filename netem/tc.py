@@ -67,31 +67,20 @@ class LabConfig:
         return str(net[1]), str(net[2]), net.prefixlen
 
 
-# ------------------------------------------------------------------ command builders
-
-def _num(x: float) -> str:
-    return f"{x:g}"
-
-
-def _rate(mbit: float) -> str:
-    kbit = mbit * 1000
-    return f"{_num(mbit)}mbit" if mbit == int(mbit) else f"{_num(round(kbit, 3))}kbit"
-
-
 def netem_args(d: DirectionProfile) -> list[str]:
     """netem's parameters for one direction: delay [jitter [distribution]], loss, rate."""
     args: list[str] = []
     spec = d.delay
     if spec.mean_ms or spec.deviation_ms:
-        args += ["delay", f"{_num(spec.mean_ms)}ms"]
+        args += ["delay", f"{spec.mean_ms:g}ms"]
         if spec.deviation_ms:
-            args.append(f"{_num(spec.deviation_ms)}ms")
+            args.append(f"{spec.deviation_ms:g}ms")
             if spec.distribution != "uniform":  # netem's jitter is uniform unless told otherwise
                 args += ["distribution", spec.distribution]
     if d.loss_percent:
-        args += ["loss", f"{_num(d.loss_percent)}%"]
-    if d.rate_mbit is not None:
-        args += ["rate", _rate(d.rate_mbit)]
+        args += ["loss", f"{d.loss_percent:g}%"]
+    if (mbit := d.rate_mbit) is not None:  # whole Mbit/s in mbit, else in kbit (to the bit)
+        args += ["rate", f"{mbit:g}mbit" if mbit == int(mbit) else f"{round(mbit * 1000, 3):g}kbit"]
     return args
 
 
@@ -103,9 +92,8 @@ def apply_commands(profile: NetworkProfile, dev: str, direction: str = "up",
              *netem_args(profile.direction(direction))]]
 
 
-def clear_commands(dev: str, netns: str | None = None) -> list[list[str]]:
-    ns = ["-n", netns] if netns else []
-    return [["tc", *ns, "qdisc", "del", "dev", dev, "root"]]
+def clear_commands(dev: str) -> list[list[str]]:
+    return [["tc", "qdisc", "del", "dev", dev, "root"]]
 
 
 def lab_up_commands(profile: NetworkProfile, lab: LabConfig = LabConfig()) -> list[list[str]]:
@@ -163,8 +151,6 @@ def lab_instructions(profile: NetworkProfile, lab: LabConfig = LabConfig()) -> s
         f"  tear down:  edgespec netem lab down --name {lab.name}",
     ])
 
-
-# ------------------------------------------------------------------ running
 
 @dataclass(frozen=True)
 class NetemProbe:

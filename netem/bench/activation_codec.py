@@ -15,6 +15,7 @@ JSON lines and the report).
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import json
 import time
@@ -54,8 +55,6 @@ class Row:
 
 
 def real_prompts(tokenizer, max_tokens: int) -> list[list[int]]:
-    import importlib
-
     out = []
     for question, module, func in PROMPTS:
         source = inspect.getsource(getattr(importlib.import_module(module), func))
@@ -115,6 +114,12 @@ def measure(name: str, tensors: list, frame_tokens: int | None) -> list[Row]:
     return rows
 
 
+def measure_all(model, prompts: list[list[int]]) -> list[Row]:
+    """Every tensor of the prompts' activations, as one frame per prompt and as 4-token frames."""
+    return [row for name, tensors in activations(model, prompts).items() for frame in (None, 4)
+            for row in measure(name, tensors, frame)]
+
+
 def markdown(rows: list[Row]) -> str:
     return markdown_table(
         ["tensor", "frame", "codec", "K", "zstd", "bytes/token", "vs fp16", "rel. L2 error", "encode ms/frame",
@@ -135,13 +140,9 @@ def run(args: argparse.Namespace) -> int:
 
     loaded = load_model(args.model)
     prompts = real_prompts(loaded.tokenizer, args.max_tokens)
-    acts = activations(loaded.model, prompts)
     n = sum(len(p) for p in prompts)
     print(f"model {loaded.name} on {loaded.device} ({loaded.dtype}), {len(prompts)} prompts, {n} tokens\n")
-    rows = []
-    for name, tensors in acts.items():
-        for frame in (None, 4):
-            rows += measure(name, tensors, frame)
+    rows = measure_all(loaded.model, prompts)
     print(markdown(rows))
     if args.json:
         with open(args.json, "w") as f:

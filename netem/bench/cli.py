@@ -15,10 +15,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import operator
+import shlex
+import sys
 from pathlib import Path
 
 from edgespec.shared.config_flags import Flag, add_flags, from_args
+from . import experiments, specbench
 from .experiments import BenchConfig
+from .report import splice_readme, write_report
 
 # command -> one line of help
 EXPERIMENTS: dict[str, str] = {
@@ -135,7 +139,7 @@ def experiment_flags(name: str) -> dict[str, Flag]:
 
 def _add_experiment(benchmarks: argparse._SubParsersAction, name: str, help_text: str) -> None:
     if name == "specbench":
-        p = benchmarks.add_parser(name, help=help_text, description=_specbench_doc(),
+        p = benchmarks.add_parser(name, help=help_text, description=specbench.__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     else:
         p = benchmarks.add_parser(name, help=help_text,
@@ -152,12 +156,6 @@ def _add_experiment(benchmarks: argparse._SubParsersAction, name: str, help_text
     p.add_argument("--readme-marker", default=marker,
                    help=f"the name in the README's marker lines (default {marker})")
     p.set_defaults(func=_run_experiment, experiment=name)
-
-
-def _specbench_doc() -> str:
-    from . import specbench
-
-    return specbench.__doc__
 
 
 def _add_micro_benchmark(benchmarks: argparse._SubParsersAction, name: str, module: str, help_text: str) -> None:
@@ -180,21 +178,14 @@ def _run_micro_benchmark(args: argparse.Namespace) -> int:
 
 
 def _run_experiment(args: argparse.Namespace) -> int:
-    import shlex
-    import sys
-
-    from .report import splice_readme, write_report
-
     out = Path(args.out)
     if args.experiment != "report":
-        from .experiments import run
-
         if args.fresh:
             (out / f"{args.experiment}.jsonl").unlink(missing_ok=True)
         given = {} if args.experiment == "specbench" else {"set_limits": args.limit[1]}
         config = from_args(BenchConfig, args, experiment_flags(args.experiment), experiment=args.experiment, out=out,
                            command=shlex.join(["edgespec", *getattr(args, "argv", sys.argv[1:])]), **given)
-        print(f"results: {run(config)}")
+        print(f"results: {experiments.run(config)}")
     report = write_report(out)
     if args.experiment == "specbench":  # its tables on the terminal too (the other experiments have plots)
         print(report.read_text(encoding="utf-8"))

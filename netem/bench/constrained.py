@@ -23,6 +23,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from edgespec.shared.metrics import GenerationMetrics
 from .prompt_sets import add_prompt_arguments, humaneval_prompts, mtbench_first_turns
 
 JSON_INSTRUCTION = ("Describe the following Python function as a JSON object with the keys \"name\", "
@@ -58,18 +59,10 @@ class Task:
 
 @dataclass
 class Tally:
-    drafts: int = 0  # verifications of a tree
-    accepted: int = 0  # draft tokens accepted
-    tokens: int = 0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
+    total: GenerationMetrics = field(default_factory=GenerationMetrics)  # the generations' metrics, summed
     parsed: int = 0  # outputs that parse as the task asks
     outputs: int = 0
     per_prompt_tau: list[float] = field(default_factory=list)
-
-    @property
-    def tau(self) -> float:
-        return (self.accepted + self.drafts) / self.drafts if self.drafts else 0.0
 
 
 def tasks(args, tokenizer) -> list[Task]:
@@ -142,11 +135,7 @@ def run(args: argparse.Namespace) -> int:
                 t0 = time.perf_counter()
                 result = Generation(Verifier(InProcessTransport(servicer)), drafter, ids, config, info).run()
                 m, tally = result.metrics, tallies[(task.kind, way)]
-                tally.drafts += m.num_drafts
-                tally.accepted += m.num_accepted_tokens
-                tally.tokens += m.new_tokens
-                tally.draft_s += m.draft_s
-                tally.verify_s += m.verify_s
+                tally.total.add(m)
                 tally.outputs += 1
                 answer = tok.decode([t for t in result.token_ids if t not in target.eos_ids])
                 tally.parsed += parses(task, answer)
@@ -162,10 +151,11 @@ def run(args: argparse.Namespace) -> int:
         free = tallies.get((kind, "free"))
         for way in ways:
             t = tallies[(kind, way)]
-            ratio = f"{t.tau / free.tau:.2f}" if free and free.tau else "-"
-            per_tree = (lambda s: f"{1000 * s / t.drafts:.0f}") if t.drafts else (lambda s: "-")
-            print(f"| {kind} | {way} | {t.tau:.2f} (median {statistics.median(t.per_prompt_tau):.2f}) | {ratio} | "
-                  f"{t.drafts} | {t.tokens} | {per_tree(t.draft_s)} | {per_tree(t.verify_s)} | "
+            m, tau = t.total, t.total.mean_acceptance_length  # 1 + accepted tokens per tree
+            ratio = f"{tau / free.total.mean_acceptance_length:.2f}" if free and free.total.num_drafts else "-"
+            per_tree = (lambda s: f"{1000 * s / m.num_drafts:.0f}") if m.num_drafts else (lambda s: "-")
+            print(f"| {kind} | {way} | {tau:.2f} (median {statistics.median(t.per_prompt_tau):.2f}) | {ratio} | "
+                  f"{m.num_drafts} | {m.new_tokens} | {per_tree(m.draft_s)} | {per_tree(m.verify_s)} | "
                   f"{t.parsed}/{t.outputs} |")
     return 0
 

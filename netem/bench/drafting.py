@@ -29,6 +29,7 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable
 
 from edgespec.client.cli import add_tree_arguments, tree_shape
@@ -81,18 +82,14 @@ def hf_generate(model, ids: list[int], max_new: int, eos: list[int], pad: int, c
     return out[0, len(ids):].tolist(), time.perf_counter() - t0, counter.count
 
 
-def method_order(runs: list[Run]) -> list[str]:
-    """The built-in methods in their fixed order, then any others (learned drafters) as they first ran."""
-    seen = list(dict.fromkeys(r.method for r in runs))
-    return [m for m in METHODS if m in seen] + [m for m in seen if m not in METHODS]
-
-
 def summarize(runs: list[Run]) -> dict:
     """Per method: tokens/s, speed-up over target, tau, exact matches; for edgespec's drafters also
     drafting time per tree, per-position acceptance and bytes per accepted token."""
     out = {}
     base = None
-    for method in method_order(runs):
+    seen = list(dict.fromkeys(r.method for r in runs))
+    # the built-in methods in their fixed order, then any others (learned drafters) as they first ran
+    for method in [m for m in METHODS if m in seen] + [m for m in seen if m not in METHODS]:
         rs = [r for r in runs if r.method == method]
         tokens, seconds, forwards = (sum(r.new_tokens for r in rs), sum(r.seconds for r in rs),
                                      sum(r.target_forwards for r in rs))
@@ -201,8 +198,6 @@ def method_options(method: str, target: str, drafter_model: str, tree, checkpoin
                    learned: dict[str, tuple[str, bool]]):
     """The DrafterOptions of an edgespec method: a drafter's name (a learned one from ``--checkpoints`` when
     given) or a ``--learned`` NAME=PATH of its kind; a MoA drafter's server part is named after the method."""
-    from pathlib import Path
-
     from edgespec.client.drafters.factory import BUILTIN, DrafterOptions
     from edgespec.shared.drafters.checkpoint import checkpoint_kind, resolve_checkpoint
 

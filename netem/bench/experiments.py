@@ -20,10 +20,12 @@ from typing import Callable, Literal
 
 from edgespec.shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
 from edgespec.netem.cpus import CpuSplit, choose_split, pinned
+from .activation_codec import measure_all, real_prompts
 from .loopback import relayed
 from .prompt_sets import Prompt, load_prompts
-from .records import JsonLines, environment
+from .records import JsonLines, environment, read_jsonl
 from .server_process import ServerProcess
+from .specbench import run_specbench, write_answer_files
 from .systems import ProgressBar, drafter_client, plain_api
 
 EXPERIMENTS = ("speed", "link", "disconnect", "codec", "specbench")
@@ -76,9 +78,6 @@ def run(config: BenchConfig) -> Path:
     with pinned(split.client):
         _serve_and_run(config, split, sink)
     if config.experiment == "specbench":
-        from .records import read_jsonl
-        from .specbench import write_answer_files
-
         write_answer_files(config.out, read_jsonl(sink.path))
     return sink.path
 
@@ -87,8 +86,6 @@ def _serve_and_run(config: BenchConfig, split: CpuSplit, sink: JsonLines) -> Non
     """Start the server (on its cores) and run the experiment's generations against it."""
     if sink.path.exists():
         # A run that stopped half way goes on where it stopped (`--fresh` starts over).
-        from .records import read_jsonl
-
         sink.done = {_key(r) for r in read_jsonl(sink.path)}
     sets = {"disconnect": ("humaneval",), "specbench": ()}.get(config.experiment, config.prompt_sets)
     prompts = [p for name in sets for p in load_prompts(name, config.set_limits.get(name, config.limit))]
@@ -104,14 +101,9 @@ def _serve_and_run(config: BenchConfig, split: CpuSplit, sink: JsonLines) -> Non
     with ServerProcess(config.model, [*no_cache, *config.server_args, *moa_parts], threads, log_path=log,
                        cpus=split.server) as server:
         if config.experiment == "specbench":
-            from .specbench import run_specbench
-
             run_specbench(config, server, sink)
             return
         {"speed": _speed, "link": _link, "disconnect": _disconnect}[config.experiment](config, server, prompts, sink)
-
-
-# ---------------------------------------------------------------- runners
 
 
 def _generate(client, prompt: Prompt, config: BenchConfig, on_token: Callable[[int], None] | None = None,
@@ -189,38 +181,27 @@ def _link(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sin
     per_profile = len(config.drafters) + 1
     bar = ProgressBar(len(prompts) * (len(config.profiles) * per_profile + 1), config.progress, "link")
     for prompt in prompts:  # local-only needs no link: once per prompt
-        if _done(sink, prompt, "none", "local-only"):
-            bar.step("local-only")
-            continue
-        ids = _chat_ids(small.tokenizer, prompt)
-        sink.write(_record(prompt, experiment="link", profile="none", system="local-only",
-                           **_local_only(small.model, small.tokenizer, ids, config)))
+        if not _done(sink, prompt, "none", "local-only"):
+            ids = _chat_ids(small.tokenizer, prompt)
+            sink.write(_record(prompt, experiment="link", profile="none", system="local-only",
+                               **_local_only(small.model, small.tokenizer, ids, config)))
         bar.step("local-only")
     for profile in config.profiles:
         with relayed(server.grpc_address, profile, config.seed) as (grpc_addr, grpc_relay), \
                 relayed(server.http_address, profile, config.seed + 1) as (http_addr, http_relay):
             clients = {d: drafter_client(grpc_addr, d, config, tokenizer=small.tokenizer) for d in config.drafters}
             for prompt in prompts:
-                ids = _chat_ids(small.tokenizer, prompt)
-                if _done(sink, prompt, profile, "plain-api"):
-                    bar.step(f"{profile} plain-api")
-                else:
-                    before = http_relay.stats()
-                    plain = plain_api(http_addr, ids, config)
-                    after = http_relay.stats()
-                    plain.update(bytes_up=after.bytes_up - before.bytes_up,
-                                 bytes_down=after.bytes_down - before.bytes_down)
+                if not _done(sink, prompt, profile, "plain-api"):
+                    plain = plain_api(http_addr, _chat_ids(small.tokenizer, prompt), config, relay=http_relay)
                     sink.write(_record(prompt, experiment="link", profile=profile, system="plain-api", **plain))
-                    bar.step(f"{profile} plain-api")
+                bar.step(f"{profile} plain-api")
                 for name, client in clients.items():
-                    if _done(sink, prompt, profile, name):
-                        bar.step(f"{profile} {name}")
-                        continue
-                    result = _generate(client, prompt, config)
-                    m = result.metrics
-                    sink.write(_record(prompt, experiment="link", profile=profile, system=name,
-                                       finish_reason=result.finish_reason, round_trips_s=m.round_trips_s,
-                                       text=client.decode(result.token_ids), **m.to_dict()))
+                    if not _done(sink, prompt, profile, name):
+                        result = _generate(client, prompt, config)
+                        m = result.metrics
+                        sink.write(_record(prompt, experiment="link", profile=profile, system=name,
+                                           finish_reason=result.finish_reason, round_trips_s=m.round_trips_s,
+                                           text=client.decode(result.token_ids), **m.to_dict()))
                     bar.step(f"{profile} {name}")
             for client in clients.values():
                 client.close()
@@ -254,15 +235,13 @@ def _disconnect(config: BenchConfig, server: ServerProcess, prompts: list[Prompt
         bar.step("target")
         for drafter in config.drafters:
             for cut in cuts:
-                if _done(sink, prompt, "ideal", drafter, cut):
-                    bar.step(f"{drafter} B={cut}")
-                    continue
-                # A relay of its own per generation: the cut is final for that generation only.
-                with relayed(server.grpc_address, "ideal", config.seed) as (address, relay):
-                    client = drafter_client(address, drafter, config, tokenizer=tokenizer,
-                                            instance=drafters.get(drafter))
-                    drafters[drafter], tokenizer = client.drafter, client.tokenizer
-                    try:
+                if not _done(sink, prompt, "ideal", drafter, cut):
+                    # A relay of its own per generation: the cut is final for that generation only.
+                    with relayed(server.grpc_address, "ideal", config.seed) as (address, relay), \
+                            drafter_client(address, drafter, config, tokenizer=tokenizer,
+                                           instance=drafters.get(drafter)) as client:
+                        drafters[drafter], tokenizer = client.drafter, client.tokenizer
+
                         def on_token(n: int) -> None:
                             if cut is not None and n == cut and relay.state == "up":
                                 relay.cut(config.cut_mode)
@@ -270,29 +249,22 @@ def _disconnect(config: BenchConfig, server: ServerProcess, prompts: list[Prompt
                         # The cut is final: no waiting for a link that will not come back (a drafter that
                         # cannot go on alone ends at the cut; one that can finishes the answer offline).
                         result = _generate(client, prompt, config, on_token, stop, offline_wait_s=0.0)
-                    finally:
-                        client.close()
-                text = client.decode(result.token_ids)
-                passed = score_response(prompt.problem, text).passed
-                # The lower bound: what the user would have had if generation stopped at the cut.
-                at_cut = client.decode(result.token_ids[:cut]) if cut is not None else text
-                passed_at_cut = score_response(prompt.problem, at_cut).passed
-                sink.write(_record(prompt, experiment="disconnect", profile="ideal", system=drafter,
-                                   cut_after=cut, cut_mode=config.cut_mode, passed=passed,
-                                   passed_stop_at_cut=passed_at_cut, finish_reason=result.finish_reason,
-                                   text=text, **result.metrics.to_dict()))
+                    text = client.decode(result.token_ids)
+                    passed = score_response(prompt.problem, text).passed
+                    # The lower bound: what the user would have had if generation stopped at the cut.
+                    at_cut = client.decode(result.token_ids[:cut]) if cut is not None else text
+                    passed_at_cut = score_response(prompt.problem, at_cut).passed
+                    sink.write(_record(prompt, experiment="disconnect", profile="ideal", system=drafter,
+                                       cut_after=cut, cut_mode=config.cut_mode, passed=passed,
+                                       passed_stop_at_cut=passed_at_cut, finish_reason=result.finish_reason,
+                                       text=text, **result.metrics.to_dict()))
                 bar.step(f"{drafter} B={cut}")
     bar.close()
 
 
 def _codec(config: BenchConfig, sink: JsonLines) -> None:
     from edgespec.shared.models.loading import load_model
-    from . import activation_codec as cb
 
     loaded = load_model(config.model)
-    prompts = cb.real_prompts(loaded.tokenizer, 400)
-    acts = cb.activations(loaded.model, prompts)
-    for name, tensors in acts.items():
-        for frame in (None, 4):
-            for row in cb.measure(name, tensors, frame):
-                sink.write({"experiment": "codec", **asdict(row)})
+    for row in measure_all(loaded.model, real_prompts(loaded.tokenizer, 400)):
+        sink.write({"experiment": "codec", **asdict(row)})

@@ -20,9 +20,10 @@ import copy
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .prompt_sets import add_prompt_arguments, chosen_prompts
+from .tree_sweep import parse_shape
 
 
 @dataclass(frozen=True)
@@ -40,12 +41,9 @@ class Tally:
     draft_s: float = 0.0
     committed: int = 0  # tokens committed (accepted + bonus)
     nodes: int = 0
-    per_tree_s: list[float] = field(default_factory=list)
 
 
 def parse_config(text: str) -> BenchConfig:
-    from .tree_sweep import parse_shape
-
     try:
         name, vocab, shape, *weights = text.split(":")
         if weights and weights[0] not in ("bf16", "int8"):
@@ -173,7 +171,6 @@ def run_trees(drafter, prompt: list[int], continuation: list[int], tally: Tally)
             tally.trees += 1
             tally.passes += calls[0]
             tally.draft_s += dt
-            tally.per_tree_s.append(dt)
             tally.committed += len(step)
             tally.nodes += len(tree)
     finally:
@@ -210,7 +207,6 @@ def run(args: argparse.Namespace) -> int:
                              ("fp32", copy.deepcopy(small.model).float())):
             costs = pass_costs(model, prompt_ids[0], reduced)
             print(f"| {label} | " + " | ".join(f"{v:.1f}" for v in costs.values()) + " |", flush=True)
-            del model
     if args.skip_trees:
         return 0
     target = load_model(args.target, device="cpu")

@@ -21,6 +21,8 @@ turns, and the ratio of turn two's TTFT without the cache to with it); --out app
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import statistics
 import time
@@ -28,6 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgespec.shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
+from .loopback import patient_link, relayed
+from .records import markdown_table, sse_chunks
+from .server_process import ServerProcess
 from .specbench_format import MT_BENCH
 
 SPEC_BENCH = Path("/work/shared/data/spec_bench/question.jsonl")
@@ -60,11 +65,8 @@ def mt_bench_questions(path: Path, limit: int) -> list[dict]:
     return picked[:limit]
 
 
-# ------------------------------------------------------------------ systems
-def chat_plain(http: str, messages: list[dict], max_tokens: int) -> tuple[float, float, str, dict]:
-    """One streamed chat completion: (TTFT, wall, text, usage). The first chunk comes with the first token."""
-    from .records import sse_chunks
-
+def chat_plain(http: str, messages: list[dict], max_tokens: int) -> tuple[float, float, str, int]:
+    """One streamed chat completion: (TTFT, wall, text, prompt tokens). The first chunk comes with the first token."""
     body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     text, usage, first = [], {}, None
@@ -75,7 +77,7 @@ def chat_plain(http: str, messages: list[dict], max_tokens: int) -> tuple[float,
         for choice in chunk.get("choices", ()):
             text.append(choice.get("delta", {}).get("content") or "")
         usage = chunk.get("usage") or usage
-    return first or 0.0, time.perf_counter() - start, "".join(text), usage
+    return first or 0.0, time.perf_counter() - start, "".join(text), usage.get("prompt_tokens", 0)
 
 
 def chat_speculative(client, messages: list[dict], max_tokens: int) -> tuple[float, float, str, int]:
@@ -103,46 +105,33 @@ def cache_hits(http: str) -> float:
 
 
 def run_system(args, system: str, cache: str, questions: list[dict]) -> list[Turn]:
-    from .loopback import patient_link, relayed
-    from .server_process import ServerProcess
-
     server_args = ["--dtype", args.dtype, "--prefix-cache-gb", str(args.prefix_cache_gb if cache == "on" else 0),
                    "--max-sessions", "8"]
     turns: list[Turn] = []
     with ServerProcess(args.model, server_args, threads=args.server_threads) as server:
         address = server.http_address if system == "plain" else server.grpc_address
-        with relayed(address, None if args.profile == "none" else args.profile, seed=args.seed) as (target, _):
-            client = None if system == "plain" else _client(system, target, args, patient_link)
-            try:
-                # One unmeasured request first: a process's first forwards are slow (allocations, kernels chosen).
-                warm_up = [{"role": "user", "content": "Hello"}]
-                if client is None:
-                    chat_plain(target, warm_up, 2)
-                else:
-                    chat_speculative(client, warm_up, 2)
-                for q in questions:
-                    history: list[dict] = []
-                    for index, (message, budget) in enumerate(zip(q["turns"], (args.turn1_tokens, args.turn2_tokens))):
-                        history.append({"role": "user", "content": message})
-                        before = cache_hits(server.http_address)
-                        if client is None:
-                            ttft, wall, text, usage = chat_plain(target, history, budget)
-                            prompt_tokens = usage.get("prompt_tokens", 0)
-                        else:
-                            ttft, wall, text, prompt_tokens = chat_speculative(client, history, budget)
-                        cached = int(cache_hits(server.http_address) - before)
-                        history.append({"role": "assistant", "content": text})
-                        turns.append(Turn(system, cache, q["question_id"], index + 1, prompt_tokens, cached, ttft,
-                                          wall, text))
-                        print(f"  {system} cache {cache} q{q['question_id']} turn {index + 1}: {prompt_tokens} prompt "
-                              f"tokens ({cached} cached), TTFT {ttft * 1000:.0f} ms", flush=True)
-            finally:
-                if client is not None:
-                    client.close()
+        with relayed(address, None if args.profile == "none" else args.profile, seed=args.seed) as (target, _), \
+                contextlib.nullcontext() if system == "plain" else _client(system, target, args) as client:
+            ask = (functools.partial(chat_plain, target) if client is None
+                   else functools.partial(chat_speculative, client))
+            # One unmeasured request first: a process's first forwards are slow (allocations, kernels chosen).
+            ask([{"role": "user", "content": "Hello"}], 2)
+            for q in questions:
+                history: list[dict] = []
+                for index, (message, budget) in enumerate(zip(q["turns"], (args.turn1_tokens, args.turn2_tokens))):
+                    history.append({"role": "user", "content": message})
+                    before = cache_hits(server.http_address)
+                    ttft, wall, text, prompt_tokens = ask(history, budget)
+                    cached = int(cache_hits(server.http_address) - before)
+                    history.append({"role": "assistant", "content": text})
+                    turns.append(Turn(system, cache, q["question_id"], index + 1, prompt_tokens, cached, ttft,
+                                      wall, text))
+                    print(f"  {system} cache {cache} q{q['question_id']} turn {index + 1}: {prompt_tokens} prompt "
+                          f"tokens ({cached} cached), TTFT {ttft * 1000:.0f} ms", flush=True)
     return turns
 
 
-def _client(drafter: str, address: str, args, patient_link):
+def _client(drafter: str, address: str, args):
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
 
@@ -150,10 +139,7 @@ def _client(drafter: str, address: str, args, patient_link):
     return EdgespecClient(ClientConfig(patient_link(address), options, tokenizer=args.model))
 
 
-# ------------------------------------------------------------------- report
 def summary(turns: list[Turn], systems: list[str]) -> str:
-    from .records import markdown_table
-
     lines = []
     header = ["system", "prefix cache", "questions", "turn-2 prompt tokens", "turn-2 cached tokens",
               "TTFT turn 1 (ms, mean)", "TTFT turn 2 (ms, mean)", "TTFT turn 2 (ms, median)"]

@@ -55,7 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
     import torch
 
     from edgespec.client.edge_client import chat_prompt_ids

@@ -84,6 +84,12 @@ def draw_plots(out: Path, data: dict[str, list[dict]]) -> list[str]:
 
     made = []
 
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        made.append(name)
+
     def bar(name: str, title: str, ylabel: str, rows: list[dict], metric: str) -> None:
         data = bars(rows, metric)
         if not data:
@@ -92,10 +98,7 @@ def draw_plots(out: Path, data: dict[str, list[dict]]) -> list[str]:
         fig, ax = plt.subplots(figsize=(max(6, groups * 1.6), 3.8))
         grouped_bars(ax, data, ylabel)
         ax.set_title(f"{title}\n(bars: 95 % bootstrap interval over generations; n = generations)", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
-        made.append(name)
+        save(fig, name)
 
     gen = data.get("link", []) + data.get("speed", [])
     if gen:
@@ -113,10 +116,7 @@ def draw_plots(out: Path, data: dict[str, list[dict]]) -> list[str]:
             ax.set_xlabel("acceptance length per generation")
             ax.set_ylabel("generations")
             ax.legend()
-            fig.tight_layout()
-            fig.savefig(out / "acceptance_length.png", dpi=110)
-            plt.close(fig)
-            made.append("acceptance_length.png")
+            save(fig, "acceptance_length.png")
     if data.get("disconnect"):
         fig, ax = plt.subplots(figsize=(6, 3.5))
         for (drafter,), rs in sorted(group_by(data["disconnect"], "system").items()):
@@ -124,17 +124,13 @@ def draw_plots(out: Path, data: dict[str, list[dict]]) -> list[str]:
                 ax.axhline(sum(r["passed"] for r in rs) / len(rs), color="grey", ls=":", label="target alone")
                 continue
             by_cut = group_by(rs, "cut_after")
-            cuts = sorted((c for (c,) in by_cut if c is not None))
-            xs = [str(c) for c in cuts] + (["never"] if (None,) in by_cut else [])
-            keys = [(c,) for c in cuts] + ([(None,)] if (None,) in by_cut else [])
+            keys = sorted(k for k in by_cut if k != (None,)) + ([(None,)] if (None,) in by_cut else [])  # never last
+            xs = ["never" if c is None else str(c) for (c,) in keys]
             ax.plot(xs, [sum(r["passed"] for r in by_cut[k]) / len(by_cut[k]) for k in keys], marker="o", label=drafter)
             ax.plot(xs, [sum(r["passed_stop_at_cut"] for r in by_cut[k]) / len(by_cut[k]) for k in keys],
                     ls="--", marker="x", label=f"{drafter}: stop at the cut")
         ax.set_xlabel("link cut after B new tokens")
         ax.set_ylabel("HumanEval pass@1")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "disconnect_success.png", dpi=110)
-        plt.close(fig)
-        made.append("disconnect_success.png")
+        save(fig, "disconnect_success.png")
     return made

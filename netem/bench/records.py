@@ -66,6 +66,11 @@ def markdown_table(header: list[str], rows: Iterable[list], rule: str | list[str
     return "\n".join([line(header), "|" + "".join(f"{r}|" for r in rules), *map(line, rows)])
 
 
+def cell(x, spec: str = ".2f", suffix: str = "") -> str:
+    """A table cell: x formatted, or "–" where there is no figure."""
+    return "–" if x is None else format(x, spec) + suffix
+
+
 def sse_chunks(url: str, body: dict, timeout: float) -> Iterator[dict]:
     """The JSON chunks of an OpenAI-style streamed response (server-sent events), as they arrive."""
     import httpx

@@ -10,8 +10,10 @@ import json
 import os
 from pathlib import Path
 
+from .activation_codec import Row as CodecRow, markdown as codec_table
 from .plots import draw_plots
-from .records import group_by, markdown_table, read_jsonl
+from .records import cell, group_by, markdown_table, read_jsonl
+from .specbench import prompts_note, specbench_section, write_answer_files
 
 
 def _agg(rows: list[dict]) -> dict:
@@ -31,17 +33,13 @@ def _agg(rows: list[dict]) -> dict:
             "rtt": {p: rtts[min(len(rtts) - 1, int(p / 100 * len(rtts)))] for p in (50, 90, 99)} if rtts else None}
 
 
-def _fmt(x, spec: str = ".2f") -> str:
-    return "–" if x is None else format(x, spec)
-
-
 def speed_section(rows: list[dict]) -> str:
     groups = group_by(rows, "system")
     base = _agg(groups.get(("plain-api",), []))["tok_s"]
     lines = []
     for (system,), rs in sorted(groups.items()):
         a = _agg(rs)
-        lines.append([system, a["n"], a["tokens"], f"{a['tok_s']:.2f}", _fmt(a["tau"]), f"{a['tok_s'] / base:.2f}x"]
+        lines.append([system, a["n"], a["tokens"], f"{a['tok_s']:.2f}", cell(a["tau"]), f"{a['tok_s'] / base:.2f}x"]
                      if base else ["–"])
     return markdown_table(["system", "generations", "new tokens", "tokens/s", "acceptance length",
                            "speedup vs plain decoding"], lines)
@@ -55,9 +53,9 @@ def link_section(rows: list[dict]) -> str:
         for (system,), rs in sorted(groups.items()):
             a = _agg(rs)
             lines.append([profile, system, f"{a['tok_s']:.2f}", f"{a['tok_s'] / base:.2f}x" if base else "–",
-                          _fmt(a["tau"]), f"{a['calls_100']:.1f}", f"{a['up_tok']:.0f}", f"{a['down_tok']:.0f}",
+                          cell(a["tau"]), f"{a['calls_100']:.1f}", f"{a['up_tok']:.0f}", f"{a['down_tok']:.0f}",
                           " / ".join(f"{1000 * a['rtt'][p]:.0f}" for p in (50, 90, 99)) if a["rtt"] else "–",
-                          _fmt(a["hit_rate"])])
+                          cell(a["hit_rate"])])
     return markdown_table(["profile", "system", "tokens/s", "vs plain API", "acceptance length", "calls / 100 tokens",
                            "bytes up / token", "bytes down / token", "RTT p50 / p90 / p99 ms", "guess hit rate"],
                           lines) + "\n\n" + _by_set(rows)
@@ -70,7 +68,7 @@ def _by_set(rows: list[dict]) -> str:
     lines = []
     for (profile, system), rs in sorted(group_by(rows, "profile", "system").items()):
         aggs = [_agg(group_by(rs, "set").get((name,), [])) for name in sets]
-        lines.append([profile, system] + [f"{a['tok_s']:.2f} ({_fmt(a['tau'])})" if a["n"] else "–" for a in aggs])
+        lines.append([profile, system] + [f"{a['tok_s']:.2f} ({cell(a['tau'])})" if a["n"] else "–" for a in aggs])
     return markdown_table(["profile", "system"] + [f"{s}: tokens/s (acceptance length)" for s in sets], lines)
 
 
@@ -93,16 +91,8 @@ def disconnect_section(rows: list[dict]) -> str:
 
 
 def codec_section(rows: list[dict]) -> str:
-    from .activation_codec import Row, markdown
-
-    fields = Row.__dataclass_fields__
-    return markdown([Row(**{k: r[k] for k in fields}) for r in rows])
-
-
-def specbench_section(rows: list[dict]) -> str:
-    from .specbench import specbench_section as section
-
-    return section(rows)
+    fields = CodecRow.__dataclass_fields__
+    return codec_table([CodecRow(**{k: r[k] for k in fields}) for r in rows])
 
 
 SECTIONS = {"speed": ("Speed on an ideal link", speed_section), "link": ("Under emulated networks", link_section),
@@ -131,21 +121,14 @@ def _stop_note(experiment: str, settings: dict) -> str:
 
 def _cpus_note(rows: list[dict]) -> str:
     """Where the server and the client ran (runs from before pinning recorded nothing)."""
-    splits = list(dict.fromkeys(json.dumps(r["env"].get("cpus"), sort_keys=True) for r in rows))
-    notes = []
-    for text in splits:
-        cpus = json.loads(text)
-        if cpus is None:
-            continue
-        notes.append(f"server on CPU {cpus['server']}, client on CPU {cpus['client']}" if cpus.get("pinned")
-                     else "server and client sharing every core")
+    splits = [json.loads(s) for s in dict.fromkeys(json.dumps(r["env"].get("cpus"), sort_keys=True) for r in rows)]
+    notes = [f"server on CPU {cpus['server']}, client on CPU {cpus['client']}" if cpus.get("pinned")
+             else "server and client sharing every core" for cpus in splits if cpus is not None]
     return "; " + " / ".join(notes) if notes else ""
 
 
 def _prompts_note(name: str, settings: dict, rows: list[dict]) -> str:
     if name == "specbench":
-        from .specbench import prompts_note
-
         return prompts_note(settings, rows)
     limits = settings.get("set_limits") or {}
     sets = ('humaneval',) if name == 'disconnect' else settings['prompt_sets']
@@ -170,8 +153,6 @@ def write_report(out: Path) -> Path:
                   f"{_prompts_note(name, s, rows)}, "
                   f"max {s['max_new_tokens']} new tokens" + _stop_note(name, s) + ".", "", section(rows), ""]
     if "specbench" in data:  # its answer files, from the same records (`report` makes them again)
-        from .specbench import write_answer_files
-
         write_answer_files(out, data["specbench"])
     plots = draw_plots(out, data)
     if plots:

@@ -72,10 +72,6 @@ def head_timings(parts, routed, rows, sizes: tuple[int, ...], repeat: int) -> di
     return out
 
 
-def ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}x" if b else "-"
-
-
 def table(s: dict[str, dict], heads: dict[int, tuple], same: str) -> str:
     full, routed = s[MODES[0]], s[MODES[1]]
     depth = max(len(full["accept_rate_at"]), len(routed["accept_rate_at"]))
@@ -85,7 +81,8 @@ def table(s: dict[str, dict], heads: dict[int, tuple], same: str) -> str:
              + [("tau (tokens per verification)", full["tau"], routed["tau"], ".3f")]
              + [(f"accepted at depth {k + 1} per tree", at(full, k), at(routed, k), ".3f") for k in range(depth)]
              + [("tokens/s", full["tokens_per_s"], routed["tokens_per_s"], ".2f")])
-    rows = [[label, format(a, spec), format(b, spec), ratio(a, b)] for label, a, b, spec in pairs]
+    rows = [[label, format(a, spec), format(b, spec), f"{a / b:.2f}x" if b else "-"]
+            for label, a, b, spec in pairs]
     return markdown_table([None, "full head", "router", "full / router"], rows + [["same output both ways", same, None, None]])
 
 
@@ -124,11 +121,8 @@ def measure(args: argparse.Namespace) -> dict:
     with loopback_server(args.target, dtype=args.dtype,
                          moa_server_parts={moa_part: str(ckpt)} if moa_part else {}) as server:
         tok = load_tokenizer(args.target)
-        client = None
-        try:
-            client = EdgespecClient(ClientConfig(patient_link(server.address),
-                                                 DrafterOptions(drafter.name.split("-")[0])),
-                                    tokenizer=tok, drafter=drafter)
+        with EdgespecClient(ClientConfig(patient_link(server.address), DrafterOptions(drafter.name.split("-")[0])),
+                            tokenizer=tok, drafter=drafter) as client:
             config = GenerationConfig(max_new_tokens=args.max_tokens)
             totals = {m: GenerationMetrics() for m in MODES}
             same = 0
@@ -148,9 +142,6 @@ def measure(args: argparse.Namespace) -> dict:
                     for m, t in totals.items()), file=sys.stderr, flush=True)
             rows = torch.cat(routed.rows)  # LM-head inputs met while drafting: the head's timing runs on them
             heads = head_timings(drafter.rt.parts, routed, rows, (1, min(tree.branch, rows.shape[0])), args.head_repeat)
-        finally:
-            if client is not None:
-                client.close()
     summary = {m: mode_summary(t) for m, t in totals.items()}
     return {"checkpoint": str(ckpt), "prompts": len(messages), "router": routed.router.config.__dict__,
             "summary": summary, "head_ms": {str(t): list(v) for t, v in heads.items()},

@@ -12,6 +12,7 @@ exception or a hang.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -71,19 +72,15 @@ _CLONE_NEWNET = 0x40000000
 _CLONE_NEWUSER = 0x10000000
 
 
-def prelude(limits: SandboxLimits) -> str:
-    """The lines the sandboxed program starts with."""
-    return _PRELUDE.format(memory=limits.memory_bytes, cpu=int(limits.timeout_s) + 1, files=limits.file_bytes,
-                           open_files=limits.open_files, newnet=_CLONE_NEWNET, newuser=_CLONE_NEWUSER)
-
-
 def run_program(source: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
     """Execute `source` as a Python program under the sandbox; exit status 0 means passed."""
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="edgespec-sandbox-") as scratch:
         path = os.path.join(scratch, "program.py")
         with open(path, "w") as f:
-            f.write(prelude(limits) + "\n" + source)
+            f.write(_PRELUDE.format(memory=limits.memory_bytes, cpu=int(limits.timeout_s) + 1, files=limits.file_bytes,
+                                    open_files=limits.open_files, newnet=_CLONE_NEWNET, newuser=_CLONE_NEWUSER)
+                    + "\n" + source)
         env = {"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8",
                "OMP_NUM_THREADS": "1"}
         proc = subprocess.Popen([sys.executable, "-I", "-B", path], cwd=scratch, env=env,
@@ -114,10 +111,8 @@ def run_program(source: str, limits: SandboxLimits = SandboxLimits()) -> Sandbox
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.S)

@@ -37,7 +37,7 @@ import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .records import markdown_table
 
@@ -168,8 +168,6 @@ class Bench:
     def _window(self, threads: int, seconds: float, work) -> tuple[int, int, object]:
         """Run work(i, stop, counts, ready) on threads; (count, device ns) in a window of `seconds` that opens
         once every thread is past its setup."""
-        from dataclasses import replace
-
         counts, ready = [0] * threads, [False] * threads
         stop = threading.Event()
         runners = [threading.Thread(target=work, args=(i, stop, counts, ready), daemon=True) for i in range(threads)]
@@ -202,19 +200,18 @@ class Bench:
 def measure_latency(benches: list[Bench], tree_sizes: list[int], repeats: int) -> list[LatencyRow]:
     """Medians of `repeats`, the engines taking turns call by call: a machine's load (other processes on a
     shared CPU) then weighs on all of them alike."""
-    decode = {b.name: [] for b in benches}
-    for _ in range(repeats):
-        for b in benches:
-            decode[b.name].append(b.decode_once())
-    base = {name: statistics.median(v) for name, v in decode.items()}
-    rows = [LatencyRow(name, 0, t * 1e3, 1.0) for name, t in base.items()]
-    for nodes in tree_sizes:
+    def medians(call) -> dict[str, float]:
         times = {b.name: [] for b in benches}
         for _ in range(repeats):
             for b in benches:
-                times[b.name].append(b.verify_once(nodes))
-        rows += [LatencyRow(name, nodes, statistics.median(v) * 1e3, statistics.median(v) / base[name])
-                 for name, v in times.items()]
+                times[b.name].append(call(b))
+        return {name: statistics.median(v) for name, v in times.items()}
+
+    base = medians(Bench.decode_once)
+    rows = [LatencyRow(name, 0, t * 1e3, 1.0) for name, t in base.items()]
+    for nodes in tree_sizes:
+        rows += [LatencyRow(name, nodes, t * 1e3, t / base[name])
+                 for name, t in medians(lambda b: b.verify_once(nodes)).items()]
     return rows
 
 
@@ -270,8 +267,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     import torch
 
     from edgespec.server.engine_choice import build_engine

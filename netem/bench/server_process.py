@@ -64,18 +64,15 @@ class ServerProcess:
 
     def _drain(self, first: list[str]) -> None:
         # Keep reading its output so the pipe never fills and blocks the server.
-        sink = open(self.log_path, "a") if self.log_path else None
-        if sink:
-            sink.writelines(first)
+        sink = open(self.log_path or os.devnull, "a")  # no log: read and dropped
+        sink.writelines(first)
 
         def pump() -> None:
             assert self.proc and self.proc.stdout
-            for line in self.proc.stdout:
-                if sink:
+            with sink:
+                for line in self.proc.stdout:
                     sink.write(line)
                     sink.flush()
-            if sink:
-                sink.close()
 
         threading.Thread(target=pump, daemon=True).start()
 

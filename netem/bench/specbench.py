@@ -14,13 +14,14 @@ it, OUT/specbench/PROFILE/MODEL_ID.jsonl, which Spec-Bench's own evaluation/spee
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 from .loopback import relayed
-from .records import JsonLines, group_by, markdown_table
+from .records import JsonLines, cell, group_by, markdown_table
 from .specbench_format import (MT_BENCH, QUESTIONS, TASKS, Answer, Question, accept_lengths, load_questions,
                                speed_figures, write_answers)
 from .systems import ProgressBar, drafter_client, plain_api
@@ -57,11 +58,7 @@ def _client_turn(client, ids: list[int], max_new_tokens: int) -> TurnAnswer:
 
 
 def _baseline_turn(http_address: str, relay, ids: list[int], config) -> TurnAnswer:
-    before = relay.stats() if relay else None
-    plain = plain_api(http_address, ids, config)
-    if relay:
-        after = relay.stats()
-        plain.update(bytes_up=after.bytes_up - before.bytes_up, bytes_down=after.bytes_down - before.bytes_down)
+    plain = plain_api(http_address, ids, config, relay=relay)
     text = plain.pop("text")
     n = plain["new_tokens"]
     # Plain decoding commits one token per target forward, as Spec-Bench's own baseline records it.
@@ -102,30 +99,24 @@ def run_specbench(config, server, sink: JsonLines) -> None:
     drafters: dict = {}  # one loaded drafter per name, shared by the profiles
     for profile in config.profiles:
         with relayed(server.grpc_address, profile, config.seed) as (grpc_address, _), \
-                relayed(server.http_address, profile, config.seed + 1) as (http_address, http_relay):
+                relayed(server.http_address, profile, config.seed + 1) as (http_address, http_relay), \
+                contextlib.ExitStack() as stack:
             clients = {}
             for name in config.drafters:
-                clients[name] = drafter_client(grpc_address, name, config, tokenizer=tokenizer,
-                                               instance=drafters.get(name))
+                clients[name] = stack.enter_context(drafter_client(grpc_address, name, config, tokenizer=tokenizer,
+                                                                   instance=drafters.get(name)))
                 drafters[name] = clients[name].drafter
-            try:
-                for q in questions:
-                    for system in (BASELINE, *config.drafters):
-                        key = ("specbench", q.question_id, profile, system, None)
-                        if key not in sink.done:
-                            if system == BASELINE:
-                                turn = lambda ids: _baseline_turn(http_address, http_relay, ids, config)  # noqa: E731
-                            else:
-                                turn = lambda ids, c=clients[system]: _client_turn(c, ids, config.max_new_tokens)  # noqa: E731
-                            sink.write(_record(q, profile, system, config.model, _ask(q, tokenizer, turn)))
-                        bar.step(f"{profile} {system} {q.category}")
-            finally:
-                for client in clients.values():
-                    client.close()
+            for q in questions:
+                for system in (BASELINE, *config.drafters):
+                    key = ("specbench", q.question_id, profile, system, None)
+                    if key not in sink.done:
+                        if system == BASELINE:
+                            turn = lambda ids: _baseline_turn(http_address, http_relay, ids, config)  # noqa: E731
+                        else:
+                            turn = lambda ids, c=clients[system]: _client_turn(c, ids, config.max_new_tokens)  # noqa: E731
+                        sink.write(_record(q, profile, system, config.model, _ask(q, tokenizer, turn)))
+                    bar.step(f"{profile} {system} {q.category}")
     bar.close()
-
-
-# ---------------------------------------------------------------- answer files and report
 
 
 def answers_by_system(rows: list[dict]) -> dict[tuple[str, str], list[Answer]]:
@@ -153,10 +144,6 @@ def _tasks(rows: list[dict]) -> list[str]:
     return order + (["mt_bench"] if present & set(MT_BENCH) else []) + ["overall"]
 
 
-def _f(x, spec: str = ".2f", suffix: str = "") -> str:
-    return "–" if x is None else format(x, spec) + suffix
-
-
 def speed_table(rows: list[dict]) -> str:
     """Per profile and task: the baseline's tokens/s, then each drafter's mean accepted tokens, tokens/s,
     speed-up and answers equal to the baseline's."""
@@ -170,24 +157,18 @@ def speed_table(rows: list[dict]) -> str:
             header += [f"{d}: mean accepted tokens", f"{d}: tokens/s", f"{d}: speed-up", f"{d}: = plain API"]
         lines = []
         for task in _tasks([r for r in rows if r["profile"] == profile]):
-            line = [task.replace("_", " ") if task in ("mt_bench", "overall") else task, None, None]
+            line = [f"**{task.replace('_', ' ')}**" if task in ("mt_bench", "overall") else task, None, None]
             for d in drafters:
                 f = speed_figures(answers[(profile, d)], base, task)
-                line[1], line[2] = f.questions, _f(f.baseline_tokens_per_s)
-                line += [_f(f.mean_accepted_tokens), _f(f.tokens_per_s), _f(f.speedup, suffix="x"),
+                line[1], line[2] = f.questions, cell(f.baseline_tokens_per_s)
+                line += [cell(f.mean_accepted_tokens), cell(f.tokens_per_s), cell(f.speedup, suffix="x"),
                          f"{f.equal}/{f.compared}"]
             if not drafters:
                 f = speed_figures(base, base, task)
-                line[1], line[2] = f.questions, _f(f.tokens_per_s)
-            if task in ("mt_bench", "overall"):
-                line[0] = f"**{line[0]}**"
+                line[1], line[2] = f.questions, cell(f.tokens_per_s)
             lines.append(line)
         parts.append(f"Profile `{profile}`:\n\n" + markdown_table(header, lines))
     return "\n\n".join(parts)
-
-
-def _numeric(metrics: dict) -> dict[str, float]:
-    return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def metrics_table(rows: list[dict]) -> str:
@@ -196,7 +177,8 @@ def metrics_table(rows: list[dict]) -> str:
     columns = {(r["profile"], r["system"]): [] for r in rows if r["system"] != BASELINE}
     for r in rows:
         if r["system"] != BASELINE:
-            columns[(r["profile"], r["system"])] += [_numeric(m) for m in r["turn_metrics"]]
+            columns[(r["profile"], r["system"])] += [{k: v for k, v in m.items() if isinstance(v, (int, float))
+                                                      and not isinstance(v, bool)} for m in r["turn_metrics"]]
     if not columns:
         return ""
     fields = list(dict.fromkeys(k for turns in columns.values() for m in turns for k in m))

@@ -6,6 +6,9 @@ import time
 
 from tqdm import tqdm
 
+from .records import sse_chunks
+from .tree_sweep import parse_shape
+
 
 class ProgressBar:
     """Generations done, as a tqdm bar (off when not enabled)."""
@@ -38,16 +41,14 @@ def drafter_client(address: str, drafter: str, config, tokenizer=None, instance=
 def drafter_shape(drafter: str) -> dict:
     """ "independent:2x6x8@0.1" -> the drafter's name and its EAGLE-2 tree shape (BxDxM[@min_prob], as
     tree-sweep's --shapes), so fixed shapes and --tree auto compare in one run; a name alone keeps the default."""
-    from .tree_sweep import parse_shape
-
     name, _, shape = drafter.partition(":")
     return {"name": name, **({"tree": parse_shape(shape)} if shape else {})}
 
 
-def plain_api(http_address: str, prompt_ids: list[int], config, stop: tuple[str, ...] = ()) -> dict:
-    """The server's own streaming completion endpoint (greedy, `config.max_new_tokens`): tokens, wall time, text."""
-    from .records import sse_chunks
-
+def plain_api(http_address: str, prompt_ids: list[int], config, stop: tuple[str, ...] = (), relay=None) -> dict:
+    """The server's own streaming completion endpoint (greedy, `config.max_new_tokens`): tokens, wall time, text;
+    with `relay` (the RelayThread in front of `http_address`) also the bytes that crossed it."""
+    before = relay.stats() if relay else None
     body = {"prompt": prompt_ids, "max_tokens": config.max_new_tokens, "temperature": 0, "stream": True}
     if stop:
         body["stop"] = list(stop)
@@ -61,5 +62,9 @@ def plain_api(http_address: str, prompt_ids: list[int], config, stop: tuple[str,
         usage = chunk.get("usage") or usage
     wall = time.perf_counter() - start
     tokens = usage.get("completion_tokens", 0)
-    return {"new_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0,
-            "first_token_s": first, "calls": 1, "text": "".join(text)}
+    out = {"new_tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0,
+           "first_token_s": first, "calls": 1, "text": "".join(text)}
+    if relay:
+        after = relay.stats()
+        out.update(bytes_up=after.bytes_up - before.bytes_up, bytes_down=after.bytes_down - before.bytes_down)
+    return out
