@@ -1,8 +1,6 @@
 """Attention masks of the Beagle drafter (cross-attention speculative decoding), as pure functions.
 
-Beagle's queries are token embeddings; its keys/values are *states* (the target's LM-head
-input, or the drafter's own predicted state). The query of token c_t at position t predicts
-the state h_t, whose LM head gives c_{t+1}. So it must never see h_t itself: the **diagonal
+Query t predicts the state h_t (``beagle``), so it must never see h_t itself: the **diagonal
 is masked**, and query t sees states j < t only.
 
 Boolean masks, True = the query may attend to the key; shapes are [queries, keys]. Positions

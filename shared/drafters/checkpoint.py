@@ -79,21 +79,17 @@ def read_card(path: str | Path) -> dict:
 
 def checkpoint_kind(path: str | Path) -> str:
     """"eagle", "beagle" or "moa": the kind of the checkpoint at (or directly inside) ``path``."""
+    from safetensors import safe_open
+
     found = find_checkpoint(path)
     if found.is_dir():
         return "moa"
-    return "beagle" if file_kind(found) == "beagle" else "eagle"
-
-
-def file_kind(path: str | Path) -> str:
-    """The drafter kind a single-file checkpoint records in its metadata ("" when none)."""
-    from safetensors import safe_open
-
     try:
-        with safe_open(str(path), framework="pt") as f:
-            return (f.metadata() or {}).get("kind", "")
+        with safe_open(str(found), framework="pt") as f:
+            kind = (f.metadata() or {}).get("kind", "")
     except Exception as exc:  # noqa: BLE001 - safetensors raises its own types for a file that is not one
-        raise DrafterCheckpointError(f"{path} is not a safetensors drafter checkpoint: {exc}") from None
+        raise DrafterCheckpointError(f"{found} is not a safetensors drafter checkpoint: {exc}") from None
+    return "beagle" if kind == "beagle" else "eagle"
 
 
 # -- its files -----------------------------------------------------------------------------------

@@ -100,8 +100,8 @@ class MoAClient(nn.Module):
         self.act_scale.copy_(activations.std(0).clamp_min(1e-3))
 
     def empty_kv(self, like: torch.Tensor) -> KV:
-        c = self.config
-        return KV.empty(c.heads, c.width // c.heads, like)
+        z = like.new_zeros(self.config.heads, 0, self.config.width // self.config.heads)
+        return KV(z, z.clone())
 
 
 @dataclass
