@@ -28,14 +28,13 @@ class Cancelled(Exception):
 class OpenAIError(Exception):
     """A failure to answer with an OpenAI error object."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str | None = None):  # noqa: A002 - OpenAI's own field name
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
-        self.type = type or _TYPES.get(status, "invalid_request_error")
+        self.type = _TYPES.get(status, "invalid_request_error")
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

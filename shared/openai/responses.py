@@ -50,27 +50,17 @@ def tool_message(text: str, finish_reason: str) -> tuple[dict[str, Any], str]:
     return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map, which byte-level BPE vocabularies are written in."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
-    chars, extra = dict(zip(keep, map(chr, keep))), 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return chars
-
-
-_BYTE_OF_CHAR = {c: b for b, c in _bytes_to_unicode().items()}
-
-
 class TokenTexts:
     """A token's text and exact bytes, for logprobs (a byte token may be half a character)."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         backend = getattr(tokenizer, "backend_tokenizer", None)
-        self.byte_level = type(getattr(backend, "decoder", None)).__name__ == "ByteLevel"
+        self.byte_of_char: dict[str, int] = {}  # a byte-level BPE vocabulary's characters -> the bytes they stand for
+        if type(getattr(backend, "decoder", None)).__name__ == "ByteLevel":
+            from transformers.convert_slow_tokenizer import bytes_to_unicode  # GPT-2's byte -> character map
+
+            self.byte_of_char = {c: b for b, c in bytes_to_unicode().items()}
         self.special = set(getattr(tokenizer, "all_special_ids", ()))
         self._cache: dict[int, tuple[str, list[int]]] = {}
 
@@ -81,9 +71,9 @@ class TokenTexts:
 
     def _piece(self, token: int) -> tuple[str, list[int]]:
         name = self.tokenizer.convert_ids_to_tokens(token)
-        if isinstance(name, str) and self.byte_level and token not in self.special \
-                and all(c in _BYTE_OF_CHAR for c in name):
-            raw = bytes(_BYTE_OF_CHAR[c] for c in name)
+        if isinstance(name, str) and self.byte_of_char and token not in self.special \
+                and all(c in self.byte_of_char for c in name):
+            raw = bytes(self.byte_of_char[c] for c in name)
             return raw.decode("utf-8", errors="replace"), list(raw)
         text = self.tokenizer.decode([token]) if token not in self.special else str(name)
         return text, list(text.encode("utf-8"))
@@ -154,11 +144,8 @@ def whole_body(shape: Shape, choices: list[Choice], prompt_tokens: int, texts: T
 
 def _chunk(shape: Shape, index: int, delta: dict[str, Any] | str, finish_reason: str | None = None,
            logprobs: dict | None = None) -> dict[str, Any]:
-    if shape.chat:
-        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-    else:
-        choice = {"index": index, "text": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-    return {**shape.head(chunk=True), "choices": [choice]}
+    return {**shape.head(chunk=True), "choices": [{"index": index, "delta" if shape.chat else "text": delta,
+                                                   "logprobs": logprobs, "finish_reason": finish_reason}]}
 
 
 def stream_chunks(shape: Shape, events: Iterator[TextPiece | ChoiceEnd], prompt_tokens: int, n: int,
