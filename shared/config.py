@@ -57,7 +57,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if is_secret(action) and action.default not in (None, argparse.SUPPRESS):
+        if action.nargs != 0 and _SECRET.search(action.dest) and action.default not in (None, argparse.SUPPRESS):
             return text + " (default: set, hidden)"
         # Nothing to add for an unset flag or switch, nor where the help already names the value in force
         # (a default the environment or config file changed is not named there, so it is still shown).
@@ -66,11 +66,6 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
                 rf"default:? {value}\b|(?<![\w.]){value}, the default", text):
             return text
         return super()._get_help_string(action)
-
-
-def is_secret(action: argparse.Action) -> bool:
-    """An option whose value may be a secret (an API key, a token): one that takes a value and is named so."""
-    return action.nargs != 0 and bool(_SECRET.search(action.dest))
 
 
 def comma_list(values: list[str]) -> tuple[str, ...]:
@@ -213,10 +208,6 @@ def env_names(action: argparse.Action) -> list[str]:
             for opt in action.option_strings if opt.startswith("--")]
 
 
-def _keys(action: argparse.Action) -> list[str]:
-    return [opt.lstrip("-") for opt in action.option_strings if opt.startswith("--")]
-
-
 def _layered_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     return [a for a in parser._actions
             if a.option_strings and not isinstance(a, _SKIPPED) and a.dest != "config"]
@@ -226,7 +217,7 @@ def collect(parser: argparse.ArgumentParser, environ: Mapping[str, str], file: M
             file_name: str = "config") -> dict[str, Setting]:
     """dest -> Setting from the environment over the file; ConfigError names a bad key or value."""
     actions = _layered_actions(parser)
-    by_key = {key.replace("_", "-"): a for a in actions for key in _keys(a)}
+    by_key = {opt.lstrip("-").replace("_", "-"): a for a in actions for opt in a.option_strings if opt.startswith("--")}
     out: dict[str, Setting] = {}
     for key, raw in file.items():
         if str(key) == "config":
