@@ -71,14 +71,9 @@ class SpecDecodeStats:
         return [reached[k] - reached[k + 1] for k in range(len(reached) - 1)]
 
     def request_summary(self) -> dict:
-        """One request's speculative figures in vLLM's words and SGLang's (``meta_info``) at once.
-
-        vLLM: num_drafts, num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos and
-        mean_acceptance_length (1 + accepted / drafts). SGLang: spec_verify_ct (verifications),
-        spec_accept_length (the mean acceptance length: tokens a draft commits, bonus included, the
-        chain-equivalent figure whatever the tree's width), spec_accept_rate (accepted / draft tokens,
-        tree nodes counted, so a wide tree's rate is low while its accept length is high),
-        spec_accept_token_num, spec_draft_token_num."""
+        """One request's speculative figures in vLLM's words and SGLang's (``meta_info``) at once (the module
+        doc defines them). SGLang's spec_accept_rate is accepted / draft tokens, tree nodes counted, so a wide
+        tree's rate is low while its spec_accept_length (the mean acceptance length) is high."""
         length = self.mean_acceptance_length
         return {
             "num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
