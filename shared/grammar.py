@@ -49,11 +49,6 @@ def json_schema_grammar(schema: dict[str, Any]) -> str:
     return check_grammar(grammar)
 
 
-def json_object_grammar() -> str:
-    """A grammar for any JSON object (OpenAI's json_object mode)."""
-    return json_schema_grammar({"type": "object"})
-
-
 def _call_schema(function: dict[str, Any]) -> dict[str, Any]:
     """The JSON of one call: {"name": <the function's>, "arguments": <valid under its parameters>}."""
     params = function.get("parameters") or {"type": "object"}
