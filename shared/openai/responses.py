@@ -10,6 +10,7 @@ on a stream with each choice's last chunk.
 """
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from dataclasses import dataclass
@@ -62,12 +63,7 @@ class TokenTexts:
 
             self.byte_of_char = {c: b for b, c in bytes_to_unicode().items()}
         self.special = set(getattr(tokenizer, "all_special_ids", ()))
-        self._cache: dict[int, tuple[str, list[int]]] = {}
-
-    def piece(self, token: int) -> tuple[str, list[int]]:
-        if token not in self._cache:
-            self._cache[token] = self._piece(token)
-        return self._cache[token]
+        self.piece = functools.cache(self._piece)  # one answer asks for the same tokens again and again
 
     def _piece(self, token: int) -> tuple[str, list[int]]:
         name = self.tokenizer.convert_ids_to_tokens(token)
