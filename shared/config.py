@@ -118,11 +118,8 @@ class Setting:
 
 class LayeredParser(argparse.ArgumentParser):
     """An ArgumentParser whose defaults come from the environment and a config file once
-    ``enable_layers`` was called on it; until then it only differs by showing defaults in --help.
-
-    shared/cli.py makes the root parser one, so every subcommand parser is one too (argparse builds
-    subparsers of the root's class). Options given to ``add_on_first_use`` are added when the parser
-    first parses or shows its help."""
+    ``enable_layers`` was called on it; until then it only differs by showing defaults in --help
+    (shared/cli.py makes the root parser one, so every subcommand parser is one too)."""
 
     def __init__(self, *args, **kwargs):
         # Commands that asked for raw descriptions get them, with defaults shown as everywhere else.
