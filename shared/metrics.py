@@ -168,15 +168,11 @@ class GenerationMetrics(SpecDecodeStats, LinkTraffic):
         """Plain values for JSON, derived figures included."""
         out = asdict(self)
         out.pop("round_trips_s")
-        out.update(acceptance_length=round(self.acceptance_length, 4),
-                   mean_acceptance_length=round(self.mean_acceptance_length, 4),
-                   tokens_per_s=round(self.tokens_per_s, 4),
-                   mean_round_trip_s=round(self.mean_round_trip_s, 6),
-                   calls_per_100_tokens=round(self.calls_per_100_tokens, 3),
-                   bytes_per_token=round(self.bytes_per_token, 2), guess_hit_rate=round(self.guess_hit_rate, 4),
-                   saved_per_step_s=round(self.saved_per_step_s, 6))
-        for key in ("draft_s", "verify_s", "offline_s", "prefill_s", "wall_s", "draft_ahead_s", "saved_s", "idle_s"):
-            out[key] = round(out[key], 6)
+        digits = {"acceptance_length": 4, "mean_acceptance_length": 4, "tokens_per_s": 4, "mean_round_trip_s": 6,
+                  "calls_per_100_tokens": 3, "bytes_per_token": 2, "guess_hit_rate": 4, "saved_per_step_s": 6,
+                  **dict.fromkeys(("draft_s", "verify_s", "offline_s", "prefill_s", "wall_s", "draft_ahead_s",
+                                   "saved_s", "idle_s"), 6)}
+        out.update({name: round(getattr(self, name), d) for name, d in digits.items()})
         return out
 
     def summary(self) -> str:
