@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from edgespec.shared.errors import EdgespecError
 from .lsa import LayerSelfAttention, load_server_part
@@ -79,8 +81,6 @@ def read_card(path: str | Path) -> dict:
 
 def checkpoint_kind(path: str | Path) -> str:
     """"eagle", "beagle" or "moa": the kind of the checkpoint at (or directly inside) ``path``."""
-    from safetensors import safe_open
-
     found = find_checkpoint(path)
     if found.is_dir():
         return "moa"
@@ -95,8 +95,6 @@ def checkpoint_kind(path: str | Path) -> str:
 # -- its files -----------------------------------------------------------------------------------
 def save_weights(path: str | Path, kind: str, config: dict, state: dict[str, torch.Tensor],
                  vocab_ids: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16) -> Path:
-    from safetensors.torch import save_file
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().to(dtype if v.is_floating_point() else v.dtype).contiguous()
@@ -109,9 +107,6 @@ def save_weights(path: str | Path, kind: str, config: dict, state: dict[str, tor
 
 def load_weights(path: str | Path, kind: str) -> tuple[dict, dict[str, torch.Tensor], torch.Tensor | None]:
     """(config, state dict in float32, vocab_ids or None)."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
     path = Path(path)
     if not path.is_file():
         raise DrafterCheckpointError(f"drafter checkpoint {path} does not exist")
