@@ -15,10 +15,9 @@ from starlette.responses import Response
 
 log = logging.getLogger(__name__)
 
-# Types follow OpenAI's where it has one for the status.
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-          500: "server_error", 502: "server_error", 503: "service_unavailable", 504: "server_error"}
+# Types follow OpenAI's where it has one for the status; any other is an invalid_request_error.
+_TYPES = {401: "authentication_error", 429: "rate_limit_error", 500: "server_error", 502: "server_error",
+          503: "service_unavailable", 504: "server_error"}
 
 
 class Cancelled(Exception):

@@ -43,14 +43,6 @@ class Shape:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
 
-def tool_message(text: str, finish_reason: str) -> tuple[dict[str, Any], str]:
-    """A chat choice's message and finish_reason with its tool calls parsed out ("tool_calls" when any)."""
-    content, calls = parse_tool_calls(text)
-    if not calls:
-        return {"role": "assistant", "content": text}, finish_reason
-    return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
-
-
 class TokenTexts:
     """A token's text and exact bytes, for logprobs (a byte token may be half a character)."""
 
@@ -120,9 +112,10 @@ def whole_body(shape: Shape, choices: list[Choice], prompt_tokens: int, texts: T
     for c in choices:
         finish_reason = c.finish_reason
         if shape.chat:
-            message: dict[str, Any] = {"role": "assistant", "content": c.text}
-            if shape.parse_tools:
-                message, finish_reason = tool_message(c.text, finish_reason)
+            content, calls = parse_tool_calls(c.text) if shape.parse_tools else (c.text, [])
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:  # parsed out of the text: its content is what is left (None when nothing is)
+                message["tool_calls"], finish_reason = calls, "tool_calls"
             choice: dict[str, Any] = {"index": c.index, "message": message,
                                       "logprobs": chat_logprobs(c.tokens, texts) if texts else None}
         else:
