@@ -36,7 +36,7 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     # One setup for every command; server and client add --log-format and --log-level.
     configure_logging(getattr(args, "log_format", "text"),
                       "debug" if args.verbose else getattr(args, "log_level", "info"))
-    for warning in getattr(args, "config_warnings", ()):  # unknown EDGESPEC_* variables (config.unknown_env)
+    for warning in getattr(args, "config_warnings", ()):  # unknown EDGESPEC_* variables (config.unknown_env_warnings)
         logging.getLogger("edgespec.config").warning(warning)
     if not getattr(args, "func", None):
         parser.print_help()

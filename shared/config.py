@@ -88,20 +88,15 @@ def _known_env() -> set[str]:
     return set(KNOWN_ENV) | {n for p in _LAYERED for a in _layered_actions(p) for n in env_names(a)}
 
 
-def unknown_env(environ: Mapping[str, str]) -> list[str]:
-    """EDGESPEC_* variables set in `environ` that no command's option and no part of edgespec reads."""
+def unknown_env_warnings(environ: Mapping[str, str]) -> list[str]:
+    """One line per EDGESPEC_* variable set in `environ` that no command's option and no part of edgespec
+    reads, with the nearest known name when there is one."""
     if any(name.startswith(ENV_PREFIX) for name in set(environ) - _known_env()):
         while _PENDING:  # a command whose options are not added yet may read it
             _PENDING.pop().add_pending()
     known = _known_env()
-    return sorted(name for name in environ if name.startswith(ENV_PREFIX) and name not in known)
-
-
-def unknown_env_warnings(environ: Mapping[str, str]) -> list[str]:
-    """One line per unknown EDGESPEC_* variable, with the nearest known name when there is one."""
-    known = sorted(_known_env())
     out = []
-    for name in unknown_env(environ):
+    for name in sorted(name for name in environ if name.startswith(ENV_PREFIX) and name not in known):
         near = difflib.get_close_matches(name, known, n=1)
         out.append(f"unknown environment variable {name}: no edgespec option reads it"
                    + (f" (did you mean {near[0]}?)" if near else ""))
