@@ -164,13 +164,10 @@ def stream_chunks(shape: Shape, events: Iterator[TextPiece | ChoiceEnd], prompt_
         completion_tokens += event.completion_tokens
         if event.index == 0:
             cached_tokens = event.cached_tokens
-        finish_reason = event.finish_reason
-        if isinstance(event, _ToolsEnd):
-            finish_reason = event.tool_finish
-            if event.calls:
-                deltas = [{"index": i, **call} for i, call in enumerate(event.calls)]
-                yield _chunk(shape, event.index, {"tool_calls": deltas})
-        last = _chunk(shape, event.index, {} if shape.chat else "", finish_reason)
+        if isinstance(event, _ToolsEnd) and event.calls:
+            deltas = [{"index": i, **call} for i, call in enumerate(event.calls)]
+            yield _chunk(shape, event.index, {"tool_calls": deltas})
+        last = _chunk(shape, event.index, {} if shape.chat else "", event.finish_reason)
         if event.index == n - 1:
             last["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
         if event.extra is not None:
@@ -182,8 +179,7 @@ def stream_chunks(shape: Shape, events: Iterator[TextPiece | ChoiceEnd], prompt_
 
 @dataclass
 class _ToolsEnd(ChoiceEnd):
-    tool_finish: str = "stop"  # "tool_calls" when the choice made calls
-    calls: list[dict[str, Any]] | None = None
+    calls: list[dict[str, Any]] | None = None  # parsed out of the choice's text (finish_reason "tool_calls")
 
 
 def _held(events: Iterator[TextPiece | ChoiceEnd]) -> Iterator[TextPiece | ChoiceEnd]:
@@ -200,6 +196,5 @@ def _held(events: Iterator[TextPiece | ChoiceEnd]) -> Iterator[TextPiece | Choic
         tokens = [t for p in pieces for t in p.tokens]
         if content or tokens:
             yield TextPiece(event.index, content or "", tokens)
-        yield _ToolsEnd(event.index, event.finish_reason, event.completion_tokens, event.extra,
-                        cached_tokens=event.cached_tokens,
-                        tool_finish="tool_calls" if calls else event.finish_reason, calls=calls)
+        yield _ToolsEnd(event.index, "tool_calls" if calls else event.finish_reason, event.completion_tokens,
+                        event.extra, cached_tokens=event.cached_tokens, calls=calls)
