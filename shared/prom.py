@@ -15,10 +15,8 @@ draft tokens is a tree's node acceptance, not a chain's), ``spec_decode_num_acce
 vLLM) and the ``spec_decode_acceptance_length`` histogram (tokens each draft committed, bonus included: its
 mean is vLLM's mean acceptance length, whatever the tree's width).
 
-``VllmMetrics`` holds the series both sides have and renders its registry with ``model_name`` and
-``engine`` on every series of its prefix, set when the page is rendered (the client learns its model's
-name only once it has reached the server), and without prometheus_client's ``*_created`` series, which
-vLLM does not export either. edgespec's own ``edgespec_*`` series keep their labels as they were.
+``VllmMetrics`` renders ``model_name`` and ``engine`` on its prefix's series only, and without
+prometheus_client's ``*_created`` series, which vLLM does not export either.
 """
 from __future__ import annotations
 
@@ -108,8 +106,7 @@ class VllmMetrics:
                                     "Histogram of time spent waiting in the queue in seconds.", buckets=STEP_BUCKETS,
                                     registry=r)
         self.running = Gauge(prefix + "num_requests_running", running_help, registry=r)
-        self.waiting = Gauge(prefix + "num_requests_waiting", "Number of requests waiting to be processed.",
-                             registry=r)
+        self.waiting = Gauge(prefix + "num_requests_waiting", "Number of requests waiting to be processed.", registry=r)
 
     def collect(self):
         vllm = {"model_name": self.model_name or "", "engine": ENGINE}
