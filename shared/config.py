@@ -153,13 +153,12 @@ class LayeredParser(argparse.ArgumentParser):
                 continue
             saved[action] = (action.default, action.required)
             action.required = False
+            value = settings[action.dest].value
             if isinstance(action, (argparse._AppendAction, argparse._ExtendAction)):
                 # argparse appends command-line values to a list default; the command line must
                 # replace the lower layers instead, so the default stays None and is filled in after.
-                repeated[action.dest] = settings[action.dest].value
-                action.default = None
-            else:
-                action.default = settings[action.dest].value
+                repeated[action.dest], value = value, None
+            action.default = value
         try:
             ns, extras = super().parse_known_args(argv, namespace)
         finally:
