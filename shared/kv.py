@@ -57,7 +57,6 @@ def _filled(cache) -> list:
 
 
 def cache_len(cache) -> int:
-    """Tokens a DynamicCache holds."""
     return int(cache.get_seq_length())
 
 

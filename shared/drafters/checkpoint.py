@@ -38,9 +38,7 @@ class DrafterCheckpointError(EdgespecError, ValueError, grpc_code="FAILED_PRECON
 
 # -- finding one ---------------------------------------------------------------------------------
 def shipped_names() -> list[str]:
-    if not CHECKPOINT_DIR.is_dir():
-        return []
-    return sorted(p.name for p in CHECKPOINT_DIR.iterdir() if (p / "card.json").is_file())
+    return sorted(card.parent.name for card in CHECKPOINT_DIR.glob("*/card.json") if card.is_file())
 
 
 def resolve_checkpoint(name_or_path: str | Path) -> Path:
