@@ -75,17 +75,14 @@ class SpecDecodeStats:
         doc defines them). SGLang's spec_accept_rate is accepted / draft tokens, tree nodes counted, so a wide
         tree's rate is low while its spec_accept_length (the mean acceptance length) is high."""
         length = self.mean_acceptance_length
-        return {
-            "num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
-            "num_accepted_tokens": self.num_accepted_tokens,
-            "num_accepted_tokens_per_pos": list(self.accepted_per_position),
-            "mean_acceptance_length": round(length, 4),
-            "spec_verify_ct": self.num_verifications,
-            "spec_accept_length": round(length, 4),
-            "spec_accept_rate": round(self.num_accepted_tokens / self.num_draft_tokens, 4)
-            if self.num_draft_tokens else 0.0,
-            "spec_accept_token_num": self.num_accepted_tokens, "spec_draft_token_num": self.num_draft_tokens,
-        }
+        return {"num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
+                "num_accepted_tokens": self.num_accepted_tokens,
+                "num_accepted_tokens_per_pos": list(self.accepted_per_position),
+                "mean_acceptance_length": round(length, 4),
+                "spec_verify_ct": self.num_verifications, "spec_accept_length": round(length, 4),
+                "spec_accept_rate": round(self.num_accepted_tokens / self.num_draft_tokens, 4)
+                if self.num_draft_tokens else 0.0,
+                "spec_accept_token_num": self.num_accepted_tokens, "spec_draft_token_num": self.num_draft_tokens}
 
 
 @dataclass

@@ -113,9 +113,8 @@ def save_random_model(out_dir: str | Path, like: str, shape: Shape, dtype: torch
             param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float32, device=device).mul_(std).to(dtype))
     model.save_pretrained(out)
     _tokenizer(like, shape.vocab_size).save_pretrained(out)
-    (out / "edgespec-random.json").write_text(json.dumps({"like": like, "shape": asdict(shape),
-                                                          "dtype": str(dtype).removeprefix("torch."),
-                                                          "seed": seed}, indent=2))
+    (out / "edgespec-random.json").write_text(json.dumps(
+        {"like": like, "shape": asdict(shape), "dtype": str(dtype).removeprefix("torch."), "seed": seed}, indent=2))
     return out
 
 

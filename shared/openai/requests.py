@@ -123,9 +123,8 @@ class _Common(_Strict):
             tuple((int(k), v) for k, v in (self.logit_bias or {}).items()))
         tools = self._tools()
         grammar = (tools and tools.grammar) or response_format_grammar(self.response_format)
-        return Settings(max_tokens=max_tokens, sampling=sampling,
-                        seed=self.seed, n=self.n or 1, stop=self.stop, top_logprobs=top_logprobs,
-                        stream=bool(self.stream),
+        return Settings(max_tokens=max_tokens, sampling=sampling, seed=self.seed, n=self.n or 1, stop=self.stop,
+                        top_logprobs=top_logprobs, stream=bool(self.stream),
                         include_usage=bool(self.stream_options and self.stream_options.include_usage),
                         ignore_eos=bool(self.ignore_eos), grammar=grammar, tools=tools)
 
