@@ -19,8 +19,7 @@ HOW_TO_SEND = "send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')"
 def api_keys_from_headers(headers: Mapping[str, str]) -> list[str]:
     """Every key a caller sent: the bearer credentials and x-api-key, each when present."""
     keys = []
-    authorization = headers.get("authorization") or ""
-    scheme, _, credentials = authorization.strip().partition(" ")
+    scheme, _, credentials = (headers.get("authorization") or "").strip().partition(" ")
     if scheme.lower() == "bearer" and credentials.strip():
         keys.append(credentials.strip())
     key = (headers.get("x-api-key") or "").strip()

@@ -5,20 +5,22 @@ things (torch, transformers) inside its handlers, so `edgespec --help` stays fas
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from types import ModuleType
 from typing import Iterable
 
 from . import __version__
 from .config import LayeredParser
+from .errors import EdgespecError
+from .logging_setup import configure_logging
 
 
 def build_parser(commands: Iterable[ModuleType]) -> argparse.ArgumentParser:
     """The `edgespec` parser with each of `commands` (modules with ``register``) as a subcommand, in order."""
     # Subparsers are built with the root's class: every command gets defaults in --help, and the
     # commands that call config.enable_layers read EDGESPEC_* variables and --config files.
-    parser = LayeredParser(
-        prog="edgespec", description="Client-server speculative decoding for edge devices.")
+    parser = LayeredParser(prog="edgespec", description="Client-server speculative decoding for edge devices.")
     parser.add_argument("--version", action="version", version=f"edgespec {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (same as --log-level debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -31,20 +33,14 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """Parse `argv` (the process's arguments when None) and run the chosen command's handler."""
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # as typed: runs record the command that made them
-    from .logging_setup import configure_logging
-
     # One setup for every command; server and client add --log-format and --log-level.
     configure_logging(getattr(args, "log_format", "text"),
                       "debug" if args.verbose else getattr(args, "log_level", "info"))
-    import logging
-
-    for warning in getattr(args, "config_warnings", ()):  # unknown EDGESPEC_* variables (config.unknown_env)
+    for warning in getattr(args, "config_warnings", ()):  # unknown EDGESPEC_* variables (config.unknown_env_warnings)
         logging.getLogger("edgespec.config").warning(warning)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from .errors import EdgespecError
-
     try:
         return int(args.func(args) or 0)
     except EdgespecError as exc:

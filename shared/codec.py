@@ -104,10 +104,6 @@ class ActivationCodec:
     def encode(self, tensor: torch.Tensor) -> bytes:
         return encode_frame(tensor, self.codec, self.zstd_level, self.outlier_channels)
 
-    @staticmethod
-    def decode(frame: bytes, max_elements: int = MAX_ELEMENTS) -> torch.Tensor:
-        return decode_frame(frame, max_elements)
-
 
 def frame_element_limit(rows: int, values_per_row: int) -> int:
     """The most elements a frame may claim when it carries `rows` tokens of at most `values_per_row` values each:
@@ -124,10 +120,6 @@ def _row_shape(shape: tuple[int, ...]) -> tuple[int, int]:
         return 1, 1
     # math.prod, not np.prod: Python ints cannot wrap, so a hostile shape cannot either.
     return math.prod(shape[:-1]), int(shape[-1])
-
-
-def _rows(x: np.ndarray) -> np.ndarray:
-    return x.reshape(_row_shape(x.shape))
 
 
 def _quantize_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -149,7 +141,7 @@ def encode_frame(tensor: torch.Tensor, codec: Codec = Codec.INT8_OUTLIER, zstd_l
         raise FrameError(f"cannot encode a {tensor.dim()}-D tensor; at most {_MAX_NDIM} dimensions")
     shape = tuple(tensor.shape)
     x = tensor.detach().to("cpu", torch.float32).numpy()
-    rows = _rows(x)
+    rows = x.reshape(_row_shape(x.shape))
     k = 0
     if codec is Codec.FP16:
         payload = rows.astype(np.float16).tobytes()
@@ -201,15 +193,12 @@ class _Header:
     @property
     def raw_size(self) -> int:
         """Bytes of the payload before zstd that this shape, codec and K need."""
-        return _raw_size(self.codec, self.n_rows, self.channels, self.outliers)
-
-
-def _raw_size(codec: Codec, n_rows: int, channels: int, k: int) -> int:
-    if codec is Codec.FP16:
-        return 2 * n_rows * channels
-    if codec is Codec.INT8:
-        return 4 * n_rows + n_rows * channels
-    return 2 * k + 2 * n_rows * k + 4 * n_rows + n_rows * (channels - k)
+        t, c, k = self.n_rows, self.channels, self.outliers
+        if self.codec is Codec.FP16:
+            return 2 * t * c
+        if self.codec is Codec.INT8:
+            return 4 * t + t * c
+        return 2 * k + 2 * t * k + 4 * t + t * (c - k)
 
 
 def claimed_elements(shape: tuple[int, ...]) -> int:

@@ -57,7 +57,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if is_secret(action) and action.default not in (None, argparse.SUPPRESS):
+        if action.nargs != 0 and _SECRET.search(action.dest) and action.default not in (None, argparse.SUPPRESS):
             return text + " (default: set, hidden)"
         # Nothing to add for an unset flag or switch, nor where the help already names the value in force
         # (a default the environment or config file changed is not named there, so it is still shown).
@@ -66,11 +66,6 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
                 rf"default:? {value}\b|(?<![\w.]){value}, the default", text):
             return text
         return super()._get_help_string(action)
-
-
-def is_secret(action: argparse.Action) -> bool:
-    """An option whose value may be a secret (an API key, a token): one that takes a value and is named so."""
-    return action.nargs != 0 and bool(_SECRET.search(action.dest))
 
 
 def comma_list(values: list[str]) -> tuple[str, ...]:
@@ -93,20 +88,15 @@ def _known_env() -> set[str]:
     return set(KNOWN_ENV) | {n for p in _LAYERED for a in _layered_actions(p) for n in env_names(a)}
 
 
-def unknown_env(environ: Mapping[str, str]) -> list[str]:
-    """EDGESPEC_* variables set in `environ` that no command's option and no part of edgespec reads."""
+def unknown_env_warnings(environ: Mapping[str, str]) -> list[str]:
+    """One line per EDGESPEC_* variable set in `environ` that no command's option and no part of edgespec
+    reads, with the nearest known name when there is one."""
     if any(name.startswith(ENV_PREFIX) for name in set(environ) - _known_env()):
         while _PENDING:  # a command whose options are not added yet may read it
             _PENDING.pop().add_pending()
     known = _known_env()
-    return sorted(name for name in environ if name.startswith(ENV_PREFIX) and name not in known)
-
-
-def unknown_env_warnings(environ: Mapping[str, str]) -> list[str]:
-    """One line per unknown EDGESPEC_* variable, with the nearest known name when there is one."""
-    known = sorted(_known_env())
     out = []
-    for name in unknown_env(environ):
+    for name in sorted(name for name in environ if name.startswith(ENV_PREFIX) and name not in known):
         near = difflib.get_close_matches(name, known, n=1)
         out.append(f"unknown environment variable {name}: no edgespec option reads it"
                    + (f" (did you mean {near[0]}?)" if near else ""))
@@ -123,11 +113,8 @@ class Setting:
 
 class LayeredParser(argparse.ArgumentParser):
     """An ArgumentParser whose defaults come from the environment and a config file once
-    ``enable_layers`` was called on it; until then it only differs by showing defaults in --help.
-
-    shared/cli.py makes the root parser one, so every subcommand parser is one too (argparse builds
-    subparsers of the root's class). Options given to ``add_on_first_use`` are added when the parser
-    first parses or shows its help."""
+    ``enable_layers`` was called on it; until then it only differs by showing defaults in --help
+    (shared/cli.py makes the root parser one, so every subcommand parser is one too)."""
 
     def __init__(self, *args, **kwargs):
         # Commands that asked for raw descriptions get them, with defaults shown as everywhere else.
@@ -166,13 +153,12 @@ class LayeredParser(argparse.ArgumentParser):
                 continue
             saved[action] = (action.default, action.required)
             action.required = False
+            value = settings[action.dest].value
             if isinstance(action, (argparse._AppendAction, argparse._ExtendAction)):
                 # argparse appends command-line values to a list default; the command line must
                 # replace the lower layers instead, so the default stays None and is filled in after.
-                repeated[action.dest] = settings[action.dest].value
-                action.default = None
-            else:
-                action.default = settings[action.dest].value
+                repeated[action.dest], value = value, None
+            action.default = value
         try:
             ns, extras = super().parse_known_args(argv, namespace)
         finally:
@@ -213,10 +199,6 @@ def env_names(action: argparse.Action) -> list[str]:
             for opt in action.option_strings if opt.startswith("--")]
 
 
-def _keys(action: argparse.Action) -> list[str]:
-    return [opt.lstrip("-") for opt in action.option_strings if opt.startswith("--")]
-
-
 def _layered_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     return [a for a in parser._actions
             if a.option_strings and not isinstance(a, _SKIPPED) and a.dest != "config"]
@@ -226,7 +208,7 @@ def collect(parser: argparse.ArgumentParser, environ: Mapping[str, str], file: M
             file_name: str = "config") -> dict[str, Setting]:
     """dest -> Setting from the environment over the file; ConfigError names a bad key or value."""
     actions = _layered_actions(parser)
-    by_key = {key.replace("_", "-"): a for a in actions for key in _keys(a)}
+    by_key = {opt.lstrip("-").replace("_", "-"): a for a in actions for opt in a.option_strings if opt.startswith("--")}
     out: dict[str, Setting] = {}
     for key, raw in file.items():
         if str(key) == "config":

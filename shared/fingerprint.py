@@ -18,9 +18,8 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
     added = sorted((int(i), str(t)) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items())
     roles = {role: getattr(tokenizer, role, None) for role in ("bos_token", "eos_token", "pad_token", "unk_token")}
-    blob = json.dumps({"vocab": vocab, "added": added, "roles": {k: str(v) if v is not None else None
-                                                                  for k, v in roles.items()}},
-                      ensure_ascii=False, separators=(",", ":"))
+    roles = {role: None if value is None else str(value) for role, value in roles.items()}
+    blob = json.dumps({"vocab": vocab, "added": added, "roles": roles}, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 

@@ -14,6 +14,7 @@ and what it writes parses as it stands.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from typing import Any, Sequence
@@ -47,11 +48,6 @@ def json_schema_grammar(schema: dict[str, Any]) -> str:
     except (ValueError, TypeError) as err:  # not a JSON object, options it does not know
         raise GrammarError(str(err)) from None
     return check_grammar(grammar)
-
-
-def json_object_grammar() -> str:
-    """A grammar for any JSON object (OpenAI's json_object mode)."""
-    return json_schema_grammar({"type": "object"})
 
 
 def _call_schema(function: dict[str, Any]) -> dict[str, Any]:
@@ -105,10 +101,8 @@ def grammar_tokenizer(hf_tokenizer, vocab_size: int, eos_ids: Sequence[int]):
         from llguidance.hf import from_tokenizer
 
         cache = (key, from_tokenizer(hf_tokenizer, n_vocab=vocab_size, eos_token=sorted(eos_ids)))
-        try:
+        with contextlib.suppress(AttributeError):  # a tokenizer that takes no attributes: built again next time
             hf_tokenizer._edgespec_llg = cache
-        except AttributeError:  # a tokenizer that takes no attributes: built again next time
-            pass
     return cache[1]
 
 

@@ -1,14 +1,9 @@
 """KV bookkeeping shared by the server's target and the client's independent drafter.
 
-A session's KV holds, per layer, keys and values of the tokens fed so far. The
-operations every speculative-decoding loop needs on it:
-
-- ``crop``: keep the first n tokens (a rejected tree, a rollback).
-- ``keep_rows``: after a tree was appended behind ``past_len`` cached tokens,
-  keep the past plus the chosen rows of the tree (the accepted path), in order.
-- ``layer_kv``: per-token K|V of every layer, the input of MoA's Layer
-  Self-Attention.
-- byte accounting, for memory caps.
+A session's KV holds, per layer, keys and values of the tokens fed so far. Every
+speculative-decoding loop needs to ``crop`` it (a rejected tree, a rollback), to
+``keep_rows`` (the past plus a tree's accepted path, in order), to read its
+``layer_kv`` (MoA's Layer Self-Attention input) and to count its bytes (memory caps).
 
 Two stores implement them: a transformers ``DynamicCache`` (``DynamicKV``, the
 generic path, one growing tensor per layer) and a slot of the server's
@@ -62,12 +57,7 @@ def _filled(cache) -> list:
 
 
 def cache_len(cache) -> int:
-    """Tokens a DynamicCache holds."""
     return int(cache.get_seq_length())
-
-
-def cache_bytes(cache) -> int:
-    return sum(layer.keys.nbytes + layer.values.nbytes for layer in _filled(cache))
 
 
 def crop(cache, length: int) -> None:
@@ -91,11 +81,10 @@ def keep_rows(cache, past_len: int, rows: Sequence[int]) -> None:
     crop(cache, past_len + len(rows))
 
 
-def layer_kv(cache, start: int, end: int, batch_row: int = 0) -> torch.Tensor:
+def layer_kv(cache, start: int, end: int) -> torch.Tensor:
     """Per-token K|V of every layer of a DynamicCache for tokens [start, end): [T, L, 2*E_kv]."""
     layers = [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
-    return rows_kv([layer.keys[batch_row] for layer in layers], [layer.values[batch_row] for layer in layers],
-                   start, end)
+    return rows_kv([layer.keys[0] for layer in layers], [layer.values[0] for layer in layers], start, end)
 
 
 # ------------------------------------------------------------------- one session
@@ -136,7 +125,6 @@ class DynamicKV(SessionKV):
     def __init__(self, config=None):
         from transformers import DynamicCache
 
-        self._config = config
         self.cache = DynamicCache(config=config) if config is not None else DynamicCache()
 
     def __len__(self) -> int:
@@ -153,7 +141,7 @@ class DynamicKV(SessionKV):
 
     @property
     def nbytes(self) -> int:
-        return cache_bytes(self.cache)
+        return sum(layer.keys.nbytes + layer.values.nbytes for layer in _filled(self.cache))
 
     def close(self) -> None:
         self.crop(0)

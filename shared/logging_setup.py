@@ -86,16 +86,13 @@ def configure_logging(fmt: str = "text", level: str = "info", stream: TextIO | N
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)  # health probes every few seconds are noise
-    if fmt == "json" or not _is_terminal(out):
+    try:
+        terminal = bool(out.isatty())
+    except (AttributeError, ValueError):  # closed or not a file
+        terminal = False
+    if fmt == "json" or not terminal:
         quiet_progress_bars()
     return handler
-
-
-def _is_terminal(stream) -> bool:
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):  # closed or not a file
-        return False
 
 
 def quiet_progress_bars() -> None:

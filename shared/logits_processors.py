@@ -1,13 +1,8 @@
 """History-dependent logits processors (vLLM's penalties and logit_bias), applied per row of a tree.
 
-vLLM's meanings, in vLLM's order (before temperature, min_p, top-k and top-p):
-- ``logit_bias``: a fixed value added to a token's logit (OpenAI's, clamped to [-100, 100]).
-- ``repetition_penalty`` (> 0; 1 = off): a token seen in the prompt or the output so far has a
-  positive logit divided by it and a negative one multiplied by it.
-- ``frequency_penalty`` ([-2, 2]): minus penalty x how often the token is in the output so far.
-- ``presence_penalty`` ([-2, 2]): minus penalty once the token is in the output at all.
-Their values are a session's ``SamplingSettings`` (``shared.session_contract``).
-"Output" is what was generated after the prompt; the prompt counts for the repetition penalty only.
+Their meanings and order are vLLM's, as a session's ``SamplingSettings`` (``shared.session_contract``)
+states them. "Output" is what was generated after the prompt; the prompt counts for the repetition penalty
+only.
 
 Under speculation the target verifies a tree, and each row is the target's distribution after a
 different history: row 0 (the root) after the committed tokens, row 1 + i after the committed tokens
@@ -47,10 +42,7 @@ def apply_penalties(logits: torch.Tensor, sampling: SamplingSettings, prompt_see
 
 def token_counts(tokens: Sequence[int], vocab_size: int) -> torch.Tensor:
     """How often each id occurs in tokens: [V] float32."""
-    counts = torch.zeros(vocab_size)
-    if tokens:
-        counts += torch.bincount(torch.tensor(list(tokens), dtype=torch.long), minlength=vocab_size)[:vocab_size]
-    return counts
+    return torch.bincount(torch.tensor(list(tokens), dtype=torch.long), minlength=vocab_size)[:vocab_size].float()
 
 
 def tree_histories(base: torch.Tensor, tree: DraftTree) -> torch.Tensor:

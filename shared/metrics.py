@@ -71,26 +71,18 @@ class SpecDecodeStats:
         return [reached[k] - reached[k + 1] for k in range(len(reached) - 1)]
 
     def request_summary(self) -> dict:
-        """One request's speculative figures in vLLM's words and SGLang's (``meta_info``) at once.
-
-        vLLM: num_drafts, num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos and
-        mean_acceptance_length (1 + accepted / drafts). SGLang: spec_verify_ct (verifications),
-        spec_accept_length (the mean acceptance length: tokens a draft commits, bonus included, the
-        chain-equivalent figure whatever the tree's width), spec_accept_rate (accepted / draft tokens,
-        tree nodes counted, so a wide tree's rate is low while its accept length is high),
-        spec_accept_token_num, spec_draft_token_num."""
+        """One request's speculative figures in vLLM's words and SGLang's (``meta_info``) at once (the module
+        doc defines them). SGLang's spec_accept_rate is accepted / draft tokens, tree nodes counted, so a wide
+        tree's rate is low while its spec_accept_length (the mean acceptance length) is high."""
         length = self.mean_acceptance_length
-        return {
-            "num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
-            "num_accepted_tokens": self.num_accepted_tokens,
-            "num_accepted_tokens_per_pos": list(self.accepted_per_position),
-            "mean_acceptance_length": round(length, 4),
-            "spec_verify_ct": self.num_verifications,
-            "spec_accept_length": round(length, 4),
-            "spec_accept_rate": round(self.num_accepted_tokens / self.num_draft_tokens, 4)
-            if self.num_draft_tokens else 0.0,
-            "spec_accept_token_num": self.num_accepted_tokens, "spec_draft_token_num": self.num_draft_tokens,
-        }
+        return {"num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
+                "num_accepted_tokens": self.num_accepted_tokens,
+                "num_accepted_tokens_per_pos": list(self.accepted_per_position),
+                "mean_acceptance_length": round(length, 4),
+                "spec_verify_ct": self.num_verifications, "spec_accept_length": round(length, 4),
+                "spec_accept_rate": round(self.num_accepted_tokens / self.num_draft_tokens, 4)
+                if self.num_draft_tokens else 0.0,
+                "spec_accept_token_num": self.num_accepted_tokens, "spec_draft_token_num": self.num_draft_tokens}
 
 
 @dataclass
@@ -173,15 +165,11 @@ class GenerationMetrics(SpecDecodeStats, LinkTraffic):
         """Plain values for JSON, derived figures included."""
         out = asdict(self)
         out.pop("round_trips_s")
-        out.update(acceptance_length=round(self.acceptance_length, 4),
-                   mean_acceptance_length=round(self.mean_acceptance_length, 4),
-                   tokens_per_s=round(self.tokens_per_s, 4),
-                   mean_round_trip_s=round(self.mean_round_trip_s, 6),
-                   calls_per_100_tokens=round(self.calls_per_100_tokens, 3),
-                   bytes_per_token=round(self.bytes_per_token, 2), guess_hit_rate=round(self.guess_hit_rate, 4),
-                   saved_per_step_s=round(self.saved_per_step_s, 6))
-        for key in ("draft_s", "verify_s", "offline_s", "prefill_s", "wall_s", "draft_ahead_s", "saved_s", "idle_s"):
-            out[key] = round(out[key], 6)
+        digits = {"acceptance_length": 4, "mean_acceptance_length": 4, "tokens_per_s": 4, "mean_round_trip_s": 6,
+                  "calls_per_100_tokens": 3, "bytes_per_token": 2, "guess_hit_rate": 4, "saved_per_step_s": 6,
+                  **dict.fromkeys(("draft_s", "verify_s", "offline_s", "prefill_s", "wall_s", "draft_ahead_s",
+                                   "saved_s", "idle_s"), 6)}
+        out.update({name: round(getattr(self, name), d) for name, d in digits.items()})
         return out
 
     def summary(self) -> str:

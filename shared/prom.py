@@ -8,24 +8,15 @@ relabelling rule on the server's scrape job (``metric_relabel_configs``: source 
 series keep their own prefix and never reach those panels (relabel ``edgespec_client:(.*)`` the same
 way in a dashboard of its own to see a laptop's view).
 
-Spec decoding, as vLLM counts it (``SpecDecodeStats``):
+Spec decoding, as vLLM counts it, in the words ``shared.metrics`` defines (``SpecDecodeStats``):
+``spec_decode_num_drafts_total``, ``spec_decode_num_draft_tokens_total`` (every branch counted, so accepted /
+draft tokens is a tree's node acceptance, not a chain's), ``spec_decode_num_accepted_tokens_total``,
+``spec_decode_num_accepted_tokens_per_pos_total{position}`` (position 0 is the first drafted token, as in
+vLLM) and the ``spec_decode_acceptance_length`` histogram (tokens each draft committed, bonus included: its
+mean is vLLM's mean acceptance length, whatever the tree's width).
 
-- ``spec_decode_num_drafts_total``: verified trees with at least one node (an empty tree, which asks
-  for the target's next token alone, is no draft), sent with Open or Draft alike;
-- ``spec_decode_num_draft_tokens_total``: their nodes, every branch counted: a tree of 16 nodes and
-  depth 5 is 16 draft tokens, of which at most 5 can be accepted, so accepted / draft tokens is a
-  tree's node acceptance, not a chain's;
-- ``spec_decode_num_accepted_tokens_total``: nodes the target accepted (one path, root to leaf);
-- ``spec_decode_num_accepted_tokens_per_pos_total{position}``: drafts whose accepted path reached
-  depth position+1 (position 0 is the first drafted token, as in vLLM);
-- ``spec_decode_acceptance_length``: histogram of tokens each draft committed, bonus included: the
-  chain-equivalent figure (its mean is vLLM's mean acceptance length, 1 + accepted / drafts, whatever
-  the tree's width).
-
-``VllmMetrics`` holds the series both sides have and renders its registry with ``model_name`` and
-``engine`` on every series of its prefix, set when the page is rendered (the client learns its model's
-name only once it has reached the server), and without prometheus_client's ``*_created`` series, which vLLM does not export either.
-edgespec's own ``edgespec_*`` series keep their labels as they were.
+``VllmMetrics`` renders ``model_name`` and ``engine`` on its prefix's series only, and without
+prometheus_client's ``*_created`` series, which vLLM does not export either.
 """
 from __future__ import annotations
 
@@ -115,8 +106,7 @@ class VllmMetrics:
                                     "Histogram of time spent waiting in the queue in seconds.", buckets=STEP_BUCKETS,
                                     registry=r)
         self.running = Gauge(prefix + "num_requests_running", running_help, registry=r)
-        self.waiting = Gauge(prefix + "num_requests_waiting", "Number of requests waiting to be processed.",
-                             registry=r)
+        self.waiting = Gauge(prefix + "num_requests_waiting", "Number of requests waiting to be processed.", registry=r)
 
     def collect(self):
         vllm = {"model_name": self.model_name or "", "engine": ENGINE}

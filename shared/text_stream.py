@@ -32,12 +32,9 @@ PARTIAL_CHAR_TOKENS = 3
 
 
 class IncrementalDecoder:
-    """Token ids in, new text out, decoding a bounded window of recent ids each step.
-
-    ``ids[prefix:read]`` were decoded and shown already; they are decoded again
-    with the new ids as context, because a tokenizer may render a token
-    differently after its neighbour (a leading space, a merged byte).
-    """
+    """The window's ids already shown (``ids[prefix:read]``) are decoded again with the new ids as
+    context, because a tokenizer may render a token differently after its neighbour (a leading space,
+    a merged byte)."""
 
     def __init__(self, decode: Decode):
         self.decode = decode
@@ -118,10 +115,7 @@ class _Automaton:
 
 
 class StopMatcher:
-    """Text in, text safe to show out; stops at the first stop string, which is not shown.
-
-    Cost per character is O(1) amortised whatever the number of stop strings.
-    """
+    """Text in, text safe to show out; stops at the first stop string, which is not shown."""
 
     def __init__(self, stops: Sequence[str] = ()):
         self._automaton = _Automaton.build([s for s in stops if s])

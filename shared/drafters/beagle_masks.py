@@ -1,13 +1,9 @@
-"""Attention masks of the Beagle drafter (cross-attention speculative decoding), as pure functions.
+"""Attention masks of the Beagle drafter (cross-attention speculative decoding), as pure functions in the
+form of ``masks`` (True = may attend, [queries, keys]) over the positions 0..n-1 of one window.
 
-Beagle's queries are token embeddings; its keys/values are *states* (the target's LM-head
-input, or the drafter's own predicted state). The query of token c_t at position t predicts
-the state h_t, whose LM head gives c_{t+1}. So it must never see h_t itself: the **diagonal
-is masked**, and query t sees states j < t only.
-
-Boolean masks, True = the query may attend to the key; shapes are [queries, keys]. Positions
-are 0..n-1 of one window. Every mask here may leave a row with nothing visible (the first
-position): the drafter always adds a zero "sink" key, so such a row reads zeros, not NaN.
+Query t predicts the state h_t (``beagle``), so it must never see h_t itself: the **diagonal is masked**,
+and query t sees states j < t only. A row may see nothing (the first position): the drafter always adds
+a zero "sink" key, so such a row reads zeros, not NaN.
 
 Training works in blocks of k positions, cut at a random ``offset`` (0 <= offset < k): the
 positions before ``offset`` form a shorter first block starting at 0. ``block_starts`` gives

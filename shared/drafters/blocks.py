@@ -34,20 +34,11 @@ class KV:
     k: torch.Tensor
     v: torch.Tensor
 
-    @property
-    def length(self) -> int:
-        return self.k.shape[1]
-
     def cat(self, other: "KV") -> "KV":
         return KV(torch.cat([self.k, other.k], 1), torch.cat([self.v, other.v], 1))
 
     def take(self, index: torch.Tensor | slice) -> "KV":
         return KV(self.k[:, index], self.v[:, index])
-
-    @staticmethod
-    def empty(heads: int, dim: int, like: torch.Tensor) -> "KV":
-        z = like.new_zeros(heads, 0, dim)
-        return KV(z, z.clone())
 
 
 class Attention(nn.Module):

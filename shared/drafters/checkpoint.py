@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from edgespec.shared.errors import EdgespecError
 from .lsa import LayerSelfAttention, load_server_part
@@ -36,9 +38,7 @@ class DrafterCheckpointError(EdgespecError, ValueError, grpc_code="FAILED_PRECON
 
 # -- finding one ---------------------------------------------------------------------------------
 def shipped_names() -> list[str]:
-    if not CHECKPOINT_DIR.is_dir():
-        return []
-    return sorted(p.name for p in CHECKPOINT_DIR.iterdir() if (p / "card.json").is_file())
+    return sorted(card.parent.name for card in CHECKPOINT_DIR.glob("*/card.json") if card.is_file())
 
 
 def resolve_checkpoint(name_or_path: str | Path) -> Path:
@@ -82,25 +82,17 @@ def checkpoint_kind(path: str | Path) -> str:
     found = find_checkpoint(path)
     if found.is_dir():
         return "moa"
-    return "beagle" if file_kind(found) == "beagle" else "eagle"
-
-
-def file_kind(path: str | Path) -> str:
-    """The drafter kind a single-file checkpoint records in its metadata ("" when none)."""
-    from safetensors import safe_open
-
     try:
-        with safe_open(str(path), framework="pt") as f:
-            return (f.metadata() or {}).get("kind", "")
+        with safe_open(str(found), framework="pt") as f:
+            kind = (f.metadata() or {}).get("kind", "")
     except Exception as exc:  # noqa: BLE001 - safetensors raises its own types for a file that is not one
-        raise DrafterCheckpointError(f"{path} is not a safetensors drafter checkpoint: {exc}") from None
+        raise DrafterCheckpointError(f"{found} is not a safetensors drafter checkpoint: {exc}") from None
+    return "beagle" if kind == "beagle" else "eagle"
 
 
 # -- its files -----------------------------------------------------------------------------------
 def save_weights(path: str | Path, kind: str, config: dict, state: dict[str, torch.Tensor],
                  vocab_ids: torch.Tensor | None = None, dtype: torch.dtype = torch.bfloat16) -> Path:
-    from safetensors.torch import save_file
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().to(dtype if v.is_floating_point() else v.dtype).contiguous()
@@ -113,9 +105,6 @@ def save_weights(path: str | Path, kind: str, config: dict, state: dict[str, tor
 
 def load_weights(path: str | Path, kind: str) -> tuple[dict, dict[str, torch.Tensor], torch.Tensor | None]:
     """(config, state dict in float32, vocab_ids or None)."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
     path = Path(path)
     if not path.is_file():
         raise DrafterCheckpointError(f"drafter checkpoint {path} does not exist")

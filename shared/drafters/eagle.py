@@ -47,10 +47,6 @@ class EagleHead(nn.Module):
         x, kv = self.block(x, positions, mask, past)
         return self.out(self.out_norm(x)), kv
 
-    def empty_kv(self, like: torch.Tensor) -> KV:
-        c = self.config
-        return KV.empty(c.heads, c.width // c.heads, like)
-
 
 def save_eagle(head: EagleHead, path: str | Path, vocab_ids: torch.Tensor | None = None,
                dtype: torch.dtype = torch.bfloat16) -> Path:

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 
@@ -41,16 +43,11 @@ class LayerSelfAttention(nn.Module):
 
 def save_server_part(module: LayerSelfAttention, path: str | Path) -> None:
     """safetensors with the config in its metadata."""
-    from safetensors.torch import save_file
-
     meta = {k: str(v) for k, v in asdict(module.config).items()}
     save_file({k: v.detach().contiguous() for k, v in module.state_dict().items()}, str(path), metadata=meta)
 
 
 def load_server_part(path: str | Path, device: str | torch.device = "cpu") -> LayerSelfAttention:
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
     try:

@@ -70,8 +70,6 @@ def unrolled_mask(n: int, step: int, device=None) -> torch.Tensor:
     """
     if step < 2:
         raise ValueError(f"unrolled steps start at 2, got {step}")
-    parts = [causal_mask(n, device)]
     eye = torch.eye(n, dtype=torch.bool, device=device)
-    parts += [eye] * (step - 1)
-    return torch.cat(parts, dim=1)
+    return torch.cat([causal_mask(n, device)] + [eye] * (step - 1), dim=1)
 

@@ -39,9 +39,6 @@ class MoAConfig:
         if self.tli not in SUPPORTED_TLI:
             raise ValueError(f"MoA supports TLI in {SUPPORTED_TLI}, got {self.tli}")
 
-    def lsa_config(self) -> LSAConfig:
-        return LSAConfig(self.num_layers, self.kv_size, self.lsa_heads)
-
 
 class MoAClient(nn.Module):
     def __init__(self, config: MoAConfig):
@@ -100,8 +97,8 @@ class MoAClient(nn.Module):
         self.act_scale.copy_(activations.std(0).clamp_min(1e-3))
 
     def empty_kv(self, like: torch.Tensor) -> KV:
-        c = self.config
-        return KV.empty(c.heads, c.width // c.heads, like)
+        z = like.new_zeros(self.config.heads, 0, self.config.width // self.config.heads)
+        return KV(z, z.clone())
 
 
 @dataclass
@@ -114,7 +111,8 @@ class MoADrafterModel:
 
 
 def new_moa(config: MoAConfig) -> MoADrafterModel:
-    return MoADrafterModel(LayerSelfAttention(config.lsa_config()), MoAClient(config))
+    return MoADrafterModel(LayerSelfAttention(LSAConfig(config.num_layers, config.kv_size, config.lsa_heads)),
+                           MoAClient(config))
 
 
 def save_moa(model: MoADrafterModel, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:

@@ -14,9 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from torch import nn
 
+from edgespec.shared.errors import InvalidTreeError
 from edgespec.shared.models.cache_arg import with_cache
+from edgespec.shared.models.loading import model_location
 
 from .blocks import KV
 from .checkpoint import DrafterCheckpointError
@@ -102,8 +105,6 @@ class TargetParts(nn.Module):
         ids = torch.as_tensor(list(tokens), dtype=torch.long)
         vocab = self.embed.num_embeddings
         if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-            from edgespec.shared.errors import InvalidTreeError
-
             raise InvalidTreeError(f"token ids must be in 0..{vocab - 1} for this target, got {ids.tolist()}")
         return ids
 
@@ -138,10 +139,7 @@ def load_target_parts(name_or_path: str, tli: int = 0, vocab_ids: torch.Tensor |
                       dtype: torch.dtype = torch.float32) -> TargetParts:
     """TargetParts read straight from the target's files: only the embedding, final norm, LM head
     and last ``tli`` layers are loaded, so a laptop never holds the whole target."""
-    from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from edgespec.shared.models.loading import model_location
 
     where = Path(model_location(name_or_path))
     cfg = AutoConfig.from_pretrained(where)

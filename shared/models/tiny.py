@@ -76,7 +76,6 @@ _EAGER_ONLY = {"gemma2"}  # transformers has no SDPA path for these
 def tiny_model(config: TinyConfig = TinyConfig(), dtype: torch.dtype = torch.float32):
     """A randomly initialised causal LM of ``config.arch``, the same for the same config."""
     import transformers
-    from transformers import AutoModelForCausalLM
 
     class_name, extra = ARCHITECTURES[config.arch]
     cfg = getattr(transformers, class_name)(**{
@@ -88,7 +87,7 @@ def tiny_model(config: TinyConfig = TinyConfig(), dtype: torch.dtype = torch.flo
     cfg._attn_implementation = "eager" if config.arch in _EAGER_ONLY else "sdpa"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        model = AutoModelForCausalLM.from_config(cfg)
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
     return model.to(dtype).eval()
 
 

@@ -15,10 +15,9 @@ from starlette.responses import Response
 
 log = logging.getLogger(__name__)
 
-# Types follow OpenAI's where it has one for the status.
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-          500: "server_error", 502: "server_error", 503: "service_unavailable", 504: "server_error"}
+# Types follow OpenAI's where it has one for the status; any other is an invalid_request_error.
+_TYPES = {401: "authentication_error", 429: "rate_limit_error", 500: "server_error", 502: "server_error",
+          503: "service_unavailable", 504: "server_error"}
 
 
 class Cancelled(Exception):
@@ -28,14 +27,13 @@ class Cancelled(Exception):
 class OpenAIError(Exception):
     """A failure to answer with an OpenAI error object."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str | None = None):  # noqa: A002 - OpenAI's own field name
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
-        self.type = type or _TYPES.get(status, "invalid_request_error")
+        self.type = _TYPES.get(status, "invalid_request_error")
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

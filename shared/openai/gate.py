@@ -5,9 +5,8 @@ body: an unauthenticated caller learns nothing about the request schema, and
 a body declared too big is refused before it is read. A body sent without a
 length is counted as it is read (``read_body``).
 
-A handler whose answer is not streamed runs its generation on a worker thread
-and watches the connection meanwhile (``until_done_or_gone``): when the caller
-disconnects, the generation is cancelled instead of running to its end.
+``until_done_or_gone`` cancels a generation whose caller disconnects instead of
+running it to its end.
 """
 from __future__ import annotations
 

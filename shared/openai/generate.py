@@ -67,10 +67,7 @@ class Choice:
 
 def jobs(plan: Plan) -> list[GenerationJob]:
     s = plan.settings
-    if s.seed is None:
-        seeds = [secrets.randbits(64) for _ in range(s.n)]
-    else:
-        seeds = [(s.seed + i) % SEED_MODULUS for i in range(s.n)]
+    seeds = [secrets.randbits(64) if s.seed is None else (s.seed + i) % SEED_MODULUS for i in range(s.n)]
     return [GenerationJob(plan.prompt_ids, plan.max_new_tokens, s.sampling, seed, s.stop, s.top_logprobs, s.grammar,
                           s.ignore_eos) for seed in seeds]
 

@@ -15,6 +15,7 @@ took seconds and hundreds of MB), so a prompt is measured in characters first:
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
 from .errors import OpenAIError, bad_request
@@ -36,10 +37,8 @@ def max_token_chars(tokenizer) -> int:
     cached = getattr(tokenizer, "_edgespec_max_token_chars", None)
     if cached is None:
         cached = max(map(len, tokenizer.get_vocab()), default=1)
-        try:
+        with contextlib.suppress(AttributeError):  # a tokenizer that takes no new attributes: measure again next time
             tokenizer._edgespec_max_token_chars = cached
-        except AttributeError:  # a tokenizer that takes no new attributes: measure again next time
-            pass
     return max(1, cached)
 
 

@@ -95,9 +95,6 @@ class _Common(_Strict):
                 raise ValueError(f"keys are token ids written as strings ('50256'), got {key!r}")
         return value
 
-    def _grammar(self) -> str | None:
-        return response_format_grammar(self.response_format)
-
     @field_validator("stop", mode="before")
     @classmethod
     def _stop(cls, value: Any) -> tuple[str, ...]:
@@ -125,10 +122,9 @@ class _Common(_Strict):
             1.0 if self.repetition_penalty is None else self.repetition_penalty,
             tuple((int(k), v) for k, v in (self.logit_bias or {}).items()))
         tools = self._tools()
-        grammar = tools.grammar if tools is not None and tools.grammar else self._grammar()
-        return Settings(max_tokens=max_tokens, sampling=sampling,
-                        seed=self.seed, n=self.n or 1, stop=self.stop, top_logprobs=top_logprobs,
-                        stream=bool(self.stream),
+        grammar = (tools and tools.grammar) or response_format_grammar(self.response_format)
+        return Settings(max_tokens=max_tokens, sampling=sampling, seed=self.seed, n=self.n or 1, stop=self.stop,
+                        top_logprobs=top_logprobs, stream=bool(self.stream),
                         include_usage=bool(self.stream_options and self.stream_options.include_usage),
                         ignore_eos=bool(self.ignore_eos), grammar=grammar, tools=tools)
 

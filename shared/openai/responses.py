@@ -10,6 +10,7 @@ on a stream with each choice's last chunk.
 """
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from dataclasses import dataclass
@@ -42,48 +43,25 @@ class Shape:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
 
-def tool_message(text: str, finish_reason: str) -> tuple[dict[str, Any], str]:
-    """A chat choice's message and finish_reason with its tool calls parsed out ("tool_calls" when any)."""
-    content, calls = parse_tool_calls(text)
-    if not calls:
-        return {"role": "assistant", "content": text}, finish_reason
-    return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map, which byte-level BPE vocabularies are written in."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
-    chars, extra = dict(zip(keep, map(chr, keep))), 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return chars
-
-
-_BYTE_OF_CHAR = {c: b for b, c in _bytes_to_unicode().items()}
-
-
 class TokenTexts:
     """A token's text and exact bytes, for logprobs (a byte token may be half a character)."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         backend = getattr(tokenizer, "backend_tokenizer", None)
-        self.byte_level = type(getattr(backend, "decoder", None)).__name__ == "ByteLevel"
-        self.special = set(getattr(tokenizer, "all_special_ids", ()))
-        self._cache: dict[int, tuple[str, list[int]]] = {}
+        self.byte_of_char: dict[str, int] = {}  # a byte-level BPE vocabulary's characters -> the bytes they stand for
+        if type(getattr(backend, "decoder", None)).__name__ == "ByteLevel":
+            from transformers.convert_slow_tokenizer import bytes_to_unicode  # GPT-2's byte -> character map
 
-    def piece(self, token: int) -> tuple[str, list[int]]:
-        if token not in self._cache:
-            self._cache[token] = self._piece(token)
-        return self._cache[token]
+            self.byte_of_char = {c: b for b, c in bytes_to_unicode().items()}
+        self.special = set(getattr(tokenizer, "all_special_ids", ()))
+        self.piece = functools.cache(self._piece)  # one answer asks for the same tokens again and again
 
     def _piece(self, token: int) -> tuple[str, list[int]]:
         name = self.tokenizer.convert_ids_to_tokens(token)
-        if isinstance(name, str) and self.byte_level and token not in self.special \
-                and all(c in _BYTE_OF_CHAR for c in name):
-            raw = bytes(_BYTE_OF_CHAR[c] for c in name)
+        if isinstance(name, str) and self.byte_of_char and token not in self.special \
+                and all(c in self.byte_of_char for c in name):
+            raw = bytes(self.byte_of_char[c] for c in name)
             return raw.decode("utf-8", errors="replace"), list(raw)
         text = self.tokenizer.decode([token]) if token not in self.special else str(name)
         return text, list(text.encode("utf-8"))
@@ -134,9 +112,10 @@ def whole_body(shape: Shape, choices: list[Choice], prompt_tokens: int, texts: T
     for c in choices:
         finish_reason = c.finish_reason
         if shape.chat:
-            message: dict[str, Any] = {"role": "assistant", "content": c.text}
-            if shape.parse_tools:
-                message, finish_reason = tool_message(c.text, finish_reason)
+            content, calls = parse_tool_calls(c.text) if shape.parse_tools else (c.text, [])
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:  # parsed out of the text: its content is what is left (None when nothing is)
+                message["tool_calls"], finish_reason = calls, "tool_calls"
             choice: dict[str, Any] = {"index": c.index, "message": message,
                                       "logprobs": chat_logprobs(c.tokens, texts) if texts else None}
         else:
@@ -154,11 +133,8 @@ def whole_body(shape: Shape, choices: list[Choice], prompt_tokens: int, texts: T
 
 def _chunk(shape: Shape, index: int, delta: dict[str, Any] | str, finish_reason: str | None = None,
            logprobs: dict | None = None) -> dict[str, Any]:
-    if shape.chat:
-        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-    else:
-        choice = {"index": index, "text": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-    return {**shape.head(chunk=True), "choices": [choice]}
+    return {**shape.head(chunk=True), "choices": [{"index": index, "delta" if shape.chat else "text": delta,
+                                                   "logprobs": logprobs, "finish_reason": finish_reason}]}
 
 
 def stream_chunks(shape: Shape, events: Iterator[TextPiece | ChoiceEnd], prompt_tokens: int, n: int,
@@ -188,13 +164,10 @@ def stream_chunks(shape: Shape, events: Iterator[TextPiece | ChoiceEnd], prompt_
         completion_tokens += event.completion_tokens
         if event.index == 0:
             cached_tokens = event.cached_tokens
-        finish_reason = event.finish_reason
-        if isinstance(event, _ToolsEnd):
-            finish_reason = event.tool_finish
-            if event.calls:
-                deltas = [{"index": i, **call} for i, call in enumerate(event.calls)]
-                yield _chunk(shape, event.index, {"tool_calls": deltas})
-        last = _chunk(shape, event.index, {} if shape.chat else "", finish_reason)
+        if isinstance(event, _ToolsEnd) and event.calls:
+            deltas = [{"index": i, **call} for i, call in enumerate(event.calls)]
+            yield _chunk(shape, event.index, {"tool_calls": deltas})
+        last = _chunk(shape, event.index, {} if shape.chat else "", event.finish_reason)
         if event.index == n - 1:
             last["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
         if event.extra is not None:
@@ -206,8 +179,7 @@ def stream_chunks(shape: Shape, events: Iterator[TextPiece | ChoiceEnd], prompt_
 
 @dataclass
 class _ToolsEnd(ChoiceEnd):
-    tool_finish: str = "stop"  # "tool_calls" when the choice made calls
-    calls: list[dict[str, Any]] | None = None
+    calls: list[dict[str, Any]] | None = None  # parsed out of the choice's text (finish_reason "tool_calls")
 
 
 def _held(events: Iterator[TextPiece | ChoiceEnd]) -> Iterator[TextPiece | ChoiceEnd]:
@@ -224,6 +196,5 @@ def _held(events: Iterator[TextPiece | ChoiceEnd]) -> Iterator[TextPiece | Choic
         tokens = [t for p in pieces for t in p.tokens]
         if content or tokens:
             yield TextPiece(event.index, content or "", tokens)
-        yield _ToolsEnd(event.index, event.finish_reason, event.completion_tokens, event.extra,
-                        cached_tokens=event.cached_tokens,
-                        tool_finish="tool_calls" if calls else event.finish_reason, calls=calls)
+        yield _ToolsEnd(event.index, "tool_calls" if calls else event.finish_reason, event.completion_tokens,
+                        event.extra, cached_tokens=event.cached_tokens, calls=calls)

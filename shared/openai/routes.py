@@ -27,6 +27,9 @@ from typing import Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware.cors import CORSMiddleware
+
+from edgespec.shared import __version__
 
 from .backend import Backend
 from .errors import bad_request, install_error_handlers, json_response, model_not_found
@@ -63,8 +66,6 @@ def build_openai_app(title: str, get_backend: Callable[[], Backend], settings: A
     app.add_middleware(ApiGate, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes,
                        open_paths=frozenset(open_paths))
     if settings.allowed_origins:  # added last, so it runs first: preflights never meet the key check
-        from starlette.middleware.cors import CORSMiddleware
-
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["*"],
                            allow_headers=["*"], allow_credentials=False)
     created = int(time.time())
@@ -94,8 +95,6 @@ def build_openai_app(title: str, get_backend: Callable[[], Backend], settings: A
 
     @app.get("/version")
     async def version():
-        from edgespec.shared import __version__
-
         return json_response({"version": __version__})
 
     @app.post("/tokenize")

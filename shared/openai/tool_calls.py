@@ -17,8 +17,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from edgespec.shared.grammar import (TOOL_CALL_CLOSE, TOOL_CALL_OPEN, GrammarError, json_object_grammar,
-                                     json_schema_grammar, tool_call_grammar, tool_tags_are_tokens)
+from edgespec.shared.grammar import (TOOL_CALL_CLOSE, TOOL_CALL_OPEN, GrammarError, json_schema_grammar,
+                                     tool_call_grammar, tool_tags_are_tokens)
 
 from .errors import bad_request
 
@@ -53,7 +53,7 @@ def response_format_grammar(response_format: dict[str, Any] | None) -> str | Non
         if kind == "text" and set(response_format) == {"type"}:
             return None
         if kind == "json_object" and set(response_format) == {"type"}:
-            return json_object_grammar()
+            return json_schema_grammar({"type": "object"})  # any JSON object
         if kind == "json_schema":
             spec = response_format.get("json_schema")
             if not isinstance(spec, dict) or not isinstance(spec.get("name", ""), str):
