@@ -102,9 +102,8 @@ def decode_ahead_count(text: str) -> int:
 def loop_config(args: argparse.Namespace):
     from .step_plan import LoopConfig
 
-    ahead = getattr(args, "decode_ahead", None)
-    return LoopConfig(pipeline=not getattr(args, "no_pipeline", False), tree=getattr(args, "tree", "auto"),
-                      decode_ahead=LoopConfig.decode_ahead if ahead is None else ahead)
+    ahead = LoopConfig.decode_ahead if args.decode_ahead is None else args.decode_ahead
+    return LoopConfig(pipeline=not args.no_pipeline, tree=args.tree, decode_ahead=ahead)
 
 
 def add_tree_arguments(p: argparse.ArgumentParser) -> None:
@@ -150,7 +149,7 @@ def client_from_args(args, link):
     options = DrafterOptions(name=args.drafter, model=args.drafter_model or DEFAULT_DRAFTER,
                              checkpoint=args.checkpoint, target=args.target_model,
                              moa_server_part=args.moa_server_part, tree=tree, ngram=ngram,
-                             router=not getattr(args, "no_router", False))
+                             router=not args.no_router)
     return EdgespecClient(ClientConfig(link, options, tokenizer=args.tokenizer, loop=loop_config(args)))
 
 
@@ -209,11 +208,8 @@ def main(args) -> int:
         logging.getLogger("edgespec.client").warning(
             "--api-key (EDGESPEC_API_KEY) is the local API's key (`client serve`, as vLLM's) and is not sent to the "
             "server; give the edgespec server's key as --server-api-key (EDGESPEC_SERVER_API_KEY)")
-    client = client_from_args(args, link_config(args, args.server))
-    try:
+    with client_from_args(args, link_config(args, args.server)) as client:
         return run_prompt(client, args)
-    finally:
-        client.close()
 
 
 def local_api(args):

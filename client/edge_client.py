@@ -123,10 +123,9 @@ class EdgespecClient:
 
     def generation(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig()) -> Generation:
         """A Generation to iterate. Use ``stream`` or ``generate`` to hold the client's lock while it runs."""
-        limits = self.info.limits
         widths = FeatureWidths(self.info.hidden_size, self.info.kv_size)  # bounds the feature frames it decodes
         return Generation(Verifier(GrpcTransport(self.link), widths), self.drafter, prompt_ids, config, self.tokens,
-                          max_tree_nodes=limits.max_tree_nodes or MAX_NODES, loop=self.config.loop,
+                          max_tree_nodes=self.info.limits.max_tree_nodes or MAX_NODES, loop=self.config.loop,
                           estimates=self.estimates)
 
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig()
