@@ -10,6 +10,7 @@ server part (its Layer Self-Attention runs on the server) must be there under th
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -43,8 +44,7 @@ class DrafterOptions:
     moa_server_part: str | None = None  # MoA: the server part's name on the server (None: the checkpoint's name)
     router: bool = True  # learned drafters: use the checkpoint's LM-head router when it has one
     device: str | None = "cpu"  # where the drafter's model runs (the laptop: CPU)
-    dtype: str | None = None  # its dtype; None = default_dtype: bf16 where the hardware has it, else float32
-    # (learned drafters: float32)
+    dtype: str | None = None  # None: default_dtype's, bf16 where the hardware has it, else float32 (learned: float32)
     tree: TreeShape = TreeShape()  # EAGLE-2 tree shape for drafters with next-token distributions
     ngram: NgramConfig = NgramConfig()  # prompt lookup settings
 
@@ -121,11 +121,9 @@ def _target(options: DrafterOptions, server_info, card: dict) -> str:
     if server_info is not None and server_info.model_name:
         from edgespec.shared.models.loading import model_location
 
-        try:
+        with contextlib.suppress(Exception):  # the server's model is not on this machine: fall back to the card
             model_location(server_info.model_name)
             return server_info.model_name
-        except Exception:  # noqa: BLE001 - the server's model is not on this machine: fall back to the card
-            pass
     if card.get("target"):
         return card["target"]
     raise DrafterCheckpointError("cannot tell which target's embedding and LM head this drafter uses: "

@@ -36,11 +36,7 @@ from .tree_builder import Candidates, TreeShape, build_tree
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def accepted_slots(suffix: Sequence[int], cands: Candidates, slot: dict[int, int]) -> list[int]:
@@ -110,7 +106,6 @@ class IndependentDrafter(Drafter):
 
         self.model = model.eval()
         self.config = config
-        self._cache_type = DynamicCache
         self._cache = DynamicCache()
         self._fed: list[int] = []  # committed ids whose KV is in the cache, in order (the cache's first len(_fed))
         self._tree = None  # (candidates as target ids, cache slot per fed candidate) of the last tree, kept in
@@ -212,18 +207,16 @@ class IndependentDrafter(Drafter):
             return self._draft_logprobs(hidden)
 
         try:
-            tree, cands = build_tree(root_logprobs, expand, self.config.tree, request.max_nodes, request.max_depth,
-                                     request.constraint, self.vocab_ids, ahead=request.ahead)
+            _, cands = build_tree(root_logprobs, expand, self.config.tree, request.max_nodes, request.max_depth,
+                                  request.constraint, self.vocab_ids, ahead=request.ahead)
         except BaseException:
             kv.crop(self._cache, n)
             raise
-        if self.vocab_ids is not None:
+        if self.vocab_ids is not None:  # draft ids to target ids, for the tree and for the KV its accepted nodes keep
             cands.tokens = [self._target_id(t) for t in cands.tokens]
         self._tree = (cands, slot)  # its KV stays behind the committed tokens until the next sync
         self._scores = cands.kept_scores()
-        if self.vocab_ids is None:
-            return tree
-        return DraftTree(tuple(self._target_id(t) for t in tree.tokens), tree.parents)
+        return cands.subtree(cands.kept)  # the tree build_tree returned, in target ids
 
     def tree_scores(self) -> list[float]:
         """The drafter's own cumulative log-probabilities. ``rewind`` keeps the cache as it is: every call syncs
@@ -235,7 +228,7 @@ class IndependentDrafter(Drafter):
         return int(self._head(self._sync(committed)[None])[0].argmax())
 
     def close(self) -> None:
-        self._cache = self._cache_type()
+        self._cache = type(self._cache)()
         self._fed = []
         self._tree = None
         self._scores = []

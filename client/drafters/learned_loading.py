@@ -63,7 +63,6 @@ def _parts(target, tli: int, vocab_ids: torch.Tensor | None, dtype: torch.dtype)
 
 
 def _check_fits(ckpt: Path, parts: TargetParts, **trained: int) -> None:
-    """A drafter made for another target produces garbage, not an error: refuse it here."""
     actual = {k: getattr(parts.shape, k) for k in trained}
     if trained != actual:
         raise DrafterCheckpointError(f"{ckpt} was trained for a target with {trained}, this target has {actual}")

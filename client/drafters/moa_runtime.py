@@ -131,9 +131,7 @@ class MoARuntime(LearnedRuntime):
                 own = self.tli_own[i] if own_rows is None else self.tli_own[i].take(slice(0, own_rows))
                 kv = own if kv is None else kv.cat(own)
             layers.append(kv)
-        if any(kv is None for kv in layers):
-            return None
-        return layers
+        return None if any(kv is None for kv in layers) else layers
 
     def _predict(self, x, pos, sa_keys: KV, sa_mask, mem_mask, tli_past: list[KV] | None, tli_mask):
         memory = self.client.with_null(self.mem if self.mem is not None else self.client.empty_kv(x))
