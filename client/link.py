@@ -171,14 +171,13 @@ def call_metadata(config: LinkConfig, session_id: str | None = None) -> list[tup
     return md
 
 
-def connect(config: LinkConfig, timeout_s: float | None = None) -> grpc.Channel:
+def connect(config: LinkConfig) -> grpc.Channel:
     """A ready channel, or LinkDownError naming the address."""
     channel = make_channel(config)
-    timeout_s = config.connect_timeout_s if timeout_s is None else timeout_s
-    if not wait_ready(channel, timeout_s):
+    if not wait_ready(channel, config.connect_timeout_s):
         channel.close()
         raise LinkDownError(f"cannot reach the edgespec server at {config.address} (no connection within "
-                            f"{timeout_s:.1f}s); is `edgespec server` running there?")
+                            f"{config.connect_timeout_s:.1f}s); is `edgespec server` running there?")
     return channel
 
 
@@ -320,10 +319,9 @@ class Link:
         self.latest_by_size: dict[int, float] = {}  # tree nodes -> the last Draft of that size's round trip
         self.first_round_trip_s: float | None = None  # fallback before any Draft was timed
 
-    def connect(self, timeout_s: float | None = None) -> grpc.Channel:
+    def connect(self) -> None:
         self.close()
-        self.channel = connect(self.config, timeout_s)
-        return self.channel
+        self.channel = connect(self.config)
 
     def info(self) -> pb.InfoResponse:
         if self.channel is None:
