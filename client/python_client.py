@@ -55,7 +55,6 @@ class Client:
         options = drafter if isinstance(drafter, DrafterOptions) else DrafterOptions(
             name=drafter, **({"model": drafter_model} if drafter_model else {}))
         loop = LoopConfig(pipeline=pipeline, tree=tree)
-        # the loop underneath: link, tokenizer, drafter
         self.edge = EdgespecClient(ClientConfig(LinkConfig(server, **link), options, tokenizer=tokenizer, loop=loop))
         self.max_tokens = max_tokens  # when a call gives none
         self.policy = ResumePolicy[policy.upper()] if isinstance(policy, str) else ResumePolicy(policy)
