@@ -112,8 +112,7 @@ class MoARuntime(LearnedRuntime):
         # Each query sees what existed when its token was the newest: tokens, memory and TLI rows up to it.
         sa_mask = torch.arange(self.length)[None, :] <= pos[:, None]
         mem_mask = mem_pos[None, :] < pos[:, None]
-        tli_mask = torch.cat([mem_pos[None, :] < pos[:, None], own_done[None, :] < pos[:, None],
-                              pos[None, :] <= pos[:, None]], 1)
+        tli_mask = torch.cat([mem_mask, own_done[None, :] < pos[:, None], pos[None, :] <= pos[:, None]], 1)
         past = self._tli_committed(done)
         logits, tli_new = self._predict(self.x[pos], pos, self.sa, sa_mask, mem_mask, past, tli_mask)
         if tli_new:
