@@ -12,12 +12,10 @@ moved into place instead of being computed again, and the next pass feeds only
 what the tree did not hold (at least the bonus token). Offline it is a plain
 greedy LM.
 
-Speed: ``from_pretrained`` stores the model's Linear weights as int8
-(``int8_linear``: passes ~1.5x faster on a CPU), keeping the 16-bit weights for the
-prompt's prefill, where int8 is slower. The decoder runs alone and
-the LM head is applied here, only to the rows that are read, and optionally
-over a reduced vocabulary (the most frequent target ids, ``independent_vocab``).
-Offline generation keeps the full vocabulary (it is the output).
+Speed: int8 weights (``IndependentConfig``; ``int8_linear``: passes ~1.5x faster on a CPU). The decoder runs
+alone and the LM head is applied here, only to the rows that are read, and optionally over a reduced
+vocabulary (the most frequent target ids, ``independent_vocab``). Offline generation keeps the full
+vocabulary (it is the output).
 """
 from __future__ import annotations
 
