@@ -10,10 +10,8 @@ with each verification: a token drafted offline is held back until a Resume
 has scored it, and one the target never saw (the link did not come back) goes
 out with ``"logprob": null``.
 
-/health is for deployments (``client_health``): 200 once the client is ready,
-503 while it is still loading (``ClientSlot`` loads it in the background, so the
-port answers at once) or when loading failed. /metrics is served when a metrics
-page is given (``metrics``).
+/health is for deployments (``client_health``): 200 once the client is ready, 503 while it is still loading
+or when loading failed. /metrics is served when a metrics page is given (``metrics``).
 """
 from __future__ import annotations
 
@@ -189,8 +187,7 @@ def build_app(client: EdgespecClient | ClientSlot, default_max_tokens: int | Non
 
     @app.get("/health")
     async def health():
-        link = await run_in_threadpool(probe.state, slot)
-        body = slot.health(link)
+        body = slot.health(await run_in_threadpool(probe.state, slot))
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
     if metrics is not None:
