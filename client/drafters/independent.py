@@ -68,9 +68,7 @@ def frontier_mask(frontier: list[int], cands: Candidates, slot: dict[int, int], 
         for a in cands.ancestors(c)[:-1]:
             allowed[row, slot[a]] = True
         allowed[row, past_len + row] = True
-    mask = torch.zeros(allowed.shape, dtype=dtype)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
 
 
 def wants_int8(config: "IndependentConfig", model: torch.nn.Module) -> bool:
@@ -183,8 +181,7 @@ class IndependentDrafter(Drafter):
             kv.keep_rows(self._cache, n_old, [s - n_old for s in slots])
             keep += len(slots)
         kv.crop(self._cache, keep)
-        new = list(committed[keep:])
-        hidden = self._hidden(new, list(range(keep, len(committed))), None)
+        hidden = self._hidden(list(committed[keep:]), list(range(keep, len(committed))), None)
         self._fed = list(committed)
         return hidden[-1]
 
