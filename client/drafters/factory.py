@@ -93,7 +93,13 @@ def _open_learned(options: DrafterOptions, server_info) -> Drafter:
     if found != kind:
         raise DrafterCheckpointError(f"{where} holds a {found} drafter, not {kind}")
     card = read_card(where)
-    _check_tokenizer(where, card.get("tokenizer_fingerprint"), server_info)
+    fingerprint = card.get("tokenizer_fingerprint")
+    if server_info is not None and fingerprint and server_info.tokenizer_fingerprint \
+            and fingerprint != server_info.tokenizer_fingerprint:
+        raise TokenizerMismatchError(
+            f"drafter {where} was trained for a target with tokenizer {fingerprint[:12]}..., but the server's "
+            f"{server_info.model_name} has {server_info.tokenizer_fingerprint[:12]}...: use a drafter trained for "
+            f"this target")
     part = (options.moa_server_part or where.name) if kind == "moa" else ""
     if part and server_info is not None and part not in server_info.moa_server_parts:
         # another part's features would make the drafter guess blindly
@@ -103,15 +109,6 @@ def _open_learned(options: DrafterOptions, server_info) -> Drafter:
             f"--moa-server-part {part}" + ("" if part == where.name else "=PATH"))
     runtime = open_runtime(where, _target(options, server_info, card), options.dtype, options.router)
     return learned_drafter(runtime, options.tree, part)
-
-
-def _check_tokenizer(where, fingerprint: str | None, server_info) -> None:
-    if server_info is not None and fingerprint and server_info.tokenizer_fingerprint \
-            and fingerprint != server_info.tokenizer_fingerprint:
-        raise TokenizerMismatchError(
-            f"drafter {where} was trained for a target with tokenizer {fingerprint[:12]}..., but the server's "
-            f"{server_info.model_name} has {server_info.tokenizer_fingerprint[:12]}...: use a drafter trained for "
-            f"this target")
 
 
 def _target(options: DrafterOptions, server_info, card: dict) -> str:

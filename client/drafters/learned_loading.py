@@ -1,9 +1,8 @@
-"""A learned drafter's runtime (EAGLE, MoA, Beagle) from its checkpoint and the target's own frozen parts.
-
-The runtime needs the target's own embedding, final norm and LM head (and, for MoA with TLI = N, its
-last N layers): from a loaded target model, or read from the target's files. A drafter made for
-another target would produce garbage rather than an error, so its shapes are checked here. Which
-drafter, checkpoint and target a name means is the factory's business (``factory.make_drafter``).
+"""A learned drafter's runtime (EAGLE, MoA, Beagle) from its checkpoint and the target's own frozen parts:
+embedding, final norm and LM head (and, for MoA with TLI = N, its last N layers), which ``open_runtime`` takes
+from a loaded target or reads from its files. A drafter made for another target would produce garbage rather
+than an error, so its shapes are checked here. Which drafter, checkpoint and target a name means is the
+factory's business (``factory.make_drafter``).
 """
 from __future__ import annotations
 
