@@ -92,11 +92,8 @@ class NgramDrafter(Drafter):
         self._scores: list[float] = []  # per node of the last tree: log of the share of matches through it
 
     def propose(self, request: DraftRequest) -> DraftTree:
-        max_len = min(self.config.max_continuation, request.max_depth)
-        if max_len < 1:
-            self._scores = []
-            return DraftTree((), ())
-        found = continuations(request.committed, self.config, max_len)
+        # no depth left: no continuation, so an empty tree and no scores
+        found = continuations(request.committed, self.config, min(self.config.max_continuation, request.max_depth))
         tree, counts = counted_trie(found, min(self.config.max_nodes, request.max_nodes))
         self._scores = [math.log(c / len(found)) for c in counts]
         return tree
