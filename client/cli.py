@@ -121,11 +121,10 @@ def tree_shape(args: argparse.Namespace):
     shape it used."""
     from .drafters.tree_builder import TreeShape
 
-    given = {"branch": args.tree_branch, "depth": args.tree_depth, "max_nodes": args.tree_nodes,
-             "min_prob": args.tree_min_prob}
-    tree = TreeShape(**{k: v for k, v in given.items() if v is not None})
-    args.tree_branch, args.tree_depth, args.tree_nodes, args.tree_min_prob = (tree.branch, tree.depth, tree.max_nodes,
-                                                                              tree.min_prob)
+    fields = {"tree_branch": "branch", "tree_depth": "depth", "tree_nodes": "max_nodes", "tree_min_prob": "min_prob"}
+    tree = TreeShape(**{name: getattr(args, arg) for arg, name in fields.items() if getattr(args, arg) is not None})
+    for arg, name in fields.items():
+        setattr(args, arg, getattr(tree, name))
     return tree
 
 
@@ -144,11 +143,10 @@ def client_from_args(args, link):
     from .edge_client import ClientConfig, EdgespecClient
     from edgespec.shared.models.registry import DEFAULT_DRAFTER
 
-    tree = tree_shape(args)
     ngram = NgramConfig() if args.ngram_nodes is None else NgramConfig(max_nodes=args.ngram_nodes)
     options = DrafterOptions(name=args.drafter, model=args.drafter_model or DEFAULT_DRAFTER,
                              checkpoint=args.checkpoint, target=args.target_model,
-                             moa_server_part=args.moa_server_part, tree=tree, ngram=ngram,
+                             moa_server_part=args.moa_server_part, tree=tree_shape(args), ngram=ngram,
                              router=not args.no_router)
     return EdgespecClient(ClientConfig(link, options, tokenizer=args.tokenizer, loop=loop_config(args)))
 

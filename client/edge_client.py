@@ -42,10 +42,7 @@ def stop_ids(info, tokenizer) -> set[int]:
     leaves the tokenizer's guess (``eos_ids``)."""
     if not info.eos_token_ids:
         return eos_ids(tokenizer)
-    ids = {int(i) for i in info.eos_token_ids}
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return ids
+    return {int(i) for i in [*info.eos_token_ids, tokenizer.eos_token_id] if i is not None}
 
 
 def load_tokenizer(name_or_path: str):

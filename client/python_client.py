@@ -14,11 +14,10 @@
         async for piece in await client.chat(messages, stream=True):
             ...
 
-Sampling defaults are the HTTP APIs' (OpenAI's and vLLM's): temperature 1, top_p 1, top_k off; pass
-temperature=0 for the target's greedy output. Text is what the target itself would write: at
-temperature 0 exactly its greedy output, otherwise distributed as its own samples. A keyword that is not
-a sampling option is refused with a TypeError that names it and the options there are.
-When the link is lost and the drafter cannot finish alone, the text ends early and
+Sampling defaults are the HTTP APIs' (OpenAI's and vLLM's): temperature 1, top_p 1, top_k off. Text is what
+the target itself would write: at temperature=0 exactly its greedy output, otherwise distributed as its own
+samples. A keyword that is not a sampling option is refused with a TypeError that names it and the options
+there are. When the link is lost and the drafter cannot finish alone, the text ends early and
 ``last_result.finish_reason`` is "link_lost" (``last_result.detail`` says why).
 """
 from __future__ import annotations
