@@ -1,11 +1,6 @@
-"""edgespec.client: the laptop's side. ``Client`` and ``AsyncClient`` are the text-level Python API
-(also at the top: ``edgespec.Client``).
-
-    from edgespec.client import Client
-    with Client(server="gpu-box:50051", drafter="ngram") as client:
-        print(client.chat([{"role": "user", "content": "Write quicksort in Python"}]))
-
-They are loaded on first use, so `import edgespec.client.cli` (and `edgespec --help`) stays light.
+"""edgespec.client: the laptop's side. ``Client`` and ``AsyncClient`` are the text-level Python API (also at the
+top: ``edgespec.Client``; ``python_client`` shows their use). They are loaded on first use, so
+`import edgespec.client.cli` (and `edgespec --help`) stays light.
 """
 from __future__ import annotations
 

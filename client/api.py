@@ -10,10 +10,8 @@ with each verification: a token drafted offline is held back until a Resume
 has scored it, and one the target never saw (the link did not come back) goes
 out with ``"logprob": null``.
 
-/health is for deployments (``client_health``): 200 once the client is ready,
-503 while it is still loading (``ClientSlot`` loads it in the background, so the
-port answers at once) or when loading failed. /metrics is served when a metrics
-page is given (``metrics``).
+/health is for deployments (``client_health``): 200 once the client is ready, 503 while it is still loading
+or when loading failed. /metrics is served when a metrics page is given (``metrics``).
 """
 from __future__ import annotations
 
@@ -23,6 +21,7 @@ from typing import Iterator, Sequence
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from edgespec.shared.errors import EdgespecError
@@ -154,18 +153,17 @@ def _tracked(slot: ClientSlot, items: Iterator) -> Iterator:
 
 
 def build_app(client: EdgespecClient | ClientSlot, default_max_tokens: int | None = None,
-              policy: ResumePolicy = ResumePolicy.ROLLBACK, api_key: str | None = None,
-              probe: LinkProbe | None = None, served_model_name: str | None = None,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, metrics_need_key: bool = False,
-              metrics=None, offline_wait_s: float = 30.0, allowed_origins: tuple[str, ...] = (),
+              policy: ResumePolicy = ResumePolicy.ROLLBACK, api_key: str | None = None, probe: LinkProbe | None = None,
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, metrics_need_key: bool = False, metrics=None,
+              offline_wait_s: float = 30.0, allowed_origins: tuple[str, ...] = (),
               log_requests: bool = False) -> FastAPI:
     """The app; `client` may be a ClientSlot still loading (requests get 503 until it is ready).
 
     default_max_tokens: chat's max_tokens when a request has none (None: the rest of the context, as the
-    server's plain API). served_model_name: the name the API answers to (None: the server's model name).
-    metrics: what /metrics shows: an object with render() -> bytes and content_type (``ClientMetrics``),
-    or a prometheus_client CollectorRegistry; None = no /metrics. offline_wait_s: how long a generation waits
-    for a lost link once its drafter cannot go on alone (``GenerationConfig.offline_wait_s``).
+    server's plain API); the API answers to the server's model name.
+    metrics: what /metrics shows: a ``ClientMetrics`` or any prometheus_client collector (a CollectorRegistry);
+    None = no /metrics. offline_wait_s: how long a generation waits for a lost link once its drafter cannot go
+    on alone (``GenerationConfig.offline_wait_s``).
     allowed_origins: CORS origins browser pages may call from ("*": any). log_requests: log every request.
     """
     slot = client if isinstance(client, ClientSlot) else ClientSlot.ready(client)
@@ -179,8 +177,8 @@ def build_app(client: EdgespecClient | ClientSlot, default_max_tokens: int | Non
             raise openai_error(err) from None
         if id(edge) not in backends:
             backends.clear()
-            backends[id(edge)] = SpeculativeBackend(slot, edge, served_model_name or edge.model_name, policy,
-                                                    default_max_tokens, offline_wait_s)
+            backends[id(edge)] = SpeculativeBackend(slot, edge, edge.model_name, policy, default_max_tokens,
+                                                    offline_wait_s)
         return backends[id(edge)]
 
     app = build_openai_app("edgespec local API", backend, ApiSettings(
@@ -189,24 +187,12 @@ def build_app(client: EdgespecClient | ClientSlot, default_max_tokens: int | Non
 
     @app.get("/health")
     async def health():
-        link = await run_in_threadpool(probe.state, slot)
-        body = slot.health(link)
+        body = slot.health(await run_in_threadpool(probe.state, slot))
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
     if metrics is not None:
-        page = _metrics_page(metrics)
-
         @app.get("/metrics")
         def metrics_endpoint() -> Response:
-            body, content_type = page()
-            return Response(body, media_type=content_type)
+            return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
 
     return app
-
-
-def _metrics_page(metrics):
-    if hasattr(metrics, "render"):
-        return lambda: (metrics.render(), metrics.content_type)
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-    return lambda: (generate_latest(metrics), CONTENT_TYPE_LATEST)

@@ -102,9 +102,8 @@ def decode_ahead_count(text: str) -> int:
 def loop_config(args: argparse.Namespace):
     from .step_plan import LoopConfig
 
-    ahead = getattr(args, "decode_ahead", None)
-    return LoopConfig(pipeline=not getattr(args, "no_pipeline", False), tree=getattr(args, "tree", "auto"),
-                      decode_ahead=LoopConfig.decode_ahead if ahead is None else ahead)
+    ahead = LoopConfig.decode_ahead if args.decode_ahead is None else args.decode_ahead
+    return LoopConfig(pipeline=not args.no_pipeline, tree=args.tree, decode_ahead=ahead)
 
 
 def add_tree_arguments(p: argparse.ArgumentParser) -> None:
@@ -122,11 +121,10 @@ def tree_shape(args: argparse.Namespace):
     shape it used."""
     from .drafters.tree_builder import TreeShape
 
-    given = {"branch": args.tree_branch, "depth": args.tree_depth, "max_nodes": args.tree_nodes,
-             "min_prob": args.tree_min_prob}
-    tree = TreeShape(**{k: v for k, v in given.items() if v is not None})
-    args.tree_branch, args.tree_depth, args.tree_nodes, args.tree_min_prob = (tree.branch, tree.depth, tree.max_nodes,
-                                                                              tree.min_prob)
+    fields = {"tree_branch": "branch", "tree_depth": "depth", "tree_nodes": "max_nodes", "tree_min_prob": "min_prob"}
+    tree = TreeShape(**{name: getattr(args, arg) for arg, name in fields.items() if getattr(args, arg) is not None})
+    for arg, name in fields.items():
+        setattr(args, arg, getattr(tree, name))
     return tree
 
 
@@ -145,12 +143,11 @@ def client_from_args(args, link):
     from .edge_client import ClientConfig, EdgespecClient
     from edgespec.shared.models.registry import DEFAULT_DRAFTER
 
-    tree = tree_shape(args)
     ngram = NgramConfig() if args.ngram_nodes is None else NgramConfig(max_nodes=args.ngram_nodes)
     options = DrafterOptions(name=args.drafter, model=args.drafter_model or DEFAULT_DRAFTER,
                              checkpoint=args.checkpoint, target=args.target_model,
-                             moa_server_part=args.moa_server_part, tree=tree, ngram=ngram,
-                             router=not getattr(args, "no_router", False))
+                             moa_server_part=args.moa_server_part, tree=tree_shape(args), ngram=ngram,
+                             router=not args.no_router)
     return EdgespecClient(ClientConfig(link, options, tokenizer=args.tokenizer, loop=loop_config(args)))
 
 
@@ -209,11 +206,8 @@ def main(args) -> int:
         logging.getLogger("edgespec.client").warning(
             "--api-key (EDGESPEC_API_KEY) is the local API's key (`client serve`, as vLLM's) and is not sent to the "
             "server; give the edgespec server's key as --server-api-key (EDGESPEC_SERVER_API_KEY)")
-    client = client_from_args(args, link_config(args, args.server))
-    try:
+    with client_from_args(args, link_config(args, args.server)) as client:
         return run_prompt(client, args)
-    finally:
-        client.close()
 
 
 def local_api(args):

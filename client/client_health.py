@@ -35,11 +35,10 @@ class ClientSlot:
     def __init__(self, drafter: str, link: LinkConfig):
         self.drafter = drafter  # the drafter's name, known before it loads
         self.link = link  # how the client reaches the server (the probe uses the same TLS and key)
-        self.server_address = link.address  # the server's gRPC HOST:PORT
         self.status = "loading"  # "loading" | "ok" | "failed"
         self.detail = ""  # why it is not ok yet, for a person
         self.offline = False  # set by the API while a generation runs without the link
-        self._client = None
+        self.client = None  # the EdgespecClient once it is ready
         self._stop = threading.Event()
         self._settled = threading.Event()  # set once the client is ready or loading failed
 
@@ -59,7 +58,7 @@ class ClientSlot:
         return slot
 
     def _set(self, client) -> None:
-        self._client = client
+        self.client = client
         self.status, self.detail = "ok", ""
         self._settled.set()
 
@@ -75,7 +74,7 @@ class ClientSlot:
             except LinkDownError as err:
                 self.detail = f"waiting for the server: {err}"
                 log.warning("client not loaded yet, server unreachable; retrying in %.1fs", wait_s,
-                            extra={"server": self.server_address, "error": str(err)})
+                            extra={"server": self.link.address, "error": str(err)})
                 self._stop.wait(wait_s)
                 wait_s = min(max_wait_s, wait_s * 2)
                 continue
@@ -88,20 +87,15 @@ class ClientSlot:
                 client.close()
                 return
             self._set(client)
-            log.info("client ready", extra={"drafter": self.drafter, "server": self.server_address,
+            log.info("client ready", extra={"drafter": self.drafter, "server": self.link.address,
                                             "model": client.model_name,
                                             "load_s": round(time.perf_counter() - t0, 3)})
             return
 
-    @property
-    def client(self):
-        """The client, or None while it is not ready."""
-        return self._client
-
     def get(self):
         """The client, or ClientNotReadyError saying why there is none."""
-        if self._client is not None:
-            return self._client
+        if self.client is not None:
+            return self.client
         if self.status == "failed":
             raise ClientNotReadyError(f"the edgespec client is not available: {self.detail}")
         raise ClientNotReadyError("the edgespec client is still loading its drafter; retry shortly"
@@ -109,8 +103,8 @@ class ClientSlot:
 
     def health(self, link: str) -> dict:
         """The /health body."""
-        client = self._client
-        body = {"status": self.status, "drafter": self.drafter, "server": self.server_address, "link": link,
+        client = self.client
+        body = {"status": self.status, "drafter": self.drafter, "server": self.link.address, "link": link,
                 "model": client.model_name if client is not None else None}
         if self.detail:
             body["detail"] = self.detail
@@ -119,9 +113,9 @@ class ClientSlot:
     def close(self) -> None:
         self._stop.set()
         self._settled.set()
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        if self.client is not None:
+            self.client.close()
+            self.client = None
 
 
 @dataclass
@@ -142,11 +136,10 @@ class LinkProbe:
             now = time.monotonic()
             if self._last is not None and now - self._last[0] < self.max_age_s:
                 return self._last[1]
-            config = self.link
             if self._channel is None:
-                self._channel = make_channel(config)
+                self._channel = make_channel(self.link)
             try:
-                server_info(self._channel, config, timeout_s=self.timeout_s)
+                server_info(self._channel, self.link, timeout_s=self.timeout_s)
                 up = True
             except EdgespecError:
                 up = False

@@ -71,10 +71,9 @@ class StopStrings:
         """Does the text of generated[: k + 1] hold a stop string? Calls come with k rising; a k below what was
         seen means the text from k on changed (a rollback), so the stream starts again from generated[:k]."""
         if self._fed != k:
-            self._stream, self._fed = TextStream(self.decode, self.stops), 0
+            self._stream, self._fed = TextStream(self.decode, self.stops), k
             for token in generated[:k]:
                 self._stream.push(token)
-                self._fed += 1
         self._stream.push(generated[k])
         self._fed += 1
         return self._stream.stopped
@@ -90,9 +89,7 @@ def finish_point(generated: Sequence[int], checked: int, eos_ids: set[int], max_
     """
     limit = min(len(generated), max_new_tokens)
     for k in range(checked, limit):
-        if not ignore_eos and generated[k] in eos_ids:
-            return Finish(k + 1, "stop")
-        if stops is not None and stops.reached(generated, k):
+        if (not ignore_eos and generated[k] in eos_ids) or (stops is not None and stops.reached(generated, k)):
             return Finish(k + 1, "stop")
     if limit >= max_new_tokens:
         return Finish(max_new_tokens, "length")

@@ -42,10 +42,7 @@ def stop_ids(info, tokenizer) -> set[int]:
     leaves the tokenizer's guess (``eos_ids``)."""
     if not info.eos_token_ids:
         return eos_ids(tokenizer)
-    ids = {int(i) for i in info.eos_token_ids}
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return ids
+    return {int(i) for i in [*info.eos_token_ids, tokenizer.eos_token_id] if i is not None}
 
 
 def load_tokenizer(name_or_path: str):
@@ -123,10 +120,9 @@ class EdgespecClient:
 
     def generation(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig()) -> Generation:
         """A Generation to iterate. Use ``stream`` or ``generate`` to hold the client's lock while it runs."""
-        limits = self.info.limits
         widths = FeatureWidths(self.info.hidden_size, self.info.kv_size)  # bounds the feature frames it decodes
         return Generation(Verifier(GrpcTransport(self.link), widths), self.drafter, prompt_ids, config, self.tokens,
-                          max_tree_nodes=limits.max_tree_nodes or MAX_NODES, loop=self.config.loop,
+                          max_tree_nodes=self.info.limits.max_tree_nodes or MAX_NODES, loop=self.config.loop,
                           estimates=self.estimates)
 
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig()

@@ -8,13 +8,9 @@ same status (``classify_status``). What it leaves out is the network: a
 generation over it takes milliseconds with a tiny model, which makes the
 offline/resume state machine testable step by step.
 
-The link can still fail, on purpose: ``fail_next`` fails the next requests as a
-dead link would (LinkDownError; the reconnect then succeeds at once), ``cut``
-keeps the link down until ``restore`` (requests fail and reconnecting waits).
-A failed request either never reached the server or, with
-``answered=True``, was handled there and only its answer was lost.
-``round_trip_s`` delays every answer as a link of that round trip would, so
-the pipelined loop has a verification in flight to draft behind.
+The link can still fail, on purpose: ``fail_next`` (the reconnect then succeeds at once), or ``cut`` until
+``restore``; ``round_trip_s`` delays every answer as a link would, so the pipelined loop has a verification in
+flight to draft behind.
 """
 from __future__ import annotations
 

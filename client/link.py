@@ -1,9 +1,5 @@
 """The client's link to the verification server: channel, session stream, deadlines, reconnects.
 
-``GrpcTransport`` is the verifier's transport over it (``verifier.py`` builds the
-messages): one session's stream, its deadlines, and a Reconnector while the
-link is down.
-
 A dead link comes in two kinds and both must be found quickly:
 - reset: the connection errors at once; the stream's reader sees an RpcError.
 - blackhole: packets vanish and the socket stays open; nothing errors. A deadline
@@ -43,8 +39,6 @@ log = logging.getLogger(__name__)
 _LINK_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 # Status codes that mean "this session is gone on the server": resume rebuilds it.
 _SESSION_CODES = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ABORTED}
-
-
 # Codes a transport or proxy also produces (an HTTP/2 RST_STREAM, a proxy's upstream reset): the server's own
 # only when it says so in SERVER_STATUS_METADATA_KEY.
 _TRANSPORT_TOO_CODES = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
@@ -76,10 +70,8 @@ class LinkConfig:
     """How the client reaches the server and decides it is gone."""
 
     address: str  # the server's gRPC HOST:PORT
-    tls: bool = False  # connect with TLS (the server's certificate checked against the CA file, else the system
-    # roots)
-    root_certificates: str | None = None  # PEM file of the CA that signed the server's certificate (unset: the
-    # system roots)
+    tls: bool = False  # connect with TLS, checking the server's certificate against the CA file, else the system roots
+    root_certificates: str | None = None  # PEM file of the CA that signed the server's certificate (with tls)
     api_key: str | None = None  # sent as "authorization: Bearer <key>" on every call
     keepalive_s: float = 2.0  # HTTP/2 ping interval while the channel is up: finds a blackhole when idle
     keepalive_timeout_s: float = 2.0  # a ping unanswered this long closes the connection
@@ -179,14 +171,13 @@ def call_metadata(config: LinkConfig, session_id: str | None = None) -> list[tup
     return md
 
 
-def connect(config: LinkConfig, timeout_s: float | None = None) -> grpc.Channel:
+def connect(config: LinkConfig) -> grpc.Channel:
     """A ready channel, or LinkDownError naming the address."""
     channel = make_channel(config)
-    if not wait_ready(channel, config.connect_timeout_s if timeout_s is None else timeout_s):
+    if not wait_ready(channel, config.connect_timeout_s):
         channel.close()
-        raise LinkDownError(f"cannot reach the edgespec server at {config.address} "
-                            f"(no connection within {config.connect_timeout_s if timeout_s is None else timeout_s:.1f}s); "
-                            f"is `edgespec server` running there?")
+        raise LinkDownError(f"cannot reach the edgespec server at {config.address} (no connection within "
+                            f"{config.connect_timeout_s:.1f}s); is `edgespec server` running there?")
     return channel
 
 
@@ -226,9 +217,7 @@ class SessionStream:
             for answer in self._call:
                 self._answers.put(answer)
             self._answers.put(_END)
-        except grpc.RpcError as err:
-            self._answers.put(err)
-        except Exception as err:  # a broken channel can surface as other errors; the loop treats it as link loss
+        except Exception as err:  # an RpcError, or a broken channel's other error (link loss)
             self._answers.put(err)
         finally:
             self._ended.set()
@@ -330,15 +319,9 @@ class Link:
         self.latest_by_size: dict[int, float] = {}  # tree nodes -> the last Draft of that size's round trip
         self.first_round_trip_s: float | None = None  # fallback before any Draft was timed
 
-    def connect(self, timeout_s: float | None = None) -> grpc.Channel:
+    def connect(self) -> None:
         self.close()
-        self.channel = connect(self.config, timeout_s)
-        return self.channel
-
-    def adopt(self, channel: grpc.Channel) -> None:
-        """Use a channel a Reconnector made ready."""
-        self.close()
-        self.channel = channel
+        self.channel = connect(self.config)
 
     def info(self) -> pb.InfoResponse:
         if self.channel is None:
@@ -360,9 +343,9 @@ class Link:
 
 
 class GrpcTransport:
-    """One session's messages over the link (the verifier's ``Transport``): its Session stream, the deadline
-    of each message, and a Reconnector while the link is down. The link's channel and round-trip record are
-    the client's, shared by its sessions."""
+    """One session's messages over the link (the verifier's ``Transport``; ``verifier.py`` builds them): its
+    Session stream, the deadline of each message, and a Reconnector while the link is down. The link's channel
+    and round-trip record are the client's, shared by its sessions."""
 
     def __init__(self, link: Link):
         self.link = link
@@ -417,7 +400,8 @@ class GrpcTransport:
         channel = self._reconnector.take(timeout_s) if self._reconnector else None
         if channel is None:
             return None
-        self.link.adopt(channel)
+        self.link.close()
+        self.link.channel = channel
         failures, self._reconnector = self._reconnector.attempts, None
         return failures
 

@@ -3,24 +3,11 @@
 ``EdgespecClient`` tells a ``ClientMetrics`` about every generation it runs (``watch``): when the
 request arrived, when it got the client (requests run one at a time: the wait is the queue
 time), its first token, and at the end the generation's own ``GenerationMetrics``. The series
-use vLLM's names (``edgespec.shared.prom``) and meanings, from the client's side:
-
-- ``edgespec_client:time_to_first_token_seconds``: request arrival to its first token, queue included;
-- ``edgespec_client:e2e_request_latency_seconds``: arrival to the last token;
-- ``edgespec_client:request_queue_time_seconds``: waiting for the client (one generation at a time);
-- ``edgespec_client:num_requests_running`` (0 or 1), ``edgespec_client:num_requests_waiting``;
-- the ``edgespec_client:spec_decode_*`` series, from the per-position acceptance counts (the server counts
-  the same trees under ``edgespec:``);
-- ``edgespec_client:prompt_tokens_total``, ``edgespec_client:generation_tokens_total`` (as vLLM's);
-- ``edgespec_client:round_trip_time_seconds``: every message the server answered (Open, Draft, Resume,
-  Close) as the client sees it, link included; ``edgespec_client:request_verify_time_seconds``: the server's own
-  verification time over one generation (the server's ``verify_time_seconds`` has it per tree);
-- the pipelined loop's (drafting while a verification is out): ``edgespec_client:draft_ahead_guesses_total``
-  and ``edgespec_client:draft_ahead_hits_total`` (their ratio is the guess hit rate),
-  ``edgespec_client:draft_ahead_saved_seconds_total`` (drafting the hits did ahead),
-  ``edgespec_client:client_idle_seconds_total`` (waiting for a verdict with nothing to draft),
-  ``edgespec_client:plain_steps_total`` (Drafts without a tree: the planner found trees lose) and
-  ``edgespec_client:queued_steps_total`` (of them, those sent before the answer to the one before).
+use vLLM's names (``edgespec.shared.prom``) and meanings, from the client's side, as README's Metrics
+table lists them (its client column); the server counts the same trees under ``edgespec:``.
+``round_trip_time_seconds`` is every message the server answered (Open, Draft, Resume, Close) as the
+client sees it, link included; ``request_verify_time_seconds`` the server's own verification time over
+one generation (the server's ``verify_time_seconds`` has it per tree).
 
 No ``kv_cache_usage_perc``: the drafter's cache has no capacity to be a share of.
 """
@@ -40,9 +27,12 @@ class ClientMetrics(VllmMetrics):
     def __init__(self, model_name: str = "") -> None:  # the server's model, set once the client loaded
         super().__init__(model_name, "Number of requests generating now.", CLIENT_PREFIX)
         r = self.registry
-        self.prompt_tokens = Counter(CLIENT_PREFIX + "prompt_tokens", "Number of prefill tokens processed.", registry=r)
-        self.generation_tokens = Counter(CLIENT_PREFIX + "generation_tokens", "Number of generation tokens processed.",
-                                         registry=r)
+
+        def counter(name: str, documentation: str) -> Counter:
+            return Counter(CLIENT_PREFIX + name, documentation, registry=r)
+
+        self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.")
         self.round_trip = Histogram(CLIENT_PREFIX + "round_trip_time_seconds",
                                     "Round trip of each message to the server as the client sees it, in seconds.",
                                     buckets=STEP_BUCKETS, registry=r)
@@ -50,17 +40,13 @@ class ClientMetrics(VllmMetrics):
             CLIENT_PREFIX + "request_verify_time_seconds",
             "The server's verification time over one request, in seconds.", buckets=REQUEST_BUCKETS, registry=r)
         # the pipelined loop and the tree planner
-        self.guesses = Counter(CLIENT_PREFIX + "draft_ahead_guesses", "Verdicts a tree was drafted ahead for.", registry=r)
-        self.guess_hits = Counter(CLIENT_PREFIX + "draft_ahead_hits",
-                                  "Verdicts a tree drafted ahead matched (it was sent at once).", registry=r)
-        self.saved = Counter(CLIENT_PREFIX + "draft_ahead_saved_seconds",
-                             "Drafting done ahead for guesses that hit, in seconds.", registry=r)
-        self.idle = Counter(CLIENT_PREFIX + "client_idle_seconds",
-                            "Time the client waited for a verdict with nothing to draft, in seconds.", registry=r)
-        self.plain_steps = Counter(CLIENT_PREFIX + "plain_steps", "Drafts sent without a tree (plain decode steps).",
-                                   registry=r)
-        self.queued_steps = Counter(CLIENT_PREFIX + "queued_steps", "Plain steps sent before the answer to the one "
-                                    "before them came.", registry=r)
+        self.guesses = counter("draft_ahead_guesses", "Verdicts a tree was drafted ahead for.")
+        self.guess_hits = counter("draft_ahead_hits", "Verdicts a tree drafted ahead matched (it was sent at once).")
+        self.saved = counter("draft_ahead_saved_seconds", "Drafting done ahead for guesses that hit, in seconds.")
+        self.idle = counter("client_idle_seconds",
+                            "Time the client waited for a verdict with nothing to draft, in seconds.")
+        self.plain_steps = counter("plain_steps", "Drafts sent without a tree (plain decode steps).")
+        self.queued_steps = counter("queued_steps", "Plain steps sent before the answer to the one before them came.")
 
     def watch(self) -> "RequestWatch":
         """A request has arrived; the watch follows it to its end."""

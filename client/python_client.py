@@ -14,11 +14,10 @@
         async for piece in await client.chat(messages, stream=True):
             ...
 
-Sampling defaults are the HTTP APIs' (OpenAI's and vLLM's): temperature 1, top_p 1, top_k off; pass
-temperature=0 for the target's greedy output. Text is what the target itself would write: at
-temperature 0 exactly its greedy output, otherwise distributed as its own samples. A keyword that is not
-a sampling option is refused with a TypeError that names it and the options there are.
-When the link is lost and the drafter cannot finish alone, the text ends early and
+Sampling defaults are the HTTP APIs' (OpenAI's and vLLM's): temperature 1, top_p 1, top_k off. Text is what
+the target itself would write: at temperature=0 exactly its greedy output, otherwise distributed as its own
+samples. A keyword that is not a sampling option is refused with a TypeError that names it and the options
+there are. When the link is lost and the drafter cannot finish alone, the text ends early and
 ``last_result.finish_reason`` is "link_lost" (``last_result.detail`` says why).
 """
 from __future__ import annotations
@@ -55,19 +54,7 @@ class Client:
         options = drafter if isinstance(drafter, DrafterOptions) else DrafterOptions(
             name=drafter, **({"model": drafter_model} if drafter_model else {}))
         loop = LoopConfig(pipeline=pipeline, tree=tree)
-        self._setup(EdgespecClient(ClientConfig(LinkConfig(server, **link), options, tokenizer=tokenizer, loop=loop)),
-                    max_tokens, policy)
-
-    @classmethod
-    def wrap(cls, edge: EdgespecClient, max_tokens: int = 256,
-             policy: ResumePolicy | str = ResumePolicy.ROLLBACK) -> "Client":
-        """A text client over an EdgespecClient built elsewhere (closing it closes that one)."""
-        self = cls.__new__(cls)
-        self._setup(edge, max_tokens, policy)
-        return self
-
-    def _setup(self, edge: EdgespecClient, max_tokens: int, policy: ResumePolicy | str) -> None:
-        self.edge = edge  # the loop underneath: link, tokenizer, drafter
+        self.edge = EdgespecClient(ClientConfig(LinkConfig(server, **link), options, tokenizer=tokenizer, loop=loop))
         self.max_tokens = max_tokens  # when a call gives none
         self.policy = ResumePolicy[policy.upper()] if isinstance(policy, str) else ResumePolicy(policy)
         self.last_result: GenerationResult | None = None  # token ids, origins, finish reason, metrics
@@ -80,9 +67,8 @@ class Client:
         """The assistant's answer to chat messages ({role, content}), under the target's chat template.
 
         sampling: max_tokens, temperature (default 1, as the HTTP APIs; 0 = greedy), top_p, top_k, stop (strings),
-        seed, and logprobs (the
-        N most likely alternatives, 0 to 20): then ``last_result.logprobs`` holds the target's log-probability
-        of every token, and no offline token is handed out before the target has scored it."""
+        seed, and logprobs (the N most likely alternatives, 0 to 20): then ``last_result.logprobs`` holds the
+        target's log-probability of every token, and no offline token is handed out before the target scored it."""
         ids = self.edge.encode_chat([{"role": m["role"], "content": m["content"]} for m in messages])
         return self._run(ids, stream, sampling)
 
@@ -92,8 +78,7 @@ class Client:
 
     def _run(self, ids: list[int], stream: bool, sampling: dict) -> str | Iterator[str]:
         _check_sampling(sampling)
-        config = self._config(**sampling)
-        pieces = self._pieces(ids, config)
+        pieces = self._pieces(ids, self._config(**sampling))
         return pieces if stream else "".join(pieces)
 
     def _config(self, max_tokens: int | None = None, temperature: float = 1.0, top_p: float = 1.0,
@@ -113,11 +98,9 @@ class Client:
             if isinstance(item, GenerationResult):
                 self.last_result = item
                 continue
-            piece = streamer.feed(item)
-            if piece:
+            if piece := streamer.feed(item):
                 yield piece
-        rest = streamer.finish()
-        if rest:
+        if rest := streamer.finish():
             yield rest
 
     def close(self) -> None:

@@ -13,11 +13,9 @@ RESET = "\033[0m"
 
 
 def use_color(mode: str, stream: TextIO) -> bool:
-    """auto: only on a terminal that is not dumb and when NO_COLOR is unset."""
-    if mode == "always":
-        return True
-    if mode == "never":
-        return False
+    """always, never, or auto: only on a terminal that is not dumb and when NO_COLOR is unset."""
+    if mode != "auto":
+        return mode == "always"
     return bool(getattr(stream, "isatty", lambda: False)()) and os.environ.get("TERM") != "dumb" \
         and "NO_COLOR" not in os.environ
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Mapping, Protocol, Sequence
 
 import torch
@@ -160,9 +160,8 @@ class Verifier:
         opened = self._call(pb.ClientMessage(open=_open_message(session, tree)), "opened")
         if tree is None and len(opened.accepted):
             raise ProtocolError("Opened lists accepted nodes but the Open carried no tree")
-        rows = len(session.prompt_ids) + (len(tree) if tree is not None else 0) + 1
         return self._verdict(opened, opened.first_token, len(opened.accepted) + 1, accepted=opened.accepted,
-                             rows=rows)
+                             rows=len(session.prompt_ids) + (len(tree) if tree is not None else 0) + 1)
 
     def verify(self, step: int, committed_len: int, tree: DraftTree, decode_ahead: int = 1) -> Verdict:
         """Verify a tree hung from the last of committed_len committed tokens; with an empty tree and
@@ -190,9 +189,8 @@ class Verifier:
                                     f"accepted {len(verified.accepted)} nodes) where the Draft asked for "
                                     f"{decode_ahead} in all")
             committed = len(verified.accepted) + len(verified.decoded) + 1
-            got = self._verdict(verified, verified.bonus_token, committed, accepted=verified.accepted,
-                                rows=max(len(tree) + 1, decode_ahead))
-            return replace(got, decoded=tuple(verified.decoded))
+            return self._verdict(verified, verified.bonus_token, committed, accepted=verified.accepted,
+                                 decoded=verified.decoded, rows=max(len(tree) + 1, decode_ahead))
         return verdict
 
     def resume(self, confirmed: Sequence[int], provisional: Sequence[int], policy: ResumePolicy,
@@ -233,14 +231,14 @@ class Verifier:
         self._streaming = True
 
     def _verdict(self, body, bonus_token: int, committed: int, accepted: Sequence[int] = (), agreed: int = 0,
-                 restored: bool = True, rows: int = 0) -> Verdict:
+                 restored: bool = True, decoded: Sequence[int] = (), rows: int = 0) -> Verdict:
         """An Opened, Verified or Resumed as a Verdict (a Resume's chain has no nodes: it reports `agreed`);
         `committed`: how many tokens the answer commits, the bonus token included; `rows`: the most tokens its
         features can cover (what the client sent, plus one)."""
         limit = MAX_ELEMENTS if self.widths is None else frame_element_limit(
             rows, self.widths.per_token(self._spec.features))
         return Verdict(bonus_token=bonus_token, committed_len=body.committed_len, accepted=tuple(accepted),
-                       agreed=agreed, restored=restored,
+                       agreed=agreed, restored=restored, decoded=tuple(decoded),
                        features={f.name: decode_frame(f.frame, limit) for f in body.features},
                        timings=ServerTimings.of(body.timings),
                        logprobs=_logprobs(body, committed, self._open.HasField("logprobs")))
@@ -251,8 +249,7 @@ class Verifier:
 
     def _send(self, message: pb.ClientMessage, expect: str, timed: bool = True) -> Callable[[], object]:
         """``_call`` in two halves (timed=False: the wait is no round trip of the link's, so it is not kept)."""
-        t = self.traffic
-        t.bytes_up += message.ByteSize()
+        self.traffic.bytes_up += message.ByteSize()
         t0 = time.perf_counter()
         wait = self.transport.send(message)
         return lambda: self._received(wait(), expect, time.perf_counter() - t0 if timed else None)

@@ -45,9 +45,8 @@ class BeagleRuntime(RowsRuntime):
     def _predict_at(self, position: int) -> torch.Tensor:
         """[1, E] the state at ``position`` predicted from the committed memory before it."""
         tok = torch.tensor([self.tokens[position]])
-        mask = torch.ones(1, position, dtype=torch.bool)
         return self.head(self.parts.embed(tok), torch.tensor([position]), take_memory(self.memory, slice(0, position)),
-                         mask)
+                         torch.ones(1, position, dtype=torch.bool))
 
     def _append_rows(self, feats: torch.Tensor) -> None:
         new = self.head.memory(feats.to(self.head.dtype), torch.arange(self.rows, self.rows + feats.shape[0]))

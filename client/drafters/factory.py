@@ -10,6 +10,7 @@ server part (its Layer Self-Attention runs on the server) must be there under th
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -43,8 +44,7 @@ class DrafterOptions:
     moa_server_part: str | None = None  # MoA: the server part's name on the server (None: the checkpoint's name)
     router: bool = True  # learned drafters: use the checkpoint's LM-head router when it has one
     device: str | None = "cpu"  # where the drafter's model runs (the laptop: CPU)
-    dtype: str | None = None  # its dtype; None = default_dtype: bf16 where the hardware has it, else float32
-    # (learned drafters: float32)
+    dtype: str | None = None  # None: default_dtype's, bf16 where the hardware has it, else float32 (learned: float32)
     tree: TreeShape = TreeShape()  # EAGLE-2 tree shape for drafters with next-token distributions
     ngram: NgramConfig = NgramConfig()  # prompt lookup settings
 
@@ -93,7 +93,13 @@ def _open_learned(options: DrafterOptions, server_info) -> Drafter:
     if found != kind:
         raise DrafterCheckpointError(f"{where} holds a {found} drafter, not {kind}")
     card = read_card(where)
-    _check_tokenizer(where, card.get("tokenizer_fingerprint"), server_info)
+    fingerprint = card.get("tokenizer_fingerprint")
+    if server_info is not None and fingerprint and server_info.tokenizer_fingerprint \
+            and fingerprint != server_info.tokenizer_fingerprint:
+        raise TokenizerMismatchError(
+            f"drafter {where} was trained for a target with tokenizer {fingerprint[:12]}..., but the server's "
+            f"{server_info.model_name} has {server_info.tokenizer_fingerprint[:12]}...: use a drafter trained for "
+            f"this target")
     part = (options.moa_server_part or where.name) if kind == "moa" else ""
     if part and server_info is not None and part not in server_info.moa_server_parts:
         # another part's features would make the drafter guess blindly
@@ -105,15 +111,6 @@ def _open_learned(options: DrafterOptions, server_info) -> Drafter:
     return learned_drafter(runtime, options.tree, part)
 
 
-def _check_tokenizer(where, fingerprint: str | None, server_info) -> None:
-    if server_info is not None and fingerprint and server_info.tokenizer_fingerprint \
-            and fingerprint != server_info.tokenizer_fingerprint:
-        raise TokenizerMismatchError(
-            f"drafter {where} was trained for a target with tokenizer {fingerprint[:12]}..., but the server's "
-            f"{server_info.model_name} has {server_info.tokenizer_fingerprint[:12]}...: use a drafter trained for "
-            f"this target")
-
-
 def _target(options: DrafterOptions, server_info, card: dict) -> str:
     """The target whose embedding, norm and LM head a learned drafter reads from this machine's files."""
     if options.target:
@@ -121,11 +118,9 @@ def _target(options: DrafterOptions, server_info, card: dict) -> str:
     if server_info is not None and server_info.model_name:
         from edgespec.shared.models.loading import model_location
 
-        try:
+        with contextlib.suppress(Exception):  # the server's model is not on this machine: fall back to the card
             model_location(server_info.model_name)
             return server_info.model_name
-        except Exception:  # noqa: BLE001 - the server's model is not on this machine: fall back to the card
-            pass
     if card.get("target"):
         return card["target"]
     raise DrafterCheckpointError("cannot tell which target's embedding and LM head this drafter uses: "

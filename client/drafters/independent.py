@@ -12,12 +12,10 @@ moved into place instead of being computed again, and the next pass feeds only
 what the tree did not hold (at least the bonus token). Offline it is a plain
 greedy LM.
 
-Speed: ``from_pretrained`` stores the model's Linear weights as int8
-(``int8_linear``: passes ~1.5x faster on a CPU), keeping the 16-bit weights for the
-prompt's prefill, where int8 is slower. The decoder runs alone and
-the LM head is applied here, only to the rows that are read, and optionally
-over a reduced vocabulary (the most frequent target ids, ``independent_vocab``).
-Offline generation keeps the full vocabulary (it is the output).
+Speed: int8 weights (``IndependentConfig``; ``int8_linear``: passes ~1.5x faster on a CPU). The decoder runs
+alone and the LM head is applied here, only to the rows that are read, and optionally over a reduced
+vocabulary (the most frequent target ids, ``independent_vocab``). Offline generation keeps the full
+vocabulary (it is the output).
 """
 from __future__ import annotations
 
@@ -36,11 +34,7 @@ from .tree_builder import Candidates, TreeShape, build_tree
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def accepted_slots(suffix: Sequence[int], cands: Candidates, slot: dict[int, int]) -> list[int]:
@@ -74,9 +68,7 @@ def frontier_mask(frontier: list[int], cands: Candidates, slot: dict[int, int], 
         for a in cands.ancestors(c)[:-1]:
             allowed[row, slot[a]] = True
         allowed[row, past_len + row] = True
-    mask = torch.zeros(allowed.shape, dtype=dtype)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
 
 
 def wants_int8(config: "IndependentConfig", model: torch.nn.Module) -> bool:
@@ -110,7 +102,6 @@ class IndependentDrafter(Drafter):
 
         self.model = model.eval()
         self.config = config
-        self._cache_type = DynamicCache
         self._cache = DynamicCache()
         self._fed: list[int] = []  # committed ids whose KV is in the cache, in order (the cache's first len(_fed))
         self._tree = None  # (candidates as target ids, cache slot per fed candidate) of the last tree, kept in
@@ -190,8 +181,7 @@ class IndependentDrafter(Drafter):
             kv.keep_rows(self._cache, n_old, [s - n_old for s in slots])
             keep += len(slots)
         kv.crop(self._cache, keep)
-        new = list(committed[keep:])
-        hidden = self._hidden(new, list(range(keep, len(committed))), None)
+        hidden = self._hidden(list(committed[keep:]), list(range(keep, len(committed))), None)
         self._fed = list(committed)
         return hidden[-1]
 
@@ -212,18 +202,16 @@ class IndependentDrafter(Drafter):
             return self._draft_logprobs(hidden)
 
         try:
-            tree, cands = build_tree(root_logprobs, expand, self.config.tree, request.max_nodes, request.max_depth,
-                                     request.constraint, self.vocab_ids, ahead=request.ahead)
+            _, cands = build_tree(root_logprobs, expand, self.config.tree, request.max_nodes, request.max_depth,
+                                  request.constraint, self.vocab_ids, ahead=request.ahead)
         except BaseException:
             kv.crop(self._cache, n)
             raise
-        if self.vocab_ids is not None:
+        if self.vocab_ids is not None:  # draft ids to target ids, for the tree and for the KV its accepted nodes keep
             cands.tokens = [self._target_id(t) for t in cands.tokens]
         self._tree = (cands, slot)  # its KV stays behind the committed tokens until the next sync
         self._scores = cands.kept_scores()
-        if self.vocab_ids is None:
-            return tree
-        return DraftTree(tuple(self._target_id(t) for t in tree.tokens), tree.parents)
+        return cands.subtree(cands.kept)  # the tree build_tree returned, in target ids
 
     def tree_scores(self) -> list[float]:
         """The drafter's own cumulative log-probabilities. ``rewind`` keeps the cache as it is: every call syncs
@@ -235,7 +223,7 @@ class IndependentDrafter(Drafter):
         return int(self._head(self._sync(committed)[None])[0].argmax())
 
     def close(self) -> None:
-        self._cache = self._cache_type()
+        self._cache = type(self._cache)()
         self._fed = []
         self._tree = None
         self._scores = []

@@ -17,6 +17,7 @@ and cached there.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import sysconfig
@@ -133,13 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(where)
     vocab_size = AutoConfig.from_pretrained(where).vocab_size
     fingerprint = tokenizer_fingerprint(tokenizer)
-
-    def texts() -> Iterator[str]:
-        yield from stdlib_texts()
-        for s in args.samples:
-            yield from sample_texts(s)
-
-    ids = count_vocab(tokenizer, texts(), args.size, vocab_size)
+    texts = itertools.chain(stdlib_texts(), *map(sample_texts, args.samples))
+    ids = count_vocab(tokenizer, texts, args.size, vocab_size)
     corpus = "python stdlib" + "".join(f" + {Path(s).name}" for s in args.samples)
     out = save_vocab(Path(args.out) / vocab_file_name(fingerprint, args.size), ids, fingerprint, corpus)
     print(f"wrote {out} ({len(ids)} ids of {vocab_size}; corpus {corpus})")

@@ -1,9 +1,8 @@
-"""A learned drafter's runtime (EAGLE, MoA, Beagle) from its checkpoint and the target's own frozen parts.
-
-The runtime needs the target's own embedding, final norm and LM head (and, for MoA with TLI = N, its
-last N layers): from a loaded target model, or read from the target's files. A drafter made for
-another target would produce garbage rather than an error, so its shapes are checked here. Which
-drafter, checkpoint and target a name means is the factory's business (``factory.make_drafter``).
+"""A learned drafter's runtime (EAGLE, MoA, Beagle) from its checkpoint and the target's own frozen parts:
+embedding, final norm and LM head (and, for MoA with TLI = N, its last N layers), which ``open_runtime`` takes
+from a loaded target or reads from its files. A drafter made for another target would produce garbage rather
+than an error, so its shapes are checked here. Which drafter, checkpoint and target a name means is the
+factory's business (``factory.make_drafter``).
 """
 from __future__ import annotations
 
@@ -63,7 +62,6 @@ def _parts(target, tli: int, vocab_ids: torch.Tensor | None, dtype: torch.dtype)
 
 
 def _check_fits(ckpt: Path, parts: TargetParts, **trained: int) -> None:
-    """A drafter made for another target produces garbage, not an error: refuse it here."""
     actual = {k: getattr(parts.shape, k) for k in trained}
     if trained != actual:
         raise DrafterCheckpointError(f"{ckpt} was trained for a target with {trained}, this target has {actual}")

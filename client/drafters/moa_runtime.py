@@ -112,8 +112,7 @@ class MoARuntime(LearnedRuntime):
         # Each query sees what existed when its token was the newest: tokens, memory and TLI rows up to it.
         sa_mask = torch.arange(self.length)[None, :] <= pos[:, None]
         mem_mask = mem_pos[None, :] < pos[:, None]
-        tli_mask = torch.cat([mem_pos[None, :] < pos[:, None], own_done[None, :] < pos[:, None],
-                              pos[None, :] <= pos[:, None]], 1)
+        tli_mask = torch.cat([mem_mask, own_done[None, :] < pos[:, None], pos[None, :] <= pos[:, None]], 1)
         past = self._tli_committed(done)
         logits, tli_new = self._predict(self.x[pos], pos, self.sa, sa_mask, mem_mask, past, tli_mask)
         if tli_new:
@@ -131,9 +130,7 @@ class MoARuntime(LearnedRuntime):
                 own = self.tli_own[i] if own_rows is None else self.tli_own[i].take(slice(0, own_rows))
                 kv = own if kv is None else kv.cat(own)
             layers.append(kv)
-        if any(kv is None for kv in layers):
-            return None
-        return layers
+        return None if any(kv is None for kv in layers) else layers
 
     def _predict(self, x, pos, sa_keys: KV, sa_mask, mem_mask, tli_past: list[KV] | None, tli_mask):
         memory = self.client.with_null(self.mem if self.mem is not None else self.client.empty_kv(x))

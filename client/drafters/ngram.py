@@ -64,27 +64,23 @@ def trie_tree(sequences: list[list[int]], max_nodes: int) -> DraftTree:
 
 def counted_trie(sequences: list[list[int]], max_nodes: int) -> tuple[DraftTree, list[int]]:
     """``trie_tree`` and, per node, how many of the sequences merged pass through it."""
-    tokens: list[int] = []
-    parents: list[int] = []
     counts: list[int] = []
-    child: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+    child: dict[tuple[int, int], int] = {}  # (parent, token) -> node, in node order
     for seq in sequences:
         parent = ROOT
         for tok in seq:
             node = child.get((parent, tok))
             if node is None:
-                if len(tokens) >= max_nodes:
+                if len(counts) >= max_nodes:
                     break
-                node = len(tokens)
-                tokens.append(tok)
-                parents.append(parent)
-                counts.append(0)
+                node = len(counts)
                 child[(parent, tok)] = node
+                counts.append(0)
             counts[node] += 1
             parent = node
-        if len(tokens) >= max_nodes:
+        if len(counts) >= max_nodes:
             break
-    return DraftTree(tuple(tokens), tuple(parents)), counts
+    return DraftTree(tuple(tok for _, tok in child), tuple(parent for parent, _ in child)), counts
 
 
 class NgramDrafter(Drafter):
@@ -96,11 +92,8 @@ class NgramDrafter(Drafter):
         self._scores: list[float] = []  # per node of the last tree: log of the share of matches through it
 
     def propose(self, request: DraftRequest) -> DraftTree:
-        max_len = min(self.config.max_continuation, request.max_depth)
-        if max_len < 1:
-            self._scores = []
-            return DraftTree((), ())
-        found = continuations(request.committed, self.config, max_len)
+        # no depth left: no continuation, so an empty tree and no scores
+        found = continuations(request.committed, self.config, min(self.config.max_continuation, request.max_depth))
         tree, counts = counted_trie(found, min(self.config.max_nodes, request.max_nodes))
         self._scores = [math.log(c / len(found)) for c in counts]
         return tree

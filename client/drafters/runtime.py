@@ -20,8 +20,7 @@ Draft-vocabulary indices map to target ids with ``parts.to_target_ids``.
 Features lag one token: when n tokens are committed, the target's features can cover
 positions 0..n-2 at most. The base class keeps that rule, the tokens and the draft tree; a
 runtime implements its own steps (``_cover``, ``_carry_on``, ``_forget``, ``_expand``,
-``_root_logprobs``). ``RowsRuntime`` adds what EAGLE and Beagle share: one cache row per
-covered position, in order, from the target's features or, offline, the runtime's own.
+``_root_logprobs``). ``RowsRuntime`` adds what EAGLE and Beagle share: one cache row per position.
 """
 from __future__ import annotations
 

@@ -57,17 +57,6 @@ class TreeShape:
             raise ValueError(f"min_prob must be in [0, 1), got {self.min_prob}")
 
 
-def subtree(tree: DraftTree, nodes: Sequence[int]) -> DraftTree:
-    """The nodes ``nodes`` of ``tree`` (each after its parent, which is among them or ROOT) as a tree
-    of their own, numbered in the order given. (It belongs beside DraftTree in shared/tree.py.)"""
-    where = {ROOT: ROOT}
-    for n, c in enumerate(nodes):
-        if tree.parents[c] not in where:
-            raise ValueError(f"node {c} is kept without its parent {tree.parents[c]}")
-        where[c] = n
-    return DraftTree(tuple(tree.tokens[c] for c in nodes), tuple(where[tree.parents[c]] for c in nodes))
-
-
 @dataclass
 class Candidates:
     """Every node considered so far; parents refer to earlier candidates (or ROOT)."""
@@ -97,7 +86,14 @@ class Candidates:
         return self.tree().ancestors(i)
 
     def subtree(self, nodes: Sequence[int]) -> DraftTree:
-        return subtree(self.tree(), nodes)
+        """The candidates ``nodes`` (each after its parent, which is among them or ROOT) as a tree of their own,
+        numbered in the order given."""
+        where = {ROOT: ROOT}
+        for n, c in enumerate(nodes):
+            if self.parents[c] not in where:
+                raise ValueError(f"node {c} is kept without its parent {self.parents[c]}")
+            where[c] = n
+        return DraftTree(tuple(self.tokens[c] for c in nodes), tuple(where[self.parents[c]] for c in nodes))
 
 
 # expand(frontier candidate indices, candidates) -> log-probabilities [len(frontier), V]

@@ -3,12 +3,8 @@
 This file is the ``edgespec`` package itself: the fixed layout has no
 ``edgespec/`` folder, so pyproject maps the name here, and each top-level
 folder installs as its sub-package (``edgespec.client``, ``edgespec.server``,
-...). It gives the text-level Python client at the top, loaded on first use so
-that importing any sub-package stays light:
-
-    import edgespec
-    with edgespec.Client(server="gpu-box:50051", drafter="ngram") as client:
-        print(client.chat([{"role": "user", "content": "Write quicksort in Python"}]))
+...). It gives the text-level Python client at the top (``edgespec.Client``; its use:
+``edgespec.client.python_client``), loaded on first use so that importing any sub-package stays light.
 """
 from __future__ import annotations
 
