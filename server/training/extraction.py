@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ import numpy as np
 
 from edgespec.shared.drafters.target_parts import target_shape
 from .data import read_samples
-from .features import CODEC, batch_features, tokenize_sample
+from .features import batch_features, save_npz, sequence_arrays, tokenize_sample
 from .train_config import ExtractConfig
 
 log = logging.getLogger(__name__)
@@ -74,14 +73,8 @@ def shard_path(store: Path, k: int) -> Path:
 def write_shard(path: Path, seqs: list[Sequence], feats: list[dict]) -> None:
     arrays = {"index": np.frombuffer(json.dumps([[s.id, s.split, len(s.ids)] for s in seqs]).encode(), np.uint8)}
     for j, (s, f) in enumerate(zip(seqs, feats)):
-        arrays[f"s{j}_tokens"] = np.asarray(s.ids, np.int32)
-        arrays[f"s{j}_loss_mask"] = np.asarray(s.mask, np.uint8)
-        arrays[f"s{j}_meta"] = np.frombuffer(json.dumps({"id": s.id, "split": s.split}).encode(), np.uint8)
-        for name, t in f.items():
-            arrays[f"s{j}_{name}"] = np.frombuffer(CODEC.encode(t.contiguous()), np.uint8)
-    tmp = path.with_name(path.stem + ".tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+        arrays.update(sequence_arrays(f"s{j}_", s.id, s.split, s.ids, s.mask, f))
+    save_npz(path, arrays)
 
 
 def tokenized_rows(tokenizer, rows: list[dict], max_len: int) -> list[Sequence]:

@@ -139,15 +139,21 @@ def extract_features(target: str, data_dir: str | Path, out_dir: str | Path, max
         if len(ids) < 4:
             continue
         feats = target_features(loaded.model, ids, tuple(tli_depths))
-        _write(seq_file(store, row["id"]), row, ids, mask, feats)
+        save_npz(seq_file(store, row["id"]), sequence_arrays("", row["id"], row["split"], ids, mask, feats))
     return store
 
 
-def _write(path: Path, row: dict, ids: list[int], mask: list[int], feats: dict[str, torch.Tensor]) -> None:
-    arrays = {"tokens": np.asarray(ids, np.int32), "loss_mask": np.asarray(mask, np.uint8),
-              "meta": np.frombuffer(json.dumps({"id": row["id"], "split": row["split"]}).encode(), np.uint8)}
-    for name, t in feats.items():
-        arrays[name] = np.frombuffer(CODEC.encode(t.contiguous()), np.uint8)
+def sequence_arrays(prefix: str, sample_id: str, split: str, ids: list[int], mask: list[int],
+                    feats: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """One sequence's arrays, named as a store file holds them (a shard's sequence j: prefix "s{j}_")."""
+    arrays = {prefix + "tokens": np.asarray(ids, np.int32), prefix + "loss_mask": np.asarray(mask, np.uint8),
+              prefix + "meta": np.frombuffer(json.dumps({"id": sample_id, "split": split}).encode(), np.uint8)}
+    arrays.update({prefix + name: np.frombuffer(CODEC.encode(t.contiguous()), np.uint8) for name, t in feats.items()})
+    return arrays
+
+
+def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Written under a temporary name (never read as part of the store), renamed when complete."""
     tmp = path.with_suffix(".tmp.npz")
     np.savez(tmp, **arrays)
     os.replace(tmp, path)
@@ -201,17 +207,12 @@ class FeatureStore:
 
     @staticmethod
     def load(ref, names: tuple[str, ...] = ("hidden", "kv")) -> StoredSequence:
-        if isinstance(ref, ShardRef):
-            prefix = f"s{ref.index}_"
-            with np.load(ref.path) as z:
-                meta = json.loads(z[prefix + "meta"].tobytes().decode())
-                tokens, mask = z[prefix + "tokens"], z[prefix + "loss_mask"]
-                dec = {k: decode_frame(z[prefix + k].tobytes()).float() for k in names if prefix + k in z.files}
-        else:
-            with np.load(ref) as z:
-                meta = json.loads(z["meta"].tobytes().decode())
-                tokens, mask = z["tokens"], z["loss_mask"]
-                dec = {k: decode_frame(z[k].tobytes()).float() for k in z.files if k in names}
+        # a shard names sequence j's arrays s{j}_tokens, ...; a per-sequence file names them tokens, ...
+        path, prefix = (ref.path, f"s{ref.index}_") if isinstance(ref, ShardRef) else (ref, "")
+        with np.load(path) as z:
+            meta = json.loads(z[prefix + "meta"].tobytes().decode())
+            tokens, mask = z[prefix + "tokens"], z[prefix + "loss_mask"]
+            dec = {k: decode_frame(z[prefix + k].tobytes()).float() for k in names if prefix + k in z.files}
         return StoredSequence(meta["id"], meta["split"], torch.from_numpy(tokens.astype(np.int64)),
                               torch.from_numpy(mask.astype(bool)), dec.get("hidden"), dec.get("kv"),
                               {int(k[3:]): v for k, v in dec.items() if k.startswith("act")})
