@@ -198,9 +198,11 @@ class ModelScheduler:
                             self._queue.popleft()
                             return [item]
                         break
-                    if item.waiting is None:  # a job not started yet: run it to its first forward
-                        if not self._start(item):
-                            continue
+                    # A job not started yet runs to its first forward here, under the lock (a job only builds
+                    # its first forward before it yields it); one that ended without a forward leaves the queue.
+                    if item.waiting is None and not self._advance(item, None):
+                        self._queue.popleft()
+                        continue
                     works = [i.waiting[1] for i in batch] + [item.waiting[1]]
                     if batch and (len(works) > self.config.max_batch_items
                                   or self.engine.cost(works) > self.config.max_batch_tokens):
@@ -208,14 +210,6 @@ class ModelScheduler:
                     batch.append(self._queue.popleft())
                 if batch:
                     return batch
-
-    def _start(self, item: _Item) -> bool:
-        """Start a queued job (under the lock: a job only builds its first forward before it yields it);
-        drop it from the queue when it ended without one."""
-        if self._advance(item, None):
-            return True
-        self._queue.popleft()
-        return False
 
     def _loop(self) -> None:
         while batch := self._next():
