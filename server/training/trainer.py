@@ -217,20 +217,20 @@ class Trainer:
     def fit(self) -> list[dict]:
         self.resume()
         cfg = self.config
-        progress = Progress(cfg.steps, self.step, self.tokens_seen, f"train {self.recipe.kind}", self._main,
+        progress = Progress(cfg.steps, self.step, self.tokens_seen, f"train {self.recipe.kind}", self.world.main,
                             cfg.log_every)
         t0 = time.perf_counter()
         while self.step < cfg.steps:
             row = {"step": self.step + 1, **self.train_step()}
             out_of_time = bool(cfg.max_wall_s) and time.perf_counter() - t0 >= cfg.max_wall_s
             last = self.step == cfg.steps or out_of_time
-            if self.val_files and self._main and (self.step % cfg.eval_every == 0 or last):
+            if self.val_files and self.world.main and (self.step % cfg.eval_every == 0 or last):
                 row.update(self.validate())
             row["wall_s"] = round(time.perf_counter() - t0, 1)
             row["tokens"] = self.tokens_seen
             self._log(row)
             progress.update(self.step, self.tokens_seen, row["loss"])
-            if (self.step % cfg.save_every == 0 or last) and self._main:
+            if (self.step % cfg.save_every == 0 or last) and self.world.main:
                 self.save_checkpoint()
             if out_of_time:
                 log.info("stopping at step %d of %d: the wall-clock budget of %.0f s is spent", self.step, cfg.steps,
@@ -240,12 +240,8 @@ class Trainer:
         distributed.barrier()
         return self.history
 
-    @property
-    def _main(self) -> bool:
-        return self.world.main
-
     def _log(self, row: dict) -> None:
-        if not self._main:
+        if not self.world.main:
             return
         self.history.append(row)
         with (self.run_dir / "metrics.jsonl").open("a") as f:
