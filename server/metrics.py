@@ -133,7 +133,6 @@ class ServerMetrics(VllmMetrics):
         self.waiting.set_function(waiting)
         self.kv_usage.set_function(kv_usage)
 
-    # ----------------------------------------------------- request clocks
     def _started(self, clock: RequestClock) -> None:
         self.prompt_tokens.inc(clock.prompt_tokens)
         self.request_prompt_tokens.observe(clock.prompt_tokens)
@@ -165,7 +164,6 @@ class ServerMetrics(VllmMetrics):
             if clock.generated > 1:
                 self.time_per_output_token.observe(decode / (clock.generated - 1))
 
-    # ------------------------------------------------------------ sessions
     def opened(self, session_id: str, tree_nodes: int, result: "StepResult", max_new_tokens: int = 0) -> None:
         """An Open answered: its time is the session's time to first token; a tree sent with it is a draft."""
         self.sessions_opened.inc()
@@ -226,7 +224,6 @@ class ServerMetrics(VllmMetrics):
         if clock is not None:
             self._finished(clock, "abort", time.monotonic())
 
-    # ----------------------------------------------------------- plain API
     def api_generation(self, tokens: Iterable[T], prompt_tokens: int, max_new_tokens: int,
                        token_id: Callable[[T], int], cancelled: Callable[[], bool]) -> Iterator[T]:
         """Pass a plain-API generation's tokens through, timing each. Run to its end it finished by EOS ("stop")

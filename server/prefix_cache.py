@@ -71,7 +71,6 @@ class PrefixCache:
         with self._mutex:
             return self._bytes
 
-    # ------------------------------------------------------------- restore
     def restore(self, kv: SessionKV, ids: Sequence[int], limit: int) -> int:
         """Copy the KV of the longest cached prefix of ids[:limit] into the empty kv; how many ids it covers."""
         with self._mutex:
@@ -87,7 +86,6 @@ class PrefixCache:
             restore_snapshot(kv, entry.snapshot, n)
         return n
 
-    # --------------------------------------------------------------- store
     def store(self, kv: SessionKV, ids: Sequence[int]) -> bool:
         """Keep the KV of ids, which kv's first len(ids) positions hold; False when nothing new was kept
         (ids empty, already covered by a cached prefix, or bigger than the whole budget)."""

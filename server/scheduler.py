@@ -82,7 +82,6 @@ class ModelScheduler:
         self._worker = threading.Thread(target=self._loop, name="edgespec-model", daemon=True)
         self._worker.start()
 
-    # ------------------------------------------------------------- callers
     def run(self, fn: Callable[..., T], *args, **kwargs) -> tuple[T, int]:
         """Run fn on the model thread; return (its result, nanoseconds it waited in the queue)."""
         item = _Item(call=lambda: fn(*args, **kwargs))
@@ -152,7 +151,6 @@ class ModelScheduler:
         if threading.current_thread() is not self._worker:
             self._worker.join()
 
-    # -------------------------------------------------------------- worker
     def _submit(self, item: _Item) -> None:
         with self._cv:
             if self._closed:

@@ -101,7 +101,6 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self.pool = pool  # runs each Session message's work; None = the event loop's default executor
         self.first_message_timeout_s = first_message_timeout_s  # a silent new stream is closed after this
 
-    # ------------------------------------------------------------------ Info
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
         try:
             self._authenticate(context)
@@ -126,7 +125,6 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             moa_server_parts=sorted(self.core.lsa_parts), eos_token_ids=sorted(t.eos_ids),
             registry_name=t.loaded.name if t.loaded.name in REGISTRY else "", **_cost_curve(self.core.cost_curve))
 
-    # --------------------------------------------------------------- Session
     async def Session(self, request_iterator: AsyncIterator[pb.ClientMessage],
                       context: grpc.aio.ServicerContext) -> None:
         # context.read/write rather than the iterators: only they let the first read have a deadline.
@@ -236,7 +234,6 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         return SessionSettings(session_id, sampling, o.sampling.seed, features, o.max_new_tokens, o.drafter,
                                logprobs, o.sampling.grammar, len(o.prompt_ids))
 
-    # --------------------------------------------------------------- helpers
     def _authenticate(self, context: grpc.ServicerContext) -> None:
         from edgespec.shared.auth import api_key_problem
 

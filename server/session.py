@@ -113,7 +113,6 @@ class VerifierSession:
         self.prefix_cache = prefix_cache if settings.features.kind is not FeatureKind.LAST_HIDDEN else None
         self.rows: RowProcessors | None = None  # the logits processors, once the prompt is known (None: none)
 
-    # ---------------------------------------------------------------- open
     def open(self, prompt_ids: Sequence[int], tree: DraftTree | None = None) -> StepResult:
         """Prefill the prompt, verifying a tree hung from its last token in the same pass when one
         comes with it; the answer carries the accepted nodes, the next token and the features."""
@@ -160,7 +159,6 @@ class VerifierSession:
         return _ModelStep(outcome.next_token, outcome.accepted, 0, hidden, kv, _job_timings(out, t1),
                           self._logprobs(out.logits, rows, new))
 
-    # -------------------------------------------------------------- verify
     def verify(self, step: int, committed_len: int, tree: DraftTree, decode_ahead: int = 1,
                queued: bool = False) -> StepResult:
         """Verify a tree hung from the last committed token; with an empty tree and decode_ahead > 1, decode up to
@@ -236,7 +234,6 @@ class VerifierSession:
                           tuple(lp for st in steps for lp in st.logprobs),
                           decoded=tuple(st.next_token for st in steps[:-1]))
 
-    # -------------------------------------------------------------- resume
     def matches(self, confirmed_len: int, confirmed_hash: bytes) -> bool:
         """True when this session's committed ids start with the client's confirmed ones."""
         return (1 <= confirmed_len <= len(self.committed)
@@ -302,7 +299,6 @@ class VerifierSession:
         return _ModelStep(after, (), agreed, self._hidden_rows(out.hidden, rows), kv, _job_timings(out, t1),
                           self._logprobs(out.logits, rows, kept + [after]))
 
-    # -------------------------------------------------------- prefix cache
     def _restore_prefix(self, ids: Sequence[int], limit: int) -> int:
         """Fill the empty KV with the longest cached prefix of ids[:limit]; how many ids it covers. On the
         caller's thread: the copy touches this session's KV only (its pool slot, taken first)."""
@@ -322,7 +318,6 @@ class VerifierSession:
         finally:
             self.lock.release()
 
-    # ------------------------------------------------------------- helpers
     def _start_processors(self, prompt: Sequence[int]) -> None:
         """The session's logits processors (penalties, logit_bias, grammar), or None when it has none: then the
         target's logits go to acceptance untouched."""

@@ -79,7 +79,6 @@ def hass_config(ctx: RecipeContext) -> HassConfig:
     return cfg
 
 
-# -- starting from an earlier run (second stages) --------------------------------------------------
 def init_states(path: Path, kind: str) -> dict[str, dict[str, torch.Tensor]]:
     """Module states (as ``Recipe.trainable()`` names them) of a run folder's ``checkpoint.pt``,
     a ``.pt`` checkpoint, or a saved drafter of ``kind`` (``eagle.safetensors`` / MoA folder)."""
@@ -122,7 +121,6 @@ def load_init(ctx: RecipeContext, recipe) -> None:
                                     f"same --width/--heads/--vocab/--tli as stage 1): {first[0].strip()}") from None
 
 
-# -- recipes ----------------------------------------------------------------------------------------
 class _WithTopK:
     """A base recipe (EAGLE, MoA) with HASS's settings, plus its top-K term (``_topk_term``) when weighted."""
 

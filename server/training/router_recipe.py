@@ -47,7 +47,6 @@ class RouterRecipeConfig:
     max_T: int = 15  # MoA: largest step bound drawn per window
 
 
-# -- pure pieces ---------------------------------------------------------------------------------
 def group_kl(scores: torch.Tensor, group_target: torch.Tensor, w: torch.Tensor) -> Term:
     """KL(target's mass per group || router's group distribution): the cross-entropy against the
     group target minus its entropy, so 0 is reachable and the logged value is the router's own error.
@@ -92,7 +91,6 @@ class _HeadTap:
         return full if self._route is None else self._route(hidden, full)
 
 
-# -- the frozen bases ----------------------------------------------------------------------------
 class EagleBase:
     """A frozen EAGLE head: the rows it drafts from, and its acceptance through a head tap."""
 
@@ -179,7 +177,6 @@ def _frozen(module: torch.nn.Module) -> torch.nn.Module:
     return module.eval()
 
 
-# -- the recipe ----------------------------------------------------------------------------------
 class RouterRecipe:
     """Stage 2: a frozen base drafter (``EagleBase`` / ``MoABase``) and the router that trains."""
 
@@ -222,7 +219,6 @@ class RouterRecipe:
         return files + [save_router(self.router, beside / "router.safetensors")]
 
 
-# -- building from a first-stage run -------------------------------------------------------------
 def _init_path(ctx: RecipeContext) -> Path:
     if ctx.init is None:
         raise RecipeOptionError(f"{ctx.kind!r} is a second stage: pass --init with the run folder of an "

@@ -82,7 +82,6 @@ class Trainer:
         if self.world.distributed and not self.per_window:
             raise ValueError("several processes need window_rng per-window (or auto)")
 
-    # -- checkpoints -----------------------------------------------------------------------------
     @property
     def checkpoint_path(self) -> Path:
         return self.run_dir / "checkpoint.pt"
@@ -109,7 +108,6 @@ class Trainer:
         log.info("resumed from %s at step %d", self.checkpoint_path, self.step)
         return True
 
-    # -- data ------------------------------------------------------------------------------------
     def _load(self, path):
         # Decoded sequences stay in memory: features are read once, reused every epoch (not those
         # a target computes on the fly: online.py).
@@ -153,7 +151,6 @@ class Trainer:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    # -- loop ------------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
         for m in self.recipe.trainable().values():
             m.train()
