@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 
 from edgespec.shared.fingerprint import committed_hash
-from edgespec.shared.grammar import GrammarConstraint, GrammarError, grammar_tokenizer
+from edgespec.shared.grammar import GrammarError
 from edgespec.shared.logits_processors import RowProcessors
 from edgespec.shared.logprobs import TokenLogprob, token_logprobs
 from edgespec.shared.session_contract import SamplingSettings, ServerTimings
@@ -29,6 +29,7 @@ from edgespec.shared.tree import DraftTree
 from edgespec.shared.verification import Draws, VerifyOutcome, next_token, sample_verify, target_probs, verify_tree
 from edgespec.shared.wire import MAX_DECODE_AHEAD, FeatureKind, ResumePolicy
 
+from .decoder import processors
 from .errors import InvalidRequestError, StaleStateError
 from .features import FeatureSpec, export_features
 from .prefix_cache import PrefixCache
@@ -319,8 +320,7 @@ class VerifierSession:
             self.lock.release()
 
     def _start_processors(self, prompt: Sequence[int]) -> None:
-        """The session's logits processors (penalties, logit_bias, grammar), or None when it has none: then the
-        target's logits go to acceptance untouched."""
+        """The session's logits processors (``decoder.processors``), its sampling settings and grammar checked."""
         s = self.settings
         if not (s.sampling.penalized or s.grammar):
             return
@@ -328,14 +328,10 @@ class VerifierSession:
             s.sampling.check_vocab(self.target.vocab_size)
         except ValueError as err:
             raise InvalidRequestError(f"SamplingParams: {err}") from None
-        constraint = None
-        if s.grammar:
-            try:
-                tok = grammar_tokenizer(self.target.tokenizer, self.target.vocab_size, self.target.eos_ids)
-                constraint = GrammarConstraint(tok, s.grammar)
-            except GrammarError as err:
-                raise InvalidRequestError(f"SamplingParams.grammar is not a grammar llguidance takes: {err}") from None
-        self.rows = RowProcessors(s.sampling, prompt, self.target.vocab_size, constraint)
+        try:
+            self.rows = processors(self.target, s.sampling, s.grammar, prompt)
+        except GrammarError as err:
+            raise InvalidRequestError(f"SamplingParams.grammar is not a grammar llguidance takes: {err}") from None
 
     def _shaped(self, logits: torch.Tensor, committed: Sequence[int], tree: DraftTree | None = None) -> torch.Tensor:
         """logits [1 + N, V] of [root] + tree nodes hung after `committed`, each row processed from its own
