@@ -111,7 +111,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             await self._abort(context, exc)
 
     def _info(self) -> pb.InfoResponse:
-        t, lim = self.core.target, self.core.limits
+        t, lim, curve = self.core.target, self.core.limits, self.core.cost_curve  # curve None: not measured
+        cost = {} if curve is None else dict(verify_cost_nodes=curve.nodes, verify_cost_ns=curve.total_ns,
+                                             verify_cost_context=curve.context)
         return pb.InfoResponse(
             model_name=t.name, vocab_size=t.vocab_size, tokenizer_fingerprint=t.fingerprint,
             hidden_size=t.hidden_size, num_layers=t.num_layers, num_kv_heads=t.num_kv_heads,
@@ -123,7 +125,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                                    session_ttl_s=int(lim.store.ttl_s)),
             server_version=__version__, device=str(t.device), dtype=str(t.dtype).removeprefix("torch."),
             moa_server_parts=sorted(self.core.lsa_parts), eos_token_ids=sorted(t.eos_ids),
-            registry_name=t.loaded.name if t.loaded.name in REGISTRY else "", **_cost_curve(self.core.cost_curve))
+            registry_name=t.loaded.name if t.loaded.name in REGISTRY else "", **cost)
 
     async def Session(self, request_iterator: AsyncIterator[pb.ClientMessage],
                       context: grpc.aio.ServicerContext) -> None:
@@ -282,13 +284,6 @@ def _check_session_id(sid: str, where: str) -> None:
     if bad is not None:
         raise InvalidRequestError(f"the session id {where} holds a non-printable character "
                                   f"({printable(sid[bad])} at index {bad}); use printable characters only")
-
-
-def _cost_curve(curve) -> dict:
-    """Info's verify_cost_* fields from the core's measured CostCurve (none when it was not measured)."""
-    if curve is None:
-        return {}
-    return dict(verify_cost_nodes=curve.nodes, verify_cost_ns=curve.total_ns, verify_cost_context=curve.context)
 
 
 def _features(result: StepResult) -> list[pb.Feature]:
