@@ -111,6 +111,23 @@ def target_features(model, ids: list[int], tli_depths: tuple[int, ...]) -> dict[
     return batch_features(model, [ids], tli_depths, pad_id=0)[0]
 
 
+def data_and_target(target: str, data_dir: str | Path, device: str | None, dtype: str | None,
+                    limit: int | None = None) -> tuple[list[dict], object]:
+    """The data set's rows (the first ``limit``; None or 0: all) and the loaded target."""
+    from edgespec.shared.models import load_model
+
+    rows = read_samples(Path(data_dir) / "samples.jsonl")[:limit or None]
+    if not rows:
+        raise FileNotFoundError(f"no samples in {data_dir}/samples.jsonl: run `edgespec train data` first")
+    return rows, load_model(target, device=device, dtype=dtype)
+
+
+def store_meta(target: str, loaded, tli_depths: tuple[int, ...], max_len: int, **more) -> dict:
+    """A store's ``store.json`` (or its stand-in's ``meta``): the target, its shape, what was extracted."""
+    return {"target": target, "fingerprint": loaded.fingerprint, "shape": target_shape(loaded.model).__dict__,
+            "tli_depths": list(tli_depths), "max_len": max_len, **more}
+
+
 def seq_file(store: Path, sample_id: str) -> Path:
     return store / "seq" / (hashlib.sha1(sample_id.encode()).hexdigest()[:16] + ".npz")
 
@@ -120,18 +137,10 @@ def extract_features(target: str, data_dir: str | Path, out_dir: str | Path, max
                      dtype: str | None = None, limit: int | None = None) -> Path:
     from tqdm import tqdm
 
-    from edgespec.shared.models import load_model
-
     store = Path(out_dir)
     (store / "seq").mkdir(parents=True, exist_ok=True)
-    rows = read_samples(Path(data_dir) / "samples.jsonl")[:limit]
-    if not rows:
-        raise FileNotFoundError(f"no samples in {data_dir}/samples.jsonl: run `edgespec train data` first")
-    loaded = load_model(target, device=device, dtype=dtype)
-    shape = target_shape(loaded.model)
-    meta = {"target": target, "fingerprint": loaded.fingerprint, "shape": shape.__dict__,
-            "tli_depths": list(tli_depths), "max_len": max_len}
-    (store / "store.json").write_text(json.dumps(meta, indent=1))
+    rows, loaded = data_and_target(target, data_dir, device, dtype, limit)
+    (store / "store.json").write_text(json.dumps(store_meta(target, loaded, tli_depths, max_len), indent=1))
     todo = [r for r in rows if not seq_file(store, r["id"]).exists()]
     log.info("%d sequences, %d already stored, %d to go -> %s", len(rows), len(rows) - len(todo), len(todo), store)
     for row in tqdm(todo, desc="target features", mininterval=10):
