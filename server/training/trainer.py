@@ -261,22 +261,18 @@ class Progress:
 
             self.bar = tqdm(total=total, initial=initial, desc=desc, mininterval=1, unit="step")
 
-    def line(self, step: int, tokens: int, loss: float) -> str:
-        dt = max(time.perf_counter() - self.t0, 1e-9)
-        rate = (step - self.start_step) / dt
-        left = (self.total - step) / rate if rate > 0 else float("nan")
-        return (f"step {step}/{self.total} loss {loss:.4f} {(tokens - self.start_tokens) / dt:.0f} tokens/s "
-                f"{_clock(left)} left")
-
     def update(self, step: int, tokens: int, loss: float) -> None:
         if not self.enabled:
             return
+        dt = max(time.perf_counter() - self.t0, 1e-9)
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
-            rate = (tokens - self.start_tokens) / max(time.perf_counter() - self.t0, 1e-9)
-            self.bar.set_postfix_str(f"loss {loss:.4f} {rate:.0f} tok/s")
+            self.bar.set_postfix_str(f"loss {loss:.4f} {(tokens - self.start_tokens) / dt:.0f} tok/s")
         elif step % self.every == 0 or step == self.total or step == self.start_step + 1:
-            log.info(self.line(step, tokens, loss))
+            steps_per_s = (step - self.start_step) / dt
+            left = (self.total - step) / steps_per_s if steps_per_s > 0 else float("nan")
+            log.info(f"step {step}/{self.total} loss {loss:.4f} {(tokens - self.start_tokens) / dt:.0f} tokens/s "
+                     f"{_clock(left)} left")
 
     def close(self) -> None:
         if self.bar is not None:
