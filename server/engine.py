@@ -84,7 +84,6 @@ class ForwardOutput:
     logits: torch.Tensor  # [T - logits_from, V] float32
     forward_ns: int = 0  # the forward this work rode in
     queue_ns: int = 0  # waiting for that forward to start
-    batch: int = 1  # items in that forward
     best: list[int] | None = None  # [T - logits_from]: argmax of each logits row, when the engine read it back
     accepted: tuple[int, ...] | None = None  # Work.accept answered: accepted node indices, root to leaf, and
     # the KV already holds only the past, the root and them; None = the caller verifies and keeps rows

@@ -172,7 +172,7 @@ class BatchedEngine(Engine):
             kv.length = p + (lf + 1 + len(accepted) if accepted is not None else n)
             last = lf + 1 + accepted[-1] if accepted else lf
             results.append(ForwardOutput(out.hidden[i, :n], out.logits[offsets[i]:offsets[i] + n - lf], 0,
-                                         batch=bucket.batch, best=best[lf:n], accepted=accepted,
+                                         best=best[lf:n], accepted=accepted,
                                          next_token=best[last] if accepted is not None else None))
         forward_ns = time.perf_counter_ns() - t0
         for r in results:

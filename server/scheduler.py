@@ -279,5 +279,4 @@ def _joined(outs: list[ForwardOutput]) -> ForwardOutput:
         return outs[0]
     last = outs[-1]
     return ForwardOutput(torch.cat([o.hidden for o in outs]), last.logits, sum(o.forward_ns for o in outs),
-                         sum(o.queue_ns for o in outs), max(o.batch for o in outs), last.best, last.accepted,
-                         last.next_token)
+                         sum(o.queue_ns for o in outs), last.best, last.accepted, last.next_token)
