@@ -369,7 +369,7 @@ class VerifierSession:
         return hidden[rows].clone() if self._wants_hidden else hidden[:0]
 
     def _kv_rows(self, start: int, end: int) -> torch.Tensor | None:
-        if not self.settings.features.needs_kv:
+        if self.settings.features.kind is not FeatureKind.MOA:  # the one kind made from K|V rows
             return None
         return self.kv.layer_kv(start, end)
 
