@@ -20,7 +20,6 @@ plain log lines otherwise.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -62,6 +61,7 @@ class Trainer:
             raise ValueError(f"grad_accum must be at least 1, got {config.grad_accum}")
         self.world = distributed.init(device)
         self.device = self.world.device
+        self.bf16 = config.amp == "bf16" or (config.amp == "auto" and self.device.type == "cuda")  # autocast
         for m in [*recipe.trainable().values(), getattr(recipe, "parts", None)]:
             if m is not None:
                 m.to(self.device)
@@ -145,12 +145,6 @@ class Trainer:
             tokens += length
         return out
 
-    def _autocast(self):
-        amp = self.config.amp
-        if amp == "bf16" or (amp == "auto" and self.device.type == "cuda"):
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
     def train_step(self) -> dict[str, float]:
         for m in self.recipe.trainable().values():
             m.train()
@@ -169,7 +163,7 @@ class Trainer:
             if not part:
                 continue
             terms = None
-            with self._autocast():
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
                 for idx, (ref, start, end) in part:
                     gen = (torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.step * 4099 + idx)
                            if self.per_window else self.gen)
