@@ -184,8 +184,9 @@ class RouterRecipe:
         self.base, self.router, self.parts = base, router, base.parts
         self.kind = base.kind  # what the client loads: the base's kind, with router.safetensors beside it
         self.feature_names = base.feature_names
-        self.terms = [LossTerm("router", 1.0, self._router_term),
-                      LossTerm("missed_mass", 0.0, self._missed_term)]
+        self.terms = [LossTerm("router", 1.0, lambda out: group_kl(out["scores"], out["groups"], out["w"])),
+                      LossTerm("missed_mass", 0.0, lambda out: missed_mass(out["scores"], out["groups"],
+                                                                           router.config.top_g, out["w"]))]
         self._group_of = router.group_of()
 
     def trainable(self):
@@ -198,12 +199,6 @@ class RouterRecipe:
         with torch.no_grad():
             hidden, target, w = self.base.rows(seq, start, end, gen, self._to_groups)
         return {"scores": self.router(hidden), "groups": target, "w": w}
-
-    def _router_term(self, out: Outputs) -> Term:
-        return group_kl(out["scores"], out["groups"], out["w"])
-
-    def _missed_term(self, out: Outputs) -> Term:
-        return missed_mass(out["scores"], out["groups"], self.router.config.top_g, out["w"])
 
     def _route(self, hidden: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
         return restrict_to_groups(full, self.router.choose(hidden), self._group_of.to(full.device))
