@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -63,8 +63,7 @@ class Work:
     def tree(cls, root: int, tree: DraftTree, past: int, accept: bool = False) -> "Work":
         """[root] + nodes after `past` cached tokens; logits of every row. accept: verify greedily
         (``Work.accept``)."""
-        work = cls.chunk_tree([root], tree, past)
-        return cls(work.ids, work.positions, work.parents, work.logits_from, accept) if accept else work
+        return replace(cls.chunk_tree([root], tree, past), accept=accept)
 
     @classmethod
     def chunk_tree(cls, ids: Sequence[int], tree: DraftTree, past: int) -> "Work":

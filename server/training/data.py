@@ -162,8 +162,7 @@ def regenerate(model, tokenizer, convs: list[Conversation], max_new_tokens: int)
     later turns see the target's own earlier answers, as they would when it serves."""
     out: list[list[dict]] = [[] for _ in convs]
     turns = [list(c.messages) for c in convs]
-    longest = max(len(t) for t in turns)
-    for k in range(longest):
+    for k in range(max(len(t) for t in turns)):
         need = [i for i, t in enumerate(turns) if k < len(t) and t[k]["role"] == "assistant"]
         for i, t in enumerate(turns):
             if k < len(t) and t[k]["role"] != "assistant":

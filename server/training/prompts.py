@@ -62,8 +62,7 @@ def functions_of(path: Path) -> list[tuple[str, str, str]]:
 
 
 def _write_prompt(name: str, doc: str) -> str | None:
-    first = doc.strip().split("\n\n")[0]
-    first = " ".join(first.split())
+    first = " ".join(doc.strip().split("\n\n")[0].split())  # the first paragraph, on one line
     if not 25 <= len(first) <= 400:
         return None
     return f"Write a Python function `{name}` that does the following: {first}"
