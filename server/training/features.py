@@ -71,11 +71,8 @@ def batch_features(model, batch: list[list[int]], tli_depths: tuple[int, ...], p
     right-padded forward of the whole batch."""
     shape = target_shape(model)
     base = model.model
-    lengths = [len(ids) for ids in batch]
-    width = max(lengths)
-    x = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    for r, ids in enumerate(batch):
-        x[r, :len(ids)] = torch.tensor(ids)
+    x = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids, dtype=torch.long) for ids in batch], batch_first=True,
+                                        padding_value=pad_id)
     layer_inputs: dict[int, torch.Tensor] = {}
     norm_io: dict[str, torch.Tensor] = {}
     hooks = []
@@ -98,12 +95,8 @@ def batch_features(model, batch: list[list[int]], tli_depths: tuple[int, ...], p
     kv = torch.stack([torch.cat([flat(cache.layers[i].keys), flat(cache.layers[i].values)], -1)
                       for i in range(shape.num_layers)], dim=2)
     acts = {n: norm_io["in"] if n == 0 else layer_inputs[shape.num_layers - n] for n in tli_depths}
-    feats = []
-    for r, n in enumerate(lengths):
-        f = {"hidden": norm_io["out"][r, :n], "kv": kv[r, :n]}
-        f.update({f"act{d}": a[r, :n] for d, a in acts.items()})
-        feats.append(f)
-    return feats
+    return [{"hidden": norm_io["out"][r, :len(ids)], "kv": kv[r, :len(ids)],
+             **{f"act{d}": a[r, :len(ids)] for d, a in acts.items()}} for r, ids in enumerate(batch)]
 
 
 def target_features(model, ids: list[int], tli_depths: tuple[int, ...]) -> dict[str, torch.Tensor]:
