@@ -215,8 +215,7 @@ class VerifierSession:
         self.committed += new
         kv = self._kv_rows(past, past + len(rows))
         return _ModelStep(outcome.next_token, outcome.accepted, 0, self._hidden_rows(out.hidden, rows), kv,
-                          _job_timings(out, t1),
-                          self._logprobs(out.logits, rows, new))
+                          _job_timings(out, t1), self._logprobs(out.logits, rows, new))
 
     def _decode_job(self, count: int) -> _ModelStep:
         """Up to `count` plain decode steps in a row, each a forward of its own (batched with other sessions'
