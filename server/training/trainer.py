@@ -79,7 +79,7 @@ class Trainer:
             raise ValueError(f"window_rng must be auto, per-window or shared, got {config.window_rng!r}")
         launched = "WORLD_SIZE" in os.environ or config.grad_accum > 1
         self.per_window = config.window_rng == "per-window" or (config.window_rng == "auto" and launched)
-        if self.world.distributed and not self.per_window:
+        if self.world.size > 1 and not self.per_window:
             raise ValueError("several processes need window_rng per-window (or auto)")
 
     @property
