@@ -59,10 +59,6 @@ class ServerHandle:
         self._stopped.set()
         log.info("stopped")
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until stopped."""
-        return self._stopped.wait(timeout)
-
     def __enter__(self) -> "ServerHandle":
         return self
 
