@@ -111,7 +111,8 @@ class VerifierSession:
         # Open and rebuild start from the longest cached prefix; close and drop give the KV back to it. Not
         # for LAST_HIDDEN sessions: Open's features cover every prompt token, and a restored prefix has no
         # hidden states.
-        self.prefix_cache = prefix_cache if settings.features.kind is not FeatureKind.LAST_HIDDEN else None
+        self._wants_hidden = settings.features.kind is FeatureKind.LAST_HIDDEN
+        self.prefix_cache = None if self._wants_hidden else prefix_cache
         self.rows: RowProcessors | None = None  # the logits processors, once the prompt is known (None: none)
 
     def open(self, prompt_ids: Sequence[int], tree: DraftTree | None = None) -> StepResult:
@@ -357,10 +358,6 @@ class VerifierSession:
         if self.settings.logprobs is None:
             return ()
         return token_logprobs(logits[rows], tokens, self.settings.logprobs)
-
-    @property
-    def _wants_hidden(self) -> bool:
-        return self.settings.features.kind is FeatureKind.LAST_HIDDEN
 
     def _hidden_rows(self, hidden: torch.Tensor, rows) -> torch.Tensor:
         """hidden[rows] (a copy: the forward's buffers are reused) when the features carry hidden states, else
