@@ -254,15 +254,9 @@ class VerifierSession:
         self._start_processors(committed_ids[:self.settings.prompt_len or len(committed_ids)])
         self.kv.crop(0)
         cached = self._restore_prefix(committed_ids, len(committed_ids) - 1)  # the KV holds all ids but the last
-
-        def job():
-            yield from self.scheduler.prefill(self.kv, list(committed_ids[cached:-1]))
-            self.committed = list(committed_ids)
-
-        if cached < len(committed_ids) - 1:
-            self.scheduler.run_job(job(), self.kv)
-        else:  # nothing to feed (and a job without a forward would stop the scheduler's worker: see its _next)
-            self.committed = list(committed_ids)
+        if cached < len(committed_ids) - 1:  # else nothing to feed: no job (one without a forward is wasted work)
+            self.scheduler.run_job(self.scheduler.prefill(self.kv, list(committed_ids[cached:-1])), self.kv)
+        self.committed = list(committed_ids)
 
     def resume(self, confirmed_len: int, confirmed_hash: bytes, provisional: Sequence[int],
                policy: ResumePolicy) -> StepResult:
