@@ -116,12 +116,6 @@ class PrefixCache:
                 self.stats.evicted += 1
         return True
 
-    def clear(self) -> None:
-        with self._mutex:
-            self._index = PrefixIndex()
-            self._lru.clear()
-            self._bytes = 0
-
     def _drop_locked(self, entry: _Entry) -> None:
         del self._lru[entry.ids]
         self._bytes -= entry.snapshot.nbytes
