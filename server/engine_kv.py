@@ -144,7 +144,7 @@ class _PoolLayer(CacheLayerMixin):
     def __init__(self, cache: "PoolCache", index: int):
         super().__init__()
         self._cache = cache
-        self.keys, self.values = cache.pool.kv[index]  # views of the pool: [slots + 1, H_kv, S_max, D] each
+        self.keys, self.values = cache.pool.kv[index, 0], cache.pool.kv[index, 1]  # [slots + 1, H_kv, S_max, D]
         self.is_initialized = True
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
