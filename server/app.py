@@ -59,10 +59,6 @@ class ServerHandle:
         self._stopped.set()
         log.info("stopped")
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until stopped."""
-        return self._stopped.wait(timeout)
-
     def __enter__(self) -> "ServerHandle":
         return self
 
@@ -87,7 +83,7 @@ def start_server(config: ServerConfig) -> ServerHandle:
         t0 = time.monotonic()
         loaded = load_model(config.model, device=config.device, dtype=config.dtype,
                             trust_remote_code=config.trust_remote_code)
-        support = adapt_for_tree_verification(loaded.model, config.max_context_tokens)
+        context = adapt_for_tree_verification(loaded.model, config.max_context_tokens)
         target = TargetModel(loaded)
         # What clients and dashboards see: the served name, else the model as given (vLLM's default), not the
         # folder's basename; Info's registry_name still names a registry model's tokenizer.
@@ -95,8 +91,8 @@ def start_server(config: ServerConfig) -> ServerHandle:
         log.info("loaded target %s (%d layers, hidden %d, vocab %d) on %s in %s in %.1f s", target.name,
                  target.num_layers, target.hidden_size, target.vocab_size, target.device,
                  str(target.dtype).removeprefix("torch."), time.monotonic() - t0)
-        engine = _engine(config, target, support.max_context_tokens)
-        core = VerifierCore(target, _limits(config, support.max_context_tokens, engine),
+        engine = _engine(config, target, context)
+        core = VerifierCore(target, _limits(config, context, engine),
                             _load_lsa_parts(config, target), engine=engine)
         core.cost_curve = measure_cost_curve(core)  # Info reports it: clients size their trees from it
         grpc_server = GrpcServer(core, host=config.host, port=config.port, api_key=config.api_key,

@@ -15,12 +15,11 @@ be attention whose cached rows can be kept or dropped one by one:
 
 Gemma2 also soft-caps its final logits (tanh); the server's LM head call must
 apply the same cap or sampling would see a different distribution than the
-model's own (``final_logit_softcap`` gives the value).
+model's own (``TargetModel.logits`` does).
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 from edgespec.shared.errors import EdgespecError
 
@@ -31,16 +30,6 @@ ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
 
 class UnsupportedModelError(EdgespecError):
     """The target cannot be tree-verified; the message says why. Raised before the server listens."""
-
-
-@dataclass(frozen=True)
-class TreeSupport:
-    """What the server may promise for this target."""
-
-    architecture: str  # the model class, e.g. "MistralForCausalLM"
-    max_context_tokens: int  # prompt + generation of one session, after any window cap
-    final_logit_softcap: float | None  # Gemma2-style tanh cap on logits, or None
-    note: str  # one line for the log: what was adapted, or "full attention"
 
 
 def _window_in_use(cfg) -> int | None:
@@ -55,8 +44,9 @@ def _window_in_use(cfg) -> int | None:
     return int(window)
 
 
-def adapt_for_tree_verification(model, requested_context: int = 0, context_ceiling: int = 32768) -> TreeSupport:
-    """Check the model, switch off a sliding window that cannot matter, and return the limits.
+def adapt_for_tree_verification(model, requested_context: int = 0, context_ceiling: int = 32768) -> int:
+    """Check the model, switch off a sliding window that cannot matter, and return the context the server may
+    promise (prompt + generation of one session, after any window cap).
 
     requested_context: the operator's --max-model-len (0 = as long as the model allows).
     """
@@ -89,7 +79,5 @@ def adapt_for_tree_verification(model, requested_context: int = 0, context_ceili
             if getattr(module, "sliding_window", None) is not None and hasattr(module, "layer_type"):
                 module.sliding_window = None  # per-layer copies taken at init (Gemma2)
         note = f"sliding window {window} switched off (full attention is exact within it); context capped at {window}"
-    softcap = getattr(cfg, "final_logit_softcapping", None)
-    support = TreeSupport(arch, context, float(softcap) if softcap else None, note)
     log.info("tree verification of %s: %s; max context %d tokens", arch, note, context)
-    return support
+    return context

@@ -57,7 +57,6 @@ class VerifierCore:
         self._reaper = threading.Thread(target=self._reap, name="edgespec-session-reaper", daemon=True)
         self._reaper.start()
 
-    # ------------------------------------------------------------ sessions
     def open(self, settings: SessionSettings, prompt_ids: Sequence[int], tree_bytes: bytes = b"") -> StepResult:
         self._refuse_when_draining()
         tree = decode_tree(tree_bytes, self.target.vocab_size, self.limits.max_tree_nodes) if tree_bytes else None
@@ -154,7 +153,6 @@ class VerifierCore:
         self.store.touch(session)
         return result
 
-    # -------------------------------------------------------------- helpers
     def _checkout(self, session_id: str) -> VerifierSession:
         session = self.store.get(session_id)
         if not session.lock.acquire(timeout=30):

@@ -49,7 +49,7 @@ def generate(target: TargetModel, scheduler: ModelScheduler, request: Generation
              prefix_cache: PrefixCache | None = None) -> Iterator[DecodedToken]:
     """Yield generated tokens one by one."""
     draws = Draws(request.seed)  # each token drawn by its position: the same text as a session with this seed
-    rows = processors(target, request)
+    rows = processors(target, request.sampling, request.grammar, request.prompt_ids)
     history = list(request.prompt_ids)  # what the processors see: prompt + output so far
     kv = scheduler.new_kv()  # a pool slot on the batched engine: given back when the generation ends
     prompt = list(request.prompt_ids)
@@ -80,15 +80,16 @@ def generate(target: TargetModel, scheduler: ModelScheduler, request: Generation
             kv.close()
 
 
-def processors(target: TargetModel, request: GenerationRequest) -> RowProcessors | None:
-    """The request's logits processors (penalties, logit_bias, grammar), or None when it has none."""
-    if not (request.sampling.penalized or request.grammar):
+def processors(target: TargetModel, sampling: SamplingSettings, grammar: str,
+               prompt: Sequence[int]) -> RowProcessors | None:
+    """A generation's logits processors (penalties, logit_bias, grammar), or None when it has none: then the
+    target's logits are drawn from (or accepted on) untouched."""
+    if not (sampling.penalized or grammar):
         return None
     constraint = None
-    if request.grammar:
-        constraint = GrammarConstraint(grammar_tokenizer(target.tokenizer, target.vocab_size, target.eos_ids),
-                                       request.grammar)
-    return RowProcessors(request.sampling, request.prompt_ids, target.vocab_size, constraint)
+    if grammar:
+        constraint = GrammarConstraint(grammar_tokenizer(target.tokenizer, target.vocab_size, target.eos_ids), grammar)
+    return RowProcessors(sampling, prompt, target.vocab_size, constraint)
 
 
 def _step(scheduler: ModelScheduler, kv, ids: Sequence[int], sampling: SamplingSettings, draws: Draws,

@@ -45,16 +45,6 @@ def greedy_accept(ids: torch.Tensor, parents: torch.Tensor, best: torch.Tensor, 
     return tree_row & ~failed_ancestor
 
 
-def kept_positions(positions: torch.Tensor, past: torch.Tensor, logits_from: torch.Tensor) -> torch.Tensor:
-    """[B, T] long: the slot position each row takes when kept: the root's own plus its depth below the root.
-
-    positions: [B, T] long (a child's is its parent's + 1); past, logits_from: [B] long.
-    """
-    b, t = positions.shape
-    root_pos = positions.gather(1, logits_from.clamp(max=t - 1).view(b, 1))  # [B, 1] (T: a chunk without logits)
-    return past.view(b, 1) + logits_from.view(b, 1) + positions - root_pos
-
-
 def compact_kv(kv: torch.Tensor, slots: torch.Tensor, past: torch.Tensor, logits_from: torch.Tensor,
                positions: torch.Tensor, accepted: torch.Tensor, scratch: int) -> None:
     """Move the accepted rows' K/V behind the root, in place, every layer and session in one copy.
@@ -65,7 +55,10 @@ def compact_kv(kv: torch.Tensor, slots: torch.Tensor, past: torch.Tensor, logits
     b, t = positions.shape
     rows = torch.arange(t, device=positions.device).view(1, t)
     src_pos = past.view(b, 1) + rows  # [B, T]
-    dst_pos = kept_positions(positions, past, logits_from)
+    # where each row goes when kept: the root's own slot position plus the row's depth below the root (a child's
+    # position is its parent's + 1)
+    root_pos = positions.gather(1, logits_from.clamp(max=t - 1).view(b, 1))  # [B, 1] (T: a chunk without logits)
+    dst_pos = past.view(b, 1) + logits_from.view(b, 1) + positions - root_pos  # [B, T]
     move = accepted & (dst_pos != src_pos)
     src_slot = torch.where(move, slots.view(b, 1), scratch)  # rows that stay put copy scratch onto itself
     src_pos = torch.where(move, src_pos, rows).clamp(max=kv.shape[4] - 1)

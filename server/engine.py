@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -63,8 +63,7 @@ class Work:
     def tree(cls, root: int, tree: DraftTree, past: int, accept: bool = False) -> "Work":
         """[root] + nodes after `past` cached tokens; logits of every row. accept: verify greedily
         (``Work.accept``)."""
-        work = cls.chunk_tree([root], tree, past)
-        return cls(work.ids, work.positions, work.parents, work.logits_from, accept) if accept else work
+        return replace(cls.chunk_tree([root], tree, past), accept=accept)
 
     @classmethod
     def chunk_tree(cls, ids: Sequence[int], tree: DraftTree, past: int) -> "Work":
@@ -84,7 +83,6 @@ class ForwardOutput:
     logits: torch.Tensor  # [T - logits_from, V] float32
     forward_ns: int = 0  # the forward this work rode in
     queue_ns: int = 0  # waiting for that forward to start
-    batch: int = 1  # items in that forward
     best: list[int] | None = None  # [T - logits_from]: argmax of each logits row, when the engine read it back
     accepted: tuple[int, ...] | None = None  # Work.accept answered: accepted node indices, root to leaf, and
     # the KV already holds only the past, the root and them; None = the caller verifies and keeps rows

@@ -84,15 +84,12 @@ class BatchedEngine(Engine):
         self.cache = PoolCache(self.pool, target.num_layers)
         self.key_buckets = key_buckets(slot_tokens, config.first_key_bucket, config.key_growth)
         self.step = DeviceStep(target, self.pool, self.cache)
-        self.runner = self._runner()
-
-    def _runner(self):
-        cfg, device = self.config, self.target.device
-        if cfg.compile_backend:
-            return CompiledRunner(self.step, cfg.compile_backend)
-        if cfg.graphs and cfg.shape_buckets and device.type == "cuda":
-            return GraphRunner(self.step, grid(cfg, self.pool.slot_tokens))
-        return EagerRunner(self.step)
+        if config.compile_backend:
+            self.runner = CompiledRunner(self.step, config.compile_backend)
+        elif config.graphs and config.shape_buckets and target.device.type == "cuda":
+            self.runner = GraphRunner(self.step, grid(config, self.pool.slot_tokens))
+        else:
+            self.runner = EagerRunner(self.step)
 
     @staticmethod
     def slots_that_fit(target: TargetModel, config: PoolConfig) -> tuple[int, int, int]:
@@ -172,7 +169,7 @@ class BatchedEngine(Engine):
             kv.length = p + (lf + 1 + len(accepted) if accepted is not None else n)
             last = lf + 1 + accepted[-1] if accepted else lf
             results.append(ForwardOutput(out.hidden[i, :n], out.logits[offsets[i]:offsets[i] + n - lf], 0,
-                                         batch=bucket.batch, best=best[lf:n], accepted=accepted,
+                                         best=best[lf:n], accepted=accepted,
                                          next_token=best[last] if accepted is not None else None))
         forward_ns = time.perf_counter_ns() - t0
         for r in results:
@@ -206,10 +203,7 @@ def bucket_rows(config: PoolConfig) -> int:
 
 def _powers(limit: int) -> list[int]:
     """1, 2, 4, ... up to the power of two that holds limit."""
-    out = [1]
-    while out[-1] < limit:
-        out.append(out[-1] * 2)
-    return out
+    return [1 << k for k in range(_pow2(limit).bit_length())]
 
 
 def _pow2(n: int) -> int:

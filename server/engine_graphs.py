@@ -54,9 +54,6 @@ class EagerRunner:
     def __init__(self, step: DeviceStep):
         self.step = step
 
-    def captured(self, bucket: Bucket) -> bool:
-        return False
-
     def __call__(self, flat: list[int], bucket: Bucket, single: int | None = None) -> StepOutput:
         return self.step(upload(flat, self.step.target.device), bucket, single)
 
@@ -75,9 +72,6 @@ class CompiledRunner(EagerRunner):
         torch._dynamo.config.accumulated_cache_size_limit = max(
             torch._dynamo.config.accumulated_cache_size_limit, max_buckets)
         self.compiled = torch.compile(step.__call__, backend=backend, fullgraph=True, dynamic=False)
-
-    def captured(self, bucket: Bucket) -> bool:
-        return True  # every bucket compiles on first use
 
     def __call__(self, flat: list[int], bucket: Bucket, single: int | None = None) -> StepOutput:
         return self.compiled(upload(flat, self.step.target.device), bucket)
@@ -106,9 +100,6 @@ class GraphRunner(EagerRunner):
         self.capture_s = time.perf_counter() - t0
         log.info("captured %d CUDA graphs in %.1f s: batch %s x tokens %s x keys %s", len(self.graphs),
                  self.capture_s, *(sorted({getattr(b, f) for b in self.graphs}) for f in ("batch", "tokens", "keys")))
-
-    def captured(self, bucket: Bucket) -> bool:
-        return bucket in self.graphs
 
     @torch.no_grad()
     def _capture(self, bucket: Bucket) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, StepOutput]:

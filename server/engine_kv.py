@@ -77,10 +77,6 @@ class KVPool:
             self._free.append(slot)
             self._cv.notify()
 
-    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of one layer: [slots + 1, H_kv, S_max, D] each (views)."""
-        return self.kv[index, 0], self.kv[index, 1]
-
 
 class SlotKV(SessionKV):
     """One session's KV: a pool slot (taken on the first forward) and how many of its positions are held."""
@@ -148,7 +144,7 @@ class _PoolLayer(CacheLayerMixin):
     def __init__(self, cache: "PoolCache", index: int):
         super().__init__()
         self._cache = cache
-        self.keys, self.values = cache.pool.layer(index)
+        self.keys, self.values = cache.pool.kv[index, 0], cache.pool.kv[index, 1]  # [slots + 1, H_kv, S_max, D]
         self.is_initialized = True
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:

@@ -29,10 +29,6 @@ class FeatureSpec:
     lsa: LayerSelfAttention | None = None  # MoA server part (required for MOA)
     tli_layers: int = 0  # MOA only: K and V of the last N layers are sent too
 
-    @property
-    def needs_kv(self) -> bool:
-        return self.kind is FeatureKind.MOA
-
 
 def check_feature_request(kind: int, tli_layers: int, num_layers: int, lsa_name: str,
                           lsa_parts: dict[str, LayerSelfAttention]) -> LayerSelfAttention | None:

@@ -20,7 +20,7 @@ from edgespec.shared.openai.backend import GeneratedToken, GenerationJob
 from edgespec.shared.openai.errors import unavailable
 from edgespec.shared.openai.routes import ApiSettings, build_openai_app
 
-from .decoder import DecodedToken, GenerationRequest, generate
+from .decoder import GenerationRequest, generate
 
 
 class HttpState:
@@ -92,13 +92,11 @@ class PlainRun:
                 self.cached_tokens = step.cached_tokens
             if step.id in eos and not self.ignore_eos:
                 self.finish_reason = "stop"
-            yield self._token(step)
-
-    def _token(self, step: DecodedToken) -> GeneratedToken:
-        if self.top_logprobs is None:
-            return GeneratedToken(step.id)
-        (lp,) = token_logprobs(step.logits[None], [step.id], self.top_logprobs)
-        return GeneratedToken(step.id, lp.logprob, lp.top)
+            if self.top_logprobs is None:
+                yield GeneratedToken(step.id)
+            else:
+                (lp,) = token_logprobs(step.logits[None], [step.id], self.top_logprobs)
+                yield GeneratedToken(step.id, lp.logprob, lp.top)
 
     def close(self) -> None:
         self._tokens.close()

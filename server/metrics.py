@@ -133,7 +133,6 @@ class ServerMetrics(VllmMetrics):
         self.waiting.set_function(waiting)
         self.kv_usage.set_function(kv_usage)
 
-    # ----------------------------------------------------- request clocks
     def _started(self, clock: RequestClock) -> None:
         self.prompt_tokens.inc(clock.prompt_tokens)
         self.request_prompt_tokens.observe(clock.prompt_tokens)
@@ -165,14 +164,6 @@ class ServerMetrics(VllmMetrics):
             if clock.generated > 1:
                 self.time_per_output_token.observe(decode / (clock.generated - 1))
 
-    def _reason(self, clock: RequestClock) -> str:
-        if clock.last_id in self._eos:
-            return "stop"
-        if clock.max_new_tokens and clock.generated >= clock.max_new_tokens:
-            return "length"
-        return "stop"  # the client ended it before its limit: a stop string (or it had what it wanted)
-
-    # ------------------------------------------------------------ sessions
     def opened(self, session_id: str, tree_nodes: int, result: "StepResult", max_new_tokens: int = 0) -> None:
         """An Open answered: its time is the session's time to first token; a tree sent with it is a draft."""
         self.sessions_opened.inc()
@@ -192,13 +183,10 @@ class ServerMetrics(VllmMetrics):
         self.verify_time.observe(t.total_ns / 1e9)
         self.queue_time.observe(t.queue_ns / 1e9)
         self._observe_draft(tree_nodes, len(result.accepted))
-        self._session_tokens(session_id, len(result.accepted) + len(result.decoded) + 1, result.next_token)
-
-    def _session_tokens(self, session_id: str, count: int, last_id: int) -> None:
         with self._mutex:
             clock = self._requests.get(session_id)
         if clock is not None:
-            self._tokens(clock, count, last_id, time.monotonic())
+            self._tokens(clock, len(result.accepted) + len(result.decoded) + 1, result.next_token, time.monotonic())
 
     def _observe_draft(self, tree_nodes: int, accepted: int) -> None:
         """One verified tree (an empty one is no draft); per-position counts come from the stats type."""
@@ -224,8 +212,9 @@ class ServerMetrics(VllmMetrics):
         """The client closed its session: the request is over."""
         with self._mutex:
             clock = self._requests.pop(session_id, None)
-        if clock is not None:
-            self._finished(clock, self._reason(clock), time.monotonic())
+        if clock is not None:  # "stop" at EOS, or ended before its limit: a stop string (or it had what it wanted)
+            length = clock.last_id not in self._eos and 0 < clock.max_new_tokens <= clock.generated
+            self._finished(clock, "length" if length else "stop", time.monotonic())
 
     def dropped(self, session_id: str, why: str) -> None:
         """Expired or evicted: the request was aborted."""
@@ -235,7 +224,6 @@ class ServerMetrics(VllmMetrics):
         if clock is not None:
             self._finished(clock, "abort", time.monotonic())
 
-    # ----------------------------------------------------------- plain API
     def api_generation(self, tokens: Iterable[T], prompt_tokens: int, max_new_tokens: int,
                        token_id: Callable[[T], int], cancelled: Callable[[], bool]) -> Iterator[T]:
         """Pass a plain-API generation's tokens through, timing each. Run to its end it finished by EOS ("stop")

@@ -71,7 +71,6 @@ class PrefixCache:
         with self._mutex:
             return self._bytes
 
-    # ------------------------------------------------------------- restore
     def restore(self, kv: SessionKV, ids: Sequence[int], limit: int) -> int:
         """Copy the KV of the longest cached prefix of ids[:limit] into the empty kv; how many ids it covers."""
         with self._mutex:
@@ -87,7 +86,6 @@ class PrefixCache:
             restore_snapshot(kv, entry.snapshot, n)
         return n
 
-    # --------------------------------------------------------------- store
     def store(self, kv: SessionKV, ids: Sequence[int]) -> bool:
         """Keep the KV of ids, which kv's first len(ids) positions hold; False when nothing new was kept
         (ids empty, already covered by a cached prefix, or bigger than the whole budget)."""
@@ -117,12 +115,6 @@ class PrefixCache:
                 self._drop_locked(oldest)
                 self.stats.evicted += 1
         return True
-
-    def clear(self) -> None:
-        with self._mutex:
-            self._index = PrefixIndex()
-            self._lru.clear()
-            self._bytes = 0
 
     def _drop_locked(self, entry: _Entry) -> None:
         del self._lru[entry.ids]

@@ -73,12 +73,8 @@ class PrefixIndex(Generic[V]):
 
     def covering(self, ids: Sequence[int]) -> V | None:
         """A value whose ids start with all of `ids` (equal included), or None."""
-        node, matched, _ = self._walk(ids)
-        if matched < len(ids) or not ids:
-            return None
-        while node.value is None:
-            node = next(iter(node.children.values()))
-        return node.value
+        value, matched = self.longest(ids)
+        return value if ids and matched == len(ids) else None
 
     def add(self, ids: Sequence[int], value: V) -> list[V]:
         """Store value under ids; returns the values it replaces (one stored under a prefix of ids, if any).

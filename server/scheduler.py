@@ -82,7 +82,6 @@ class ModelScheduler:
         self._worker = threading.Thread(target=self._loop, name="edgespec-model", daemon=True)
         self._worker.start()
 
-    # ------------------------------------------------------------- callers
     def run(self, fn: Callable[..., T], *args, **kwargs) -> tuple[T, int]:
         """Run fn on the model thread; return (its result, nanoseconds it waited in the queue)."""
         item = _Item(call=lambda: fn(*args, **kwargs))
@@ -152,7 +151,6 @@ class ModelScheduler:
         if threading.current_thread() is not self._worker:
             self._worker.join()
 
-    # -------------------------------------------------------------- worker
     def _submit(self, item: _Item) -> None:
         with self._cv:
             if self._closed:
@@ -198,9 +196,11 @@ class ModelScheduler:
                             self._queue.popleft()
                             return [item]
                         break
-                    if item.waiting is None:  # a job not started yet: run it to its first forward
-                        if not self._start(item):
-                            continue
+                    # A job not started yet runs to its first forward here, under the lock (a job only builds
+                    # its first forward before it yields it); one that ended without a forward leaves the queue.
+                    if item.waiting is None and not self._advance(item, None):
+                        self._queue.popleft()
+                        continue
                     works = [i.waiting[1] for i in batch] + [item.waiting[1]]
                     if batch and (len(works) > self.config.max_batch_items
                                   or self.engine.cost(works) > self.config.max_batch_tokens):
@@ -208,14 +208,6 @@ class ModelScheduler:
                     batch.append(self._queue.popleft())
                 if batch:
                     return batch
-
-    def _start(self, item: _Item) -> bool:
-        """Start a queued job (under the lock: a job only builds its first forward before it yields it);
-        drop it from the queue when it ended without one."""
-        if self._advance(item, None):
-            return True
-        self._queue.popleft()
-        return False
 
     def _loop(self) -> None:
         while batch := self._next():
@@ -287,5 +279,4 @@ def _joined(outs: list[ForwardOutput]) -> ForwardOutput:
         return outs[0]
     last = outs[-1]
     return ForwardOutput(torch.cat([o.hidden for o in outs]), last.logits, sum(o.forward_ns for o in outs),
-                         sum(o.queue_ns for o in outs), max(o.batch for o in outs), last.best, last.accepted,
-                         last.next_token)
+                         sum(o.queue_ns for o in outs), last.best, last.accepted, last.next_token)

@@ -101,7 +101,6 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         self.pool = pool  # runs each Session message's work; None = the event loop's default executor
         self.first_message_timeout_s = first_message_timeout_s  # a silent new stream is closed after this
 
-    # ------------------------------------------------------------------ Info
     async def Info(self, request: pb.InfoRequest, context: grpc.aio.ServicerContext) -> pb.InfoResponse:
         try:
             self._authenticate(context)
@@ -112,7 +111,9 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             await self._abort(context, exc)
 
     def _info(self) -> pb.InfoResponse:
-        t, lim = self.core.target, self.core.limits
+        t, lim, curve = self.core.target, self.core.limits, self.core.cost_curve  # curve None: not measured
+        cost = {} if curve is None else dict(verify_cost_nodes=curve.nodes, verify_cost_ns=curve.total_ns,
+                                             verify_cost_context=curve.context)
         return pb.InfoResponse(
             model_name=t.name, vocab_size=t.vocab_size, tokenizer_fingerprint=t.fingerprint,
             hidden_size=t.hidden_size, num_layers=t.num_layers, num_kv_heads=t.num_kv_heads,
@@ -124,9 +125,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                                    session_ttl_s=int(lim.store.ttl_s)),
             server_version=__version__, device=str(t.device), dtype=str(t.dtype).removeprefix("torch."),
             moa_server_parts=sorted(self.core.lsa_parts), eos_token_ids=sorted(t.eos_ids),
-            registry_name=t.loaded.name if t.loaded.name in REGISTRY else "", **_cost_curve(self.core.cost_curve))
+            registry_name=t.loaded.name if t.loaded.name in REGISTRY else "", **cost)
 
-    # --------------------------------------------------------------- Session
     async def Session(self, request_iterator: AsyncIterator[pb.ClientMessage],
                       context: grpc.aio.ServicerContext) -> None:
         # context.read/write rather than the iterators: only they let the first read have a deadline.
@@ -172,18 +172,15 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             sid = _session_id(o.session_id, meta_id, allow_new=True)
             # The repeated fields go as they are (len() is free): the length check comes before any per-id work.
             result = self.core.open(self._settings(o, sid), o.prompt_ids, o.tree)
-            return pb.ServerMessage(opened=pb.Opened(
-                session_id=sid, first_token=result.next_token, committed_len=result.committed_len,
-                features=_features(result), timings=_timings(result), accepted=list(result.accepted),
-                logprobs=_logprobs(result), cached_tokens=result.cached_tokens))
+            return pb.ServerMessage(opened=pb.Opened(first_token=result.next_token, accepted=list(result.accepted),
+                                                     cached_tokens=result.cached_tokens, **_shared(sid, result)))
         if kind == "draft":
             d = message.draft
             sid = _session_id(d.session_id, meta_id)
             result = self.core.verify(sid, d.step, d.committed_len, d.tree, d.decode_ahead, d.queued)
             return pb.ServerMessage(verified=pb.Verified(
-                session_id=sid, step=d.step, accepted=list(result.accepted), bonus_token=result.next_token,
-                committed_len=result.committed_len, features=_features(result), timings=_timings(result),
-                logprobs=_logprobs(result), decoded=list(result.decoded), skipped=result.skipped))
+                step=d.step, accepted=list(result.accepted), bonus_token=result.next_token,
+                decoded=list(result.decoded), skipped=result.skipped, **_shared(sid, result)))
         if kind == "resume":
             r = message.resume
             sid = _session_id(r.session_id, meta_id)
@@ -194,10 +191,8 @@ class VerifierServicer(pb_grpc.VerifierServicer):
                 raise InvalidRequestError(f"unknown resume policy {r.policy}") from None
             result = self.core.resume(sid, r.committed_len, r.committed_hash, r.committed_ids,
                                       r.provisional_ids, policy, reopen)
-            return pb.ServerMessage(resumed=pb.Resumed(
-                session_id=sid, agreed=result.agreed, restored=result.restored, bonus_token=result.next_token,
-                committed_len=result.committed_len, features=_features(result), timings=_timings(result),
-                logprobs=_logprobs(result)))
+            return pb.ServerMessage(resumed=pb.Resumed(agreed=result.agreed, restored=result.restored,
+                                                       bonus_token=result.next_token, **_shared(sid, result)))
         if kind == "close":
             sid = _session_id(message.close.session_id, meta_id)
             self.core.close(sid)
@@ -236,7 +231,6 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         return SessionSettings(session_id, sampling, o.sampling.seed, features, o.max_new_tokens, o.drafter,
                                logprobs, o.sampling.grammar, len(o.prompt_ids))
 
-    # --------------------------------------------------------------- helpers
     def _authenticate(self, context: grpc.ServicerContext) -> None:
         from edgespec.shared.auth import api_key_problem
 
@@ -287,21 +281,10 @@ def _check_session_id(sid: str, where: str) -> None:
                                   f"({printable(sid[bad])} at index {bad}); use printable characters only")
 
 
-def _cost_curve(curve) -> dict:
-    """Info's verify_cost_* fields from the core's measured CostCurve (none when it was not measured)."""
-    if curve is None:
-        return {}
-    return dict(verify_cost_nodes=curve.nodes, verify_cost_ns=curve.total_ns, verify_cost_context=curve.context)
-
-
-def _features(result: StepResult) -> list[pb.Feature]:
-    return [pb.Feature(name=name, frame=frame) for name, frame in result.features]
-
-
-def _logprobs(result: StepResult) -> list[pb.TokenLogprob]:
-    return [pb.TokenLogprob(logprob=t.logprob, top_ids=[i for i, _ in t.top], top_logprobs=[lp for _, lp in t.top])
-            for t in result.logprobs]
-
-
-def _timings(result: StepResult) -> pb.Timings:
-    return pb.Timings(**dataclasses.asdict(result.timings))
+def _shared(session_id: str, result: StepResult) -> dict:
+    """The fields Opened, Verified and Resumed have in common."""
+    return dict(session_id=session_id, committed_len=result.committed_len,
+                features=[pb.Feature(name=name, frame=frame) for name, frame in result.features],
+                timings=pb.Timings(**dataclasses.asdict(result.timings)),
+                logprobs=[pb.TokenLogprob(logprob=t.logprob, top_ids=[i for i, _ in t.top],
+                                          top_logprobs=[lp for _, lp in t.top]) for t in result.logprobs])

@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 
 from edgespec.shared.fingerprint import committed_hash
-from edgespec.shared.grammar import GrammarConstraint, GrammarError, grammar_tokenizer
+from edgespec.shared.grammar import GrammarError
 from edgespec.shared.logits_processors import RowProcessors
 from edgespec.shared.logprobs import TokenLogprob, token_logprobs
 from edgespec.shared.session_contract import SamplingSettings, ServerTimings
@@ -29,6 +29,7 @@ from edgespec.shared.tree import DraftTree
 from edgespec.shared.verification import Draws, VerifyOutcome, next_token, sample_verify, target_probs, verify_tree
 from edgespec.shared.wire import MAX_DECODE_AHEAD, FeatureKind, ResumePolicy
 
+from .decoder import processors
 from .errors import InvalidRequestError, StaleStateError
 from .features import FeatureSpec, export_features
 from .prefix_cache import PrefixCache
@@ -110,10 +111,10 @@ class VerifierSession:
         # Open and rebuild start from the longest cached prefix; close and drop give the KV back to it. Not
         # for LAST_HIDDEN sessions: Open's features cover every prompt token, and a restored prefix has no
         # hidden states.
-        self.prefix_cache = prefix_cache if settings.features.kind is not FeatureKind.LAST_HIDDEN else None
+        self._wants_hidden = settings.features.kind is FeatureKind.LAST_HIDDEN
+        self.prefix_cache = None if self._wants_hidden else prefix_cache
         self.rows: RowProcessors | None = None  # the logits processors, once the prompt is known (None: none)
 
-    # ---------------------------------------------------------------- open
     def open(self, prompt_ids: Sequence[int], tree: DraftTree | None = None) -> StepResult:
         """Prefill the prompt, verifying a tree hung from its last token in the same pass when one
         comes with it; the answer carries the accepted nodes, the next token and the features."""
@@ -160,7 +161,6 @@ class VerifierSession:
         return _ModelStep(outcome.next_token, outcome.accepted, 0, hidden, kv, _job_timings(out, t1),
                           self._logprobs(out.logits, rows, new))
 
-    # -------------------------------------------------------------- verify
     def verify(self, step: int, committed_len: int, tree: DraftTree, decode_ahead: int = 1,
                queued: bool = False) -> StepResult:
         """Verify a tree hung from the last committed token; with an empty tree and decode_ahead > 1, decode up to
@@ -216,8 +216,7 @@ class VerifierSession:
         self.committed += new
         kv = self._kv_rows(past, past + len(rows))
         return _ModelStep(outcome.next_token, outcome.accepted, 0, self._hidden_rows(out.hidden, rows), kv,
-                          _job_timings(out, t1),
-                          self._logprobs(out.logits, rows, new))
+                          _job_timings(out, t1), self._logprobs(out.logits, rows, new))
 
     def _decode_job(self, count: int) -> _ModelStep:
         """Up to `count` plain decode steps in a row, each a forward of its own (batched with other sessions'
@@ -236,7 +235,6 @@ class VerifierSession:
                           tuple(lp for st in steps for lp in st.logprobs),
                           decoded=tuple(st.next_token for st in steps[:-1]))
 
-    # -------------------------------------------------------------- resume
     def matches(self, confirmed_len: int, confirmed_hash: bytes) -> bool:
         """True when this session's committed ids start with the client's confirmed ones."""
         return (1 <= confirmed_len <= len(self.committed)
@@ -256,15 +254,9 @@ class VerifierSession:
         self._start_processors(committed_ids[:self.settings.prompt_len or len(committed_ids)])
         self.kv.crop(0)
         cached = self._restore_prefix(committed_ids, len(committed_ids) - 1)  # the KV holds all ids but the last
-
-        def job():
-            yield from self.scheduler.prefill(self.kv, list(committed_ids[cached:-1]))
-            self.committed = list(committed_ids)
-
-        if cached < len(committed_ids) - 1:
-            self.scheduler.run_job(job(), self.kv)
-        else:  # nothing to feed (and a job without a forward would stop the scheduler's worker: see its _next)
-            self.committed = list(committed_ids)
+        if cached < len(committed_ids) - 1:  # else nothing to feed: no job (one without a forward is wasted work)
+            self.scheduler.run_job(self.scheduler.prefill(self.kv, list(committed_ids[cached:-1])), self.kv)
+        self.committed = list(committed_ids)
 
     def resume(self, confirmed_len: int, confirmed_hash: bytes, provisional: Sequence[int],
                policy: ResumePolicy) -> StepResult:
@@ -302,7 +294,6 @@ class VerifierSession:
         return _ModelStep(after, (), agreed, self._hidden_rows(out.hidden, rows), kv, _job_timings(out, t1),
                           self._logprobs(out.logits, rows, kept + [after]))
 
-    # -------------------------------------------------------- prefix cache
     def _restore_prefix(self, ids: Sequence[int], limit: int) -> int:
         """Fill the empty KV with the longest cached prefix of ids[:limit]; how many ids it covers. On the
         caller's thread: the copy touches this session's KV only (its pool slot, taken first)."""
@@ -322,10 +313,8 @@ class VerifierSession:
         finally:
             self.lock.release()
 
-    # ------------------------------------------------------------- helpers
     def _start_processors(self, prompt: Sequence[int]) -> None:
-        """The session's logits processors (penalties, logit_bias, grammar), or None when it has none: then the
-        target's logits go to acceptance untouched."""
+        """The session's logits processors (``decoder.processors``), its sampling settings and grammar checked."""
         s = self.settings
         if not (s.sampling.penalized or s.grammar):
             return
@@ -333,14 +322,10 @@ class VerifierSession:
             s.sampling.check_vocab(self.target.vocab_size)
         except ValueError as err:
             raise InvalidRequestError(f"SamplingParams: {err}") from None
-        constraint = None
-        if s.grammar:
-            try:
-                tok = grammar_tokenizer(self.target.tokenizer, self.target.vocab_size, self.target.eos_ids)
-                constraint = GrammarConstraint(tok, s.grammar)
-            except GrammarError as err:
-                raise InvalidRequestError(f"SamplingParams.grammar is not a grammar llguidance takes: {err}") from None
-        self.rows = RowProcessors(s.sampling, prompt, self.target.vocab_size, constraint)
+        try:
+            self.rows = processors(self.target, s.sampling, s.grammar, prompt)
+        except GrammarError as err:
+            raise InvalidRequestError(f"SamplingParams.grammar is not a grammar llguidance takes: {err}") from None
 
     def _shaped(self, logits: torch.Tensor, committed: Sequence[int], tree: DraftTree | None = None) -> torch.Tensor:
         """logits [1 + N, V] of [root] + tree nodes hung after `committed`, each row processed from its own
@@ -368,17 +353,13 @@ class VerifierSession:
             return ()
         return token_logprobs(logits[rows], tokens, self.settings.logprobs)
 
-    @property
-    def _wants_hidden(self) -> bool:
-        return self.settings.features.kind is FeatureKind.LAST_HIDDEN
-
     def _hidden_rows(self, hidden: torch.Tensor, rows) -> torch.Tensor:
         """hidden[rows] (a copy: the forward's buffers are reused) when the features carry hidden states, else
         an empty tensor: no index upload, no gather."""
         return hidden[rows].clone() if self._wants_hidden else hidden[:0]
 
     def _kv_rows(self, start: int, end: int) -> torch.Tensor | None:
-        if not self.settings.features.needs_kv:
+        if self.settings.features.kind is not FeatureKind.MOA:  # the one kind made from K|V rows
             return None
         return self.kv.layer_kv(start, end)
 

@@ -48,7 +48,6 @@ class TargetModel:
         self.logit_softcap: float | None = float(softcap) if softcap else None
         self.eos_ids: frozenset[int] = frozenset(_eos_ids(self.model, self.tokenizer))
 
-    # ---------------------------------------------------------------- forwards
     @torch.no_grad()  # not inference_mode: the batched engine's step may be compiled, and aot_autograd refuses
     # inference tensors
     def decode(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache) -> torch.Tensor:

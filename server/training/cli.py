@@ -119,11 +119,7 @@ def _setup(args) -> None:
         torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
     rank = int(os.environ.get("RANK", "0"))  # under torchrun each process keeps its own log
-    _log_to(os.path.join(args.out, "log.txt" if rank == 0 else f"log.rank{rank}.txt"))
-
-
-def _log_to(path: str) -> None:
-    handler = logging.FileHandler(path)
+    handler = logging.FileHandler(os.path.join(args.out, "log.txt" if rank == 0 else f"log.rank{rank}.txt"))
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(handler)
     logging.getLogger().setLevel(logging.INFO)

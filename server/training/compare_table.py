@@ -42,10 +42,6 @@ def row_of(name: str, cards: list[dict]) -> dict:
             "accept_at": at, "chains": val.get("val/chains", 0)}
 
 
-def family(name: str) -> str:
-    return name.split("+")[0].split("-")[0]
-
-
 def table(rows: list[dict]) -> str:
     base: dict[str, float] = {}
     taus = {r["name"]: 1.0 + r["mean_accepted"] for r in rows}
@@ -53,7 +49,7 @@ def table(rows: list[dict]) -> str:
              "| vs its base | accept@1 / @2 / @3 / @4 |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         tau = 1.0 + r["mean_accepted"]
-        fam = family(r["name"])
+        fam = r["name"].split("+")[0].split("-")[0]  # eagle+hass, eagle-hass-s1 -> eagle
         base.setdefault(fam, tau)
         # a router is compared with the drafter it routes (its stage-1 drafter, frozen), others with the family's base
         ref = taus.get(r["name"].removesuffix("+router"), base[fam]) if r["name"].endswith("+router") else base[fam]

@@ -112,9 +112,7 @@ def build_moa_coral(ctx: RecipeContext) -> MoACoralRecipe:
         raise RecipeOptionError(f"--opt passes={passes}: CORAL aligns a position across passes, so it needs >= 2")
     if coral.temperature <= 0:
         raise RecipeOptionError(f"--opt temperature={coral.temperature}: the InfoNCE temperature must be > 0")
-    recipe = calibrate_moa(MoACoralRecipe(moa_model(ctx), ctx.parts(ctx.tli), cfg, coral, passes), ctx)
-    load_init(ctx, recipe)
-    return recipe
+    return load_init(ctx, calibrate_moa(MoACoralRecipe(moa_model(ctx), ctx.parts(ctx.tli), cfg, coral, passes), ctx))
 
 
 def build_eagle_coral(ctx: RecipeContext) -> EagleCoralRecipe:
@@ -126,9 +124,7 @@ def build_eagle_coral(ctx: RecipeContext) -> EagleCoralRecipe:
                                 "so it needs unroll >= 2")
     if coral.temperature <= 0:
         raise RecipeOptionError(f"--opt temperature={coral.temperature}: the InfoNCE temperature must be > 0")
-    recipe = EagleCoralRecipe(eagle_head(ctx), ctx.parts(), cfg, coral)
-    load_init(ctx, recipe)
-    return recipe
+    return load_init(ctx, EagleCoralRecipe(eagle_head(ctx), ctx.parts(), cfg, coral))
 
 
 RECIPES = {

@@ -77,8 +77,7 @@ def read_chat_file(path: str | Path) -> Iterator[Conversation]:
     text = _read_text(path)
     if text is None:
         raise CorpusError(f"{path}: not UTF-8 text")
-    stripped = text.lstrip()
-    if stripped.startswith("["):
+    if text.lstrip().startswith("["):
         try:
             records = json.loads(text)
         except json.JSONDecodeError as e:

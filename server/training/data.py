@@ -84,10 +84,8 @@ def build_dataset(target: str, out_dir: str | Path, config: DataConfig = DataCon
 
 
 def _append(f, sample: Sample, response: str, config: DataConfig) -> None:
-    row = {"id": sample.id, "kind": sample.kind, "split": split_of(sample.id, config.val_fraction),
-           "prompt": sample.prompt, "response": response}
-    f.write(json.dumps(row) + "\n")
-    f.flush()
+    _write_row(f, {"id": sample.id, "kind": sample.kind, "split": split_of(sample.id, config.val_fraction),
+                   "prompt": sample.prompt, "response": response})
 
 
 def _open_samples(out_dir: str | Path, target: str, config) -> tuple[Path, set]:
@@ -97,16 +95,10 @@ def _open_samples(out_dir: str | Path, target: str, config) -> tuple[Path, set]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "data_config.json").write_text(json.dumps({"target": target, **asdict(config)}, indent=1))
     path = out / "samples.jsonl"
-    done = {row["id"] for row in read_samples(path)}
-    _rewrite_clean(path)
-    return path, done
-
-
-def _rewrite_clean(path: Path) -> None:
-    """Drop a half-written last line left by an interruption, so appends start on a fresh line."""
-    if path.exists():
-        rows = read_samples(path)
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    rows = read_samples(path)
+    # rewritten without a half-written last line an interruption left, so appends start on a fresh line
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path, {row["id"] for row in rows}
 
 
 def build_from_files(target: str, out_dir: str | Path, config: FileDataConfig, device: str | None = None,
@@ -170,8 +162,7 @@ def regenerate(model, tokenizer, convs: list[Conversation], max_new_tokens: int)
     later turns see the target's own earlier answers, as they would when it serves."""
     out: list[list[dict]] = [[] for _ in convs]
     turns = [list(c.messages) for c in convs]
-    longest = max(len(t) for t in turns)
-    for k in range(longest):
+    for k in range(max(len(t) for t in turns)):
         need = [i for i, t in enumerate(turns) if k < len(t) and t[k]["role"] == "assistant"]
         for i, t in enumerate(turns):
             if k < len(t) and t[k]["role"] != "assistant":

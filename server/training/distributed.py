@@ -26,10 +26,6 @@ class World:
     def main(self) -> bool:
         return self.rank == 0
 
-    @property
-    def distributed(self) -> bool:
-        return self.size > 1
-
 
 def init(device: str | torch.device | None = None) -> World:
     """Join the launcher's process group, if there is one (idempotent)."""

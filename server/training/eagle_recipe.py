@@ -98,9 +98,6 @@ class HeadRecipe:
 class EagleRecipe(HeadRecipe):
     kind = "eagle"
 
-    def __init__(self, head: EagleHead, parts: TargetParts, config: EagleRecipeConfig = EagleRecipeConfig()):
-        super().__init__(head, parts, config)
-
     def forward(self, seq: StoredSequence, start: int, end: int, gen: torch.Generator) -> Outputs:
         tokens, h = seq.tokens[start:end], seq.hidden[start:end]
         pos = torch.arange(start, end, device=tokens.device)

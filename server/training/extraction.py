@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from edgespec.shared.drafters.target_parts import target_shape
-from .data import read_samples
-from .features import CODEC, batch_features, tokenize_sample
+from .features import batch_features, data_and_target, save_npz, sequence_arrays, store_meta, tokenize_sample
 from .train_config import ExtractConfig
 
 log = logging.getLogger(__name__)
@@ -74,14 +71,8 @@ def shard_path(store: Path, k: int) -> Path:
 def write_shard(path: Path, seqs: list[Sequence], feats: list[dict]) -> None:
     arrays = {"index": np.frombuffer(json.dumps([[s.id, s.split, len(s.ids)] for s in seqs]).encode(), np.uint8)}
     for j, (s, f) in enumerate(zip(seqs, feats)):
-        arrays[f"s{j}_tokens"] = np.asarray(s.ids, np.int32)
-        arrays[f"s{j}_loss_mask"] = np.asarray(s.mask, np.uint8)
-        arrays[f"s{j}_meta"] = np.frombuffer(json.dumps({"id": s.id, "split": s.split}).encode(), np.uint8)
-        for name, t in f.items():
-            arrays[f"s{j}_{name}"] = np.frombuffer(CODEC.encode(t.contiguous()), np.uint8)
-    tmp = path.with_name(path.stem + ".tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+        arrays.update(sequence_arrays(f"s{j}_", s.id, s.split, s.ids, s.mask, f))
+    save_npz(path, arrays)
 
 
 def tokenized_rows(tokenizer, rows: list[dict], max_len: int) -> list[Sequence]:
@@ -97,19 +88,11 @@ def extract_sharded(target: str, data_dir: str | Path, out_dir: str | Path, conf
                     device: str | None = None, dtype: str | None = None) -> Path:
     """Extract (or finish extracting) the target's features of ``data_dir/samples.jsonl`` into a
     sharded store at ``out_dir``; returns the store's path."""
-    from edgespec.shared.models import load_model
-
     store = Path(out_dir)
     (store / "shards").mkdir(parents=True, exist_ok=True)
-    rows = read_samples(Path(data_dir) / "samples.jsonl")
-    rows = rows[:config.limit] if config.limit else rows
-    if not rows:
-        raise FileNotFoundError(f"no samples in {data_dir}/samples.jsonl: run `edgespec train data` first")
-    loaded = load_model(target, device=device, dtype=dtype)
-    shape = target_shape(loaded.model)
-    meta = {"target": target, "fingerprint": loaded.fingerprint, "shape": shape.__dict__, "format": "sharded",
-            "tli_depths": list(config.tli_depths), "max_len": config.max_len, "dtype": str(loaded.dtype),
-            "extract": asdict(config)}
+    rows, loaded = data_and_target(target, data_dir, device, dtype, config.limit)
+    meta = store_meta(target, loaded, config.tli_depths, config.max_len, format="sharded", dtype=str(loaded.dtype),
+                      extract=asdict(config))
     meta_path = store / "store.json"
     if meta_path.exists():
         old = json.loads(meta_path.read_text())

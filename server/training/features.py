@@ -71,11 +71,8 @@ def batch_features(model, batch: list[list[int]], tli_depths: tuple[int, ...], p
     right-padded forward of the whole batch."""
     shape = target_shape(model)
     base = model.model
-    lengths = [len(ids) for ids in batch]
-    width = max(lengths)
-    x = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    for r, ids in enumerate(batch):
-        x[r, :len(ids)] = torch.tensor(ids)
+    x = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids, dtype=torch.long) for ids in batch], batch_first=True,
+                                        padding_value=pad_id)
     layer_inputs: dict[int, torch.Tensor] = {}
     norm_io: dict[str, torch.Tensor] = {}
     hooks = []
@@ -98,17 +95,30 @@ def batch_features(model, batch: list[list[int]], tli_depths: tuple[int, ...], p
     kv = torch.stack([torch.cat([flat(cache.layers[i].keys), flat(cache.layers[i].values)], -1)
                       for i in range(shape.num_layers)], dim=2)
     acts = {n: norm_io["in"] if n == 0 else layer_inputs[shape.num_layers - n] for n in tli_depths}
-    feats = []
-    for r, n in enumerate(lengths):
-        f = {"hidden": norm_io["out"][r, :n], "kv": kv[r, :n]}
-        f.update({f"act{d}": a[r, :n] for d, a in acts.items()})
-        feats.append(f)
-    return feats
+    return [{"hidden": norm_io["out"][r, :len(ids)], "kv": kv[r, :len(ids)],
+             **{f"act{d}": a[r, :len(ids)] for d, a in acts.items()}} for r, ids in enumerate(batch)]
 
 
 def target_features(model, ids: list[int], tli_depths: tuple[int, ...]) -> dict[str, torch.Tensor]:
     """hidden [n, E], kv [n, L, 2*E_kv], act{N} [n, E] of one sequence (float32, on CPU): a batch of one."""
     return batch_features(model, [ids], tli_depths, pad_id=0)[0]
+
+
+def data_and_target(target: str, data_dir: str | Path, device: str | None, dtype: str | None,
+                    limit: int | None = None) -> tuple[list[dict], object]:
+    """The data set's rows (the first ``limit``; None or 0: all) and the loaded target."""
+    from edgespec.shared.models import load_model
+
+    rows = read_samples(Path(data_dir) / "samples.jsonl")[:limit or None]
+    if not rows:
+        raise FileNotFoundError(f"no samples in {data_dir}/samples.jsonl: run `edgespec train data` first")
+    return rows, load_model(target, device=device, dtype=dtype)
+
+
+def store_meta(target: str, loaded, tli_depths: tuple[int, ...], max_len: int, **more) -> dict:
+    """A store's ``store.json`` (or its stand-in's ``meta``): the target, its shape, what was extracted."""
+    return {"target": target, "fingerprint": loaded.fingerprint, "shape": target_shape(loaded.model).__dict__,
+            "tli_depths": list(tli_depths), "max_len": max_len, **more}
 
 
 def seq_file(store: Path, sample_id: str) -> Path:
@@ -120,18 +130,10 @@ def extract_features(target: str, data_dir: str | Path, out_dir: str | Path, max
                      dtype: str | None = None, limit: int | None = None) -> Path:
     from tqdm import tqdm
 
-    from edgespec.shared.models import load_model
-
     store = Path(out_dir)
     (store / "seq").mkdir(parents=True, exist_ok=True)
-    rows = read_samples(Path(data_dir) / "samples.jsonl")[:limit]
-    if not rows:
-        raise FileNotFoundError(f"no samples in {data_dir}/samples.jsonl: run `edgespec train data` first")
-    loaded = load_model(target, device=device, dtype=dtype)
-    shape = target_shape(loaded.model)
-    meta = {"target": target, "fingerprint": loaded.fingerprint, "shape": shape.__dict__,
-            "tli_depths": list(tli_depths), "max_len": max_len}
-    (store / "store.json").write_text(json.dumps(meta, indent=1))
+    rows, loaded = data_and_target(target, data_dir, device, dtype, limit)
+    (store / "store.json").write_text(json.dumps(store_meta(target, loaded, tli_depths, max_len), indent=1))
     todo = [r for r in rows if not seq_file(store, r["id"]).exists()]
     log.info("%d sequences, %d already stored, %d to go -> %s", len(rows), len(rows) - len(todo), len(todo), store)
     for row in tqdm(todo, desc="target features", mininterval=10):
@@ -139,15 +141,21 @@ def extract_features(target: str, data_dir: str | Path, out_dir: str | Path, max
         if len(ids) < 4:
             continue
         feats = target_features(loaded.model, ids, tuple(tli_depths))
-        _write(seq_file(store, row["id"]), row, ids, mask, feats)
+        save_npz(seq_file(store, row["id"]), sequence_arrays("", row["id"], row["split"], ids, mask, feats))
     return store
 
 
-def _write(path: Path, row: dict, ids: list[int], mask: list[int], feats: dict[str, torch.Tensor]) -> None:
-    arrays = {"tokens": np.asarray(ids, np.int32), "loss_mask": np.asarray(mask, np.uint8),
-              "meta": np.frombuffer(json.dumps({"id": row["id"], "split": row["split"]}).encode(), np.uint8)}
-    for name, t in feats.items():
-        arrays[name] = np.frombuffer(CODEC.encode(t.contiguous()), np.uint8)
+def sequence_arrays(prefix: str, sample_id: str, split: str, ids: list[int], mask: list[int],
+                    feats: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """One sequence's arrays, named as a store file holds them (a shard's sequence j: prefix "s{j}_")."""
+    arrays = {prefix + "tokens": np.asarray(ids, np.int32), prefix + "loss_mask": np.asarray(mask, np.uint8),
+              prefix + "meta": np.frombuffer(json.dumps({"id": sample_id, "split": split}).encode(), np.uint8)}
+    arrays.update({prefix + name: np.frombuffer(CODEC.encode(t.contiguous()), np.uint8) for name, t in feats.items()})
+    return arrays
+
+
+def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Written under a temporary name (never read as part of the store), renamed when complete."""
     tmp = path.with_suffix(".tmp.npz")
     np.savez(tmp, **arrays)
     os.replace(tmp, path)
@@ -201,17 +209,12 @@ class FeatureStore:
 
     @staticmethod
     def load(ref, names: tuple[str, ...] = ("hidden", "kv")) -> StoredSequence:
-        if isinstance(ref, ShardRef):
-            prefix = f"s{ref.index}_"
-            with np.load(ref.path) as z:
-                meta = json.loads(z[prefix + "meta"].tobytes().decode())
-                tokens, mask = z[prefix + "tokens"], z[prefix + "loss_mask"]
-                dec = {k: decode_frame(z[prefix + k].tobytes()).float() for k in names if prefix + k in z.files}
-        else:
-            with np.load(ref) as z:
-                meta = json.loads(z["meta"].tobytes().decode())
-                tokens, mask = z["tokens"], z["loss_mask"]
-                dec = {k: decode_frame(z[k].tobytes()).float() for k in z.files if k in names}
+        # a shard names sequence j's arrays s{j}_tokens, ...; a per-sequence file names them tokens, ...
+        path, prefix = (ref.path, f"s{ref.index}_") if isinstance(ref, ShardRef) else (ref, "")
+        with np.load(path) as z:
+            meta = json.loads(z[prefix + "meta"].tobytes().decode())
+            tokens, mask = z[prefix + "tokens"], z[prefix + "loss_mask"]
+            dec = {k: decode_frame(z[prefix + k].tobytes()).float() for k in names if prefix + k in z.files}
         return StoredSequence(meta["id"], meta["split"], torch.from_numpy(tokens.astype(np.int64)),
                               torch.from_numpy(mask.astype(bool)), dec.get("hidden"), dec.get("kv"),
                               {int(k[3:]): v for k, v in dec.items() if k.startswith("act")})

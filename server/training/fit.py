@@ -18,7 +18,7 @@ import torch
 from edgespec.shared.device import cpu_name, pick_device
 from edgespec.shared.drafters.vocab import most_frequent_ids
 from . import distributed
-from .features import FeatureStore, ShardRef
+from .features import FeatureStore
 from .recipes import RecipeContext, RecipeOptionError, build
 from .trainer import TrainConfig, Trainer
 
@@ -73,8 +73,6 @@ def parse_opts(pairs: list[str]) -> dict[str, str]:
 
 
 def write_card(run_dir: Path, recipe, store: FeatureStore, trainer: Trainer, files: list[Path], wall_s: float) -> Path:
-    n_tokens = sum(f.tokens if isinstance(f, ShardRef) else store.load(f, ()).tokens.numel()
-                   for f in trainer.train_files)
     last_val = next((r for r in reversed(trainer.history) if "val/chains" in r), {})
     card = {
         "kind": recipe.kind,
@@ -84,7 +82,7 @@ def write_card(run_dir: Path, recipe, store: FeatureStore, trainer: Trainer, fil
         "tokenizer_fingerprint": store.meta.get("fingerprint"),
         "files": {p.name if p.parent == run_dir else str(p.relative_to(run_dir)): p.stat().st_size for p in files},
         "data": {"feature_store": str(store.path), "train_sequences": len(trainer.train_files),
-                 "val_sequences": len(store.split("val")), "train_tokens": n_tokens},
+                 "val_sequences": len(store.split("val")), "train_tokens": store.tokens("train")},
         "training": {"steps": trainer.step, "tokens_seen": trainer.tokens_seen, "config": trainer.config.__dict__,
                      "wall_s_this_run": round(wall_s, 1), "processes": trainer.world.size},
         "hardware": {"machine": platform.machine(), "processor": cpu_name(),
@@ -106,8 +104,7 @@ def feature_source(args, device=None):
         if not getattr(args, "data", None):
             raise ValueError("--features-from target needs --data DIR (the folder with samples.jsonl)")
         tli = tuple(sorted({0, args.tli}))
-        return TargetFeatures(args.target, args.data, max_len=args.max_len, tli_depths=tli,
-                              device=device,
+        return TargetFeatures(args.target, args.data, max_len=args.max_len, tli_depths=tli, device=device,
                               dtype=args.dtype)
     if not args.features:
         raise ValueError("give --features DIR (a feature store), or --features-from target --data DIR")

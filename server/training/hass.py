@@ -79,7 +79,6 @@ def hass_config(ctx: RecipeContext) -> HassConfig:
     return cfg
 
 
-# -- starting from an earlier run (second stages) --------------------------------------------------
 def init_states(path: Path, kind: str) -> dict[str, dict[str, torch.Tensor]]:
     """Module states (as ``Recipe.trainable()`` names them) of a run folder's ``checkpoint.pt``,
     a ``.pt`` checkpoint, or a saved drafter of ``kind`` (``eagle.safetensors`` / MoA folder)."""
@@ -103,10 +102,10 @@ def init_states(path: Path, kind: str) -> dict[str, dict[str, torch.Tensor]]:
     return {"lsa": moa.lsa.state_dict(), "client": moa.client.state_dict()}
 
 
-def load_init(ctx: RecipeContext, recipe) -> None:
-    """Load ``ctx.init``'s weights into the recipe's trainable modules (nothing when no --init)."""
+def load_init(ctx: RecipeContext, recipe):
+    """The recipe, ``ctx.init``'s weights loaded into its trainable modules (nothing when no --init)."""
     if ctx.init is None:
-        return
+        return recipe
     states = init_states(ctx.init, recipe.kind)
     modules: dict[str, nn.Module] = recipe.trainable()
     missing = sorted(set(modules) - set(states))
@@ -120,9 +119,9 @@ def load_init(ctx: RecipeContext, recipe) -> None:
             first = str(exc).splitlines()[1:2] or [str(exc)]
             raise RecipeOptionError(f"--init {ctx.init}: its {name} has other sizes than this run's (give the "
                                     f"same --width/--heads/--vocab/--tli as stage 1): {first[0].strip()}") from None
+    return recipe
 
 
-# -- recipes ----------------------------------------------------------------------------------------
 class _WithTopK:
     """A base recipe (EAGLE, MoA) with HASS's settings, plus its top-K term (``_topk_term``) when weighted."""
 
@@ -157,18 +156,15 @@ def build_eagle_hass(ctx: RecipeContext) -> EagleHassRecipe:
     ctx.check_all_used()
     if cfg.unroll < 1:
         raise RecipeOptionError(f"--opt unroll={cfg.unroll}: unroll counts drafting steps, >= 1")
-    recipe = EagleHassRecipe(eagle_head(ctx), ctx.parts(), cfg, hass)
-    load_init(ctx, recipe)
-    return recipe
+    return load_init(ctx, EagleHassRecipe(eagle_head(ctx), ctx.parts(), cfg, hass))
 
 
 def build_moa_hass(ctx: RecipeContext) -> MoAHassRecipe:
     hass = hass_config(ctx)
     cfg = ctx.config(MoARecipeConfig, detach_own=True)
     ctx.check_all_used()
-    recipe = calibrate_moa(MoAHassRecipe(moa_model(ctx), ctx.parts(ctx.tli), cfg, hass), ctx)
-    load_init(ctx, recipe)  # after calibration: a stage-1 run's activation stats win
-    return recipe
+    # --init's weights load after the calibration: a stage-1 run's activation stats win
+    return load_init(ctx, calibrate_moa(MoAHassRecipe(moa_model(ctx), ctx.parts(ctx.tli), cfg, hass), ctx))
 
 
 RECIPES = {

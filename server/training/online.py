@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from edgespec.shared.drafters.target_parts import target_shape
-from .data import read_samples
-from .features import StoredSequence, target_features, tokenize_sample
+from .extraction import tokenized_rows
+from .features import StoredSequence, data_and_target, store_meta, target_features
 
 log = logging.getLogger(__name__)
 
@@ -36,23 +36,13 @@ class TargetFeatures:
 
     def __init__(self, target: str, data_dir: str | Path, max_len: int = 1024, tli_depths: tuple[int, ...] = (0, 1, 3),
                  device: str | None = None, dtype: str | None = None):
-        from edgespec.shared.models import load_model
-
         self.path = Path(data_dir)
-        rows = read_samples(self.path / "samples.jsonl")
-        if not rows:
-            raise FileNotFoundError(f"no samples in {data_dir}/samples.jsonl: run `edgespec train data` first")
-        self.loaded = load_model(target, device=device, dtype=dtype)
+        rows, self.loaded = data_and_target(target, data_dir, device, dtype)
         self.tli_depths = tuple(tli_depths)
         self.shape = target_shape(self.loaded.model)
-        self.meta = {"target": target, "fingerprint": self.loaded.fingerprint, "shape": self.shape.__dict__,
-                     "format": "online", "tli_depths": list(tli_depths), "max_len": max_len}
-        self._rows = []
-        for row in rows:
-            ids, mask = tokenize_sample(self.loaded.tokenizer, row, max_len)
-            if len(ids) >= 4:
-                self._rows.append((row, ids, mask))
-        self.files = [RowRef(i, r["split"], len(ids)) for i, (r, ids, _) in enumerate(self._rows)]
+        self.meta = store_meta(target, self.loaded, tli_depths, max_len, format="online")
+        self._seqs = tokenized_rows(self.loaded.tokenizer, rows, max_len)
+        self.files = [RowRef(i, s.split, len(s.ids)) for i, s in enumerate(self._seqs)]
         log.info("features from %s during training: %d sequences", target, len(self.files))
 
     def split(self, name: str) -> list[RowRef]:
@@ -62,12 +52,12 @@ class TargetFeatures:
         return sum(f.tokens for f in self.split(name))
 
     def load(self, ref: RowRef, names: tuple[str, ...] = ("hidden", "kv")) -> StoredSequence:
-        row, ids, mask = self._rows[ref.index]
-        tokens, loss_mask = torch.tensor(ids), torch.tensor(mask, dtype=torch.bool)
+        s = self._seqs[ref.index]
+        tokens, loss_mask = torch.tensor(s.ids), torch.tensor(s.mask, dtype=torch.bool)
         if not names:
-            return StoredSequence(row["id"], row["split"], tokens, loss_mask, None, None, {})
+            return StoredSequence(s.id, s.split, tokens, loss_mask, None, None, {})
         depths = tuple(d for d in self.tli_depths if f"act{d}" in names)
-        feats = target_features(self.loaded.model, ids, depths)
-        return StoredSequence(row["id"], row["split"], tokens, loss_mask,
+        feats = target_features(self.loaded.model, s.ids, depths)
+        return StoredSequence(s.id, s.split, tokens, loss_mask,
                               feats["hidden"] if "hidden" in names else None, feats["kv"] if "kv" in names else None,
                               {d: feats[f"act{d}"] for d in depths})

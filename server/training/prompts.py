@@ -18,8 +18,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-# Test sets must never enter training data (DESIGN section 9).
-_FORBIDDEN = ("human_eval", "humaneval", "mt_bench", "mtbench", "fastchat")
+from .corpus import is_test_set  # test sets never enter training data (DESIGN section 9)
 
 
 @dataclass(frozen=True)
@@ -37,15 +36,10 @@ def source_files(root: Path | None = None) -> list[Path]:
     out = []
     for path in sorted(root.rglob("*.py")):
         parts = set(path.relative_to(root).parts[:-1])
-        if parts & skip_dirs or any(f in str(path).lower() for f in _FORBIDDEN):
+        if parts & skip_dirs or is_test_set(str(path)):
             continue
         out.append(path)
     return out
-
-
-def _clean(text: str) -> bool:
-    low = text.lower()
-    return not any(f in low for f in _FORBIDDEN)
 
 
 def functions_of(path: Path) -> list[tuple[str, str, str]]:
@@ -68,8 +62,7 @@ def functions_of(path: Path) -> list[tuple[str, str, str]]:
 
 
 def _write_prompt(name: str, doc: str) -> str | None:
-    first = doc.strip().split("\n\n")[0]
-    first = " ".join(first.split())
+    first = " ".join(doc.strip().split("\n\n")[0].split())  # the first paragraph, on one line
     if not 25 <= len(first) <= 400:
         return None
     return f"Write a Python function `{name}` that does the following: {first}"
@@ -101,15 +94,15 @@ def derive_samples(seed: int, n_write: int, n_explain: int, n_code: int, code_ch
         rng.shuffle(funcs)
         for name, doc, body in funcs[:per_file]:
             w = _write_prompt(name, doc)
-            if w and _clean(w) and len(writes) < n_write:
+            if w and not is_test_set(w) and len(writes) < n_write:
                 writes.setdefault(f"write:{stem}:{name}", Sample(f"write:{stem}:{name}", "write", w))
             e = _explain_prompt(body)
-            if e and _clean(e) and len(explains) < n_explain:
+            if e and not is_test_set(e) and len(explains) < n_explain:
                 explains.setdefault(f"explain:{stem}:{name}", Sample(f"explain:{stem}:{name}", "explain", e))
     codes = []
     for path in rng.sample(files, min(len(files), n_code * 2)):
         text = path.read_text(encoding="utf-8", errors="replace")
-        if len(text) < code_chars // 2 or not _clean(text):
+        if len(text) < code_chars // 2 or is_test_set(text):
             continue
         start = rng.randrange(0, max(1, len(text) - code_chars))
         codes.append(Sample(f"code:{path.parent.name}/{path.stem}:{start}", "code", text[start:start + code_chars]))

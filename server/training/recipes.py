@@ -67,8 +67,9 @@ class RecipeContext:
     def check_all_used(self) -> None:
         unknown = sorted(set(self.options) - self._used)
         if unknown:
+            option_names = sorted({f.name for c in self._classes for f in dataclasses.fields(c)})
             raise RecipeOptionError(f"recipe {self.kind!r} has no option {', '.join(unknown)} "
-                                    f"(it takes: {', '.join(option_names(*self._classes)) or 'none'})")
+                                    f"(it takes: {', '.join(option_names) or 'none'})")
 
 
 def apply_options(cls, options: Mapping[str, str], used: set[str] | None = None, **defaults):
@@ -93,10 +94,6 @@ def _parse(kind, text: str, name: str, cls):
     except ValueError:
         raise RecipeOptionError(f"--opt {name}={text}: {cls.__name__}.{name} is of type {kind.__name__}") from None
     raise RecipeOptionError(f"--opt {name}: {cls.__name__}.{name} cannot be set from the command line")
-
-
-def option_names(*classes) -> list[str]:
-    return sorted({f.name for c in classes for f in dataclasses.fields(c)})
 
 
 def eagle_head(ctx: RecipeContext) -> EagleHead:

@@ -47,7 +47,6 @@ class RouterRecipeConfig:
     max_T: int = 15  # MoA: largest step bound drawn per window
 
 
-# -- pure pieces ---------------------------------------------------------------------------------
 def group_kl(scores: torch.Tensor, group_target: torch.Tensor, w: torch.Tensor) -> Term:
     """KL(target's mass per group || router's group distribution): the cross-entropy against the
     group target minus its entropy, so 0 is reachable and the logged value is the router's own error.
@@ -92,7 +91,6 @@ class _HeadTap:
         return full if self._route is None else self._route(hidden, full)
 
 
-# -- the frozen bases ----------------------------------------------------------------------------
 class EagleBase:
     """A frozen EAGLE head: the rows it drafts from, and its acceptance through a head tap."""
 
@@ -179,7 +177,6 @@ def _frozen(module: torch.nn.Module) -> torch.nn.Module:
     return module.eval()
 
 
-# -- the recipe ----------------------------------------------------------------------------------
 class RouterRecipe:
     """Stage 2: a frozen base drafter (``EagleBase`` / ``MoABase``) and the router that trains."""
 
@@ -187,8 +184,9 @@ class RouterRecipe:
         self.base, self.router, self.parts = base, router, base.parts
         self.kind = base.kind  # what the client loads: the base's kind, with router.safetensors beside it
         self.feature_names = base.feature_names
-        self.terms = [LossTerm("router", 1.0, self._router_term),
-                      LossTerm("missed_mass", 0.0, self._missed_term)]
+        self.terms = [LossTerm("router", 1.0, lambda out: group_kl(out["scores"], out["groups"], out["w"])),
+                      LossTerm("missed_mass", 0.0, lambda out: missed_mass(out["scores"], out["groups"],
+                                                                           router.config.top_g, out["w"]))]
         self._group_of = router.group_of()
 
     def trainable(self):
@@ -201,12 +199,6 @@ class RouterRecipe:
         with torch.no_grad():
             hidden, target, w = self.base.rows(seq, start, end, gen, self._to_groups)
         return {"scores": self.router(hidden), "groups": target, "w": w}
-
-    def _router_term(self, out: Outputs) -> Term:
-        return group_kl(out["scores"], out["groups"], out["w"])
-
-    def _missed_term(self, out: Outputs) -> Term:
-        return missed_mass(out["scores"], out["groups"], self.router.config.top_g, out["w"])
 
     def _route(self, hidden: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
         return restrict_to_groups(full, self.router.choose(hidden), self._group_of.to(full.device))
@@ -222,7 +214,6 @@ class RouterRecipe:
         return files + [save_router(self.router, beside / "router.safetensors")]
 
 
-# -- building from a first-stage run -------------------------------------------------------------
 def _init_path(ctx: RecipeContext) -> Path:
     if ctx.init is None:
         raise RecipeOptionError(f"{ctx.kind!r} is a second stage: pass --init with the run folder of an "

@@ -20,7 +20,6 @@ plain log lines otherwise.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -62,6 +61,7 @@ class Trainer:
             raise ValueError(f"grad_accum must be at least 1, got {config.grad_accum}")
         self.world = distributed.init(device)
         self.device = self.world.device
+        self.bf16 = config.amp == "bf16" or (config.amp == "auto" and self.device.type == "cuda")  # autocast
         for m in [*recipe.trainable().values(), getattr(recipe, "parts", None)]:
             if m is not None:
                 m.to(self.device)
@@ -79,10 +79,9 @@ class Trainer:
             raise ValueError(f"window_rng must be auto, per-window or shared, got {config.window_rng!r}")
         launched = "WORLD_SIZE" in os.environ or config.grad_accum > 1
         self.per_window = config.window_rng == "per-window" or (config.window_rng == "auto" and launched)
-        if self.world.distributed and not self.per_window:
+        if self.world.size > 1 and not self.per_window:
             raise ValueError("several processes need window_rng per-window (or auto)")
 
-    # -- checkpoints -----------------------------------------------------------------------------
     @property
     def checkpoint_path(self) -> Path:
         return self.run_dir / "checkpoint.pt"
@@ -109,7 +108,6 @@ class Trainer:
         log.info("resumed from %s at step %d", self.checkpoint_path, self.step)
         return True
 
-    # -- data ------------------------------------------------------------------------------------
     def _load(self, path):
         # Decoded sequences stay in memory: features are read once, reused every epoch (not those
         # a target computes on the fly: online.py).
@@ -147,13 +145,6 @@ class Trainer:
             tokens += length
         return out
 
-    def _autocast(self):
-        amp = self.config.amp
-        if amp == "bf16" or (amp == "auto" and self.device.type == "cuda"):
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
-    # -- loop ------------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
         for m in self.recipe.trainable().values():
             m.train()
@@ -172,7 +163,7 @@ class Trainer:
             if not part:
                 continue
             terms = None
-            with self._autocast():
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
                 for idx, (ref, start, end) in part:
                     gen = (torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.step * 4099 + idx)
                            if self.per_window else self.gen)
@@ -217,20 +208,20 @@ class Trainer:
     def fit(self) -> list[dict]:
         self.resume()
         cfg = self.config
-        progress = Progress(cfg.steps, self.step, self.tokens_seen, f"train {self.recipe.kind}", self._main,
+        progress = Progress(cfg.steps, self.step, self.tokens_seen, f"train {self.recipe.kind}", self.world.main,
                             cfg.log_every)
         t0 = time.perf_counter()
         while self.step < cfg.steps:
             row = {"step": self.step + 1, **self.train_step()}
             out_of_time = bool(cfg.max_wall_s) and time.perf_counter() - t0 >= cfg.max_wall_s
             last = self.step == cfg.steps or out_of_time
-            if self.val_files and self._main and (self.step % cfg.eval_every == 0 or last):
+            if self.val_files and self.world.main and (self.step % cfg.eval_every == 0 or last):
                 row.update(self.validate())
             row["wall_s"] = round(time.perf_counter() - t0, 1)
             row["tokens"] = self.tokens_seen
             self._log(row)
             progress.update(self.step, self.tokens_seen, row["loss"])
-            if (self.step % cfg.save_every == 0 or last) and self._main:
+            if (self.step % cfg.save_every == 0 or last) and self.world.main:
                 self.save_checkpoint()
             if out_of_time:
                 log.info("stopping at step %d of %d: the wall-clock budget of %.0f s is spent", self.step, cfg.steps,
@@ -240,12 +231,8 @@ class Trainer:
         distributed.barrier()
         return self.history
 
-    @property
-    def _main(self) -> bool:
-        return self.world.main
-
     def _log(self, row: dict) -> None:
-        if not self._main:
+        if not self.world.main:
             return
         self.history.append(row)
         with (self.run_dir / "metrics.jsonl").open("a") as f:
@@ -268,22 +255,18 @@ class Progress:
 
             self.bar = tqdm(total=total, initial=initial, desc=desc, mininterval=1, unit="step")
 
-    def line(self, step: int, tokens: int, loss: float) -> str:
-        dt = max(time.perf_counter() - self.t0, 1e-9)
-        rate = (step - self.start_step) / dt
-        left = (self.total - step) / rate if rate > 0 else float("nan")
-        return (f"step {step}/{self.total} loss {loss:.4f} {(tokens - self.start_tokens) / dt:.0f} tokens/s "
-                f"{_clock(left)} left")
-
     def update(self, step: int, tokens: int, loss: float) -> None:
         if not self.enabled:
             return
+        dt = max(time.perf_counter() - self.t0, 1e-9)
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
-            rate = (tokens - self.start_tokens) / max(time.perf_counter() - self.t0, 1e-9)
-            self.bar.set_postfix_str(f"loss {loss:.4f} {rate:.0f} tok/s")
+            self.bar.set_postfix_str(f"loss {loss:.4f} {(tokens - self.start_tokens) / dt:.0f} tok/s")
         elif step % self.every == 0 or step == self.total or step == self.start_step + 1:
-            log.info(self.line(step, tokens, loss))
+            steps_per_s = (step - self.start_step) / dt
+            left = (self.total - step) / steps_per_s if steps_per_s > 0 else float("nan")
+            log.info(f"step {step}/{self.total} loss {loss:.4f} {(tokens - self.start_tokens) / dt:.0f} tokens/s "
+                     f"{_clock(left)} left")
 
     def close(self) -> None:
         if self.bar is not None:
