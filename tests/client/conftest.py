@@ -16,6 +16,18 @@ def tiny_server(tiny_model_dir):
         yield handle
 
 
+@pytest.fixture(scope="module")
+def core(tiny_model_dir):
+    """The verification core in-process (float32 tiny target), for InProcessTransport: a module's worth."""
+    from edgespec.server.core import CoreLimits, VerifierCore
+    from edgespec.server.target import TargetModel
+    from edgespec.shared.models.loading import load_model
+
+    core = VerifierCore(TargetModel(load_model(str(tiny_model_dir), device="cpu", dtype="float32")), CoreLimits())
+    yield core
+    core.close_all()
+
+
 @pytest.fixture
 def relay(tiny_server):
     """netem's relay (ideal profile) in front of the tiny server: the link a test cuts and restores."""

@@ -26,17 +26,6 @@ CONTROLS = Controls(presence=0.4, frequency=0.2, repetition=1.2)
 
 
 @pytest.fixture(scope="module")
-def core(tiny_model_dir):
-    from edgespec.server.core import CoreLimits, VerifierCore
-    from edgespec.server.target import TargetModel
-    from edgespec.shared.models.loading import load_model
-
-    core = VerifierCore(TargetModel(load_model(str(tiny_model_dir), device="cpu", dtype="float32")), CoreLimits())
-    yield core
-    core.close_all()
-
-
-@pytest.fixture(scope="module")
 def llg(core):
     t = core.target
     return grammar_tokenizer(t.tokenizer, t.vocab_size, t.eos_ids)

@@ -22,17 +22,6 @@ PROMPT = "def add(a, b):\n    return a + b\n"
 
 
 @pytest.fixture(scope="module")
-def core(tiny_model_dir):
-    from edgespec.server.core import CoreLimits, VerifierCore
-    from edgespec.server.target import TargetModel
-    from edgespec.shared.models.loading import load_model
-
-    core = VerifierCore(TargetModel(load_model(str(tiny_model_dir), device="cpu", dtype="float32")), CoreLimits())
-    yield core
-    core.close_all()
-
-
-@pytest.fixture(scope="module")
 def drafters(tiny_drafter_dir):
     """One drafter of each kind for the module, as a client keeps one across its generations."""
     return {name: make_drafter(DrafterOptions(name=name, model=str(tiny_drafter_dir), dtype="float32"))

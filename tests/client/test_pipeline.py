@@ -9,12 +9,14 @@ milliseconds late (InProcessTransport.round_trip_s, or netem's 5g relay) so ther
 from __future__ import annotations
 
 import collections
-import math
+import contextlib
+import dataclasses
 
 import pytest
 import torch
 
 from support.estimates import DraftingOutlastsFlights, TreesNeverPay
+from support.stats import chi_square_critical
 
 from edgespec.client.drafters.factory import DrafterOptions, make_drafter
 from edgespec.client.generation import Generation, GenerationConfig, TokenEvent, TokenizerInfo, TokenOrigin
@@ -29,17 +31,6 @@ PROMPT = "def add(a, b):\n    return a + b\n"
 SERIAL = LoopConfig(pipeline=False, tree="fixed")  # the loop as it was
 PIPELINED = LoopConfig(tree="fixed")
 AUTO = LoopConfig()  # the default: pipelined, trees sized each step
-
-
-@pytest.fixture(scope="module")
-def core(tiny_model_dir):
-    from edgespec.server.core import CoreLimits, VerifierCore
-    from edgespec.server.target import TargetModel
-    from edgespec.shared.models.loading import load_model
-
-    core = VerifierCore(TargetModel(load_model(str(tiny_model_dir), device="cpu", dtype="float32")), CoreLimits())
-    yield core
-    core.close_all()
 
 
 @pytest.fixture(scope="module")
@@ -320,11 +311,6 @@ def test_link_drops_while_a_tree_drafted_ahead_is_out(start, tiny_target_f32, ti
         assert r.token_ids == greedy(tiny_target_f32, ids, 40, set())
 
 
-def chi_square_critical(dof: int, z: float = 3.72) -> float:
-    """Wilson-Hilferty approximation of the chi-square quantile at about p = 1e-4 (as test_verification)."""
-    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
-
-
 @pytest.mark.slow
 def test_sampling_keeps_the_targets_distribution(start, tiny_target_f32):
     """Temperature 1, top-k 2: the first four tokens take one of 16 sequences; their counts over many seeds
@@ -400,22 +386,27 @@ def cut_once_when(gen, relay, cut: str | None, when) -> bool:
     return done
 
 
+@contextlib.contextmanager
+def behind_5g(server, make_client, drafter_dir, loop: LoopConfig, estimates: LoopEstimates, max_new_tokens: int):
+    """A generation of the independent drafter's client, with `loop` and `estimates`, behind netem's 5g relay to
+    `server`: (the relay, the prompt's ids, the generation)."""
+    from support.relays import relay_to
+
+    with relay_to(server, "5g") as relay:
+        client = make_client(relay.target, "independent", drafter_dir=drafter_dir)
+        client.config = dataclasses.replace(client.config, loop=loop)
+        client.estimates = estimates
+        ids = client.encode(PROMPT)
+        yield relay, ids, client.generation(ids, GenerationConfig(max_new_tokens=max_new_tokens, ignore_eos=True))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("cut", ["blackhole", "reset"])
 def test_relay_outage_while_a_tree_drafted_ahead_is_out(tiny_server, make_client, tiny_model_dir, tiny_target_f32,
                                                         greedy, cut):
     """netem's relay drops the link while the tree sent at once for a right guess is on its way: offline,
     reconnect, Resume, and the output is the target's greedy text (rollback)."""
-    import dataclasses
-
-    from support.relays import relay_to
-
-    with relay_to(tiny_server, "5g") as relay:
-        client = make_client(relay.target, "independent", drafter_dir=tiny_model_dir)
-        client.config = dataclasses.replace(client.config, loop=PIPELINED)
-        client.estimates = slow_server()
-        ids = client.encode(PROMPT)
-        gen = client.generation(ids, GenerationConfig(max_new_tokens=40, ignore_eos=True))
+    with behind_5g(tiny_server, make_client, tiny_model_dir, PIPELINED, slow_server(), 40) as (relay, ids, gen):
         cut_with_flight = cut_once_when(gen, relay, cut, lambda e: e.index >= 4 and gen._flight is not None)
         r = gen.result
     assert cut_with_flight and r.metrics.disconnects >= 1 and r.metrics.resumes >= 1
@@ -429,16 +420,7 @@ def test_over_grpc_queued_plain_steps_write_the_targets_text(tiny_server, make_c
     """A real server on loopback behind netem's 5g relay, a client whose planner takes plain steps: they go out
     queued, two on the stream at a time, and the output is the target's greedy text; with the link cut while a
     queued step is out (both Drafts lost), the loop goes offline, resumes and stays exact."""
-    import dataclasses
-
-    from support.relays import relay_to
-
-    with relay_to(tiny_server, "5g") as relay:
-        client = make_client(relay.target, "independent", drafter_dir=tiny_model_dir)
-        client.config = dataclasses.replace(client.config, loop=AUTO)
-        client.estimates = TreesNeverPay()
-        ids = client.encode(PROMPT)
-        gen = client.generation(ids, GenerationConfig(max_new_tokens=48, ignore_eos=True))
+    with behind_5g(tiny_server, make_client, tiny_model_dir, AUTO, TreesNeverPay(), 48) as (relay, ids, gen):
         cut_done = cut_once_when(gen, relay, cut, lambda e: gen._flight is not None and gen._flight.queued)
         r = gen.result
     assert r.token_ids == greedy(tiny_target_f32, ids, 48, set()) and r.provisional == 0

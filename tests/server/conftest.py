@@ -28,6 +28,20 @@ def greedy_reference(tiny_target) -> Callable[[list[int], int], list[int]]:
     return lambda ids, n: recomputed_greedy(tiny_target.model, ids, n)
 
 
+@pytest.fixture(scope="module", params=["generic", "batched"])
+def scheduler(request, target):
+    """Both engines over the module's own `target` fixture (a module without one defines its own scheduler)."""
+    from edgespec.server.engine import GenericEngine
+    from edgespec.server.engine_batched import BatchedEngine, PoolConfig
+    from edgespec.server.scheduler import ModelScheduler
+
+    engine = (GenericEngine(target) if request.param == "generic" else
+              BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_slots=4, max_context_tokens=1024)))
+    s = ModelScheduler(engine)
+    yield s
+    s.close()
+
+
 @pytest.fixture(scope="module")
 def tiny_server(tiny_model_dir):
     """A server on loopback with the tiny target, a random MoA server part, and small caps."""

@@ -14,6 +14,7 @@ import pytest
 import torch
 from support.greedy import recomputed_greedy
 from support.masks import full_attention_mask
+from support.trees import tree_along
 
 from edgespec.server.decoder import GenerationRequest, generate
 from edgespec.server.engine import GenericEngine, Work
@@ -62,22 +63,6 @@ def batched(target, slots: int = 8, shape_buckets: bool = False, graphs: bool = 
                                             shape_buckets=shape_buckets, graphs=graphs))
 
 
-def random_tree(rng: random.Random, truth: list[int], vocab: int = 300) -> DraftTree:
-    """A tree following `truth` for a random depth, with random siblings (greedy then accepts some)."""
-    tokens, parents, parent = [], [], ROOT
-    for depth in range(rng.randint(0, min(len(truth), 5))):
-        for _ in range(rng.randint(0, 2)):
-            tokens.append(rng.randrange(vocab))
-            parents.append(parent)
-        tokens.append(truth[depth])
-        parents.append(parent)
-        parent = len(tokens) - 1
-    for _ in range(rng.randint(0, 3)):
-        parents.append(rng.choice([ROOT] + list(range(len(tokens)))))
-        tokens.append(rng.randrange(vocab))
-    return DraftTree(tuple(tokens), tuple(parents)).validate()
-
-
 def run_session(target, scheduler, seed: int, sampling: SamplingSettings, truth: list[int] | None) -> list[int]:
     """Open (a prompt of 3..40 tokens, some with a tree), 8 verifications of random trees, a resume with
     a rollback; the session's committed tokens."""
@@ -85,13 +70,13 @@ def run_session(target, scheduler, seed: int, sampling: SamplingSettings, truth:
     prompt = [rng.randrange(256) for _ in range(rng.randint(3, 40))]
     session = VerifierSession(SessionSettings(f"s{seed}", sampling, seed), target, scheduler, max_context_tokens=400)
     follow = (lambda: truth[len(session.committed) - len(prompt):]) if truth else (lambda: [rng.randrange(300)] * 5)
-    session.open(prompt, random_tree(rng, truth or follow()) if seed % 2 else None)
+    session.open(prompt, tree_along(rng, truth or follow(), 300, 5) if seed % 2 else None)
     for step in range(1, 9):
-        session.verify(step, len(session.committed), random_tree(rng, follow()))
+        session.verify(step, len(session.committed), tree_along(rng, follow(), 300, 5))
     confirmed = session.committed[:-3]
     provisional = session.committed[-3:-1] + [rng.randrange(256)]
     session.resume(len(confirmed), committed_hash(confirmed), provisional, ResumePolicy.ROLLBACK)
-    session.verify(100, len(session.committed), random_tree(rng, follow()))
+    session.verify(100, len(session.committed), tree_along(rng, follow(), 300, 5))
     return session.committed[len(prompt):]
 
 
@@ -386,7 +371,8 @@ def test_other_full_attention_architectures_verify_exactly_on_the_pool(arch, tmp
             session.open([5, 6, 7, 8])
             rng = random.Random(1)
             for step in range(1, 8):
-                session.verify(step, len(session.committed), random_tree(rng, truth[len(session.committed) - 4:]))
+                tree = tree_along(rng, truth[len(session.committed) - 4:], 300, 5)
+                session.verify(step, len(session.committed), tree)
             assert session.committed[4:] == truth[:len(session.committed) - 4], engine.name
         finally:
             scheduler.close()

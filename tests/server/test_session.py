@@ -11,10 +11,7 @@ import pytest
 import torch
 from support.greedy import recomputed_greedy
 
-from edgespec.server.engine import GenericEngine
-from edgespec.server.engine_batched import BatchedEngine, PoolConfig
 from edgespec.server.features import FeatureKind, FeatureSpec
-from edgespec.server.scheduler import ModelScheduler
 from edgespec.server.session import ResumePolicy, SessionSettings, VerifierSession
 from edgespec.server.target import TargetModel
 from edgespec.shared.codec import decode_frame
@@ -30,15 +27,6 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 @pytest.fixture(scope="module", params=DEVICES)
 def target(request, tiny_model_dir) -> TargetModel:
     return TargetModel(load_model(str(tiny_model_dir), device=request.param, dtype="float32"))
-
-
-@pytest.fixture(scope="module", params=["generic", "batched"])
-def scheduler(request, target):
-    engine = (GenericEngine(target) if request.param == "generic" else
-              BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_slots=4, max_context_tokens=1024)))
-    s = ModelScheduler(engine)
-    yield s
-    s.close()
 
 
 @pytest.fixture(scope="module")

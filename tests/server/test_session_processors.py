@@ -14,11 +14,9 @@ import llguidance
 import pytest
 import torch
 from support.constrained import Controls, constrained_greedy
+from support.trees import tree_along
 
-from edgespec.server.engine import GenericEngine
-from edgespec.server.engine_batched import BatchedEngine, PoolConfig
 from edgespec.server.errors import InvalidRequestError
-from edgespec.server.scheduler import ModelScheduler
 from edgespec.server.session import ResumePolicy, SessionSettings, VerifierSession
 from edgespec.server.target import TargetModel
 from edgespec.shared.fingerprint import committed_hash
@@ -40,15 +38,6 @@ def target(tiny_model_dir) -> TargetModel:
     return TargetModel(load_model(str(tiny_model_dir), device="cpu", dtype="float32"))
 
 
-@pytest.fixture(scope="module", params=["generic", "batched"])
-def scheduler(request, target):
-    engine = (GenericEngine(target) if request.param == "generic" else
-              BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_slots=4, max_context_tokens=1024)))
-    s = ModelScheduler(engine)
-    yield s
-    s.close()
-
-
 def sampling_of(c: Controls) -> SamplingSettings:
     return SamplingSettings(presence_penalty=c.presence, frequency_penalty=c.frequency, repetition_penalty=c.repetition,
                             logit_bias=tuple(c.logit_bias.items()))
@@ -57,24 +46,6 @@ def sampling_of(c: Controls) -> SamplingSettings:
 def session_with(target, scheduler, controls: Controls = Controls(), grammar: str = "", prompt_len: int = 0):
     settings = SessionSettings("test", sampling_of(controls), grammar=grammar, prompt_len=prompt_len)
     return VerifierSession(settings, target, scheduler, max_context_tokens=1024)
-
-
-def tree_along(rng: random.Random, truth: list[int], vocab: int = 259) -> DraftTree:
-    """A tree whose main path follows `truth` for a random number of steps, with random siblings and twigs."""
-    tokens: list[int] = []
-    parents: list[int] = []
-    parent = ROOT
-    for depth in range(rng.randint(0, min(len(truth), 6))):
-        for _ in range(rng.randint(0, 2)):
-            tokens.append(rng.randrange(vocab))
-            parents.append(parent)
-        tokens.append(truth[depth])
-        parents.append(parent)
-        parent = len(tokens) - 1
-    for _ in range(rng.randint(0, 3)):
-        tokens.append(rng.randrange(vocab))
-        parents.append(rng.choice([ROOT] + list(range(len(tokens) - 1))))
-    return DraftTree(tuple(tokens), tuple(parents)).validate()
 
 
 def reference(target, prompt, n, controls=Controls(), grammar=None, stop_at_eos=True):

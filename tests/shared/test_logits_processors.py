@@ -3,12 +3,12 @@ history, min_p, and lossless sampling under processors and a grammar (chi-square
 target distribution)."""
 from __future__ import annotations
 
-import math
 
 import llguidance
 import pytest
 import torch
 from support.constrained import Controls, grammar_allowed, processed
+from support.stats import chi_square, chi_square_critical
 
 from edgespec.shared.logits_processors import RowProcessors, apply_penalties, tree_histories
 from edgespec.shared.session_contract import SamplingSettings
@@ -16,19 +16,6 @@ from edgespec.shared.tree import ROOT, DraftTree
 from edgespec.shared.verification import Draws, sample_verify, target_probs
 
 V = 8
-
-
-def chi_square_critical(dof: int, z: float = 3.72) -> float:
-    """Wilson-Hilferty approximation of the chi-square quantile at about p = 1e-4."""
-    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
-
-
-def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
-    n = counts.sum().item()
-    mask = probs > 0
-    assert counts[~mask].sum() == 0, "a token of probability 0 was produced"
-    expected = probs[mask] * n
-    return float(((counts[mask] - expected) ** 2 / expected).sum()), int(mask.sum()) - 1
 
 
 def penalised(presence: float, frequency: float, repetition: float, bias: dict[int, float]) -> SamplingSettings:

@@ -5,10 +5,10 @@ the verifier the target's logits where the model left them.
 """
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
+from support.stats import chi_square, chi_square_critical
 
 from edgespec.shared.session_contract import SamplingSettings
 from edgespec.shared.tree import ROOT, DraftTree
@@ -27,19 +27,6 @@ def one_hot_logits(best: list[int], device: torch.device) -> torch.Tensor:
     logits = torch.zeros(len(best), V, device=device)
     logits[torch.arange(len(best)), torch.tensor(best)] = 5.0
     return logits
-
-
-def chi_square_critical(dof: int, z: float = 3.72) -> float:
-    """Wilson-Hilferty approximation of the chi-square quantile at about p = 1e-4."""
-    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
-
-
-def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
-    n = counts.sum().item()
-    mask = probs > 0
-    assert counts[~mask].sum() == 0, "a token of probability 0 was produced"
-    expected = probs[mask] * n
-    return float(((counts[mask] - expected) ** 2 / expected).sum()), int(mask.sum()) - 1
 
 
 def test_greedy_walks_the_argmax_path_through_siblings(device):

@@ -3,7 +3,6 @@ well-formed JSON lines (metrics + environment) and a report with plots."""
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import pytest
@@ -16,13 +15,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread_servers():
-    old = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    yield
-    if old is None:
-        os.environ.pop("OMP_NUM_THREADS")
-    else:
-        os.environ["OMP_NUM_THREADS"] = old
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMP_NUM_THREADS", "1")
+        yield
 
 
 def _config(experiment, out, tiny_model_dir, tiny_drafter_dir, **kw):

@@ -48,14 +48,8 @@ def test_a_malformed_answer_file_names_the_line_and_field(tmp_path):
 
 
 @pytest.fixture
-def one_thread_servers():
-    old = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    yield
-    if old is None:
-        os.environ.pop("OMP_NUM_THREADS")
-    else:
-        os.environ["OMP_NUM_THREADS"] = old
+def one_thread_servers(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
 
 def _speed_py_reads(path):
