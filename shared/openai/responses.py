@@ -43,17 +43,22 @@ class Shape:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
 
+@functools.cache
+def _byte_of_char() -> dict[str, int]:
+    """A byte-level BPE vocabulary's characters -> the bytes they stand for: GPT-2's map, inverted once."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {c: b for b, c in bytes_to_unicode().items()}
+
+
 class TokenTexts:
     """A token's text and exact bytes, for logprobs (a byte token may be half a character)."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         backend = getattr(tokenizer, "backend_tokenizer", None)
-        self.byte_of_char: dict[str, int] = {}  # a byte-level BPE vocabulary's characters -> the bytes they stand for
-        if type(getattr(backend, "decoder", None)).__name__ == "ByteLevel":
-            from transformers.convert_slow_tokenizer import bytes_to_unicode  # GPT-2's byte -> character map
-
-            self.byte_of_char = {c: b for b, c in bytes_to_unicode().items()}
+        byte_level = type(getattr(backend, "decoder", None)).__name__ == "ByteLevel"
+        self.byte_of_char = _byte_of_char() if byte_level else {}
         self.special = set(getattr(tokenizer, "all_special_ids", ()))
         self.piece = functools.cache(self._piece)  # one answer asks for the same tokens again and again
 

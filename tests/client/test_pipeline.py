@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from support.estimates import DraftingOutlastsFlights, TreesNeverPay
+from support.relays import relay_to
 from support.stats import chi_square_critical
 
 from edgespec.client.drafters.factory import DrafterOptions, make_drafter
@@ -352,8 +353,6 @@ def test_over_grpc_pipelined_and_auto_write_the_serial_output(tiny_server, make_
                                                               tiny_target_f32, greedy):
     """A real server on loopback behind netem's 5g relay: serial, pipelined and auto clients write the same
     tokens, the target's greedy ones; the server reported its cost curve in Info."""
-    from support.relays import relay_to
-
     with relay_to(tiny_server, "5g") as relay:
         outputs, metrics = {}, {}
         for name, loop in (("serial", SERIAL), ("pipelined", PIPELINED), ("auto", AUTO)):
@@ -390,8 +389,6 @@ def cut_once_when(gen, relay, cut: str | None, when) -> bool:
 def behind_5g(server, make_client, drafter_dir, loop: LoopConfig, estimates: LoopEstimates, max_new_tokens: int):
     """A generation of the independent drafter's client, with `loop` and `estimates`, behind netem's 5g relay to
     `server`: (the relay, the prompt's ids, the generation)."""
-    from support.relays import relay_to
-
     with relay_to(server, "5g") as relay:
         client = make_client(relay.target, "independent", drafter_dir=drafter_dir)
         client.config = dataclasses.replace(client.config, loop=loop)
