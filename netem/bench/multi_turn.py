@@ -33,9 +33,7 @@ from edgespec.shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
 from .loopback import patient_link, relayed
 from .records import markdown_table, sse_chunks
 from .server_process import ServerProcess
-from .specbench_format import MT_BENCH
-
-SPEC_BENCH = Path("/work/shared/data/spec_bench/question.jsonl")
+from .specbench_format import MT_BENCH, QUESTIONS
 
 
 @dataclass
@@ -170,7 +168,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter-model", default=DEFAULT_DRAFTER, help="small model of the independent drafter")
     p.add_argument("--systems", default="plain,ngram", help="comma-separated: plain and/or drafter names")
     p.add_argument("--questions", type=int, default=80, help="first N MT-Bench questions of Spec-Bench")
-    p.add_argument("--questions-file", type=Path, default=SPEC_BENCH, help="Spec-Bench's question.jsonl")
+    p.add_argument("--questions-file", type=Path, default=None,
+                   help="Spec-Bench's question.jsonl (default: the copy shipped in the package)")
     p.add_argument("--turn1-tokens", type=int, default=256, help="most tokens of turn one's answer")
     p.add_argument("--turn2-tokens", type=int, default=16, help="most tokens of turn two's answer (only its first "
                                                                 "token is timed)")
@@ -186,7 +185,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    questions = mt_bench_questions(args.questions_file, args.questions)
+    questions = mt_bench_questions(args.questions_file or QUESTIONS, args.questions)
     turns: list[Turn] = []
     for system in systems:
         for cache in ("off", "on"):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from edgespec.netem.bench.multi_turn import main, mt_bench_questions, SPEC_BENCH
+from edgespec.netem.bench.multi_turn import main, mt_bench_questions
 
 
 def test_the_first_questions_are_mt_bench_ones_with_two_turns(tmp_path):
@@ -20,8 +20,6 @@ def test_the_first_questions_are_mt_bench_ones_with_two_turns(tmp_path):
 
 @pytest.mark.slow
 def test_one_question_through_the_relay_with_and_without_the_cache(tiny_model_dir, tmp_path, capsys):
-    if not SPEC_BENCH.exists():
-        pytest.skip(f"Spec-Bench's questions are not at {SPEC_BENCH}")
     out = tmp_path / "turns.jsonl"
     assert main(["--model", str(tiny_model_dir), "--systems", "plain", "--questions", "1", "--turn1-tokens", "8",
                  "--turn2-tokens", "2", "--server-threads", "1", "--out", str(out)]) == 0
