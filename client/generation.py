@@ -273,7 +273,7 @@ class Generation:
         try:
             if alone is not None:  # Open goes alone; the drafter reads the prompt and drafts meanwhile
                 opened = self.pipe.submit(lambda: self.verifier.open(self._session_spec()))
-                prepared = self.pipe.draft_from_prompt(s.committed, alone, wanted - 1)
+                prepared = self.pipe.draft_from_prompt(s.committed, alone, wanted - 1, opened)
                 self.estimates.observe_open_draft(s.prompt_len, time.perf_counter() - t0,
                                                   len(prepared[0].tree) if prepared else 0)
                 verdict = opened.result()

@@ -81,3 +81,26 @@ def tree_after(tree: DraftTree, scores: Sequence[float], tokens: Sequence[int], 
             parents.append(where[tree.parents[i]])
             new_scores.append(scores[i] - scores[top])
     return DraftTree(tuple(new_tokens), tuple(parents)), new_scores
+
+
+def may_still_hit(candidates: DraftTree, path: Sequence[int], flight: DraftTree, accepted: Sequence[int],
+                  bonus: int) -> bool:
+    """Can a tree drafted ahead for the guessed ``path`` (node indices of ``flight``), whose candidates so far are
+    ``candidates``, still match the verdict (``accepted`` nodes of ``flight``, then ``bonus``)? No when the verdict
+    did not accept the guessed path, or when the tokens it took past it and its bonus leave the candidates at a
+    node that was expanded already without the next one among its children (the depth-1 nodes, the bonus
+    guesses, are all there from the start). A node not expanded yet may still be: that answers yes."""
+    if tuple(accepted[:len(path)]) != tuple(path):
+        return False
+    children: dict[int, dict[int, int]] = {}
+    for i, (token, parent) in enumerate(zip(candidates.tokens, candidates.parents)):
+        children.setdefault(parent, {}).setdefault(token, i)
+    node = ROOT
+    for token in [*(flight.tokens[i] for i in accepted[len(path):]), bonus]:
+        below = children.get(node)
+        if not below:
+            return node != ROOT  # not expanded yet (an empty tree has nothing to match)
+        if token not in below:
+            return False
+        node = below[token]
+    return True

@@ -28,7 +28,7 @@ from edgespec.shared.metrics import GenerationMetrics
 from edgespec.shared.tree import DraftTree
 
 from .drafters.base import Drafter, DraftRequest
-from .guess import Outcome, likely_outcomes, tree_after
+from .guess import Outcome, likely_outcomes, may_still_hit, tree_after
 from .planner import TreeSize
 from .step_plan import LoopConfig, LoopEstimates, TreePlanner
 from .verifier import Verdict, Verifier
@@ -62,6 +62,40 @@ class Prepared:
     scores: Sequence[float]
     size: TreeSize  # what the tree after the bonus token may hold
     draft_s: float  # drafting it took
+
+
+@dataclass(eq=False)
+class StopWhenMissed:
+    """DraftRequest.stop for a tree drafted ahead for `outcome` of `flight_tree`: once the verdict is in, stop
+    when no candidate can match it (``guess.may_still_hit``), or when a tree drafted before this one for the same
+    flight matches it already; the next tree is then drafted, or sent, without waiting for this one."""
+
+    outcome: Outcome
+    flight_tree: DraftTree
+    verdict: Callable[[], Verdict | None]  # the answer, or None while it has not come
+    earlier: tuple[Prepared, ...]
+    fired: bool = False
+
+    def __call__(self, candidates: DraftTree) -> bool:
+        try:
+            v = self.verdict()
+        except Exception:  # noqa: BLE001 - the Draft failed (the link): nothing drafted ahead goes out
+            v, self.fired = None, True
+        if v is not None:
+            self.fired = self._matched_earlier(v) or not may_still_hit(
+                candidates, self.outcome.path, self.flight_tree, v.accepted, v.bonus_token)
+        return self.fired
+
+    def _matched_earlier(self, v: Verdict) -> bool:
+        accepted = tuple(v.accepted)
+        for p in self.earlier:
+            n = len(p.outcome.path)
+            if accepted[:n] == p.outcome.path:
+                past = [self.flight_tree.tokens[i] for i in accepted[n:]]
+                after = tree_after(p.tree, p.scores, [*past, v.bonus_token], p.size.nodes)
+                if after is not None and len(after[0]):
+                    return True
+        return False
 
 
 class DraftPipeline:
@@ -196,18 +230,23 @@ class DraftPipeline:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="edgespec-verify")
         return self._pool.submit(call)
 
-    def draft_from_prompt(self, prompt: Sequence[int], size: TreeSize, left: int) -> list[Prepared]:
+    def draft_from_prompt(self, prompt: Sequence[int], size: TreeSize, left: int, opened: Future | None = None
+                          ) -> list[Prepared]:
         """While Open is out alone: a tree from the prompt, one level deeper than `size`, whose depth-1 nodes are
-        the first tokens the drafter finds likeliest; the one the target picks re-roots it (``match``)."""
-        ready = self._draft_for(Outcome((), 1.0), tuple(prompt), size, left)
+        the first tokens the drafter finds likeliest; the one the target picks re-roots it (``match``). `opened`:
+        Open's answer to come (a Verdict), whose first token stops the drafting when the tree lacks it."""
+        verdict = None if opened is None else (lambda: opened.result() if opened.done() else None)
+        ready = self._draft_for(Outcome((), 1.0), tuple(prompt), size, left,
+                                self._stop_when_missed(Outcome((), 1.0), DraftTree((), ()), verdict, []))
         return [] if ready is None else [ready]
 
     def draft_ahead(self, flight: Flight, tokens_left: int) -> list[Prepared]:
         """Trees for the likeliest verdicts on the flight's tree, drafted while it is out, most likely first,
-        as long as the verdict has not come and drafting another is likely to pay. A first tree whose drafting
-        would delay the verdict more than its hit rate pays for is drafted shallower, as deep as is likely done
-        before the verdict: that costs nothing, and measures the hit rate. `tokens_left`: the tokens the
-        generation still wants, the flight's included."""
+        as long as the verdict has not come and drafting another is likely to pay; each stops at its next pass
+        once the verdict is in and rules it out (``StopWhenMissed``). Where nothing stops them (stop_missed off),
+        a first tree whose drafting would delay the verdict more than its hit rate pays for is drafted shallower,
+        as deep as is likely done before the verdict: that costs nothing, and measures the hit rate.
+        `tokens_left`: the tokens the generation still wants, the flight's included."""
         if not (self.planner.pipelined and flight.scores is not None and len(flight.tree)):
             return []
         cfg, m = self.loop, self.metrics
@@ -228,21 +267,33 @@ class DraftPipeline:
                     break
                 size = TreeSize(max(fits, size.nodes * fits // size.depth), fits)  # what the flight leaves time for
             context = flight.committed + tuple(flight.tree.tokens[i] for i in outcome.path)
-            ready = self._draft_for(outcome, context, size, left)
+            stop = self._stop_when_missed(outcome, flight.tree, lambda: flight.future.result()[0]
+                                          if flight.future.done() else None, prepared)
+            ready = self._draft_for(outcome, context, size, left, stop)
             if ready is not None:
                 prepared.append(ready)
         return prepared
 
-    def _draft_for(self, outcome: Outcome, context: tuple[int, ...], size: TreeSize, left: int) -> Prepared | None:
+    def _stop_when_missed(self, outcome: Outcome, flight_tree: DraftTree, verdict: Callable[[], Verdict | None] | None,
+                          earlier: list[Prepared]) -> "StopWhenMissed | None":
+        if verdict is None or not self.loop.stop_missed:
+            return None
+        return StopWhenMissed(outcome, flight_tree, verdict, tuple(earlier))
+
+    def _draft_for(self, outcome: Outcome, context: tuple[int, ...], size: TreeSize, left: int,
+                   stop: "StopWhenMissed | None" = None) -> Prepared | None:
         """A tree drafted ahead from `context` (the text an outcome would leave, before its bonus token): one level
-        more than `size` (the bonus token's) and room for the other bonus tokens beside the likeliest."""
+        more than `size` (the bonus token's) and room for the other bonus tokens beside the likeliest. `stop`:
+        ``_stop_when_missed``."""
         request = DraftRequest(context, min(self.max_tree_nodes, size.nodes + max(2, size.nodes // 2)),
-                               min(size.depth + 1, left), ahead=True)
+                               min(size.depth + 1, left), ahead=True, stop=stop)
         t0 = time.perf_counter()
         tree = self.drafter.propose(request)
         took = time.perf_counter() - t0
         self.metrics.draft_s += took
         self.metrics.draft_ahead_s += took
+        if stop is not None and stop.fired:
+            self.metrics.stopped_ahead += 1
         scores = self.drafter.tree_scores()
         return Prepared(outcome, tree, scores, size, took) if scores is not None and len(tree) else None
 

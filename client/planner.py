@@ -15,7 +15,11 @@ the one before, so a step costs the longer of its round trip and its decoding,
 and k is the fewest whose decoding covers the round trip with a margin. Drafting
 ahead (``guess.py``) hides the drafting behind the verification of the
 previous tree when its guess was right: a cycle then costs
-max(draft, round trip + verify), plus the drafting again for a wrong guess.
+max(draft, round trip + verify), the draft one level deeper (its bonus level); a
+wrong guess stops its drafting at the verdict and costs the round trip,
+the verification and the drafting after it, as a serial cycle (before
+misses stopped, they cost max(draft, round trip + verify) plus the
+drafting again).
 The planner compares every depth up to the limit and keeps the best; the node
 count follows from the depth by the drafter's own nodes per level.
 """
@@ -60,6 +64,8 @@ class PlanInputs:
     # share of its time (more only delay the next tree's chance and the output's next piece)
     queue_plain: bool = False  # plain steps in a row go out before the answer to the one before (Draft.queued):
     # the round trip overlaps the decoding
+    stop_missed: bool = False  # a tree drafted ahead stops once its verdict rules it out (LoopConfig.stop_missed):
+    # a miss then costs the drafting after the verdict alone, and a tree drafted ahead is charged its bonus level
 
     def __post_init__(self) -> None:
         if len(self.verify_nodes) != len(self.verify_s) or not self.verify_nodes:
@@ -128,7 +134,13 @@ def step_time(inputs: PlanInputs, size: TreeSize) -> float:
         return max(inputs.round_trip_s, decoding) if inputs.queue_plain else inputs.round_trip_s + decoding
     flight = inputs.round_trip_s + verify_time(size.nodes, inputs.verify_nodes, inputs.verify_s)
     draft = inputs.draft_pass_s * (size.depth + 1)
-    ahead = max(draft, flight) + (1.0 - inputs.hit_rate) * draft
+    if not inputs.stop_missed:
+        ahead = max(draft, flight) + (1.0 - inputs.hit_rate) * draft
+        return min(draft + flight, ahead)
+    # Drafted ahead, a tree has one level more (its first guesses the bonus token, DraftPipeline._draft_for); a
+    # hit sends it once both it and the verdict are there; a miss stops it at the verdict and drafts anew.
+    hit = max(draft + inputs.draft_pass_s, flight)
+    ahead = inputs.hit_rate * hit + (1.0 - inputs.hit_rate) * (flight + draft)
     return min(draft + flight, ahead)
 
 

@@ -36,6 +36,10 @@ class LoopConfig:
     tree: str = "auto"  # "auto": each step's tree sized to the most tokens per second (planner.py); "fixed":
     # the drafter's own shape every step, as the serial loop always did
     max_guesses: int = 2  # most verdicts drafted ahead for per verification, the likeliest first, while it is out
+    stop_missed: bool = True  # a tree drafted ahead stops at its next pass once the verdict has come and rules
+    # it out (guess.may_still_hit), so a wrong guess costs no drafting past its verdict; then drafting the first
+    # guess in full never loses to drafting it shallower or not at all, and the planner charges a miss the
+    # drafting after the verdict alone (planner.step_time)
     min_guess_probability: float = 0.0  # a guess less likely than this is not drafted ahead for (drafting ahead
     # costs nothing while the client would idle, and the planner weighs it by the hit rate measured otherwise)
     max_depth: int = 16  # deepest tree the planner weighs (the drafter's own shape caps it too)
@@ -82,6 +86,8 @@ LOOP_MODES = {
     "auto-1": LoopConfig(decode_ahead=1, queue_plain=False),  # before plain steps decoded ahead: a round trip
     # a token
     "auto-unqueued": LoopConfig(queue_plain=False),  # before plain steps were queued: a round trip a plain step
+    "auto-finish-missed": LoopConfig(stop_missed=False),  # before a tree drafted ahead stopped at a verdict that
+    # ruled it out: it was drafted to its end, then the next one
     "auto-no-overlap": LoopConfig(overlap_open=False),  # before Open overlapped the drafter's prefill: the tree
     # from the prompt went with Open
 }
@@ -254,7 +260,8 @@ class LoopEstimates:
         return (self.pass_s or 0.0) * (depth + 1)
 
     def inputs(self, max_nodes: int, max_depth: int, pipelined: bool, max_ahead: int = 1,
-               ahead_overhead: float = PlanInputs.ahead_overhead, queue_plain: bool = False) -> PlanInputs | None:
+               ahead_overhead: float = PlanInputs.ahead_overhead, queue_plain: bool = False,
+               stop_missed: bool = False) -> PlanInputs | None:
         """What the planner needs, or None while something is not measured yet (no curve, no round trip,
         no drafting time)."""
         with self._lock:
@@ -267,7 +274,8 @@ class LoopEstimates:
                 verify_s=tuple(curve[n] for n in sizes), draft_pass_s=self.pass_s,
                 acceptance=self.acceptance(), nodes_per_depth=self.nodes_per_depth or 1.0,
                 max_nodes=max_nodes, max_depth=max_depth, hit_rate=self.hit_rate if pipelined else 0.0,
-                max_ahead=max(1, max_ahead), ahead_overhead=ahead_overhead, queue_plain=queue_plain)
+                max_ahead=max(1, max_ahead), ahead_overhead=ahead_overhead, queue_plain=queue_plain,
+                stop_missed=stop_missed)
 
 
 class TreePlanner:
@@ -290,7 +298,7 @@ class TreePlanner:
             return full
         inputs = self.estimates.inputs(self.max_nodes, min(depth, self.config.max_depth), self.pipelined,
                                        min(self.config.decode_ahead, remaining), self.config.ahead_overhead,
-                                       self.config.pipeline and self.config.queue_plain)
+                                       self.config.pipeline and self.config.queue_plain, self.config.stop_missed)
         if inputs is None or self.estimates.trees_verified < self.config.warmup_trees:
             size = full  # not measured enough yet: the drafter's own shape, which measures it
         else:
@@ -334,16 +342,18 @@ class TreePlanner:
         return plain
 
     def worth_drafting_ahead(self, flight_nodes: int, next_depth: int, elapsed_s: float, first: bool) -> bool:
-        """Is one more tree drafted ahead likely to pay? The first always does while the drafter would finish
-        before the verdict; past that, drafting delays a verdict that comes first, so it must hit often
-        enough to pay for the delay (hit rate > 1 - flight / draft). Further guesses only use time that is
+        """Is one more tree drafted ahead likely to pay? Always where a verdict that rules a tree out stops its
+        drafting (stop_missed): a tree the verdict matches goes out sooner than one drafted after it would, and
+        one it rules out costs at most the pass under way. Otherwise the first pays while the drafter would
+        finish before the verdict; past that, drafting delays a verdict that comes first, so it must hit often
+        enough to pay for the delay (hit rate > 1 - flight / draft); further guesses only use time that is
         idle anyway."""
         if not self.pipelined:
             return False
         est = self.estimates
         left = est.verify_flight_s(flight_nodes) - elapsed_s
         draft = est.draft_s(next_depth)
-        if draft <= left or est.pass_s is None:
+        if draft <= left or est.pass_s is None or self.config.stop_missed:
             return True
         if not first:
             return False

@@ -119,6 +119,8 @@ class GenerationMetrics(SpecDecodeStats, LinkTraffic):
     # The pipelined loop (client/generation.py: drafting while a verification is out) and the tree planner:
     guesses: int = 0  # verdicts a tree had been drafted ahead for (guessed) before they came
     guess_hits: int = 0  # of them, the verdicts a guess matched: its tree went out at once
+    stopped_ahead: int = 0  # trees drafted ahead whose drafting stopped early: their verdict came and ruled them
+    # out (LoopConfig.stop_missed), so the next tree was drafted without waiting for them
     draft_ahead_s: float = 0.0  # of draft_s: drafting ahead while a verification was out (hits and misses)
     saved_s: float = 0.0  # the hits' drafting, done while the verification was out: what the serial loop
     # would have spent after the verdict

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -54,6 +54,9 @@ class DraftRequest:
     constraint: object | None = None  # the grammar (tree_builder.DraftConstraint): draft only what it allows
     ahead: bool = False  # drafted ahead from a guessed text: the first level guesses the target's bonus token,
     # so a drafter that stops on improbable paths judges them from the level below it
+    stop: Callable[[DraftTree], bool] | None = None  # drafting ahead: asked before each further pass with every
+    # candidate so far (target ids, the ones left out of the tree too); True: the verdict came and no candidate
+    # can match it, so the drafter returns what it has at once (its time is the next tree's now)
 
 
 @dataclass(frozen=True)

@@ -203,7 +203,7 @@ class IndependentDrafter(Drafter):
 
         try:
             _, cands = build_tree(root_logprobs, expand, self.config.tree, request.max_nodes, request.max_depth,
-                                  request.constraint, self.vocab_ids, ahead=request.ahead)
+                                  request.constraint, self.vocab_ids, ahead=request.ahead, stop=request.stop)
         except BaseException:
             kv.crop(self._cache, n)
             raise

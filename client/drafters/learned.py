@@ -130,7 +130,8 @@ class LearnedDrafter(Drafter):
 
         try:
             tree, cands = build_tree(self.rt.root_logprobs(), expand, self.tree, request.max_nodes, request.max_depth,
-                                     request.constraint, self._to_target, ahead=request.ahead)
+                                     request.constraint, self._to_target, ahead=request.ahead,
+                                     stop=request.stop)
         finally:
             self.rt.clear_draft()
         self._scores = cands.kept_scores()

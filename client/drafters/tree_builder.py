@@ -126,10 +126,14 @@ def constrain(logprobs: torch.Tensor, paths: Sequence[Sequence[int]], constraint
 def build_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape,
                max_nodes: int | None = None, max_depth: int | None = None,
                constraint: DraftConstraint | None = None,
-               to_target: Sequence[int] | None = None, ahead: bool = False) -> tuple[DraftTree, Candidates]:
+               to_target: Sequence[int] | None = None, ahead: bool = False,
+               stop: Callable[[DraftTree], bool] | None = None) -> tuple[DraftTree, Candidates]:
     """Grow candidates EAGLE-2 style and keep the best; returns the tree and all candidates. With a
     constraint (a grammar) only tokens it allows are candidates; `to_target` maps candidate ids (rows of a
     reduced draft vocabulary) to target ids.
+
+    stop: asked before each pass after the first level, with every candidate so far as a tree of target ids;
+    True ends the growing there and keeps the best of what is there (``DraftRequest.stop``).
 
     ahead: the tree is drafted ahead (``DraftRequest.ahead``) and its first level guesses the bonus token:
     that level comes on top of the shape (one level more, ``branch`` nodes more) and paths are judged
@@ -151,6 +155,8 @@ def build_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape,
     top_lp, top_tok = root_logprobs.float().topk(min(shape.branch, root_logprobs.shape[-1]))
     layer = [cands.add(t, ROOT, lp, 1) for lp, t in zip(top_lp.tolist(), top_tok.tolist()) if lp > -math.inf]
     for depth in range(2, depth_limit + 1):
+        if stop is not None and stop(DraftTree(tuple(target_id(t) for t in cands.tokens), tuple(cands.parents))):
+            break
         frontier = sorted(layer, key=lambda i: -cands.scores[i])[: shape.branch]
         if not frontier or max(judged(c) for c in frontier) < floor:
             break

@@ -58,3 +58,20 @@ def test_ngram_scores_are_its_match_shares():
     assert p[(3,)] == pytest.approx(1.0) and p[(3, 4, 5)] == pytest.approx(2 / 3) and p[(3, 9)] == pytest.approx(1 / 3)
     best = likely_outcomes(tree, drafter.tree_scores(), 1)[0]
     assert [tree.tokens[i] for i in best.path] == [3, 4, 5]  # the path most matches follow, to its end
+
+
+def test_may_still_hit_follows_the_verdict_through_the_candidates():
+    from edgespec.client.guess import may_still_hit
+
+    flight = DraftTree((5, 6, 3), (ROOT, 0, 1))  # 5 -> 6 -> 3
+    # drafted ahead after the guessed path (0,) = [5]: bonus guesses 6 and 7; 6 expanded into 8 and 9; 7 not yet
+    ahead = DraftTree((6, 7, 8, 9), (ROOT, ROOT, 0, 0))
+    assert may_still_hit(ahead, (0,), flight, (0,), 7)  # bonus 7: there, not expanded yet
+    assert may_still_hit(ahead, (0,), flight, (0, 1), 8)  # accepted 6 past the guess, then 8: there
+    assert not may_still_hit(ahead, (0,), flight, (0, 1), 4)  # 6 was expanded without 4
+    assert not may_still_hit(ahead, (0,), flight, (0,), 4)  # the bonus guesses are all there from the start
+    assert not may_still_hit(ahead, (0,), flight, (), 5)  # the guessed path was not accepted
+    assert not may_still_hit(ahead, (0,), flight, (0, 1, 2), 1)  # 6 was expanded without 3
+    deeper = DraftTree((5, 6, 8, 3), (ROOT, 0, 1, 1))  # the flight 5 -> 6 -> {8, 3}
+    assert may_still_hit(ahead, (0,), deeper, (0, 1, 2), 4)  # 6 -> 8, then 8 is not expanded yet
+    assert not may_still_hit(DraftTree((), ()), (), DraftTree((), ()), (), 4)  # nothing drafted: nothing matches

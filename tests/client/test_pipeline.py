@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -143,10 +144,12 @@ def test_an_output_that_ends_at_its_first_token_sends_no_draft(start, tiny_targe
 
 
 def test_a_tree_too_deep_to_draft_during_the_flight_is_drafted_shallower(start, tiny_target_f32, greedy):
-    """Drafting the drafter's own shape ahead would outlast every flight, and the prior hit rate does not pay for
-    the delay: the first guess is drafted as deep as the flight leaves time for (3 levels) instead of not at
+    """Where nothing stops a tree drafted ahead at a verdict that rules it out (stop_missed off), drafting the
+    drafter's own shape ahead would outlast every flight, and the prior hit rate does not pay for the delay: the
+    first guess is drafted as deep as the flight leaves time for (3 levels) instead of not at
     all, so the hits are seen. Output: the target's greedy text."""
-    gen, _, ids = start("hitting", PIPELINED, DraftingOutlastsFlights(), max_new_tokens=40)
+    gen, _, ids = start("hitting", dataclasses.replace(PIPELINED, stop_missed=False), DraftingOutlastsFlights(),
+                        max_new_tokens=40)
     r = gen.run()
     assert r.token_ids == greedy(tiny_target_f32, ids, 40, set())
     # most verdicts had a guess (17 of 19 calls; without it 3, the last few steps, whose trees are shallow anyway)
@@ -172,6 +175,69 @@ def test_a_verdict_that_accepts_past_the_guess_still_hits(drafters):
     assert pipe.metrics.guess_hits == 1
     assert pipe.match([ahead], Verdict(bonus_token=9, committed_len=0, accepted=(0, 1)), flight_tree) is None
     assert pipe.match([ahead], Verdict(bonus_token=6, committed_len=0, accepted=()), flight_tree) is None
+
+
+def test_a_tree_drafted_ahead_stops_once_its_verdict_rules_it_out(start, tiny_target_f32):
+    """The verdict comes while a tree is drafted ahead (here: at the second question) and did not accept the
+    guessed path: the drafting stops before its next pass, with the levels it has. A verdict it may still match
+    (the guessed path and the bonus token among the tree's first level) lets it grow to its end."""
+    from edgespec.client.drafters.base import DraftRequest
+    from edgespec.client.drafters.independent import IndependentConfig, IndependentDrafter
+    from edgespec.client.drafters.tree_builder import TreeShape
+    from edgespec.client.guess import Outcome
+    from edgespec.client.pipeline import DraftPipeline, StopWhenMissed
+    from edgespec.client.planner import TreeSize
+    from edgespec.client.verifier import Verdict
+    from edgespec.shared.metrics import GenerationMetrics
+    from edgespec.shared.tree import DraftTree
+
+    # chains with no min_prob stop: only `stop` ends one before its depth (the tiny model's paths are improbable)
+    drafter = IndependentDrafter.from_model(tiny_target_f32, IndependentConfig(tree=TreeShape(branch=1, min_prob=0.0)))
+    ids = tuple(start("hitting", AUTO)[2])
+    pipe = DraftPipeline(None, drafter, AUTO, LoopEstimates(), 64, GenerationMetrics())
+    flight = drafter.propose(DraftRequest(ids, 16, 4))
+    guess = Outcome((0,), 0.5)
+    context = ids + (flight.tokens[0],)
+    whole = pipe._draft_for(guess, context, TreeSize(16, 6), 40)
+    assert max(whole.tree.depths()) == 7  # nothing stops it: the bonus level and 6 more
+
+    def verdict_at_second_question(verdict):
+        asked = []
+        return lambda: (asked.append(1), verdict if len(asked) >= 2 else None)[1]
+
+    missed = Verdict(bonus_token=flight.tokens[0], committed_len=0, accepted=())
+    stop = StopWhenMissed(guess, flight, verdict_at_second_question(missed), ())
+    ready = pipe._draft_for(guess, context, TreeSize(16, 6), 40, stop)
+    assert stop.fired and max(ready.tree.depths()) == 2 and pipe.metrics.stopped_ahead == 1
+    assert pipe.match([ready], missed, flight) is None
+    hit = Verdict(bonus_token=whole.tree.tokens[0], committed_len=0, accepted=(0,))
+    stop = StopWhenMissed(guess, flight, verdict_at_second_question(hit), ())
+    ready = pipe._draft_for(guess, context, TreeSize(16, 6), 40, stop)
+    assert not stop.fired and ready.tree == whole.tree and pipe.metrics.stopped_ahead == 1
+    # a second guess stops once the verdict matches the tree drafted for the first
+    other = StopWhenMissed(Outcome((), 0.1), flight, lambda: hit, (ready,))
+    assert other(DraftTree((), ())) and other.fired
+
+
+def test_wrong_guesses_stop_at_their_verdict_and_the_output_is_the_targets(start, tiny_target_f32, greedy,
+                                                                          monkeypatch):
+    """A drafter that misses, slowed to 20 ms a pass so that verdicts come while trees are drafted ahead: those
+    trees stop (stopped_ahead), and the text is the target's greedy text, as it is where nothing stops them."""
+    from edgespec.client.drafters.independent import IndependentDrafter
+
+    hidden = IndependentDrafter._hidden
+
+    def slow(self, *args, **kwargs):
+        time.sleep(0.02)
+        return hidden(self, *args, **kwargs)
+
+    monkeypatch.setattr(IndependentDrafter, "_hidden", slow)
+    want = greedy(tiny_target_f32, start("missing", SERIAL)[2], 24, set())
+    stopped = start("missing", AUTO, max_new_tokens=24)[0].run()
+    assert stopped.token_ids == want and stopped.metrics.stopped_ahead >= 1
+    assert stopped.metrics.guesses > stopped.metrics.guess_hits
+    finished = start("missing", dataclasses.replace(AUTO, stop_missed=False), max_new_tokens=24)[0].run()
+    assert finished.token_ids == want and finished.metrics.stopped_ahead == 0
 
 
 @pytest.mark.parametrize("decode_ahead", [1, 8])

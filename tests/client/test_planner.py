@@ -46,6 +46,19 @@ def test_drafting_ahead_hides_the_drafting_behind_the_verification():
     assert step_time(serial_in, size) == pytest.approx(0.15 + flight)
 
 
+def test_a_miss_that_stops_at_its_verdict_costs_a_serial_cycle():
+    """Drafting (5 passes of 50 ms) outlasts the flight (120 ms), half the guesses hit. Where a verdict that
+    rules a tree out stops it, a miss costs the flight and the drafting after it (0.37 s, a serial cycle) and a
+    hit the tree drafted ahead, one level deeper (0.30 s): 0.335 s a step. Where nothing stops it, a miss
+    waited for the whole tree first, so drafting ahead lost to the serial loop (0.375 s against 0.37 s)."""
+    size = TreeSize(8, 4)
+    stopping = inputs(acceptance=(0.8,), draft_pass_s=0.05, hit_rate=0.5, stop_missed=True)
+    assert step_time(stopping, size) == pytest.approx(0.5 * 0.30 + 0.5 * 0.37)
+    assert step_time(inputs(acceptance=(0.8,), draft_pass_s=0.05, hit_rate=0.5), size) == pytest.approx(0.37)
+    # with every guess right, the bonus level is the only difference from the serial-loop count
+    assert step_time(inputs(draft_pass_s=0.05, hit_rate=1.0, stop_missed=True), size) == pytest.approx(0.30)
+
+
 def test_cost_curve_and_expected_tokens():
     assert verify_time(8, (0, 16), (0.1, 0.3)) == pytest.approx(0.2)
     assert verify_time(32, (0, 16), (0.1, 0.3)) == pytest.approx(0.5)  # the last slope beyond the curve
@@ -157,7 +170,8 @@ def test_loops_by_name_and_by_flag(capsys):
     assert loop_mode("independent") == ("independent", LoopConfig())
     assert loop_mode("ngram@serial") == ("ngram", LoopConfig(pipeline=False, tree="fixed"))
     assert set(LOOP_MODES) == {"serial", "pipelined", "auto-serial", "auto", "auto-1", "auto-unqueued",
-                               "auto-no-overlap"}
+                               "auto-finish-missed", "auto-no-overlap"}
+    assert loop_mode("independent@auto-finish-missed") == ("independent", LoopConfig(stop_missed=False))
     assert loop_mode("ngram@auto-1") == ("ngram", LoopConfig(decode_ahead=1, queue_plain=False))
     assert loop_mode("independent:2x6x8@0.1@pipelined") == ("independent:2x6x8@0.1", LoopConfig(tree="fixed"))
     assert loop_mode("independent:2x6x8@0.1") == ("independent:2x6x8@0.1", LoopConfig())
@@ -202,13 +216,16 @@ def test_a_low_hit_rate_drifts_back_so_drafting_ahead_is_tried_again():
 
 
 def test_a_tree_that_fits_the_flight_is_drafted_ahead_whatever_the_hit_rate():
-    """Code on a CPU: a 12-level tree takes 1.3 s to draft, a verification 0.5 s. At the prior hit rate a full
-    tree drafted ahead would delay the verdict more than it saves; a 3-level one is done before the verdict
-    (0.5 s / 0.1 s a pass, less the bonus level and the root's pass), so it is drafted and its hit measured."""
+    """Code on a CPU: a 12-level tree takes 1.3 s to draft, a verification 0.5 s. Where a verdict that rules a
+    tree out does not stop it, at the prior hit rate a full tree drafted ahead would delay the verdict more than
+    it saves; a 3-level one is done before the verdict (0.5 s / 0.1 s a pass, less the bonus level and the
+    root's pass), so it is drafted and its hit measured. Where it stops (the default), every guess is drafted
+    in full: a miss costs at most the pass under way."""
     est = LoopEstimates((0, 64), (0.5, 0.5))
     est.observe_verdict(DraftTree.chain(range(12)), 12, 0.5, 0.5)  # no link: the round trip is the server's
     est.observe_draft(DraftTree.chain(range(12)), 1.3)  # 0.1 s a pass
-    planner = TreePlanner(LoopConfig(), est, 64, can_pipeline=True)
+    assert TreePlanner(LoopConfig(), est, 64, can_pipeline=True).worth_drafting_ahead(12, 12, 0.0, first=False)
+    planner = TreePlanner(LoopConfig(stop_missed=False), est, 64, can_pipeline=True)
     assert not planner.worth_drafting_ahead(12, 12, 0.0, first=True)
     assert planner.depth_within_flight(12, 0.0) == 3
     assert planner.depth_within_flight(12, 0.3) == 0  # the verdict is nearly here

@@ -251,3 +251,23 @@ def test_unknown_drafter_names_the_choices():
     with pytest.raises(UnknownDrafterError, match="ngram, independent"):
         make_drafter(DrafterOptions(name="medusa"))
     assert make_drafter(DrafterOptions(name="ngram")).name == "ngram"
+
+
+def test_stop_ends_the_growing_with_the_best_of_what_is_there():
+    """build_tree asks `stop` before each pass, with every candidate so far in target ids; True keeps the best
+    of the candidates there (drafting ahead: the verdict came and ruled the tree out)."""
+    table = _random_table(seed=5)
+    shape = TreeShape(branch=2, depth=6, max_nodes=8, min_prob=0.0)
+    expand, calls = _table_expand(table)
+    seen = []
+
+    def stop(candidates: DraftTree) -> bool:
+        seen.append(candidates)
+        return len(seen) == 3  # before the third pass
+
+    tree, cands = build_tree(table[0], expand, shape, to_target=list(range(100, 112)), stop=stop)
+    assert len(calls) == 2 and len(seen) == 3
+    assert seen[0].tokens == tuple(100 + t for t in cands.tokens[:2]) and len(seen[2]) == 2 + 2 * 4
+    assert max(tree.depths()) == 3 and len(tree) == 8
+    never, _ = build_tree(table[0], _table_expand(table)[0], shape, stop=lambda c: False)
+    assert never == build_tree(table[0], _table_expand(table)[0], shape)[0]
