@@ -249,7 +249,7 @@ class DraftPipeline:
         `tokens_left`: the tokens the generation still wants, the flight's included."""
         if not (self.planner.pipelined and flight.scores is not None and len(flight.tree)):
             return []
-        cfg, m = self.loop, self.metrics
+        cfg = self.loop
         prepared: list[Prepared] = []
         for outcome in likely_outcomes(flight.tree, flight.scores, cfg.max_guesses, cfg.min_guess_probability):
             if flight.future.done():
