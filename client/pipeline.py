@@ -64,6 +64,18 @@ class Prepared:
     draft_s: float  # drafting it took
 
 
+def sent_after(p: Prepared, verdict: Verdict, flight_tree: DraftTree) -> Scored | None:
+    """What the tree drafted ahead `p` sends for this verdict on `flight_tree`: the part below the tokens the
+    verdict accepted past the guessed path and its bonus token, or None when the guess missed (the verdict did
+    not accept the guessed path, or the tree lacks that path, or holds nothing below it)."""
+    accepted, n = tuple(verdict.accepted), len(p.outcome.path)
+    if accepted[:n] != p.outcome.path:
+        return None
+    past = [flight_tree.tokens[i] for i in accepted[n:]]
+    after = tree_after(p.tree, p.scores, [*past, verdict.bonus_token], p.size.nodes)
+    return after if after is not None and len(after[0]) else None
+
+
 @dataclass(eq=False)
 class StopWhenMissed:
     """DraftRequest.stop for a tree drafted ahead for `outcome` of `flight_tree`: once the verdict is in, stop
@@ -82,20 +94,9 @@ class StopWhenMissed:
         except Exception:  # noqa: BLE001 - the Draft failed (the link): nothing drafted ahead goes out
             v, self.fired = None, True
         if v is not None:
-            self.fired = self._matched_earlier(v) or not may_still_hit(
-                candidates, self.outcome.path, self.flight_tree, v.accepted, v.bonus_token)
+            self.fired = any(sent_after(p, v, self.flight_tree) is not None for p in self.earlier) or not (
+                may_still_hit(candidates, self.outcome.path, self.flight_tree, v.accepted, v.bonus_token))
         return self.fired
-
-    def _matched_earlier(self, v: Verdict) -> bool:
-        accepted = tuple(v.accepted)
-        for p in self.earlier:
-            n = len(p.outcome.path)
-            if accepted[:n] == p.outcome.path:
-                past = [self.flight_tree.tokens[i] for i in accepted[n:]]
-                after = tree_after(p.tree, p.scores, [*past, v.bonus_token], p.size.nodes)
-                if after is not None and len(after[0]):
-                    return True
-        return False
 
 
 class DraftPipeline:
@@ -235,9 +236,10 @@ class DraftPipeline:
         """While Open is out alone: a tree from the prompt, one level deeper than `size`, whose depth-1 nodes are
         the first tokens the drafter finds likeliest; the one the target picks re-roots it (``match``). `opened`:
         Open's answer to come (a Verdict), whose first token stops the drafting when the tree lacks it."""
+        first = Outcome((), 1.0)
         verdict = None if opened is None else (lambda: opened.result() if opened.done() else None)
-        ready = self._draft_for(Outcome((), 1.0), tuple(prompt), size, left,
-                                self._stop_when_missed(Outcome((), 1.0), DraftTree((), ()), verdict, []))
+        ready = self._draft_for(first, tuple(prompt), size, left,
+                                self._stop_when_missed(first, DraftTree((), ()), verdict, []))
         return [] if ready is None else [ready]
 
     def draft_ahead(self, flight: Flight, tokens_left: int) -> list[Prepared]:
@@ -304,13 +306,9 @@ class DraftPipeline:
             return None
         m = self.metrics
         m.guesses += 1
-        accepted = tuple(verdict.accepted)
         for p in prepared:
-            if accepted[:len(p.outcome.path)] != p.outcome.path:
-                continue
-            past = [tree.tokens[i] for i in accepted[len(p.outcome.path):]]
-            after = tree_after(p.tree, p.scores, [*past, verdict.bonus_token], p.size.nodes)
-            if after is not None and len(after[0]):
+            after = sent_after(p, verdict, tree)
+            if after is not None:
                 m.guess_hits += 1
                 m.saved_s += p.draft_s
                 self.estimates.observe_guess(True)
