@@ -111,7 +111,7 @@ class DraftPipeline:
         self.grammar, self.prompt_len = grammar, prompt_len
         can_guess = type(drafter).tree_scores is not Drafter.tree_scores
         estimates.new_generation()  # the previous prompts' acceptance is a starting point, not the answer
-        self.planner = TreePlanner(loop, estimates, max_tree_nodes, can_guess)
+        self.planner = TreePlanner(loop, estimates, max_tree_nodes, can_guess, by_path=drafter.stops_by_path)
         self._pool: ThreadPoolExecutor | None = None  # the worker a Draft waits for its answer on
         self._emptied = False  # the last tree draft_now asked for came back empty
 
@@ -126,11 +126,12 @@ class DraftPipeline:
             return DraftTree((), ()), None, size.ahead
         t0 = time.perf_counter()
         if self.grammar is None:
-            tree = self.drafter.propose(DraftRequest(tuple(committed), size.nodes, size.depth))
+            tree = self.drafter.propose(DraftRequest(tuple(committed), size.nodes, size.depth,
+                                                     path_floors=size.floors))
         else:
             output = tuple(committed[self.prompt_len:])
             tree = self.drafter.propose(DraftRequest(tuple(committed), size.nodes, size.depth,
-                                                     self.grammar.after(output)))
+                                                     self.grammar.after(output), path_floors=size.floors))
             tree = self.grammar.prune(output, tree)
         took = time.perf_counter() - t0
         self.metrics.draft_s += took
@@ -211,7 +212,7 @@ class DraftPipeline:
             # a queued step's wait ran behind the step before it: no round trip of the link's
             self.estimates.observe_verdict(flight.tree, len(verdict.accepted),
                                            None if flight.queued else arrived - flight.sent,
-                                           verdict.timings.total_ns / 1e9, len(verdict.decoded) + 1)
+                                           verdict.timings.total_ns / 1e9, len(verdict.decoded) + 1, flight.scores)
         return verdict, arrived - flight.sent
 
     def open_alone(self, prompt_len: int, wanted: int) -> TreeSize | None:
@@ -288,7 +289,7 @@ class DraftPipeline:
         more than `size` (the bonus token's) and room for the other bonus tokens beside the likeliest. `stop`:
         ``_stop_when_missed``."""
         request = DraftRequest(context, min(self.max_tree_nodes, size.nodes + max(2, size.nodes // 2)),
-                               min(size.depth + 1, left), ahead=True, stop=stop)
+                               min(size.depth + 1, left), ahead=True, stop=stop, path_floors=size.floors)
         t0 = time.perf_counter()
         tree = self.drafter.propose(request)
         took = time.perf_counter() - t0

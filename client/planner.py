@@ -21,12 +21,19 @@ the verification and the drafting after it, as a serial cycle (before
 misses stopped, they cost max(draft, round trip + verify) plus the
 drafting again).
 The planner compares every depth up to the limit and keeps the best; the node
-count follows from the depth by the drafter's own nodes per level.
+count follows from the depth by the drafter's own nodes per level. That depth
+is what the *average* acceptance pays for; a tree's own paths say more: on a
+confident stretch its best path stays likely for many levels, on an unsure one
+it falls off at once. ``path_floors`` turns the same costs into a stopping rule
+per tree: one more level adds at most the best frontier path's probability in
+expected tokens, and costs what the step's time grows by with it, so it pays
+while that probability is at least the planned rate times that growth
+(EAGLE-2's min_prob, with the threshold from the loop's costs).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 
@@ -37,6 +44,8 @@ class TreeSize:
     nodes: int  # most nodes in the tree (0: no tree, a plain step)
     depth: int  # deepest level (0: no tree)
     ahead: int = 1  # a plain step: the tokens the target decodes on its own (Draft.decode_ahead)
+    floors: tuple[float, ...] = field(default=(), compare=False)  # [i]: the least probability the best path of
+    # depth i + 1 must have for drafting a level deeper to pay (``path_floors``); (): the drafter's own min_prob
 
     @property
     def plain(self) -> bool:
@@ -162,6 +171,25 @@ def plan_tree(inputs: PlanInputs) -> TreeSize:
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = size, rate
     return best
+
+
+def path_floors(inputs: PlanInputs, planned: TreeSize, calibration: float = 1.0) -> tuple[float, ...]:
+    """[i]: the least probability the best path of depth i + 1 must have for drafting one level deeper to pay,
+    for i + 1 < max_depth: the rate the planned size is expected to commit at times what one level more adds to
+    a step's time (drafting, and verifying the nodes it adds; while drafting ahead hides a level on a hit, a
+    level costs only on misses). A level adds at most that path's probability in expected tokens (each path's
+    children are at most as likely as it is), times ``calibration``: the tokens the target accepts for each one
+    the drafter's probabilities promise (``LoopEstimates.calibration``)."""
+    if calibration <= 0:
+        raise ValueError(f"calibration must be positive, got {calibration}")
+    rate = tokens_per_s(inputs, planned) / calibration
+    floors: list[float] = []
+    before = step_time(inputs, TreeSize(tree_nodes(inputs, 1), 1))
+    for depth in range(2, max(0, inputs.max_depth) + 1):
+        after = step_time(inputs, TreeSize(min(inputs.max_nodes, tree_nodes(inputs, depth)), depth))
+        floors.append(min(1.0, rate * max(0.0, after - before)))
+        before = after
+    return tuple(floors)
 
 
 def probe_tree(inputs: PlanInputs) -> TreeSize:

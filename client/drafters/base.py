@@ -57,6 +57,9 @@ class DraftRequest:
     stop: Callable[[DraftTree], bool] | None = None  # drafting ahead: asked before each further pass with every
     # candidate so far (target ids, the ones left out of the tree too); True: the verdict came and no candidate
     # can match it, so the drafter returns what it has at once (its time is the next tree's now)
+    path_floors: tuple[float, ...] = ()  # where to stop deepening, from the loop's costs (planner.path_floors):
+    # [i] is the least probability the best path of depth i + 1 must have to be drafted a level deeper, in place
+    # of a drafter's own min_prob; (): the drafter's own
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,8 @@ class Drafter(abc.ABC):
 
     name: str = "drafter"
     can_generate_offline: bool = False  # True when generate_offline works without the server
+    stops_by_path: bool = False  # True when propose honours DraftRequest.path_floors (a tree grown by its paths'
+    # probabilities, tree_builder.build_tree); the loop caps the others' depth by the planner's alone
 
     def feature_request(self) -> FeatureNeeds:
         """The features this drafter needs from the target (none by default)."""

@@ -95,6 +95,7 @@ class IndependentConfig:
 class IndependentDrafter(Drafter):
     name = "independent"
     can_generate_offline = True
+    stops_by_path = True
 
     def __init__(self, model: torch.nn.Module, config: IndependentConfig = IndependentConfig(),
                  vocab_ids: torch.Tensor | None = None):
@@ -203,7 +204,8 @@ class IndependentDrafter(Drafter):
 
         try:
             _, cands = build_tree(root_logprobs, expand, self.config.tree, request.max_nodes, request.max_depth,
-                                  request.constraint, self.vocab_ids, ahead=request.ahead, stop=request.stop)
+                                  request.constraint, self.vocab_ids, ahead=request.ahead, stop=request.stop,
+                                  floors=request.path_floors)
         except BaseException:
             kv.crop(self._cache, n)
             raise

@@ -37,6 +37,7 @@ class MissingFeaturesError(EdgespecError, grpc_code="FAILED_PRECONDITION"):
 
 class LearnedDrafter(Drafter):
     can_generate_offline = True
+    stops_by_path = True
 
     def __init__(self, name: str, runtime: LearnedRuntime, needs: FeatureNeeds, tree: TreeShape = TreeShape()):
         self.name = name
@@ -131,7 +132,7 @@ class LearnedDrafter(Drafter):
         try:
             tree, cands = build_tree(self.rt.root_logprobs(), expand, self.tree, request.max_nodes, request.max_depth,
                                      request.constraint, self._to_target, ahead=request.ahead,
-                                     stop=request.stop)
+                                     stop=request.stop, floors=request.path_floors)
         finally:
             self.rt.clear_draft()
         self._scores = cands.kept_scores()

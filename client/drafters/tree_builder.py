@@ -127,13 +127,17 @@ def build_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape,
                max_nodes: int | None = None, max_depth: int | None = None,
                constraint: DraftConstraint | None = None,
                to_target: Sequence[int] | None = None, ahead: bool = False,
-               stop: Callable[[DraftTree], bool] | None = None) -> tuple[DraftTree, Candidates]:
+               stop: Callable[[DraftTree], bool] | None = None,
+               floors: Sequence[float] | None = None) -> tuple[DraftTree, Candidates]:
     """Grow candidates EAGLE-2 style and keep the best; returns the tree and all candidates. With a
     constraint (a grammar) only tokens it allows are candidates; `to_target` maps candidate ids (rows of a
     reduced draft vocabulary) to target ids.
 
     stop: asked before each pass after the first level, with every candidate so far as a tree of target ids;
     True ends the growing there and keeps the best of what is there (``DraftRequest.stop``).
+
+    floors: in place of the shape's min_prob, [i] is the least probability a path of depth i + 1 must have to be
+    drafted a level deeper (the last holds beyond; ``DraftRequest.path_floors``).
 
     ahead: the tree is drafted ahead (``DraftRequest.ahead``) and its first level guesses the bonus token:
     that level comes on top of the shape (one level more, ``branch`` nodes more) and paths are judged
@@ -148,7 +152,10 @@ def build_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape,
     target_id = (lambda t: t) if to_target is None else (lambda t: int(to_target[t]))
     if constraint is not None:
         root_logprobs = constrain(root_logprobs[None], [[]], constraint, to_target)[0]
-    floor = math.log(shape.min_prob) if shape.min_prob > 0 else -math.inf
+
+    def log_floor(p: float) -> float:
+        return math.log(p) if p > 0 else -math.inf
+    floor_at = ([log_floor(p) for p in floors] if floors else [log_floor(shape.min_prob)])
 
     def judged(c: int) -> float:  # the path's log-probability below the guessed bonus level, if any
         return cands.scores[c] - (cands.scores[cands.ancestors(c)[0]] if extra else 0.0)
@@ -158,6 +165,7 @@ def build_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape,
         if stop is not None and stop(DraftTree(tuple(target_id(t) for t in cands.tokens), tuple(cands.parents))):
             break
         frontier = sorted(layer, key=lambda i: -cands.scores[i])[: shape.branch]
+        floor = floor_at[min(max(0, depth - extra - 2), len(floor_at) - 1)]  # the frontier's depth in the tree sent
         if not frontier or max(judged(c) for c in frontier) < floor:
             break
         if shape.prune_frontier:

@@ -72,7 +72,8 @@ def slow_server() -> LoopEstimates:
 def test_pipelined_and_auto_write_the_serial_output(start, tiny_target_f32, greedy, drafter):
     want = greedy(tiny_target_f32, start(drafter, SERIAL)[2], 48, set())
     results = {}
-    for name, loop in (("serial", SERIAL), ("pipelined", PIPELINED), ("auto", AUTO)):
+    for name, loop in (("serial", SERIAL), ("pipelined", PIPELINED), ("auto", AUTO),
+                       ("by-path", LoopConfig(depth_by_path=True))):
         gen, _, _ = start(drafter, loop, slow_server() if name == "pipelined" else None, max_new_tokens=48)
         results[name] = gen.run()
         assert results[name].token_ids == want, name
@@ -421,7 +422,8 @@ def test_over_grpc_pipelined_and_auto_write_the_serial_output(tiny_server, make_
     tokens, the target's greedy ones; the server reported its cost curve in Info."""
     with relay_to(tiny_server, "5g") as relay:
         outputs, metrics = {}, {}
-        for name, loop in (("serial", SERIAL), ("pipelined", PIPELINED), ("auto", AUTO)):
+        for name, loop in (("serial", SERIAL), ("pipelined", PIPELINED), ("auto", AUTO),
+                       ("by-path", LoopConfig(depth_by_path=True))):
             client = make_client(relay.target, "independent", drafter_dir=tiny_model_dir)
             assert list(client.info.verify_cost_nodes) == [0, 4, 16, 32]
             assert len(client.info.verify_cost_ns) == 4 and min(client.info.verify_cost_ns) > 0

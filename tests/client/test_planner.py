@@ -1,10 +1,12 @@
 """The tree planner as a pure function, on numbers where the answer is known, and the estimates it reads."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from edgespec.client.planner import (PLAIN, PlanInputs, TreeSize, expected_tokens, plain_step, plan_tree, probe_tree,
-                                     step_time, tokens_per_s, verify_time)
+from edgespec.client.planner import (PLAIN, PlanInputs, TreeSize, expected_tokens, path_floors, plain_step, plan_tree,
+                                     probe_tree, step_time, tokens_per_s, verify_time)
 from edgespec.client.step_plan import LoopConfig, LoopEstimates, TreePlanner
 from edgespec.shared.tree import DraftTree
 
@@ -81,6 +83,61 @@ def test_estimates_follow_what_the_loop_sees():
     assert got.draft_pass_s == pytest.approx(0.01)
     assert got.acceptance[0] > 0.9 and got.acceptance[1] < 0.2
     assert dict(zip(got.verify_nodes, got.verify_s))[4] == pytest.approx(0.15)  # the size seen replaces the curve
+
+
+def test_path_floors_charge_a_level_what_it_adds_to_the_step():
+    """Serially every level costs a pass (50 ms), so a path must be worth the planned rate x 50 ms at every
+    depth. Drafted ahead with every guess right, a level is free while the drafting (a pass more than the serial
+    count, 30 ms each) fits in the flight (120 ms: depths 1 to 2) and costs a pass beyond; with half the guesses
+    right, a level costs half a pass on the misses alone until the drafting outlasts the flight."""
+    serial = inputs(acceptance=(0.8,), draft_pass_s=0.05)
+    rate = tokens_per_s(serial, plan_tree(serial))
+    assert path_floors(serial, plan_tree(serial)) == pytest.approx([rate * 0.05] * 11)
+    ahead = inputs(acceptance=(0.8,), draft_pass_s=0.03, hit_rate=1.0, stop_missed=True)
+    rate = tokens_per_s(ahead, plan_tree(ahead))
+    assert path_floors(ahead, plan_tree(ahead)) == pytest.approx([0.0] + [rate * 0.03] * 10)
+    half = inputs(acceptance=(0.8,), draft_pass_s=0.03, hit_rate=0.5, stop_missed=True)
+    floors, rate = path_floors(half, plan_tree(half)), tokens_per_s(half, plan_tree(half))
+    assert floors[0] == pytest.approx(rate * 0.015) and floors[-1] == pytest.approx(rate * 0.03)
+    assert all(b >= a - 1e-9 for a, b in zip(floors, floors[1:]))  # a deeper level never costs less
+
+
+def test_calibration_is_the_tokens_accepted_for_each_one_the_drafters_probabilities_promised():
+    """A chain of 3 whose paths the drafter gave 0.5, 0.25 and 0.125 promises 0.875 tokens; the target accepting
+    2 of them every time is 2 / 0.875 accepted a promised token, and halves a floor at twice the calibration.
+    Without scores (or before any) it is 1; a run of verdicts the drafter got all wrong stops at the range's
+    floor rather than at 0, which would stop every tree at its root."""
+    est = LoopEstimates((0, 16), (0.1, 0.2))
+    assert est.calibration() == 1.0
+    chain = DraftTree.chain([1, 2, 3])
+    scores = [math.log(0.5), math.log(0.25), math.log(0.125)]
+    for _ in range(5):
+        est.observe_verdict(chain, 2, round_trip_s=0.1, server_s=0.05, scores=scores)
+        est.observe_verdict(chain, 1, round_trip_s=0.1, server_s=0.05)  # no scores: not counted
+    assert est.calibration() == pytest.approx(2 / 0.875)
+    for _ in range(60):
+        est.observe_verdict(chain, 0, round_trip_s=0.1, server_s=0.05, scores=scores)
+    assert est.calibration() == LoopEstimates.CALIBRATION_RANGE[0]
+    plan = inputs(acceptance=(0.8,), draft_pass_s=0.05)
+    assert path_floors(plan, plan_tree(plan), 2.0) == pytest.approx([f / 2 for f in path_floors(plan, plan_tree(plan))])
+    with pytest.raises(ValueError, match="calibration must be positive"):
+        path_floors(plan, plan_tree(plan), 0.0)
+
+
+def test_a_drafter_that_stops_by_its_paths_gets_the_whole_depth_and_the_floors():
+    """The planner's depth (from the average acceptance) caps the trees of a drafter that cannot stop by its
+    paths' probabilities (ngram); one that can gets every depth the step allows, and the floors to stop by."""
+    est = LoopEstimates((0, 16), (0.1, 0.2))
+    chain = DraftTree.chain([1, 2, 3, 4])
+    for _ in range(10):
+        est.observe_draft(chain, 0.1)
+        est.observe_verdict(chain, 2, round_trip_s=0.15, server_s=0.15)
+    capped = TreePlanner(LoopConfig(warmup_trees=0, depth_by_path=True), est, 64, can_pipeline=True).size(40)
+    by_path = TreePlanner(LoopConfig(warmup_trees=0, depth_by_path=True), est, 64, can_pipeline=True,
+                          by_path=True).size(40)
+    off = TreePlanner(LoopConfig(warmup_trees=0), est, 64, can_pipeline=True, by_path=True).size(40)
+    assert 0 < capped.depth < 16 and not capped.floors and off == capped and not off.floors
+    assert by_path.depth == 16 and len(by_path.floors) == 15 and 0 < by_path.floors[-1] <= 1
 
 
 def test_fixed_keeps_the_drafters_shape_and_auto_probes_with_the_smallest_tree_that_could_win():
@@ -170,8 +227,9 @@ def test_loops_by_name_and_by_flag(capsys):
     assert loop_mode("independent") == ("independent", LoopConfig())
     assert loop_mode("ngram@serial") == ("ngram", LoopConfig(pipeline=False, tree="fixed"))
     assert set(LOOP_MODES) == {"serial", "pipelined", "auto-serial", "auto", "auto-1", "auto-unqueued",
-                               "auto-finish-missed", "auto-no-overlap"}
+                               "auto-finish-missed", "auto-by-path", "auto-no-overlap"}
     assert loop_mode("independent@auto-finish-missed") == ("independent", LoopConfig(stop_missed=False))
+    assert loop_mode("independent@auto-by-path") == ("independent", LoopConfig(depth_by_path=True))
     assert loop_mode("ngram@auto-1") == ("ngram", LoopConfig(decode_ahead=1, queue_plain=False))
     assert loop_mode("independent:2x6x8@0.1@pipelined") == ("independent:2x6x8@0.1", LoopConfig(tree="fixed"))
     assert loop_mode("independent:2x6x8@0.1") == ("independent:2x6x8@0.1", LoopConfig())

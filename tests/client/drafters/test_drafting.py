@@ -94,6 +94,25 @@ def test_frontier_paths_below_min_prob_are_not_fed_unless_asked():
     assert [len(f) for f in calls] == [2, 2, 2]
 
 
+def test_path_floors_replace_min_prob_depth_by_depth():
+    """The chain 0.9^d: floors of 0 at depth 1 (both paths fed) and 0.5 beyond stop it once its path falls below
+    0.5 (0.9^6 = 0.53 is drafted on, 0.9^7 = 0.48 is not); the shape's own min_prob (0.95) would have stopped it
+    at depth 1. Drafted ahead, the floors count depths below the guessed bonus level."""
+    table = torch.full((12, 12), 0.001)
+    table[:, 1], table[:, 2] = 0.9, 0.09
+    table = torch.log(table / table.sum(-1, keepdim=True))
+    shape = TreeShape(branch=2, depth=12, max_nodes=16, min_prob=0.95)
+    expand, calls = _table_expand(table)
+    tree, _ = build_tree(table[0], expand, shape)
+    assert max(tree.depths()) == 1 and not calls
+    expand, calls = _table_expand(table)
+    tree, _ = build_tree(table[0], expand, shape, floors=(0.0, 0.5))
+    assert max(tree.depths()) == 7 and [len(f) for f in calls] == [2, 1, 1, 1, 1, 1]
+    expand, calls = _table_expand(table)
+    tree, _ = build_tree(table[0], expand, shape, floors=(0.0, 0.5), ahead=True)
+    assert max(tree.depths()) == 8 and len(calls) == 7
+
+
 def test_candidates_keep_draft_tree_numbering():
     # candidate indices are DraftTree node indices (255 = ROOT): a wide, deep tree stops before a 256th
     table = _random_table(seed=1)
