@@ -43,6 +43,8 @@ class ClientMetrics(VllmMetrics):
         self.guesses = counter("draft_ahead_guesses", "Verdicts a tree was drafted ahead for.")
         self.guess_hits = counter("draft_ahead_hits", "Verdicts a tree drafted ahead matched (it was sent at once).")
         self.saved = counter("draft_ahead_saved_seconds", "Drafting done ahead for guesses that hit, in seconds.")
+        self.stopped = counter("draft_ahead_stopped", "Trees drafted ahead that stopped early: their verdict came and "
+                                                      "ruled them out (or the Draft failed).")
         self.idle = counter("client_idle_seconds",
                             "Time the client waited for a verdict with nothing to draft, in seconds.")
         self.plain_steps = counter("plain_steps", "Drafts sent without a tree (plain decode steps).")
@@ -65,6 +67,7 @@ class ClientMetrics(VllmMetrics):
         self.guesses.inc(m.guesses)
         self.guess_hits.inc(m.guess_hits)
         self.saved.inc(m.saved_s)
+        self.stopped.inc(m.stopped_ahead)
         self.idle.inc(m.idle_s)
         self.plain_steps.inc(m.plain_steps)
         self.queued_steps.inc(m.queued_steps)

@@ -49,6 +49,9 @@ def test_counters_and_histograms_follow_generations(tiny_server, make_client, ti
     assert v[(P + "round_trip_time_seconds_count", None)] == len(m1.round_trips_s) + len(m2.round_trips_s)
     assert len(m1.round_trips_s) > m1.calls
     assert v[(P + "generation_tokens_total", None)] == 28
+    for name, field in (("draft_ahead_guesses", "guesses"), ("draft_ahead_hits", "guess_hits"),
+                        ("draft_ahead_stopped", "stopped_ahead")):
+        assert v[(f"{P}{name}_total", None)] == getattr(m1, field) + getattr(m2, field), name
     assert v[(P + "prompt_tokens_total", None)] == 2 * len(ids)
     assert v[(P + "num_requests_running", None)] == 0 and v[(P + "num_requests_waiting", None)] == 0
     assert v[(P + "e2e_request_latency_seconds_sum", None)] >= v[(P + "time_to_first_token_seconds_sum",
