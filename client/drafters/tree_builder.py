@@ -152,10 +152,7 @@ def build_tree(root_logprobs: torch.Tensor, expand: Expand, shape: TreeShape,
     target_id = (lambda t: t) if to_target is None else (lambda t: int(to_target[t]))
     if constraint is not None:
         root_logprobs = constrain(root_logprobs[None], [[]], constraint, to_target)[0]
-
-    def log_floor(p: float) -> float:
-        return math.log(p) if p > 0 else -math.inf
-    floor_at = ([log_floor(p) for p in floors] if floors else [log_floor(shape.min_prob)])
+    floor_at = [math.log(p) if p > 0 else -math.inf for p in (floors or (shape.min_prob,))]
 
     def judged(c: int) -> float:  # the path's log-probability below the guessed bonus level, if any
         return cands.scores[c] - (cands.scores[cands.ancestors(c)[0]] if extra else 0.0)

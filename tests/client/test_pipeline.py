@@ -423,7 +423,7 @@ def test_over_grpc_pipelined_and_auto_write_the_serial_output(tiny_server, make_
     with relay_to(tiny_server, "5g") as relay:
         outputs, metrics = {}, {}
         for name, loop in (("serial", SERIAL), ("pipelined", PIPELINED), ("auto", AUTO),
-                       ("by-path", LoopConfig(depth_by_path=True))):
+                           ("by-path", LoopConfig(depth_by_path=True))):
             client = make_client(relay.target, "independent", drafter_dir=tiny_model_dir)
             assert list(client.info.verify_cost_nodes) == [0, 4, 16, 32]
             assert len(client.info.verify_cost_ns) == 4 and min(client.info.verify_cost_ns) > 0
