@@ -46,6 +46,7 @@ class DrafterOptions:
     device: str | None = "cpu"  # where the drafter's model runs (the laptop: CPU)
     dtype: str | None = None  # None: default_dtype's, bf16 where the hardware has it, else float32 (learned: float32)
     tree: TreeShape = TreeShape()  # EAGLE-2 tree shape for drafters with next-token distributions
+    weights: str | None = None  # independent: "int4-mlp", "int8" or "float" (None: IndependentConfig's default)
     ngram: NgramConfig = NgramConfig()  # prompt lookup settings
 
 
@@ -64,9 +65,9 @@ def make_drafter(options: DrafterOptions, server_info=None, small_model=None) ->
 
         return NgramDrafter(options.ngram)
     if options.name == "independent":
-        from .independent import IndependentConfig, IndependentDrafter
+        from .independent import IndependentConfig, IndependentDrafter, weights_config
 
-        config = IndependentConfig(options.tree)
+        config = IndependentConfig(options.tree, **(weights_config(options.weights) if options.weights else {}))
         if small_model is not None:
             return IndependentDrafter.from_model(small_model, config)
         return IndependentDrafter.from_pretrained(options.model, config, device=options.device, dtype=options.dtype)

@@ -68,19 +68,6 @@ class Int8Linear(torch.nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def quantize_linears(module: torch.nn.Module, keep_float: bool = False) -> int:
-    """Replace every nn.Linear under module (in place) by an Int8Linear, keeping the float weights for
-    calls of many rows when asked; returns how many."""
-    count = 0
-    for name, child in list(module.named_children()):
-        if isinstance(child, torch.nn.Linear):
-            setattr(module, name, Int8Linear.from_weight(child.weight, child.bias, keep_float))
-            count += 1
-        else:
-            count += quantize_linears(child, keep_float)
-    return count
-
-
 def head_rows(head: torch.nn.Module, ids: torch.Tensor | None) -> torch.nn.Module:
     """An LM head (nn.Linear or Int8Linear) cut to output rows ids (all rows when ids is None)."""
     if ids is None:

@@ -31,7 +31,8 @@ class BenchConfig:
     name: str  # label in the table
     vocab: int  # reduced draft vocabulary size (0 = full)
     shape: object  # EAGLE-2 tree shape (client.drafters.tree_builder.TreeShape)
-    weights: str = "bf16"  # "bf16" (as loaded) or "int8" (weight-only int8 Linear layers)
+    weights: str = "bf16"  # "bf16" (as loaded), "int8" (weight-only int8 Linear layers) or "int4-mlp" (the MLP's
+    # int4, the rest int8: the drafter's default)
 
 
 @dataclass
@@ -46,11 +47,11 @@ class Tally:
 def parse_config(text: str) -> BenchConfig:
     try:
         name, vocab, shape, *weights = text.split(":")
-        if weights and weights[0] not in ("bf16", "int8"):
-            raise ValueError(f"weights must be bf16 or int8, not {weights[0]!r}")
+        if weights and weights[0] not in ("bf16", *QUANTIZED):
+            raise ValueError(f"weights must be bf16, {' or '.join(QUANTIZED)}, not {weights[0]!r}")
         return BenchConfig(name, int(vocab), parse_shape(shape), *weights)
     except ValueError as err:
-        raise argparse.ArgumentTypeError(f"config {text!r} is not NAME:VOCAB:BxDxM@min_prob[:bf16|int8] ({err})") from None
+        raise argparse.ArgumentTypeError(f"config {text!r} is not NAME:VOCAB:BxDxM@min_prob[:bf16|int8|int4-mlp] ({err})") from None
 
 
 def accepted_length(tree, continuation: list[int]) -> int:
@@ -135,12 +136,15 @@ def pass_costs(model, ids: list[int], vocab_ids, repeats: int = 5) -> dict[str, 
     return out
 
 
-def int8_model(model):
-    """A copy of model with weight-only int8 Linear layers (what from_pretrained runs by default)."""
-    from edgespec.client.drafters.int8_linear import quantize_linears
+QUANTIZED = ("int8", "int4-mlp")  # IndependentConfig.weights names this benchmark compares with bf16
+
+
+def quantized_model(model, weights: str):
+    """A copy of model with the weight-only low-bit Linear layers `weights` names (as from_pretrained makes)."""
+    from edgespec.client.drafters.independent import IndependentConfig, quantize, weights_config
 
     copied = copy.deepcopy(model)
-    quantize_linears(copied)
+    quantize(copied, IndependentConfig(prefill_float=False, **weights_config(weights)))
     return copied
 
 
@@ -180,7 +184,7 @@ def run_trees(drafter, prompt: list[int], continuation: list[int], tally: Tally)
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--configs", default="bf16:0:3x12x24@0.05,v32k:32768:3x12x24@0.05,int8:0:3x12x24@0.05:int8",
-                   help="comma-separated NAME:VOCAB:BxDxM@min_prob[:bf16|int8]")
+                   help="comma-separated NAME:VOCAB:BxDxM@min_prob[:bf16|int8|int4-mlp]")
     add_prompt_arguments(p, humaneval=2, mtbench=2, max_tokens=48)
     p.add_argument("--skip-pass", action="store_true", help="skip the per-pass dtype/head timings")
     p.add_argument("--skip-trees", action="store_true", help="skip the tree runs (no target needed)")
@@ -203,7 +207,8 @@ def run(args: argparse.Namespace) -> int:
         reduced = next((v for v in vocabs.values() if v is not None), None)
         print(f"\n| weights | {' | '.join(pass_costs(small.model, prompt_ids[0], reduced, 1))} |  (ms, median; "
               f"reduced head: {0 if reduced is None else len(reduced)} ids)")
-        for label, model in (("bf16", small.model), ("int8 (bf16 activations)", int8_model(small.model)),
+        for label, model in (("bf16", small.model), ("int8 (bf16 activations)", quantized_model(small.model, "int8")),
+                             ("int4 MLP, int8 rest", quantized_model(small.model, "int4-mlp")),
                              ("fp32", copy.deepcopy(small.model).float())):
             costs = pass_costs(model, prompt_ids[0], reduced)
             print(f"| {label} | " + " | ".join(f"{v:.1f}" for v in costs.values()) + " |", flush=True)
@@ -219,8 +224,7 @@ def run(args: argparse.Namespace) -> int:
               flush=True)
     tallies = {c.name: Tally() for c in configs}
     models = {"bf16": small.model}
-    if any(c.weights == "int8" for c in configs):
-        models["int8"] = int8_model(small.model)
+    models.update({w: quantized_model(small.model, w) for w in {c.weights for c in configs} if w in QUANTIZED})
     drafters = {c.name: IndependentDrafter(models[c.weights], IndependentConfig(c.shape, c.vocab), vocabs[c.vocab])
                 for c in configs}
     run_trees(drafters[configs[0].name], prompt_ids[0][:32], continuations[0][:4], Tally())  # warm-up

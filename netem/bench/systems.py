@@ -2,6 +2,7 @@
 streaming API) and the progress bar over its generations; experiments.py and specbench.py share them."""
 from __future__ import annotations
 
+import argparse
 import time
 
 from tqdm import tqdm
@@ -39,10 +40,18 @@ def drafter_client(address: str, drafter: str, config, tokenizer=None, instance=
 
 
 def drafter_shape(drafter: str) -> dict:
-    """ "independent:2x6x8@0.1" -> the drafter's name and its EAGLE-2 tree shape (BxDxM[@min_prob], as
-    tree-sweep's --shapes), so fixed shapes and --tree auto compare in one run; a name alone keeps the default."""
-    name, _, shape = drafter.partition(":")
-    return {"name": name, **({"tree": parse_shape(shape)} if shape else {})}
+    """ "independent+int8:2x6x8@0.1" -> the drafter's DrafterOptions fields: its name, its weights after "+"
+    (IndependentConfig.weights: int4-mlp, int8 or float) and its EAGLE-2 tree shape after ":" (BxDxM[@min_prob],
+    as tree-sweep's --shapes), so weights, fixed shapes and --tree auto compare in one run; a name alone keeps
+    the defaults."""
+    from edgespec.client.drafters.independent import WEIGHTS
+
+    named, _, shape = drafter.partition(":")
+    name, plus, weights = named.partition("+")
+    if plus and weights not in WEIGHTS:
+        raise argparse.ArgumentTypeError(f"unknown weights {weights!r} in {drafter!r}; choose one of "
+                                         f"{', '.join(WEIGHTS)}")
+    return {"name": name, **({"weights": weights} if plus else {}), **({"tree": parse_shape(shape)} if shape else {})}
 
 
 def plain_api(http_address: str, prompt_ids: list[int], config, stop: tuple[str, ...] = (), relay=None) -> dict:

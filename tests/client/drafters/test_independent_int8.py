@@ -7,7 +7,8 @@ from support.clients import generate_exactly
 
 from edgespec.client.drafters.base import DraftRequest
 from edgespec.client.drafters.independent import IndependentConfig, IndependentDrafter
-from edgespec.client.drafters.int8_linear import Int8Linear, head_rows, int8_matmul_available, quantize_linears
+from edgespec.client.drafters.int8_linear import Int8Linear, head_rows, int8_matmul_available
+from edgespec.client.drafters.quantize import quantize_linears
 from edgespec.client.drafters.tree_builder import TreeShape
 from edgespec.client.generation import TokenOrigin
 

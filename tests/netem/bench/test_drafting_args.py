@@ -85,3 +85,18 @@ def test_a_systems_tree_shape_rides_in_its_name():
     assert drafter_shape("independent") == {"name": "independent"}
     with pytest.raises(argparse.ArgumentTypeError, match="BxDxM"):
         drafter_shape("independent:big")
+
+
+def test_a_systems_drafter_weights_ride_in_its_name():
+    """`--drafters independent+int8@serial,independent`: the int8 drafter beside the default one."""
+    import argparse
+
+    from edgespec.client.drafters.tree_builder import TreeShape
+    from edgespec.client.step_plan import loop_mode
+    from edgespec.netem.bench.systems import drafter_shape
+
+    name, _ = loop_mode("independent+int8:2x6x8@0.1@serial")
+    assert drafter_shape(name) == {"name": "independent", "weights": "int8", "tree": TreeShape(2, 6, 8, 0.1)}
+    assert drafter_shape("independent+int4-mlp") == {"name": "independent", "weights": "int4-mlp"}
+    with pytest.raises(argparse.ArgumentTypeError, match="int4-mlp, int8, float"):
+        drafter_shape("independent+int3")
