@@ -58,6 +58,7 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter-model", default=None,
                    help="small LM of the independent drafter (registry name or directory; "
                         "default qwen2.5-coder-0.5b-instruct)")
+    # drafters.independent.WEIGHTS, spelled out so that building the parser loads no torch
     p.add_argument("--drafter-weights", default=None, choices=("int4-mlp", "int8", "float"),
                    help="independent drafter on a CPU in 16 bits: its MLP int4 and the rest int8 (default), all "
                         "int8, or as loaded")

@@ -3,7 +3,7 @@
 A drafting pass of the 0.5B reads about 0.5 GB of int8 weights and is bound by that read; the MLP's gate,
 up and down projections hold 87 % of a layer's weights. Stored as 4 bits in groups of 64 input channels
 (an asymmetric scale and offset per group, the layout of torch's own CPU int4 kernel) they halve again:
-on the 2-core test machine a one-token pass fell from ~84 ms (int8) to ~61 ms, and the drafter's top-1
+on one core of the 2-core test machine a one-token pass fell from ~84 ms (int8) to ~61 ms, and the drafter's top-1
 agreed with the 1.5B target as often as the int8 drafter's did (0.558 / 0.800 against 0.558 / 0.808 on a
 prose and a code text). The attention projections and the LM head stay int8: as int4 they cost 1-2 points
 of that agreement (the GGUF the 0.5B comes from stores them in 5-8 bits). Only the drafter is quantized;
