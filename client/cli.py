@@ -62,6 +62,9 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter-weights", default=None, choices=("int4-mlp", "int8", "float"),
                    help="independent drafter on a CPU in 16 bits: its MLP int4 and the rest int8 (default), all "
                         "int8, or as loaded")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="independent drafter: draft over the N most frequent ids of the tokenizer (a shipped list; "
+                        "0 = the whole vocabulary; default: IndependentConfig's)")
     p.add_argument("--checkpoint", default=None,
                    help="learned drafter (eagle, moa, beagle): a shipped name or a checkpoint folder/file of your own")
     p.add_argument("--no-router", action="store_true",
@@ -151,7 +154,8 @@ def client_from_args(args, link):
     options = DrafterOptions(name=args.drafter, model=args.drafter_model or DEFAULT_DRAFTER,
                              checkpoint=args.checkpoint, target=args.target_model,
                              moa_server_part=args.moa_server_part, tree=tree_shape(args), ngram=ngram,
-                             router=not args.no_router, weights=args.drafter_weights)
+                             router=not args.no_router, weights=args.drafter_weights,
+                             draft_vocab=args.draft_vocab)
     return EdgespecClient(ClientConfig(link, options, tokenizer=args.tokenizer, loop=loop_config(args)))
 
 

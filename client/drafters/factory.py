@@ -47,6 +47,7 @@ class DrafterOptions:
     dtype: str | None = None  # None: default_dtype's, bf16 where the hardware has it, else float32 (learned: float32)
     tree: TreeShape = TreeShape()  # EAGLE-2 tree shape for drafters with next-token distributions
     weights: str | None = None  # independent: "int4-mlp", "int8" or "float" (None: IndependentConfig's default)
+    draft_vocab: int | None = None  # independent: draft over the N most frequent ids, 0 = all (None: the default)
     ngram: NgramConfig = NgramConfig()  # prompt lookup settings
 
 
@@ -67,7 +68,8 @@ def make_drafter(options: DrafterOptions, server_info=None, small_model=None) ->
     if options.name == "independent":
         from .independent import IndependentConfig, IndependentDrafter, weights_config
 
-        config = IndependentConfig(options.tree, **(weights_config(options.weights) if options.weights else {}))
+        config = IndependentConfig(options.tree, **(weights_config(options.weights) if options.weights else {}),
+                                   **({} if options.draft_vocab is None else {"draft_vocab": options.draft_vocab}))
         if small_model is not None:
             return IndependentDrafter.from_model(small_model, config)
         return IndependentDrafter.from_pretrained(options.model, config, device=options.device, dtype=options.dtype)

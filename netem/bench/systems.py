@@ -40,18 +40,35 @@ def drafter_client(address: str, drafter: str, config, tokenizer=None, instance=
 
 
 def drafter_shape(drafter: str) -> dict:
-    """ "independent+int8:2x6x8@0.1" -> the drafter's DrafterOptions fields: its name, its weights after "+"
-    (IndependentConfig.weights: int4-mlp, int8 or float) and its EAGLE-2 tree shape after ":" (BxDxM[@min_prob],
-    as tree-sweep's --shapes), so weights, fixed shapes and --tree auto compare in one run; a name alone keeps
-    the defaults."""
+    """ "independent+int8~64k:2x6x8@0.1" -> the drafter's DrafterOptions fields: its name, its weights after "+"
+    (IndependentConfig.weights: int4-mlp, int8 or float), its draft vocabulary after "~" (a count, "64k" or
+    "full") and its EAGLE-2 tree shape after ":" (BxDxM[@min_prob], as tree-sweep's --shapes), so weights,
+    vocabularies, fixed shapes and --tree auto compare in one run; a name alone keeps the defaults."""
     from edgespec.client.drafters.independent import WEIGHTS
 
     named, _, shape = drafter.partition(":")
+    named, tilde, vocab = named.partition("~")
     name, plus, weights = named.partition("+")
     if plus and weights not in WEIGHTS:
         raise argparse.ArgumentTypeError(f"unknown weights {weights!r} in {drafter!r}; choose one of "
                                          f"{', '.join(WEIGHTS)}")
-    return {"name": name, **({"weights": weights} if plus else {}), **({"tree": parse_shape(shape)} if shape else {})}
+    out = {"name": name, **({"weights": weights} if plus else {}), **({"tree": parse_shape(shape)} if shape else {})}
+    if tilde:
+        out["draft_vocab"] = vocab_size_arg(vocab, drafter)
+    return out
+
+
+def vocab_size_arg(text: str, where: str) -> int:
+    """ "65536", "64k" -> 65536; "full" or "0" -> 0 (the whole vocabulary)."""
+    if text == "full":
+        return 0
+    try:
+        size = int(text[:-1]) * 1024 if text.endswith("k") else int(text)
+    except ValueError:
+        size = -1
+    if size < 0:
+        raise argparse.ArgumentTypeError(f"draft vocabulary {text!r} in {where!r} is not a count, 64k or full")
+    return size
 
 
 def plain_api(http_address: str, prompt_ids: list[int], config, stop: tuple[str, ...] = (), relay=None) -> dict:
