@@ -85,7 +85,9 @@ class EdgespecClient:
             raise TokenizerMismatchError(
                 f"the client's tokenizer ({self._tokenizer_source()}) is not the server's target tokenizer "
                 f"(model {self.info.model_name}); pass --tokenizer with the target's model name or directory")
-        self.drafter = drafter if drafter is not None else make_drafter(config.drafter, self.info, small_model)
+        if drafter is None:
+            drafter = make_drafter(config.drafter, self.info, small_model, self.tokenizer)
+        self.drafter = drafter
         eos = stop_ids(self.info, self.tokenizer)
         self.tokens = TokenizerInfo(fingerprint, eos,
                                     lambda ids: self.tokenizer.decode(list(ids), skip_special_tokens=True),

@@ -57,10 +57,11 @@ def available_drafters() -> list[str]:
     return out + [n for n in shipped_names() if n not in out]
 
 
-def make_drafter(options: DrafterOptions, server_info=None, small_model=None) -> Drafter:
+def make_drafter(options: DrafterOptions, server_info=None, small_model=None, tokenizer=None) -> Drafter:
     """Build the drafter ``options.name``. ``server_info`` (an InfoResponse) checks that a learned drafter fits
     the server; ``small_model``: the independent drafter's LM already loaded (a benchmark shares one across
-    drafters and with its baselines), else ``options.model`` is loaded."""
+    drafters and with its baselines), else ``options.model`` is loaded; ``tokenizer``: the one that picks its draft
+    vocabulary's list (a loaded model's own otherwise)."""
     if options.name == "ngram":
         from .ngram import NgramDrafter
 
@@ -71,7 +72,7 @@ def make_drafter(options: DrafterOptions, server_info=None, small_model=None) ->
         config = IndependentConfig(options.tree, **(weights_config(options.weights) if options.weights else {}),
                                    **({} if options.draft_vocab is None else {"draft_vocab": options.draft_vocab}))
         if small_model is not None:
-            return IndependentDrafter.from_model(small_model, config)
+            return IndependentDrafter.from_model(small_model, config, tokenizer=tokenizer)
         return IndependentDrafter.from_pretrained(options.model, config, device=options.device, dtype=options.dtype)
     return _open_learned(_learned_kind(options), server_info)
 

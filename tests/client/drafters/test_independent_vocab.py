@@ -138,3 +138,28 @@ def test_reduced_vocab_stays_lossless_end_to_end(tiny_server, tiny_model_dir, ti
                               "def fib(n):\n    if n < 2:\n        return n\n")
     accepted = [t for t, o in zip(result.token_ids, result.origins) if o is TokenOrigin.ACCEPTED]
     assert accepted and set(accepted) <= set(ids.tolist())
+
+
+def test_the_factory_passes_the_draft_vocabulary(tmp_path, monkeypatch, tiny_model_dir):
+    """`--draft-vocab N` reaches the drafter: the list of N ids found for the tokenizer; 0 drafts over all ids."""
+    from transformers import AutoTokenizer
+
+    from edgespec.client.drafters.factory import DrafterOptions, make_drafter
+    from edgespec.shared.fingerprint import tokenizer_fingerprint
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    monkeypatch.setenv("HOME", str(tmp_path))  # a cached list of 100 ids for this tokenizer, written by hand
+    cached = tmp_path / ".cache" / "edgespec" / "draft-vocab" / vocab_file_name(fingerprint, 100)
+    ids = _subset(keep=100, seed=3)
+    save_vocab(cached, ids, "x" * 64, "test")
+    with pytest.raises(ValueError, match="another tokenizer"):  # the file's own fingerprint is checked
+        make_drafter(DrafterOptions("independent", model=str(tiny_model_dir), dtype="float32", draft_vocab=100))
+    save_vocab(cached, ids, fingerprint, "test")
+    reduced = make_drafter(DrafterOptions("independent", model=str(tiny_model_dir), dtype="float32", draft_vocab=100))
+    assert torch.equal(reduced.vocab_ids, ids)
+    full = make_drafter(DrafterOptions("independent", model=str(tiny_model_dir), dtype="float32", draft_vocab=0))
+    assert full.vocab_ids is None
+    # a benchmark's shared model: the list is the one for the client's tokenizer
+    shared = make_drafter(DrafterOptions("independent", draft_vocab=100), small_model=full.model, tokenizer=tokenizer)
+    assert torch.equal(shared.vocab_ids, ids)

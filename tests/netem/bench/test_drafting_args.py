@@ -100,3 +100,18 @@ def test_a_systems_drafter_weights_ride_in_its_name():
     assert drafter_shape("independent+int4-mlp") == {"name": "independent", "weights": "int4-mlp"}
     with pytest.raises(argparse.ArgumentTypeError, match="int4-mlp, int8, float"):
         drafter_shape("independent+int3")
+
+
+def test_a_systems_draft_vocabulary_rides_in_its_name():
+    """`--drafters independent,independent~64k`: the drafter over the 65,536 most frequent ids beside the default."""
+    import argparse
+
+    from edgespec.netem.bench.systems import drafter_shape
+
+    assert drafter_shape("independent~64k") == {"name": "independent", "draft_vocab": 65536}
+    assert drafter_shape("independent+int8~full:2x6x8")["draft_vocab"] == 0
+    assert drafter_shape("independent~32768")["draft_vocab"] == 32768
+    assert "draft_vocab" not in drafter_shape("independent+int8")
+    for bad in ("independent~", "independent~6x", "independent~-5"):
+        with pytest.raises(argparse.ArgumentTypeError, match="not a count, 64k or full"):
+            drafter_shape(bad)
