@@ -41,6 +41,17 @@ RUN_GENERATION_FLAGS = {  # GenerationConfig's for one prompt (client); serve's 
 }
 
 
+def vocab_count(text: str) -> int:
+    """--draft-vocab's N: a count of ids, 0 for all of them."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of ids (0 drafts over the whole vocabulary)")
+    return count
+
+
 def add_client_options(p: argparse.ArgumentParser) -> None:
     """Options shared by `client`, `client serve` and `demo` (link, drafter, tree), added once the command is
     used: LinkConfig and GenerationConfig, whose fields some of them are, live in modules that import torch."""
@@ -62,7 +73,7 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter-weights", default=None, choices=("int4-mlp", "int8", "float"),
                    help="independent drafter on a CPU in 16 bits: its MLP int4 and the rest int8 (default), all "
                         "int8, or as loaded")
-    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+    p.add_argument("--draft-vocab", type=vocab_count, default=None, metavar="N",
                    help="independent drafter: draft over the N most frequent ids of the tokenizer (a shipped list; "
                         "0 = the whole vocabulary; default: IndependentConfig's)")
     p.add_argument("--checkpoint", default=None,

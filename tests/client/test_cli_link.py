@@ -50,3 +50,16 @@ def test_serve_loads_its_client_over_the_link_its_health_probe_uses(tiny_server,
         assert slot.client.config.link is slot.link and slot.link.min_deadline_s == 3.0
     finally:
         slot.close()
+
+
+@pytest.mark.parametrize("command", [["client"], ["client", "serve"], ["demo"]])
+def test_the_draft_vocabulary_flag(command, capsys):
+    """`--draft-vocab N`: a count (0 = every id); unset leaves IndependentConfig's default; a negative or a word
+    is refused by name."""
+    assert build_parser().parse_args([*command, "--draft-vocab", "32768"]).draft_vocab == 32768
+    assert build_parser().parse_args([*command, "--draft-vocab", "0"]).draft_vocab == 0
+    assert build_parser().parse_args(command).draft_vocab is None
+    for bad in ("-1", "lots"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([*command, "--draft-vocab", bad])
+        assert "is not a number of ids" in capsys.readouterr().err
