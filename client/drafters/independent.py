@@ -112,8 +112,10 @@ def weights_config(name: str) -> dict:
     return {"int8_weights": name != "float", "int4_mlp": name == "int4-mlp"}
 
 
-def config_vocab_ids(config: IndependentConfig, model: torch.nn.Module, tokenizer) -> torch.Tensor | None:
-    """The draft vocabulary config.draft_vocab asks for, for this tokenizer (None: every id)."""
+def config_vocab_ids(config: IndependentConfig, model: torch.nn.Module, tokenizer,
+                     fingerprint: str | None = None) -> torch.Tensor | None:
+    """The draft vocabulary config.draft_vocab asks for, for this tokenizer (None: every id); `fingerprint`:
+    the tokenizer's, where the caller has it already (hashing a 150k vocabulary is a start-up cost)."""
     from edgespec.shared.fingerprint import tokenizer_fingerprint
 
     from .independent_vocab import draft_vocab_ids
@@ -121,7 +123,8 @@ def config_vocab_ids(config: IndependentConfig, model: torch.nn.Module, tokenize
     if not config.draft_vocab:
         return None
     vocab_size = model.get_output_embeddings().out_features
-    return draft_vocab_ids(tokenizer, tokenizer_fingerprint(tokenizer), config.draft_vocab, vocab_size)
+    return draft_vocab_ids(tokenizer, fingerprint or tokenizer_fingerprint(tokenizer), config.draft_vocab,
+                           vocab_size)
 
 
 def quantize(model: torch.nn.Module, config: IndependentConfig) -> None:
@@ -164,7 +167,7 @@ class IndependentDrafter(Drafter):
         from edgespec.shared.models import load_model
 
         loaded = load_model(name_or_path, device=device, dtype=dtype)
-        ids = config_vocab_ids(config, loaded.model, loaded.tokenizer)
+        ids = config_vocab_ids(config, loaded.model, loaded.tokenizer, loaded.fingerprint)
         if wants_int8(config, loaded.model):
             quantize(loaded.model, config)  # this model is ours alone: quantize in place
         return cls(loaded.model, config, ids)
