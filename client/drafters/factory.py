@@ -48,6 +48,7 @@ class DrafterOptions:
     tree: TreeShape = TreeShape()  # EAGLE-2 tree shape for drafters with next-token distributions
     weights: str | None = None  # independent: "int4-mlp", "int8" or "float" (None: IndependentConfig's default)
     draft_vocab: int | None = None  # independent: draft over the N most frequent ids, 0 = all (None: the default)
+    context_vocab: bool | None = None  # independent: the committed text's ids as well (None: the default)
     ngram: NgramConfig = NgramConfig()  # prompt lookup settings
 
 
@@ -70,7 +71,8 @@ def make_drafter(options: DrafterOptions, server_info=None, small_model=None, to
         from .independent import IndependentConfig, IndependentDrafter, weights_config
 
         config = IndependentConfig(options.tree, **(weights_config(options.weights) if options.weights else {}),
-                                   **({} if options.draft_vocab is None else {"draft_vocab": options.draft_vocab}))
+                                   **({} if options.draft_vocab is None else {"draft_vocab": options.draft_vocab}),
+                                   **({} if options.context_vocab is None else {"context_vocab": options.context_vocab}))
         if small_model is not None:
             return IndependentDrafter.from_model(small_model, config, tokenizer=tokenizer)
         return IndependentDrafter.from_pretrained(options.model, config, device=options.device, dtype=options.dtype)

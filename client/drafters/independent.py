@@ -15,8 +15,8 @@ greedy LM.
 Speed: int8 weights (``IndependentConfig``; ``int8_linear``: passes ~1.5x faster on a CPU), the MLP's in int4
 (``int4_linear``: ~1.4x faster again, the drafter's agreement with the target unchanged). The decoder runs
 alone and the LM head is applied here, only to the rows that are read, and optionally over a reduced
-vocabulary (the most frequent target ids, ``independent_vocab``). Offline generation keeps the full
-vocabulary (it is the output).
+vocabulary (the most frequent target ids, ``independent_vocab``; with ``context_vocab``, the committed text's
+own ids as well). Offline generation keeps the full vocabulary (it is the output).
 """
 from __future__ import annotations
 
@@ -89,6 +89,9 @@ class IndependentConfig:
     # vocabulary): the int8 head is 40 % of a pass's weight reads once the MLP is int4, and 64k ids keep almost
     # all of tau (5.35 -> 5.32 on 4 HumanEval + 4 MT-Bench prompts, while 32k ids cost 5.35 -> 4.72); a token
     # outside the list is never drafted, so the output stays the target's
+    context_vocab: bool = False  # with a reduced vocabulary, also draft every id of the committed text (prompt and
+    # answer so far) that the list lacks: answers that copy rare words from their prompt (extraction,
+    # summarization) need exactly those; a few hundred rows more cost little beside the list's 65,536
     int8_weights: bool = True  # from_pretrained stores Linear weights (and the LM head) as int8 per channel
     # when the model loads in 16 bits on a CPU (the default); an explicit float32 asks for full precision
     prefill_float: bool = True  # with int8 weights, keep the 16-bit ones too for passes of many tokens (the
@@ -160,6 +163,15 @@ class IndependentDrafter(Drafter):
                 raise ValueError(f"vocab_ids must be non-empty target ids in 0..{size - 1}")
             self._vocab_list = self.vocab_ids.tolist()  # draft id -> target id, for building trees in Python
         self._draft_head = head_rows(self._head, self.vocab_ids)
+        # context_vocab: the committed text's ids the list lacks (draft ids len(list) + i), the head rows that
+        # score them, and which target ids the list holds
+        self._listed: torch.Tensor | None = None
+        self._context_ids: list[int] = []
+        self._context_head: torch.nn.Module | None = None
+        self._to_target = self.vocab_ids  # draft id -> target id for build_tree (None: the same id)
+        if self.vocab_ids is not None and config.context_vocab:
+            self._listed = torch.zeros(self._head.out_features, dtype=torch.bool)
+            self._listed[self.vocab_ids] = True
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, config: IndependentConfig = IndependentConfig(),
@@ -209,10 +221,30 @@ class IndependentDrafter(Drafter):
     @torch.inference_mode()
     def _draft_logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
         """Log-probabilities over the draft vocabulary [T, V'] (draft ids) for hidden [T, E]."""
-        return torch.log_softmax(self._draft_head(hidden).float(), dim=-1)
+        logits = self._draft_head(hidden)
+        if self._context_head is not None:
+            logits = torch.cat([logits, self._context_head(hidden)], dim=-1)
+        return torch.log_softmax(logits.float(), dim=-1)
 
     def _target_id(self, draft_id: int) -> int:
-        return draft_id if self.vocab_ids is None else self._vocab_list[draft_id]
+        if self.vocab_ids is None:
+            return draft_id
+        listed = len(self._vocab_list)
+        return self._vocab_list[draft_id] if draft_id < listed else self._context_ids[draft_id - listed]
+
+    def _add_context_ids(self, committed: Sequence[int]) -> None:
+        """context_vocab: the draftable extra ids are the unlisted ids of this text (ascending); the head rows
+        that score them are cut again only when that set changes. Trees are turned into target ids as soon as
+        they are built, so draft ids beyond the list may mean other ids from one proposal to the next."""
+        if self._listed is None:
+            return
+        ids = torch.as_tensor(list(committed), dtype=torch.long)
+        ids = ids[(ids >= 0) & (ids < len(self._listed))]
+        unlisted = ids[~self._listed[ids]].unique().tolist()  # unique() sorts
+        if unlisted != self._context_ids:
+            self._context_ids = unlisted
+            self._context_head = head_rows(self._head, torch.tensor(unlisted, dtype=torch.long)) if unlisted else None
+            self._to_target = self._vocab_list + unlisted if unlisted else self.vocab_ids
 
     def _sync(self, committed: Sequence[int]) -> torch.Tensor:
         """Make the cache hold exactly `committed`; return the hidden state after its last token [E]."""
@@ -231,6 +263,7 @@ class IndependentDrafter(Drafter):
 
     def propose(self, request: DraftRequest) -> DraftTree:
         committed = request.committed
+        self._add_context_ids(committed)
         root_logprobs = self._draft_logprobs(self._sync(committed)[None])[0]  # [V']
         n = len(committed)
         slot: dict[int, int] = {}  # candidate index -> cache position
@@ -247,8 +280,8 @@ class IndependentDrafter(Drafter):
 
         try:
             _, cands = build_tree(root_logprobs, expand, self.config.tree, request.max_nodes, request.max_depth,
-                                  request.constraint, self.vocab_ids, ahead=request.ahead, stop=request.stop,
-                                  floors=request.path_floors)
+                                  request.constraint, self._to_target, ahead=request.ahead,
+                                  stop=request.stop, floors=request.path_floors)
         except BaseException:
             kv.crop(self._cache, n)
             raise
@@ -272,3 +305,4 @@ class IndependentDrafter(Drafter):
         self._fed = []
         self._tree = None
         self._scores = []
+        self._context_ids, self._context_head, self._to_target = [], None, self.vocab_ids

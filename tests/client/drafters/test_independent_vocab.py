@@ -73,6 +73,37 @@ def test_offline_generation_keeps_the_full_head(small_lm):
     assert best not in drafter.propose(DraftRequest(ctx, 255, 1)).tokens
 
 
+def _text_holding_its_next_token(model) -> tuple[list[int], int]:
+    """A text whose greedy next token (by `model`) is one of its own: the case context_vocab is for."""
+    g = torch.Generator().manual_seed(5)
+    for _ in range(200):
+        text = torch.randint(0, 320, (40,), generator=g).tolist()
+        with torch.inference_mode():
+            best = int(model(input_ids=torch.tensor([text])).logits[0, -1].argmax())
+        if best in text:
+            return text, best
+    pytest.fail("no text among 200 holds its own next token")
+
+
+def test_context_vocab_drafts_the_texts_unlisted_ids(small_lm):
+    """context_vocab: an id the list lacks is draftable while the committed text holds it, and only then."""
+    text, best = _text_holding_its_next_token(small_lm)
+    ids = torch.tensor(sorted(set(range(320)) - {best, 7}))
+    plain = IndependentDrafter(small_lm, IndependentConfig(SHAPE), vocab_ids=ids)
+    drafter = IndependentDrafter(small_lm, IndependentConfig(SHAPE, context_vocab=True), vocab_ids=ids)
+    assert best not in plain.propose(DraftRequest(text, 255, 30)).tokens
+    tree = drafter.propose(DraftRequest(text, 255, 30))
+    tree.validate()
+    assert tree.tokens[0] == best  # the LM's own first choice, in the text, so draftable again
+    assert drafter._context_ids == sorted({best, 7} & set(text))
+    assert set(tree.tokens) <= set(ids.tolist()) | {best, 7}
+    # another text without them: they leave the draft vocabulary (the tree is over the list alone again)
+    other = [t for t in range(40, 70) if t not in (best, 7)]
+    tree = drafter.propose(DraftRequest(other, 255, 30))
+    assert best not in tree.tokens and drafter._context_ids == []
+    assert tree.tokens == plain.propose(DraftRequest(other, 255, 30)).tokens
+
+
 def test_bad_vocab_ids_are_refused(small_lm):
     with pytest.raises(ValueError, match="vocab_ids"):
         IndependentDrafter(small_lm, vocab_ids=torch.tensor([3, 999]))
@@ -126,18 +157,23 @@ def test_accepted_length_walks_the_matching_path():
     assert accepted_length(tree, [9]) == 0
 
 
-def test_reduced_vocab_stays_lossless_end_to_end(tiny_server, tiny_model_dir, tiny_target_f32, greedy):
-    """The target's own weights draft over half the vocabulary: output token-exact, drafts still accepted."""
+@pytest.mark.parametrize("context_vocab", [False, True], ids=["list", "list+context"])
+def test_reduced_vocab_stays_lossless_end_to_end(tiny_server, tiny_model_dir, tiny_target_f32, greedy,
+                                                 context_vocab):
+    """The target's own weights draft over half the vocabulary (and the text's own ids): output token-exact,
+    drafts still accepted."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
     ids = _subset(keep=160, seed=2)
-    drafter = IndependentDrafter(model, IndependentConfig(TreeShape(branch=2, depth=5, max_nodes=12, min_prob=0.0)),
-                                 vocab_ids=ids)
+    drafter = IndependentDrafter(model, IndependentConfig(TreeShape(branch=2, depth=5, max_nodes=12, min_prob=0.0),
+                                                          context_vocab=context_vocab), vocab_ids=ids)
     result = generate_exactly(drafter, tiny_server.address, tiny_model_dir, tiny_target_f32, greedy,
                               "def fib(n):\n    if n < 2:\n        return n\n")
     accepted = [t for t, o in zip(result.token_ids, result.origins) if o is TokenOrigin.ACCEPTED]
-    assert accepted and set(accepted) <= set(ids.tolist())
+    assert accepted
+    if not context_vocab:
+        assert set(accepted) <= set(ids.tolist())
 
 
 def test_the_factory_passes_the_draft_vocabulary(tmp_path, monkeypatch, tiny_model_dir):
@@ -158,6 +194,9 @@ def test_the_factory_passes_the_draft_vocabulary(tmp_path, monkeypatch, tiny_mod
     save_vocab(cached, ids, fingerprint, "test")
     reduced = make_drafter(DrafterOptions("independent", model=str(tiny_model_dir), dtype="float32", draft_vocab=100))
     assert torch.equal(reduced.vocab_ids, ids)
+    assert not reduced.config.context_vocab
+    assert make_drafter(DrafterOptions("independent", model=str(tiny_model_dir), dtype="float32", draft_vocab=100,
+                                       context_vocab=True)).config.context_vocab
     full = make_drafter(DrafterOptions("independent", model=str(tiny_model_dir), dtype="float32", draft_vocab=0))
     assert full.vocab_ids is None
     # a benchmark's shared model: the list is the one for the client's tokenizer

@@ -115,3 +115,8 @@ def test_a_systems_draft_vocabulary_rides_in_its_name():
     for bad in ("independent~", "independent~6x", "independent~-5"):
         with pytest.raises(argparse.ArgumentTypeError, match="not a count, 64k or full"):
             drafter_shape(bad)
+    assert drafter_shape("independent+int8~64k+ctx") == {"name": "independent", "weights": "int8",
+                                                         "draft_vocab": 65536, "context_vocab": True}
+    assert "context_vocab" not in drafter_shape("independent~64k")
+    with pytest.raises(argparse.ArgumentTypeError, match="only \\+ctx"):
+        drafter_shape("independent~64k+prompt")
