@@ -70,9 +70,10 @@ def make_drafter(options: DrafterOptions, server_info=None, small_model=None, to
     if options.name == "independent":
         from .independent import IndependentConfig, IndependentDrafter, weights_config
 
+        given = {k: v for k, v in (("draft_vocab", options.draft_vocab), ("context_vocab", options.context_vocab))
+                 if v is not None}  # unset: IndependentConfig's defaults
         config = IndependentConfig(options.tree, **(weights_config(options.weights) if options.weights else {}),
-                                   **({} if options.draft_vocab is None else {"draft_vocab": options.draft_vocab}),
-                                   **({} if options.context_vocab is None else {"context_vocab": options.context_vocab}))
+                                   **given)
         if small_model is not None:
             return IndependentDrafter.from_model(small_model, config, tokenizer=tokenizer)
         return IndependentDrafter.from_pretrained(options.model, config, device=options.device, dtype=options.dtype)
