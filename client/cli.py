@@ -76,6 +76,9 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-vocab", type=vocab_count, default=None, metavar="N",
                    help="independent drafter: draft over the N most frequent ids of the tokenizer (a shipped list; "
                         "0 = the whole vocabulary; default: IndependentConfig's)")
+    p.add_argument("--context-vocab", action=argparse.BooleanOptionalAction, default=None,
+                   help="independent drafter with a reduced --draft-vocab: also draft the ids of the prompt and the "
+                        "answer so far that the list lacks (default: IndependentConfig's)")
     p.add_argument("--checkpoint", default=None,
                    help="learned drafter (eagle, moa, beagle): a shipped name or a checkpoint folder/file of your own")
     p.add_argument("--no-router", action="store_true",
@@ -154,20 +157,26 @@ def link_config(args, address: str):
                      max_deadline_s=max(LinkConfig.max_deadline_s, args.min_deadline))
 
 
-def client_from_args(args, link):
-    """The EdgespecClient the drafter, tree and loop flags give, over `link` (a LinkConfig)."""
+def drafter_options_from_args(args):
+    """The DrafterOptions the drafter and tree flags give."""
     from .drafters.factory import DrafterOptions
     from .drafters.ngram import NgramConfig
-    from .edge_client import ClientConfig, EdgespecClient
     from edgespec.shared.models.registry import DEFAULT_DRAFTER
 
     ngram = NgramConfig() if args.ngram_nodes is None else NgramConfig(max_nodes=args.ngram_nodes)
-    options = DrafterOptions(name=args.drafter, model=args.drafter_model or DEFAULT_DRAFTER,
-                             checkpoint=args.checkpoint, target=args.target_model,
-                             moa_server_part=args.moa_server_part, tree=tree_shape(args), ngram=ngram,
-                             router=not args.no_router, weights=args.drafter_weights,
-                             draft_vocab=args.draft_vocab)
-    return EdgespecClient(ClientConfig(link, options, tokenizer=args.tokenizer, loop=loop_config(args)))
+    return DrafterOptions(name=args.drafter, model=args.drafter_model or DEFAULT_DRAFTER,
+                          checkpoint=args.checkpoint, target=args.target_model,
+                          moa_server_part=args.moa_server_part, tree=tree_shape(args), ngram=ngram,
+                          router=not args.no_router, weights=args.drafter_weights,
+                          draft_vocab=args.draft_vocab, context_vocab=args.context_vocab)
+
+
+def client_from_args(args, link):
+    """The EdgespecClient the drafter, tree and loop flags give, over `link` (a LinkConfig)."""
+    from .edge_client import ClientConfig, EdgespecClient
+
+    return EdgespecClient(ClientConfig(link, drafter_options_from_args(args), tokenizer=args.tokenizer,
+                                       loop=loop_config(args)))
 
 
 def generation_config_from_args(args, flags=None, **given):

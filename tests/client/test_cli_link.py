@@ -63,3 +63,16 @@ def test_the_draft_vocabulary_flag(command, capsys):
         with pytest.raises(SystemExit):
             build_parser().parse_args([*command, "--draft-vocab", bad])
         assert "is not a number of ids" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["client"], ["client", "serve"], ["demo"]])
+def test_the_context_vocabulary_flag_reaches_the_drafter_options(command):
+    """`--context-vocab` / `--no-context-vocab` set DrafterOptions.context_vocab; unset leaves IndependentConfig's
+    default (None)."""
+    from edgespec.client.cli import drafter_options_from_args
+
+    for flags, want in (([], None), (["--context-vocab"], True), (["--no-context-vocab"], False)):
+        args = build_parser().parse_args([*command, "--drafter", "independent", "--draft-vocab", "65536", *flags])
+        assert args.context_vocab is want
+        options = drafter_options_from_args(args)
+        assert (options.name, options.draft_vocab, options.context_vocab) == ("independent", 65536, want)
