@@ -117,6 +117,9 @@ SPECBENCH_FLAGS = {
                          help="the first N questions of each of the 13 categories (default: all 480)"),
     "max_new_tokens": Flag(default=1024, help="per turn (default 1024, as Spec-Bench)"),
     "questions": Flag(help="a question file in Spec-Bench's format (default: the shipped one)"),
+    "categories": Flag(type=_csv, action="store",
+                       help="comma-separated categories to run, e.g. writing,qa, or mt_bench for MT-Bench's eight "
+                            "(default: all 13)"),
 }
 CPU_FLAGS = {
     "server_cpus": Flag(metavar="CPUS", help="the server's cores, as taskset writes them: 1, 2-3, 2,3 (default: the "

@@ -26,6 +26,7 @@ from .prompt_sets import Prompt, load_prompts
 from .records import JsonLines, environment, read_jsonl
 from .server_process import ServerProcess
 from .specbench import run_specbench, write_answer_files
+from .specbench_format import QUESTIONS, load_questions
 from .systems import ProgressBar, drafter_client, plain_api
 
 EXPERIMENTS = ("speed", "link", "disconnect", "codec", "specbench")
@@ -57,6 +58,7 @@ class BenchConfig:
     # lower half (on >= 2 cores); False: both share every core
     questions: str = ""  # `specbench`: a question file in Spec-Bench's format ("": the shipped 480 questions)
     per_category: int | None = None  # `specbench`: the first N questions of each category (None: all)
+    categories: tuple[str, ...] = ()  # `specbench`: only these categories (mt_bench: MT-Bench's eight; (): all 13)
     server_args: tuple[str, ...] = ()  # extra `edgespec server` flags
     seed: int = 0  # relay randomness
     progress: bool = True  # a progress bar
@@ -72,6 +74,9 @@ def run(config: BenchConfig) -> Path:
         sink = JsonLines(config.out / f"{config.experiment}.jsonl", environment(settings))
         _codec(config, sink)
         return sink.path
+    if config.experiment == "specbench":  # a wrong file or category fails here, before a server starts
+        load_questions(Path(config.questions) if config.questions else QUESTIONS, config.per_category,
+                       config.categories)
     split = choose_split(config.server_cpus, config.client_cpus, config.pin)
     sink = JsonLines(config.out / f"{config.experiment}.jsonl", environment(settings, split.to_dict()))
     print(f"cpus: {split.describe()}", flush=True)

@@ -93,7 +93,8 @@ def run_specbench(config, server, sink: JsonLines) -> None:
     """Every question of the run, per profile: the baseline, then each drafter (experiments.run calls it)."""
     from edgespec.client.edge_client import load_tokenizer
 
-    questions = load_questions(Path(config.questions) if config.questions else QUESTIONS, config.per_category)
+    questions = load_questions(Path(config.questions) if config.questions else QUESTIONS, config.per_category,
+                               config.categories)
     tokenizer = load_tokenizer(config.model)  # the target's own chat template
     bar = ProgressBar(len(questions) * len(config.profiles) * (len(config.drafters) + 1), config.progress, "specbench")
     drafters: dict = {}  # one loaded drafter per name, shared by the profiles
@@ -201,7 +202,9 @@ def prompts_note(settings: dict, rows: list[dict]) -> str:
     """The report's line on what was asked."""
     per = settings.get("per_category")
     asked = len({r["prompt_id"] for r in rows})
-    return (f"Spec-Bench questions: {'all' if per is None else f'the first {per}'} of each category "
+    chosen = settings.get("categories") or ()
+    which = f"of {', '.join(chosen)}" if chosen else "of each category"
+    return (f"Spec-Bench questions: {'all' if per is None else f'the first {per}'} {which} "
             f"({asked} questions, both turns of MT-Bench's), profiles {', '.join(settings['profiles'])}; "
             f"tokens/s is Spec-Bench's (the mean over questions of new tokens over wall time, turns summed; "
             f"wall time includes the emulated link), speed-up against the plain API in the same run")

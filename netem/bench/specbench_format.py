@@ -43,9 +43,13 @@ class Question:
     turns: tuple[str, ...]  # the user's turns (two for MT-Bench, one for the rest)
 
 
-def load_questions(path: Path = QUESTIONS, per_category: int | None = None) -> list[Question]:
-    """Spec-Bench's questions in file order; with `per_category`, the first that many of each category."""
-    out, seen = [], Counter()
+def load_questions(path: Path = QUESTIONS, per_category: int | None = None,
+                   categories: Sequence[str] = ()) -> list[Question]:
+    """Spec-Bench's questions in file order; with `per_category`, the first that many of each category; with
+    `categories`, only those (``mt_bench`` stands for MT-Bench's eight). A category the file lacks is an error,
+    so that a misspelt name does not run an empty benchmark."""
+    wanted = set(select_categories(categories)) if categories else None
+    out, seen, present = [], Counter(), set()
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
@@ -58,10 +62,28 @@ def load_questions(path: Path = QUESTIONS, per_category: int | None = None) -> l
                                            f"(question_id, category, turns): {err}") from None
             if not question.turns:
                 raise SpecBenchFormatError(f"{path}:{number}: question {question.question_id} has no turns")
+            present.add(question.category)
+            if wanted is not None and question.category not in wanted:
+                continue
             if per_category is None or seen[question.category] < per_category:
                 seen[question.category] += 1
                 out.append(question)
+    if wanted is not None and wanted - present:
+        missing = sorted(wanted - present)
+        raise SpecBenchFormatError(f"{path} has no questions of categor{'y' if len(missing) == 1 else 'ies'} "
+                                   f"{', '.join(missing)}; it has {', '.join(sorted(present))} "
+                                   f"(and mt_bench for MT-Bench's eight)")
     return out
+
+
+def select_categories(names: Iterable[str]) -> tuple[str, ...]:
+    """Category names with ``mt_bench`` (or ``mt-bench``) expanded to MT-Bench's eight, in the order given."""
+    out: list[str] = []
+    for name in names:
+        for category in (MT_BENCH if name.replace("-", "_").lower() == "mt_bench" else (name,)):
+            if category not in out:
+                out.append(category)
+    return tuple(out)
 
 
 def accept_lengths(origins: Iterable[str]) -> list[int]:

@@ -10,8 +10,8 @@ import pytest
 from edgespec.netem.bench.experiments import BenchConfig, run
 from edgespec.netem.bench.report import markers, splice_readme, write_report
 from edgespec.netem.bench.specbench import model_id
-from edgespec.netem.bench.specbench_format import (QUESTIONS, SpecBenchFormatError, accept_lengths, load_questions,
-                                                   read_answers, speed_figures)
+from edgespec.netem.bench.specbench_format import (MT_BENCH, QUESTIONS, SpecBenchFormatError, accept_lengths,
+                                                   load_questions, read_answers, select_categories, speed_figures)
 
 
 def test_the_shipped_questions_are_spec_bench():
@@ -25,6 +25,26 @@ def test_the_shipped_questions_are_spec_bench():
     assert len(counts) == 13 and counts["translation"] == counts["rag"] == 80 and counts["coding"] == 10
     firsts = load_questions(per_category=2)
     assert len(firsts) == 26 and [q.question_id for q in firsts[:2]] == [81, 82]
+
+
+def test_categories_pick_the_questions_and_a_misspelt_one_is_refused():
+    mt_bench = load_questions(categories=("mt_bench",))
+    assert len(mt_bench) == 80 and {q.category for q in mt_bench} == set(MT_BENCH)
+    two = load_questions(per_category=2, categories=("qa", "writing"))
+    assert [q.category for q in two] == ["writing", "writing", "qa", "qa"]  # file order, not the order given
+    assert select_categories(["MT-Bench", "writing", "rag"]) == (*MT_BENCH, "rag")
+    with pytest.raises(SpecBenchFormatError, match=r"no questions of category summarisation; it has .*summarization"):
+        load_questions(categories=("summarisation",))
+
+
+def test_a_question_file_of_its_own_is_read_and_its_categories_checked(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [f"q{i}"]}) + "\n"
+                            for i in (7, 8, 9)), encoding="utf-8")
+    assert [q.question_id for q in load_questions(path, per_category=2)] == [7, 8]
+    assert load_questions(path, categories=("qa",))[2].turns == ("q9",)
+    with pytest.raises(SpecBenchFormatError, match=r"no questions of categories coding, .*, writing; it has qa"):
+        load_questions(path, categories=("mt_bench",))
 
 
 def test_accept_lengths_are_tokens_per_target_call():
@@ -70,16 +90,13 @@ TREES = "independent@pipelined"  # the drafter's own tree every step
 @pytest.mark.slow
 def test_a_tiny_run_writes_spec_bench_answer_files(tmp_path, tiny_model_dir, one_thread_servers):
     # one question of four categories: two MT-Bench ones (two turns) and two single-turn tasks
-    wanted = {"writing", "coding", "translation", "rag"}
-    lines = [q for q in QUESTIONS.read_text(encoding="utf-8").splitlines() if json.loads(q)["category"] in wanted]
-    questions = tmp_path / "questions.jsonl"
-    questions.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "run"
     # the independent drafter runs the target's own weights: every draft token is accepted, so a target call
     # commits several tokens and accept_lengths says so. Its own tree shape every step (@pipelined): the default
     # loop may send plain steps that decode ahead, which Spec-Bench counts one token per target forward
     config = BenchConfig("specbench", out, model=str(tiny_model_dir), drafter_model=str(tiny_model_dir),
-                         drafters=("ngram", TREES), profiles=("5g",), questions=str(questions),
+                         drafters=("ngram", TREES), profiles=("5g",),
+                         categories=("writing", "coding", "translation", "rag"),
                          per_category=1, max_new_tokens=10, progress=False)
     run(config)
 
@@ -158,6 +175,10 @@ def test_the_command_line_reaches_the_run_settings(tmp_path, monkeypatch):
     with pytest.raises(SystemExit):
         main(["bench", "specbench", str(tmp_path), "--max-new-tokens", "8", "--no-pin"])
     assert seen["config"].per_category is None and seen["config"].max_new_tokens == 8 and not seen["config"].pin
+    assert seen["config"].categories == ()
+    with pytest.raises(SystemExit):
+        main(["bench", "specbench", str(tmp_path), "--categories", "mt_bench,qa", "--limit", "1"])
+    assert seen["config"].categories == ("mt_bench", "qa")
     with pytest.raises(SystemExit) as refused:
         main(["bench", "specbench", str(tmp_path), "--limit", "0"])
     assert refused.value.code == 2
