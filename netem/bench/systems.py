@@ -42,7 +42,7 @@ def drafter_client(address: str, drafter: str, config, tokenizer=None, instance=
 def drafter_shape(drafter: str) -> dict:
     """ "independent+int8~64k:2x6x8@0.1" -> the drafter's DrafterOptions fields: its name, its weights after "+"
     (IndependentConfig.weights: int4-mlp, int8 or float), its draft vocabulary after "~" (a count, "64k" or
-    "full", then "+ctx" for IndependentConfig.context_vocab) and its EAGLE-2 tree shape after ":"
+    "full", then "+ctx" or "+noctx" for IndependentConfig.context_vocab) and its EAGLE-2 tree shape after ":"
     (BxDxM[@min_prob], as tree-sweep's --shapes), so weights, vocabularies, fixed shapes and --tree auto compare
     in one run; a name alone keeps the defaults."""
     from edgespec.client.drafters.independent import WEIGHTS
@@ -56,12 +56,12 @@ def drafter_shape(drafter: str) -> dict:
     out = {"name": name, **({"weights": weights} if plus else {}), **({"tree": parse_shape(shape)} if shape else {})}
     if tilde:
         vocab, plus, context = vocab.partition("+")
-        if plus and context != "ctx":
+        if plus and context not in ("ctx", "noctx"):
             raise argparse.ArgumentTypeError(f"unknown draft vocabulary option {context!r} in {drafter!r}: only "
-                                             "+ctx (the committed text's ids as well)")
+                                             "+ctx (the committed text's ids as well) or +noctx (the list alone)")
         out["draft_vocab"] = vocab_size_arg(vocab, drafter)
-        if plus:
-            out["context_vocab"] = True
+        if plus:  # either way, whatever the default is, so a run names what it compares
+            out["context_vocab"] = context == "ctx"
     return out
 
 

@@ -117,6 +117,7 @@ def test_a_systems_draft_vocabulary_rides_in_its_name():
             drafter_shape(bad)
     assert drafter_shape("independent+int8~64k+ctx") == {"name": "independent", "weights": "int8",
                                                          "draft_vocab": 65536, "context_vocab": True}
+    assert drafter_shape("independent~64k+noctx")["context_vocab"] is False
     assert "context_vocab" not in drafter_shape("independent~64k")
-    with pytest.raises(argparse.ArgumentTypeError, match="only \\+ctx"):
+    with pytest.raises(argparse.ArgumentTypeError, match="only \\+ctx .* or \\+noctx"):
         drafter_shape("independent~64k+prompt")
