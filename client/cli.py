@@ -42,13 +42,16 @@ RUN_GENERATION_FLAGS = {  # GenerationConfig's for one prompt (client); serve's 
 
 
 def vocab_count(text: str) -> int:
-    """--draft-vocab's N: a count of ids, 0 for all of them."""
+    """--draft-vocab's N (and a bench system's "~N"): a count of ids, "65536" or "64k"; 0 or "full" for all."""
+    if text == "full":
+        return 0
     try:
-        count = int(text)
+        count = int(text[:-1]) * 1024 if text.endswith("k") else int(text)
     except ValueError:
         count = -1
     if count < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of ids (0 drafts over the whole vocabulary)")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of ids (65536 or 64k; 0 or full drafts over "
+                                         "the whole vocabulary)")
     return count
 
 

@@ -7,6 +7,7 @@ import time
 
 from tqdm import tqdm
 
+from edgespec.client.cli import vocab_count
 from .records import sse_chunks
 from .tree_sweep import parse_shape
 
@@ -66,16 +67,12 @@ def drafter_shape(drafter: str) -> dict:
 
 
 def vocab_size_arg(text: str, where: str) -> int:
-    """ "65536", "64k" -> 65536; "full" or "0" -> 0 (the whole vocabulary)."""
-    if text == "full":
-        return 0
+    """ "65536", "64k" -> 65536; "full" or "0" -> 0 (the whole vocabulary): --draft-vocab's parser, with the
+    system's name in the error."""
     try:
-        size = int(text[:-1]) * 1024 if text.endswith("k") else int(text)
-    except ValueError:
-        size = -1
-    if size < 0:
-        raise argparse.ArgumentTypeError(f"draft vocabulary {text!r} in {where!r} is not a count, 64k or full")
-    return size
+        return vocab_count(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"draft vocabulary {text!r} in {where!r} is not a count, 64k or full") from None
 
 
 def plain_api(http_address: str, prompt_ids: list[int], config, stop: tuple[str, ...] = (), relay=None) -> dict:

@@ -54,10 +54,12 @@ def test_serve_loads_its_client_over_the_link_its_health_probe_uses(tiny_server,
 
 @pytest.mark.parametrize("command", [["client"], ["client", "serve"], ["demo"]])
 def test_the_draft_vocabulary_flag(command, capsys):
-    """`--draft-vocab N`: a count (0 = every id); unset leaves IndependentConfig's default; a negative or a word
+    """`--draft-vocab N`: a count, or 64k (0 or full = every id); unset leaves IndependentConfig's default; a negative or a word
     is refused by name."""
     assert build_parser().parse_args([*command, "--draft-vocab", "32768"]).draft_vocab == 32768
     assert build_parser().parse_args([*command, "--draft-vocab", "0"]).draft_vocab == 0
+    assert build_parser().parse_args([*command, "--draft-vocab", "64k"]).draft_vocab == 65536
+    assert build_parser().parse_args([*command, "--draft-vocab", "full"]).draft_vocab == 0
     assert build_parser().parse_args(command).draft_vocab is None
     for bad in ("-1", "lots"):
         with pytest.raises(SystemExit):
