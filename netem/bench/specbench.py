@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .loopback import relayed
-from .records import JsonLines, cell, group_by, markdown_table
+from .records import JsonLines, cell, markdown_table
 from .specbench_format import (MT_BENCH, QUESTIONS, TASKS, Answer, Question, accept_lengths, load_questions,
                                speed_figures, write_answers)
 from .systems import ProgressBar, drafter_client, plain_api

@@ -10,7 +10,7 @@ import pytest
 from edgespec.netem.bench.experiments import BenchConfig, run
 from edgespec.netem.bench.report import markers, splice_readme, write_report
 from edgespec.netem.bench.specbench import model_id
-from edgespec.netem.bench.specbench_format import (MT_BENCH, QUESTIONS, SpecBenchFormatError, accept_lengths,
+from edgespec.netem.bench.specbench_format import (MT_BENCH, SpecBenchFormatError, accept_lengths,
                                                    load_questions, read_answers, select_categories, speed_figures)
 
 
