@@ -25,8 +25,7 @@ from .loopback import relayed
 from .prompt_sets import Prompt, load_prompts
 from .records import JsonLines, environment, read_jsonl
 from .server_process import ServerProcess
-from .specbench import run_specbench, write_answer_files
-from .specbench_format import QUESTIONS, load_questions
+from .specbench import questions_of, run_specbench, write_answer_files
 from .systems import ProgressBar, drafter_client, plain_api
 
 EXPERIMENTS = ("speed", "link", "disconnect", "codec", "specbench")
@@ -75,8 +74,7 @@ def run(config: BenchConfig) -> Path:
         _codec(config, sink)
         return sink.path
     if config.experiment == "specbench":  # a wrong file or category fails here, before a server starts
-        load_questions(Path(config.questions) if config.questions else QUESTIONS, config.per_category,
-                       config.categories)
+        questions_of(config)
     split = choose_split(config.server_cpus, config.client_cpus, config.pin)
     sink = JsonLines(config.out / f"{config.experiment}.jsonl", environment(settings, split.to_dict()))
     print(f"cpus: {split.describe()}", flush=True)

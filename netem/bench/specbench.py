@@ -89,12 +89,17 @@ def _record(question: Question, profile: str, system: str, model: str, turns: li
             "finish_reasons": [t.finish_reason for t in turns], "turn_metrics": [t.metrics for t in turns]}
 
 
+def questions_of(config) -> list[Question]:
+    """The questions a run's settings (BenchConfig's questions, per_category, categories) ask."""
+    return load_questions(Path(config.questions) if config.questions else QUESTIONS, config.per_category,
+                          config.categories)
+
+
 def run_specbench(config, server, sink: JsonLines) -> None:
     """Every question of the run, per profile: the baseline, then each drafter (experiments.run calls it)."""
     from edgespec.client.edge_client import load_tokenizer
 
-    questions = load_questions(Path(config.questions) if config.questions else QUESTIONS, config.per_category,
-                               config.categories)
+    questions = questions_of(config)
     tokenizer = load_tokenizer(config.model)  # the target's own chat template
     bar = ProgressBar(len(questions) * len(config.profiles) * (len(config.drafters) + 1), config.progress, "specbench")
     drafters: dict = {}  # one loaded drafter per name, shared by the profiles

@@ -54,8 +54,8 @@ def test_serve_loads_its_client_over_the_link_its_health_probe_uses(tiny_server,
 
 @pytest.mark.parametrize("command", [["client"], ["client", "serve"], ["demo"]])
 def test_the_draft_vocabulary_flag(command, capsys):
-    """`--draft-vocab N`: a count, or 64k (0 or full = every id); unset leaves IndependentConfig's default; a negative or a word
-    is refused by name."""
+    """`--draft-vocab N`: a count, or 64k (0 or full = every id); unset leaves IndependentConfig's default; a
+    negative or a word is refused by name."""
     assert build_parser().parse_args([*command, "--draft-vocab", "32768"]).draft_vocab == 32768
     assert build_parser().parse_args([*command, "--draft-vocab", "0"]).draft_vocab == 0
     assert build_parser().parse_args([*command, "--draft-vocab", "64k"]).draft_vocab == 65536
