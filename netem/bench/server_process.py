@@ -2,7 +2,8 @@
 
 An experiment never reuses a server a person left running: it starts
 `edgespec server` as a child process, waits for its "listening" line, and
-stops it (SIGTERM, then SIGKILL) when done. Given cores, the child runs on
+stops it (SIGTERM, then SIGKILL) when done, also when the experiment itself is
+stopped by SIGTERM. Given cores, the child runs on
 them from its start (it inherits them, ``cpus.spawning_on``).
 """
 from __future__ import annotations
@@ -87,7 +88,35 @@ class ServerProcess:
             self.proc.wait()
 
     def __enter__(self) -> "ServerProcess":
-        return self.start()
+        self._sigterm = _sigterm_exits()
+        try:
+            return self.start()
+        except BaseException:
+            _restore_sigterm(self._sigterm)
+            raise
 
     def __exit__(self, *exc) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            _restore_sigterm(self._sigterm)
+
+
+def _sigterm_exits():
+    """SIGTERM raises SystemExit in the main thread while a server runs, so the `with` block stops the
+    child: Python's default for SIGTERM ends the process at once, and the server it started would live on,
+    orphaned, holding its core and ports (a benchmark stopped by `kill` did). Returns the handler it
+    replaced, or None where it left the handler alone (not the main thread, or a handler of the caller's)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return None
+
+    def exit_now(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, exit_now)
+    return signal.SIG_DFL
+
+
+def _restore_sigterm(previous) -> None:
+    if previous is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, previous)
