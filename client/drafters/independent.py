@@ -20,6 +20,7 @@ own ids as well). Offline generation keeps the full vocabulary (it is the output
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -33,6 +34,9 @@ from .base import Drafter, DraftRequest
 from .int8_linear import head_rows, int8_matmul_available
 from .quantize import quantize_linears
 from .tree_builder import Candidates, TreeShape, build_tree
+
+log = logging.getLogger(__name__)
+MLP_MODULE = "mlp"  # the decoder layers' MLP, as Hugging Face's Llama-family models (Qwen2 among them) name it
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -132,10 +136,15 @@ def config_vocab_ids(config: IndependentConfig, model: torch.nn.Module, tokenize
 
 def quantize(model: torch.nn.Module, config: IndependentConfig) -> None:
     """The drafter's own model, in place, to the weights config asks for (wants_int8 said yes)."""
-    from .int4_linear import int4_matmul_available
+    from .int4_linear import Int4Linear, int4_matmul_available
 
-    int4 = "mlp" if config.int4_mlp and int4_matmul_available() else None
+    int4 = MLP_MODULE if config.int4_mlp and int4_matmul_available() else None
     quantize_linears(model, config.prefill_float, int4_under=int4)
+    if int4 and not any(isinstance(m, Int4Linear) for m in model.modules()):
+        # the MLP is found by its module's name: an architecture that names it otherwise would silently lose
+        # the int4 speed-up, so say so
+        log.warning("int4 MLP asked for, but %s has no linear layer under a module named %r that the int4 kernel "
+                    "takes: every layer is int8", type(model).__name__, MLP_MODULE)
 
 
 class IndependentDrafter(Drafter):

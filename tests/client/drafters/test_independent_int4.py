@@ -132,3 +132,26 @@ def test_the_real_drafter_in_int4_mostly_picks_what_it_picks_in_bf16():
     agree = (want == got).float().mean().item()
     print(f"int4-MLP drafter agrees with bf16 on {agree:.3f} of positions")
     assert agree > 0.9
+
+
+def test_a_model_without_an_mlp_module_says_its_layers_stay_int8(caplog):
+    """The int4 layers are found by the module name "mlp": a model that names its MLP otherwise is told, not
+    silently left at int8."""
+    from edgespec.client.drafters.independent import quantize
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.feed_forward = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.Linear(256, 128))
+
+    model = Block().to(torch.bfloat16)
+    with caplog.at_level("WARNING", logger="edgespec.client.drafters.independent"):
+        quantize(model, IndependentConfig())
+    assert all(isinstance(m, Int8Linear) for m in model.feed_forward)
+    assert "no linear layer under a module named 'mlp'" in caplog.text
+    caplog.clear()
+    named = torch.nn.Module()
+    named.mlp = Block().feed_forward.to(torch.bfloat16)
+    with caplog.at_level("WARNING", logger="edgespec.client.drafters.independent"):
+        quantize(named, IndependentConfig())
+    assert all(isinstance(m, Int4Linear) for m in named.mlp) and caplog.text == ""
