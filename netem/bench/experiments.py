@@ -92,7 +92,7 @@ def _serve_and_run(config: BenchConfig, split: CpuSplit, sink: JsonLines) -> Non
         sink.done = {_key(r) for r in read_jsonl(sink.path)}
     sets = {"disconnect": ("humaneval",), "specbench": ()}.get(config.experiment, config.prompt_sets)
     prompts = [p for name in sets for p in load_prompts(name, config.set_limits.get(name, config.limit))]
-    log = config.out / f"{config.experiment}-server.log"
+    log = start_server_log(config.out / f"{config.experiment}-server.log", len(sink.done), config.command)
     # MoA drafters (shipped names such as moa-tli0) need their server part on the server
     moa_parts = [a for d in {d.partition("@")[0].partition(":")[0] for d in config.drafters} if d.startswith("moa")
                  for a in ("--moa-server-part", d)]
@@ -107,6 +107,19 @@ def _serve_and_run(config: BenchConfig, split: CpuSplit, sink: JsonLines) -> Non
             run_specbench(config, server, sink)
             return
         {"speed": _speed, "link": _link, "disconnect": _disconnect}[config.experiment](config, server, prompts, sink)
+
+
+def start_server_log(log: Path, done: int, command: str) -> Path:
+    """The server's log for a run: emptied for a run from the start; for a run that goes on where an earlier
+    one stopped (`done` generations already written), kept, with a line that says where the new part begins
+    (the server appends, and the two servers' lines would read as one)."""
+    if not done:
+        log.unlink(missing_ok=True)
+    else:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(f"--- resumed {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} with {done} generations "
+                    f"done: {command}\n")
+    return log
 
 
 def _generate(client, prompt: Prompt, config: BenchConfig, on_token: Callable[[int], None] | None = None,

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from edgespec.netem.bench.experiments import BenchConfig, run
+from edgespec.netem.bench.experiments import BenchConfig, run, start_server_log
 from edgespec.netem.bench.report import write_report
 
 pytestmark = pytest.mark.slow
@@ -106,3 +106,15 @@ def test_codec(tmp_path, tiny_model_dir, tiny_drafter_dir):
 def test_unknown_experiment(tmp_path):
     with pytest.raises(ValueError, match="unknown experiment"):
         run(BenchConfig("nope", tmp_path))
+
+
+def test_a_fresh_run_empties_the_server_log_and_a_resumed_one_marks_where_it_goes_on(tmp_path):
+    log = tmp_path / "specbench-server.log"
+    log.write_text("the last run's server\n")
+    assert start_server_log(log, 0, "edgespec bench specbench OUT --fresh") == log and not log.exists()
+    log.write_text("first part\n")
+    start_server_log(log, 12, "edgespec bench specbench OUT")
+    first, marker = log.read_text().splitlines()
+    assert first == "first part"
+    assert re.fullmatch(r"--- resumed \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ with 12 generations done: "
+                        r"edgespec bench specbench OUT", marker)
