@@ -93,9 +93,9 @@ class IndependentConfig:
     # vocabulary): the int8 head is 40 % of a pass's weight reads once the MLP is int4, and 64k ids keep almost
     # all of tau (5.35 -> 5.32 on 4 HumanEval + 4 MT-Bench prompts, while 32k ids cost 5.35 -> 4.72); a token
     # outside the list is never drafted, so the output stays the target's
-    context_vocab: bool = False  # with a reduced vocabulary, also draft every id of the committed text (prompt and
+    context_vocab: bool = True  # with a reduced vocabulary, also draft every id of the committed text (prompt and
     # answer so far) that the list lacks: answers that copy rare words from their prompt (extraction,
-    # summarization) need exactly those; a few hundred rows more cost little beside the list's 65,536
+    # summarization, code) need exactly those; a few hundred rows more cost little beside the list's 65,536
     int8_weights: bool = True  # from_pretrained stores Linear weights (and the LM head) as int8 per channel
     # when the model loads in 16 bits on a CPU (the default); an explicit float32 asks for full precision
     prefill_float: bool = True  # with int8 weights, keep the 16-bit ones too for passes of many tokens (the

@@ -40,7 +40,8 @@ def _reduced_logprobs(model, ids, vocab_ids):
 
 def test_reduced_vocab_trees_use_only_listed_ids_with_renormalised_scores(small_lm):
     ids = _subset()
-    drafter = IndependentDrafter(small_lm, IndependentConfig(SHAPE, draft_vocab=len(ids)), vocab_ids=ids)
+    drafter = IndependentDrafter(small_lm, IndependentConfig(SHAPE, draft_vocab=len(ids), context_vocab=False),
+                                 vocab_ids=ids)
     ctx = list(range(40, 70))
     tree = drafter.propose(DraftRequest(ctx, 255, 10))
     tree.validate()
@@ -68,7 +69,7 @@ def test_offline_generation_keeps_the_full_head(small_lm):
     with torch.inference_mode():
         best = int(small_lm(input_ids=torch.tensor([ctx])).logits[0, -1].argmax())
     ids = torch.tensor(sorted(set(range(320)) - {best}))
-    drafter = IndependentDrafter(small_lm, IndependentConfig(SHAPE), vocab_ids=ids)
+    drafter = IndependentDrafter(small_lm, IndependentConfig(SHAPE, context_vocab=False), vocab_ids=ids)
     assert drafter.generate_offline(ctx) == best  # an id the reduced list lacks: offline text is the LM's own
     assert best not in drafter.propose(DraftRequest(ctx, 255, 1)).tokens
 
@@ -89,7 +90,7 @@ def test_context_vocab_drafts_the_texts_unlisted_ids(small_lm):
     """context_vocab: an id the list lacks is draftable while the committed text holds it, and only then."""
     text, best = _text_holding_its_next_token(small_lm)
     ids = torch.tensor(sorted(set(range(320)) - {best, 7}))
-    plain = IndependentDrafter(small_lm, IndependentConfig(SHAPE), vocab_ids=ids)
+    plain = IndependentDrafter(small_lm, IndependentConfig(SHAPE, context_vocab=False), vocab_ids=ids)
     drafter = IndependentDrafter(small_lm, IndependentConfig(SHAPE, context_vocab=True), vocab_ids=ids)
     assert best not in plain.propose(DraftRequest(text, 255, 30)).tokens
     tree = drafter.propose(DraftRequest(text, 255, 30))
@@ -194,9 +195,9 @@ def test_the_factory_passes_the_draft_vocabulary(tmp_path, monkeypatch, tiny_mod
     save_vocab(cached, ids, fingerprint, "test")
     reduced = make_drafter(DrafterOptions("independent", model=str(tiny_model_dir), dtype="float32", draft_vocab=100))
     assert torch.equal(reduced.vocab_ids, ids)
-    assert not reduced.config.context_vocab
-    assert make_drafter(DrafterOptions("independent", model=str(tiny_model_dir), dtype="float32", draft_vocab=100,
-                                       context_vocab=True)).config.context_vocab
+    assert reduced.config.context_vocab  # the default: the committed text's ids as well
+    assert not make_drafter(DrafterOptions("independent", model=str(tiny_model_dir), dtype="float32", draft_vocab=100,
+                                           context_vocab=False)).config.context_vocab
     full = make_drafter(DrafterOptions("independent", model=str(tiny_model_dir), dtype="float32", draft_vocab=0))
     assert full.vocab_ids is None
     # a benchmark's shared model: the list is the one for the client's tokenizer
