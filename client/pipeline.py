@@ -19,6 +19,7 @@ guesses and hits, drafting done ahead, time saved, time idle.
 """
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from .guess import Outcome, likely_outcomes, may_still_hit, tree_after
 from .planner import TreeSize
 from .step_plan import LoopConfig, LoopEstimates, TreePlanner
 from .verifier import Verdict, Verifier
+
+log = logging.getLogger(__name__)
 
 Scored = tuple[DraftTree, Sequence[float] | None]  # a tree and the drafter's log-probability per node (or None)
 
@@ -148,6 +151,8 @@ class DraftPipeline:
             self.metrics.plain_steps += 1
         flight = Flight(step, tuple(committed), tree, scores, time.perf_counter(), Future(), ahead=ahead,
                         emptied=self._emptied and not len(tree))
+        log.debug("step %d sent: %d nodes, depth %d, ahead %d", step, len(tree),
+                  max(tree.depths()) if len(tree) else 0, ahead)
         self._emptied = False
         self._post(flight, len(committed), worker=self.planner.pipelined and scores is not None and len(tree) > 0)
         return flight
@@ -160,6 +165,7 @@ class DraftPipeline:
         self.metrics.queued_steps += 1
         flight = Flight(step, before.committed, DraftTree((), ()), None, time.perf_counter(), Future(), ahead=ahead,
                         queued=True)
+        log.debug("step %d queued: ahead %d", step, ahead)
         self._post(flight, len(before.committed) + before.ahead, worker=False)
         return flight
 
@@ -206,6 +212,10 @@ class DraftPipeline:
             verdict, arrived = self._answer(flight)
         finally:
             self.metrics.idle_s += time.perf_counter() - t0
+        waited = time.perf_counter() - t0
+        log.debug("step %d landed: accepted %d, decoded %d, round trip %.3f s (server %.3f s), waited %.3f s",
+                  flight.step, len(verdict.accepted), len(verdict.decoded), arrived - flight.sent,
+                  verdict.timings.total_ns / 1e9, waited)
         if verdict.decoded:
             self.estimates.server_decodes_ahead = True
         if not verdict.skipped:

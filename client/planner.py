@@ -29,11 +29,15 @@ per tree: one more level adds at most the best frontier path's probability in
 expected tokens, and costs what the step's time grows by with it, so it pays
 while that probability is at least the planned rate times that growth
 (EAGLE-2's min_prob, with the threshold from the loop's costs).
+Steady rates are not the whole cost: leaving trees for plain steps loses the
+queue for one round trip, and leaving plain steps for trees loses the first
+tree's drafting ahead (``switch_cost``); ``switch_pays`` spreads that over a
+few steps before a loop changes kinds.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 
@@ -158,19 +162,48 @@ def tokens_per_s(inputs: PlanInputs, size: TreeSize) -> float:
     return tokens / max(step_time(inputs, size), 1e-9)
 
 
-def plan_tree(inputs: PlanInputs) -> TreeSize:
-    """The tree size (or the plain step) with the most expected committed tokens per second; on a tie the
-    smaller."""
-    best = plain_step(inputs)
-    best_rate = tokens_per_s(inputs, best)
+def best_tree(inputs: PlanInputs) -> TreeSize | None:
+    """The tree size with the most expected committed tokens per second (on a tie the smaller); None when no
+    tree fits."""
+    best, best_rate = None, 0.0
     for depth in range(1, max(0, inputs.max_depth) + 1):
         size = TreeSize(tree_nodes(inputs, depth), depth)
         if size.nodes > inputs.max_nodes:
             break
         rate = tokens_per_s(inputs, size)
-        if rate > best_rate * (1 + 1e-9):
+        if best is None or rate > best_rate * (1 + 1e-9):
             best, best_rate = size, rate
     return best
+
+
+def plan_tree(inputs: PlanInputs) -> TreeSize:
+    """The tree size (or the plain step) with the most expected committed tokens per second; on a tie the
+    smaller (the plain step first)."""
+    plain, tree = plain_step(inputs), best_tree(inputs)
+    if tree is not None and tokens_per_s(inputs, tree) > tokens_per_s(inputs, plain) * (1 + 1e-9):
+        return tree
+    return plain
+
+
+def switch_cost(inputs: PlanInputs, to: TreeSize) -> float:
+    """Seconds a switch to `to`'s kind of step costs on top of that kind's steady steps. To plain steps: the
+    first cannot be queued behind a tree (it hangs from the verdict), so its round trip is not hidden behind
+    the step before it. To trees: nothing is drafted ahead behind a plain step (it has no tree to guess a
+    verdict of), so the first tree is drafted after the answer, as in the serial loop."""
+    if to.plain:
+        return inputs.round_trip_s if inputs.queue_plain else 0.0
+    serial = replace(inputs, hit_rate=0.0)
+    return max(0.0, step_time(serial, to) - step_time(inputs, to))
+
+
+def switch_pays(inputs: PlanInputs, current: TreeSize, other: TreeSize, horizon: int) -> bool:
+    """Does leaving `current`'s kind of step (plain, or trees) for `other` pay, once the switch (``switch_cost``)
+    is spread over `horizon` steps of the other kind? The planner otherwise compares steady rates, and on a
+    long link where trees and plain steps come close (prose at satellite delays: both ~2.7 tokens/s on a
+    one-core CPU server) each swing of its estimates cost an idle round trip or a tree drafted serially."""
+    tokens = other.ahead if other.plain else expected_tokens(inputs.acceptance, other.depth)
+    rate = horizon * tokens / max(horizon * step_time(inputs, other) + switch_cost(inputs, other), 1e-9)
+    return rate > tokens_per_s(inputs, current) * (1 + 1e-9)
 
 
 def path_floors(inputs: PlanInputs, planned: TreeSize, calibration: float = 1.0) -> tuple[float, ...]:

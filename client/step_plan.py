@@ -15,6 +15,7 @@ faded by 5 % a verdict).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import threading
 from dataclasses import dataclass
@@ -24,8 +25,10 @@ from edgespec.shared.tree import DraftTree
 
 from edgespec.shared.wire import MAX_DECODE_AHEAD
 
-from .planner import (PLAIN, PlanInputs, TreeSize, expected_tokens, path_floors, plain_step, plan_tree, probe_tree,
-                      step_time, tree_nodes, verify_time)
+from .planner import (PLAIN, PlanInputs, TreeSize, best_tree, expected_tokens, path_floors, plain_step, plan_tree,
+                      probe_tree, step_time, switch_pays, tree_nodes, verify_time)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,10 @@ class LoopConfig:
     # prompt and drafts, when the server's prefill and the drafter's would both outlast a round trip and a
     # verification (LoopEstimates.open_overlap_pays): a one-core CPU server's prefill then no longer waits for
     # the client's (a 160-token prompt: ~2.5 s and ~1.5 s on this box, in a row before)
+    settle: bool = True  # a switch between plain steps and trees must pay for what it costs (planner.switch_cost:
+    # the first plain step's round trip, or the first tree's drafting ahead) over explore_every steps, so
+    # estimates that swing around the break-even do not swing the loop (on prose at satellite delays the loop
+    # switched kinds every few steps, at 0.84x the plain API where either kind alone came level with it)
     warmup_trees: int = 3  # trees of the drafter's own shape verified before the planner sizes any: a plain
     # step measures no acceptance, so a planner that starts from its prior alone can settle on plain steps
     # with a drafter whose trees would win (seen on a one-core server: the 0.5B drafter at 1.9 tokens a step
@@ -95,6 +102,8 @@ LOOP_MODES = {
     # ruled it out: it was drafted to its end, then the next one
     "auto-by-path": LoopConfig(depth_by_path=True),  # trees stopped by their own paths' probabilities and the
     # loop's costs (planner.path_floors), not capped at the planner's depth
+    "auto-unsettled": LoopConfig(settle=False),  # before a switch between plain steps and trees was charged its
+    # cost: the steady rates alone picked each step's kind
     "auto-no-overlap": LoopConfig(overlap_open=False),  # before Open overlapped the drafter's prefill: the tree
     # from the prompt went with Open
 }
@@ -318,6 +327,7 @@ class TreePlanner:
         # was not: its first plain step probes, unless a tree went first.
         self._plain_in_a_row, self._plain_s = config.explore_every, math.inf
         self.probing = False  # the last step asked for was a probe (not a tree the estimates chose)
+        self.last_plain: bool | None = None  # the kind of the last step asked for (None: none yet)
 
     def size(self, remaining: int, explore: bool = True) -> TreeSize:
         """The tree for a step that may commit at most `remaining` tokens (the bonus token included);
@@ -332,7 +342,12 @@ class TreePlanner:
         if inputs is None or self.estimates.trees_verified < self.config.warmup_trees:
             size = full  # not measured enough yet: the drafter's own shape, which measures it
         else:
-            size = plan_tree(inputs)
+            size = self._settled(inputs, plan_tree(inputs), in_trees=not explore or self.last_plain is False)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("plan %s: round trip %.3f s, pass %.3f s, curve %s, acceptance %s, nodes/depth %.1f, "
+                          "hit rate %.2f", size, inputs.round_trip_s, inputs.draft_pass_s,
+                          {n: round(s, 3) for n, s in zip(inputs.verify_nodes, inputs.verify_s)},
+                          [round(a, 2) for a in inputs.acceptance], inputs.nodes_per_depth, inputs.hit_rate)
             if self.by_path and not size.plain:
                 # a deeper tree adds no nodes past the drafter's own cap (the biggest tree seen): no verification
                 # time for a level to pay for there
@@ -349,7 +364,19 @@ class TreePlanner:
             self.probing = False
         if not size.plain:
             self._plain_in_a_row, self._plain_s = 0, 0.0
+        self.last_plain = size.plain
         return size
+
+    def _settled(self, inputs: PlanInputs, planned: TreeSize, in_trees: bool) -> TreeSize:
+        """The planned step, unless it switches kinds (plain steps and trees) and the switch does not pay for
+        its cost over explore_every steps (``planner.switch_pays``): then the best of the kind the loop is on.
+        `in_trees`: the loop's last step was a tree (a tree drafted ahead is asked for while one is out)."""
+        if not self.config.settle or (self.last_plain is None and not in_trees) or planned.plain != in_trees:
+            return planned
+        current = best_tree(inputs) if in_trees else plain_step(inputs)
+        if current is None or switch_pays(inputs, current, planned, self.config.explore_every):
+            return planned
+        return current
 
     def _plain_or_probe(self, inputs: PlanInputs) -> TreeSize:
         """A step while plain steps win: plain, or now and then a probe, the shallowest tree that would win were

@@ -173,3 +173,26 @@ def test_plain_steps_that_decode_ahead_do_not_bring_probes_closer(monkeypatch):
         sizes = generation(est, CHAT, rng, probes=probes)
         assert any(s.plain and s.ahead == 3 for s in sizes), (seed, sizes)
         assert len(probes) <= 4, (seed, sizes)  # a probe's cost counts the round trip the queue loses after it
+
+
+def test_on_prose_at_satellite_delays_the_loop_switches_kinds_less_when_switches_are_charged(monkeypatch):
+    """Prose where the 0.5B drafter's trees and queued plain steps come close (this box's bf16 server behind a
+    satellite link, from the debug log of 2026-11-29: 0.33 s a decode step, 0.58 s of link, 0.045 s a pass):
+    the unsettled loop followed every swing of its estimates, each switch an idle round trip or a tree drafted
+    serially; charged for them (LoopConfig.settle), it switches less."""
+    here = sys.modules[__name__]
+    monkeypatch.setattr(here, "CURVE", ((0, 2, 4, 16, 32), (0.33, 0.353, 0.371, 0.419, 0.517)))
+    monkeypatch.setattr(here, "LINK_S", 0.58)
+    monkeypatch.setattr(here, "PASS_S", 0.045)
+    prose = Text((0.8, 0.8, 0.8, 0.7, 0.6, 0.5), stop=8, width=2.0, hit=0.3)
+
+    def switches(settle: bool) -> int:
+        total = 0
+        for seed in range(10):
+            rng, est = random.Random(seed), LoopEstimates(*CURVE)
+            sizes = generation(est, prose, rng, loop=LoopConfig(settle=settle))
+            total += sum(a.plain != b.plain for a, b in zip(sizes, sizes[1:]))
+        return total
+
+    settled, unsettled = switches(True), switches(False)
+    assert settled <= 0.85 * unsettled, (settled, unsettled)

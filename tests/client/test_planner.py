@@ -5,10 +5,11 @@ import math
 
 import pytest
 
-from edgespec.client.planner import (PLAIN, PlanInputs, TreeSize, expected_tokens, path_floors, plain_step, plan_tree,
-                                     probe_tree, step_time, tokens_per_s, verify_time)
+from edgespec.client.planner import (PLAIN, PlanInputs, TreeSize, best_tree, expected_tokens, path_floors, plain_step,
+                                     plan_tree, probe_tree, step_time, switch_cost, switch_pays, tokens_per_s,
+                                     verify_time)
 from edgespec.client.step_plan import LoopConfig, LoopEstimates, TreePlanner
-from edgespec.shared.tree import DraftTree
+from edgespec.shared.tree import ROOT, DraftTree
 
 
 def inputs(**over) -> PlanInputs:
@@ -227,7 +228,7 @@ def test_loops_by_name_and_by_flag(capsys):
     assert loop_mode("independent") == ("independent", LoopConfig())
     assert loop_mode("ngram@serial") == ("ngram", LoopConfig(pipeline=False, tree="fixed"))
     assert set(LOOP_MODES) == {"serial", "pipelined", "auto-serial", "auto", "auto-1", "auto-unqueued",
-                               "auto-finish-missed", "auto-by-path", "auto-no-overlap"}
+                               "auto-finish-missed", "auto-by-path", "auto-no-overlap", "auto-unsettled"}
     assert loop_mode("independent@auto-finish-missed") == ("independent", LoopConfig(stop_missed=False))
     assert loop_mode("independent@auto-by-path") == ("independent", LoopConfig(depth_by_path=True))
     assert loop_mode("ngram@auto-1") == ("ngram", LoopConfig(decode_ahead=1, queue_plain=False))
@@ -343,3 +344,68 @@ def test_queued_plain_steps_decode_just_long_enough_to_cover_the_round_trip():
     fast_link = PlanInputs(**{**base, "round_trip_s": 0.01}, queue_plain=True)
     assert plain_step(fast_link) == TreeSize(0, 0, 1)  # a token at a time costs nothing when the link is short
     assert plan_tree(fast_link).plain  # this drafter's trees lose either way
+
+
+def satellite(**over) -> PlanInputs:
+    """This box's bf16 server behind a satellite link (the debug log of a satellite run, 2026-11-29): a 0.33 s
+    decode step, trees of 4-32 nodes 0.37-0.52 s, a 0.58 s link, 0.045 s drafter passes; prose acceptance."""
+    base = dict(round_trip_s=0.58, verify_nodes=(0, 4, 16, 32), verify_s=(0.33, 0.371, 0.419, 0.517),
+                draft_pass_s=0.045, acceptance=(0.8, 0.75, 0.75, 0.65), nodes_per_depth=2.0, max_nodes=32,
+                max_depth=16, hit_rate=0.3, max_ahead=8, queue_plain=True, stop_missed=True)
+    return PlanInputs(**{**base, **over})
+
+
+def test_a_switch_to_plain_steps_costs_the_round_trip_the_queue_no_longer_hides():
+    plain = plain_step(satellite())
+    assert plain == TreeSize(0, 0, 3)  # 3 x 0.33 s covers 1.5 x 0.58 s
+    assert switch_cost(satellite(), plain) == pytest.approx(0.58)
+    assert switch_cost(satellite(queue_plain=False), plain) == 0.0  # each plain step pays its round trip anyway
+
+
+def test_a_switch_to_trees_costs_the_first_trees_drafting_ahead():
+    tree = TreeSize(8, 4)
+    serial = step_time(satellite(hit_rate=0.0), tree)
+    assert switch_cost(satellite(), tree) == pytest.approx(serial - step_time(satellite(), tree))
+    assert switch_cost(satellite(), tree) > 0
+    assert switch_cost(satellite(hit_rate=0.0), tree) == 0.0  # nothing drafted ahead: nothing lost
+
+
+def test_a_switch_pays_only_when_the_other_kind_wins_by_more_than_it_costs_over_the_horizon():
+    inp = satellite()
+    plain, tree = plain_step(inp), best_tree(inp)
+    assert tree is not None and plan_tree(inp) in (plain, tree)
+    gap = tokens_per_s(inp, plain) / tokens_per_s(inp, tree)
+    assert gap > 1.0  # plain steps' steady rate wins here ...
+    assert not switch_pays(inp, tree, plain, horizon=8)  # ... by less than a round trip over 8 steps: stay in trees
+    assert switch_pays(inp, tree, plain, horizon=10_000)  # spread thin enough, the steady rates decide
+    worse = satellite(acceptance=(0.5,))  # a drafter that is mostly wrong: plain steps win by far
+    assert switch_pays(worse, best_tree(worse), plain_step(worse), horizon=8)
+    # the other way: from plain steps into trees that win by far, the first tree's lost drafting ahead is small
+    code = satellite(acceptance=(0.98,))
+    assert switch_pays(code, plain_step(code), best_tree(code), horizon=8)
+
+
+def test_best_tree_is_the_planned_tree_and_none_when_nothing_fits():
+    inp = satellite(acceptance=(0.98,))
+    assert plan_tree(inp) == best_tree(inp) != PLAIN
+    assert best_tree(satellite(max_depth=0)) is None
+    assert plan_tree(satellite(max_depth=0)).plain
+
+
+def test_the_planner_keeps_the_kind_of_step_it_is_on_where_a_switch_would_not_pay():
+    """Estimates near the break-even (plain steps a little ahead): a loop on trees keeps its trees, one on plain
+    steps keeps them; with settle off, both follow the steady rates."""
+    est = LoopEstimates((0, 4, 16, 32), (0.33, 0.371, 0.419, 0.517))
+    tree = DraftTree((1, 2, 3, 4, 5, 6, 7, 8), (ROOT, 0, 1, 2, ROOT, 4, 5, 6))
+    for i in range(12):
+        est.observe_draft(tree, 0.045 * 5)
+        est.observe_verdict(tree, (2, 2, 3)[i % 3], round_trip_s=0.58 + 0.39, server_s=0.39)
+        est.observe_guess(False)
+    inp = est.inputs(32, 16, True, 8, queue_plain=True, stop_missed=True)
+    assert plan_tree(inp).plain and not switch_pays(inp, best_tree(inp), plain_step(inp), 8)
+    for settle, kept in ((True, True), (False, False)):
+        planner = TreePlanner(LoopConfig(settle=settle, warmup_trees=0), est, 32, can_pipeline=True)
+        planner.last_plain = False  # on trees ...
+        planner._plain_in_a_row, planner._plain_s = 0, 0.0  # ... and not due a probe (a new planner probes first)
+        assert (not planner.size(100).plain) is kept
+        assert (not planner.size(100, explore=False).plain) is kept  # drafted ahead while a tree is out
