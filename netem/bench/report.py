@@ -24,12 +24,14 @@ def _agg(rows: list[dict]) -> dict:
     # became vLLM's, trees with nodes)
     drafts = sum(r.get("num_verifications", r.get("num_drafts", 0)) for r in rows)
     guesses, hits = (sum(r.get(k, 0) for r in rows) for k in ("guesses", "guess_hits"))  # the pipelined loop's
+    plain = sum(r.get("plain_steps", 0) for r in rows)  # Drafts without a tree (the planner found trees lose)
     rtts = sorted(x for r in rows for x in r.get("round_trips_s", []) or [])
     return {"n": len(rows), "tokens": tokens, "tok_s": tokens / wall if wall else 0.0,
             "tau": (accepted + drafts) / drafts if drafts else None,
             "calls_100": 100 * calls / tokens if tokens else 0.0,
             "up_tok": up / tokens if tokens else 0.0, "down_tok": down / tokens if tokens else 0.0,
             "hit_rate": hits / guesses if guesses else None,
+            "plain_share": plain / calls if calls and any("plain_steps" in r for r in rows) else None,
             "rtt": {p: rtts[min(len(rtts) - 1, int(p / 100 * len(rtts)))] for p in (50, 90, 99)} if rtts else None}
 
 
@@ -55,9 +57,10 @@ def link_section(rows: list[dict]) -> str:
             lines.append([profile, system, f"{a['tok_s']:.2f}", f"{a['tok_s'] / base:.2f}x" if base else "–",
                           cell(a["tau"]), f"{a['calls_100']:.1f}", f"{a['up_tok']:.0f}", f"{a['down_tok']:.0f}",
                           " / ".join(f"{1000 * a['rtt'][p]:.0f}" for p in (50, 90, 99)) if a["rtt"] else "–",
-                          cell(a["hit_rate"])])
+                          cell(a["hit_rate"]), cell(a["plain_share"])])
     return markdown_table(["profile", "system", "tokens/s", "vs plain API", "acceptance length", "calls / 100 tokens",
-                           "bytes up / token", "bytes down / token", "RTT p50 / p90 / p99 ms", "guess hit rate"],
+                           "bytes up / token", "bytes down / token", "RTT p50 / p90 / p99 ms", "guess hit rate",
+                           "plain steps / calls"],
                           lines) + "\n\n" + _by_set(rows)
 
 

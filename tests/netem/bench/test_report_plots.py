@@ -64,3 +64,15 @@ def test_report_writes_the_grouped_plots(tmp_path):
     report = write_report(tmp_path).read_text()
     for png in ("tokens_per_s.png", "calls_per_100_tokens.png", "bytes_per_token.png"):
         assert (tmp_path / png).stat().st_size > 1000 and f"![{png}]({png})" in report
+
+
+def test_the_link_table_gives_the_share_of_calls_that_were_plain_steps():
+    from edgespec.netem.bench.report import link_section
+
+    mixed = [{**row("satellite", "independent", 64, 20.0, calls=20), "plain_steps": 5},
+             {**row("satellite", "independent", 64, 20.0, calls=20), "plain_steps": 10},
+             row("satellite", "plain-api", 128, 50.0, calls=1)]
+    table = link_section(mixed).split("\n\n")[0]
+    assert "plain steps / calls" in table.splitlines()[0]
+    cells = {line.split(" | ")[1]: line.split(" | ")[-1].rstrip(" |") for line in table.splitlines()[2:]}
+    assert cells == {"independent": "0.38", "plain-api": "–"}  # 15 of 40 calls; the plain API has no steps
