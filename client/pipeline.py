@@ -151,8 +151,9 @@ class DraftPipeline:
             self.metrics.plain_steps += 1
         flight = Flight(step, tuple(committed), tree, scores, time.perf_counter(), Future(), ahead=ahead,
                         emptied=self._emptied and not len(tree))
-        log.debug("step %d sent: %d nodes, depth %d, ahead %d", step, len(tree),
-                  max(tree.depths()) if len(tree) else 0, ahead)
+        if log.isEnabledFor(logging.DEBUG):  # the depth walks the tree: not on every step at INFO
+            log.debug("step %d sent: %d nodes, depth %d, ahead %d", step, len(tree),
+                      max(tree.depths()) if len(tree) else 0, ahead)
         self._emptied = False
         self._post(flight, len(committed), worker=self.planner.pipelined and scores is not None and len(tree) > 0)
         return flight
@@ -211,8 +212,8 @@ class DraftPipeline:
         try:
             verdict, arrived = self._answer(flight)
         finally:
-            self.metrics.idle_s += time.perf_counter() - t0
-        waited = time.perf_counter() - t0
+            waited = time.perf_counter() - t0
+            self.metrics.idle_s += waited
         log.debug("step %d landed: accepted %d, decoded %d, round trip %.3f s (server %.3f s), waited %.3f s",
                   flight.step, len(verdict.accepted), len(verdict.decoded), arrived - flight.sent,
                   verdict.timings.total_ns / 1e9, waited)
