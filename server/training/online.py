@@ -57,7 +57,10 @@ class TargetFeatures:
         if not names:
             return StoredSequence(s.id, s.split, tokens, loss_mask, None, None, {})
         depths = tuple(d for d in self.tli_depths if f"act{d}" in names)
-        feats = target_features(self.loaded.model, s.ids, depths)
+        # The target runs under inference mode (features.batch_features): its outputs are inference
+        # tensors, which autograd refuses to save for backward, and EAGLE's hidden state is both an
+        # input of the head and its loss target. A clone made out here is an ordinary tensor.
+        feats = {k: v.clone() for k, v in target_features(self.loaded.model, s.ids, depths).items()}
         return StoredSequence(s.id, s.split, tokens, loss_mask,
                               feats["hidden"] if "hidden" in names else None, feats["kv"] if "kv" in names else None,
                               {d: feats[f"act{d}"] for d in depths})
