@@ -41,10 +41,12 @@ class LayerSelfAttention(nn.Module):
         return (kv + mixed).mean(dim=1)
 
 
-def save_server_part(module: LayerSelfAttention, path: str | Path) -> None:
-    """safetensors with the config in its metadata."""
+def save_server_part(module: LayerSelfAttention, path: str | Path, dtype: torch.dtype | None = None) -> None:
+    """safetensors with the config in its metadata; the weights in ``dtype`` (None: as they are)."""
     meta = {k: str(v) for k, v in asdict(module.config).items()}
-    save_file({k: v.detach().contiguous() for k, v in module.state_dict().items()}, str(path), metadata=meta)
+    cast = (lambda v: v) if dtype is None else (lambda v: v.to(dtype) if v.is_floating_point() else v)  # noqa: E731
+    save_file({k: cast(v.detach().cpu()).contiguous() for k, v in module.state_dict().items()}, str(path),
+              metadata=meta)
 
 
 def load_server_part(path: str | Path, device: str | torch.device = "cpu") -> LayerSelfAttention:

@@ -119,9 +119,8 @@ def save_moa(model: MoADrafterModel, out_dir: str | Path, dtype: torch.dtype = t
     """Writes ``server.safetensors`` (the LSA) and ``client.safetensors`` (the rest) into out_dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    lsa = LayerSelfAttention(model.lsa.config)
-    lsa.load_state_dict({k: v.to(dtype) for k, v in model.lsa.state_dict().items()})
-    save_server_part(lsa, out / "server.safetensors")
+    # Cast as written: loading a cast state dict into a new float32 module (as this did) cast it back.
+    save_server_part(model.lsa, out / "server.safetensors", dtype)
     save_weights(out / "client.safetensors", KIND, asdict(model.client.config), model.client.state_dict(),
                  model.vocab_ids, dtype)
     return out

@@ -165,3 +165,18 @@ def test_resume_covers_offline_tokens(target, seqs, tli):
     assert torch.isclose(g.expand([70, 71], [ROOT, 0]).exp().sum(-1), torch.ones(2)).all()
     with pytest.raises(DrafterStateError, match="do not fit"):
         g.commit([], features(model, parts, seq, 11, 12), features_from=11)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_both_parts_are_saved_in_the_dtype_asked(target, tmp_path, dtype):
+    """The server part was written in float32 whatever dtype was asked: twice the bytes of a bf16 one."""
+    from safetensors.torch import load_file
+
+    model, _ = make(target, 1)
+    out = save_moa(model, tmp_path / "moa", dtype=dtype)
+    for part in ("server", "client"):
+        floats = {k: v.dtype for k, v in load_file(str(out / f"{part}.safetensors")).items() if v.is_floating_point()}
+        assert floats and set(floats.values()) == {dtype}, (part, floats)
+    back = load_moa(out)  # read back in float32, equal to the saved weights rounded to the dtype
+    for k, v in model.lsa.state_dict().items():
+        assert torch.equal(back.lsa.state_dict()[k], v.to(dtype).float())
