@@ -96,7 +96,10 @@ def extract_sharded(target: str, data_dir: str | Path, out_dir: str | Path, conf
     meta_path = store / "store.json"
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
-        for key in ("fingerprint", "tli_depths", "max_len"):
+        # dtype too: shards of float32 and bf16 features in one store would be two targets' numbers. A store
+        # from before stores recorded it says nothing, and is not refused for that.
+        keys = ("fingerprint", "tli_depths", "max_len") + (("dtype",) if "dtype" in old else ())
+        for key in keys:
             if old.get(key) != meta[key]:
                 raise ValueError(f"{store} was extracted with {key}={old.get(key)!r}, this run asks {meta[key]!r}: "
                                  "resume with the same settings or use a new folder")

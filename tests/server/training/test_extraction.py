@@ -106,6 +106,20 @@ def test_resuming_with_other_shards_is_refused(target_dir, data_dir, tmp_path):
                         device="cpu", dtype="float32")
 
 
+def test_resuming_in_another_dtype_is_refused(target_dir, data_dir, tmp_path):
+    """A store is one dtype's features: bf16 shards after float32 ones would mix two targets' numbers."""
+    cfg = ExtractConfig(max_len=32, shard_tokens=64, limit=4)
+    extract_sharded(str(target_dir), data_dir, tmp_path / "s", cfg, device="cpu", dtype="float32")
+    before = sorted(p.name for p in (tmp_path / "s" / "shards").iterdir())
+    with pytest.raises(ValueError, match=r"dtype='torch.float32'.*'torch.bfloat16'"):
+        extract_sharded(str(target_dir), data_dir, tmp_path / "s", ExtractConfig(max_len=32, shard_tokens=64),
+                        device="cpu", dtype="bfloat16")
+    assert sorted(p.name for p in (tmp_path / "s" / "shards").iterdir()) == before
+    assert json.loads((tmp_path / "s" / "store.json").read_text())["dtype"] == "torch.float32"
+    extract_sharded(str(target_dir), data_dir, tmp_path / "s", ExtractConfig(max_len=32, shard_tokens=64),
+                    device="cpu", dtype="float32")  # the same dtype resumes
+
+
 def test_features_from_the_target_during_training(target_dir, data_dir, tmp_path):
     """--features-from target: the same sequences and splits as a store of the same data, features
     equal to the stored ones up to int8, and a trainer runs on it without keeping them."""
