@@ -40,10 +40,12 @@ from .train_config import TrainConfig
 log = logging.getLogger(__name__)
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
+def lr_at(step: int, cfg: TrainConfig, horizon: int | None = None) -> float:
+    """Linear warm-up, then a cosine from lr down to lr/10 at step ``horizon`` (default cfg.steps), and
+    lr/10 after it."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
-    frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    frac = (step - cfg.warmup) / max(1, (cfg.steps if horizon is None else horizon) - cfg.warmup)
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
@@ -69,6 +71,10 @@ class Trainer:
         distributed.broadcast_params(self.params)
         self.opt = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=config.weight_decay)
         self.step = 0
+        # The step the cosine reaches its floor: this run's steps, or, resumed, what the first run planned
+        # (checkpoint.pt keeps it), so that a larger --steps adds steps instead of re-stretching the
+        # learning rates of those already planned.
+        self.horizon = config.steps
         # The same on every process: they draw the same global batch and each takes its share.
         self.gen = torch.Generator().manual_seed(config.seed)
         self._cache: dict[object, object] = {}
@@ -88,7 +94,7 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         state = {"step": self.step, "tokens": self.tokens_seen, "optimizer": self.opt.state_dict(),
-                 "rng": self.gen.get_state(),
+                 "rng": self.gen.get_state(), "schedule_steps": self.horizon,
                  "modules": {k: m.state_dict() for k, m in self.recipe.trainable().items()},
                  "config": asdict(self.config)}
         tmp = self.checkpoint_path.with_suffix(".tmp")
@@ -105,7 +111,14 @@ class Trainer:
         self.gen.set_state(state["rng"])
         self.step = state["step"]
         self.tokens_seen = state.get("tokens", 0)
+        # Checkpoints from before the horizon was recorded: the steps of the run that wrote them.
+        self.horizon = int(state.get("schedule_steps", state.get("config", {}).get("steps", self.config.steps)))
         log.info("resumed from %s at step %d", self.checkpoint_path, self.step)
+        if self.horizon != self.config.steps:
+            log.info("the run now goes to %d steps on the learning-rate schedule planned for %d (%s)",
+                     self.config.steps, self.horizon,
+                     f"from step {self.horizon} on at its floor lr/10" if self.config.steps > self.horizon
+                     else "stopping before its end")
         return True
 
     def _load(self, path):
@@ -148,8 +161,9 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         for m in self.recipe.trainable().values():
             m.train()
+        lr = lr_at(self.step, self.config, self.horizon)
         for g in self.opt.param_groups:
-            g["lr"] = lr_at(self.step, self.config)
+            g["lr"] = lr
         windows = self._batch()
         learned = lambda w: float(self._mask(w[0])[w[1] + 1:w[2]].sum())  # noqa: E731
         total_learned = sum(learned(w) for w in windows)
@@ -182,7 +196,7 @@ class Trainer:
         self.opt.step()
         self.step += 1
         self.tokens_seen += sum(end - start for _, start, end in windows)
-        out = {"loss": float(sums[-1])}
+        out = {"loss": float(sums[-1]), "lr": lr}
         out.update({f"loss/{n}": float(sums[i] / max(float(sums[len(names) + i]), 1e-9)) for i, n in enumerate(names)})
         return out
 

@@ -38,15 +38,40 @@ def test_a_few_steps_lower_the_loss(kind, tli, unroll, target, store, tmp_path):
 def test_resume_continues_exactly(target, store, tmp_path):
     straight = Trainer(recipe("eagle", target, store), store, tmp_path / "a", train_config(steps=6))
     straight.fit()
-    first = Trainer(recipe("eagle", target, store), store, tmp_path / "b", train_config(steps=3, save_every=3))
-    first.fit()
+    # A run of 6 steps stopped after its checkpoint at step 3 (as a kill would leave it) ...
+    first = Trainer(recipe("eagle", target, store), store, tmp_path / "b", train_config(steps=6, save_every=3))
+    for _ in range(3):
+        first.train_step()
+    first.save_checkpoint()
     again = Trainer(recipe("eagle", target, store), store, tmp_path / "b", train_config(steps=6, save_every=3))
-    again.fit()  # resumes at step 3 from checkpoint.pt
+    again.fit()  # ... resumes at step 3 from checkpoint.pt
     assert again.history[0]["step"] == 4
+    assert [r["loss"] for r in again.history] == [r["loss"] for r in straight.history[3:]]
     a = straight.recipe.trainable()["head"].state_dict()
     b = again.recipe.trainable()["head"].state_dict()
     for k in a:
         torch.testing.assert_close(a[k], b[k])
+
+
+def test_a_resumed_run_with_more_steps_keeps_the_planned_schedule(target, store, tmp_path, caplog):
+    """--steps raised on resume adds steps at the schedule's floor; it does not re-stretch the cosine
+    under the steps already planned (their learning rates would change mid-run)."""
+    from edgespec.server.training.trainer import lr_at
+
+    cfg4, cfg8 = train_config(steps=4, warmup=1), train_config(steps=8, warmup=1)
+    first = Trainer(recipe("eagle", target, store), store, tmp_path, cfg4)
+    first.fit()
+    assert [r["lr"] for r in first.history] == [lr_at(s, cfg4) for s in range(4)]
+    assert torch.load(first.checkpoint_path, weights_only=False)["schedule_steps"] == 4
+    with caplog.at_level("INFO", logger="edgespec.server.training.trainer"):
+        again = Trainer(recipe("eagle", target, store), store, tmp_path, cfg8)
+        again.fit()
+    assert [r["step"] for r in again.history] == [5, 6, 7, 8]
+    floor = cfg8.lr / 10
+    assert [r["lr"] for r in again.history] == pytest.approx([floor] * 4)
+    assert lr_at(4, cfg8) > 2 * floor  # what a re-stretched schedule would have used
+    assert "now goes to 8 steps on the learning-rate schedule planned for 4" in caplog.text
+    assert torch.load(again.checkpoint_path, weights_only=False)["schedule_steps"] == 4
 
 
 def test_validation_logs_per_position_acceptance_and_card(target, store, tmp_path):
