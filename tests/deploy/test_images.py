@@ -146,7 +146,8 @@ def test_entrypoint_passes_optional_settings_and_extra_flags():
     argv = entrypoint_argv("server", {"EDGESPEC_TLS_CERT": "/c.pem", "EDGESPEC_TLS_KEY": "/k.pem",
                                       "EDGESPEC_API_KEY": "s3cret"})
     assert_parses(argv)
-    assert argv[argv.index("--tls-cert") + 1] == "/c.pem"
+    assert argv[argv.index("--ssl-certfile") + 1] == "/c.pem"  # the flag's current name, as the docs write it
+    assert argv[argv.index("--ssl-keyfile") + 1] == "/k.pem"
     # The key stays in the environment, where edgespec reads it, not in the process list.
     assert "--api-key" not in argv and "s3cret" not in argv
     extra = subprocess.run(["bash", str(ENTRYPOINT), "server", "--port", "6000"], capture_output=True, text=True,

@@ -15,7 +15,7 @@ ROOT_PACKAGE = "client/root"  # the `edgespec` package's own folder
 
 
 def test_top_level_layout():
-    allowed = {"pyproject.toml", "README.md", "server", "client", "proto", "shared", "deploy", "tests", "netem"}
+    allowed = {"pyproject.toml", "README.md", "LICENSE", "server", "client", "proto", "shared", "deploy", "tests", "netem"}
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
     tops = {p.split("/")[0] for p in tracked if not p.startswith(".")}
     assert tops <= allowed, f"unexpected top-level entries: {sorted(tops - allowed)}"
