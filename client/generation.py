@@ -24,7 +24,7 @@ One online step:
   5. a tree drafted ahead for this verdict goes out at once
   6. hand the verification (and its features) to the drafter
   7. emit the new tokens; stop at EOS, max tokens or a stop string
-Steps 3 and 5 are the pipeline (``pipeline.py``, DESIGN section 1): the Draft waits
+Steps 3 and 5 are the pipeline (``pipeline.py``; client/README.md, "The pipeline and the planner"): the Draft waits
 for its answer on a worker thread (the gRPC stream reads on its own thread, and
 torch releases the GIL), so the client drafts while the server verifies. A
 verdict no guess matched drops the trees drafted ahead, and the drafter rewinds
@@ -33,7 +33,7 @@ are sent, never what the target accepts: the output is the serial loop's.
 ``LoopConfig`` (``step_plan.py``) turns the pipeline off and picks ``auto`` or
 ``fixed`` tree sizes (``planner.py``).
 When the link dies (deadline passed, stream broken, UNAVAILABLE) the loop goes
-offline (DESIGN section 6): a drafter that can generate alone continues and its
+offline (proto/README.md, "Offline and resume"): a drafter that can generate alone continues and its
 tokens are provisional; a background reconnector retries with backoff; once a
 channel is ready, Resume hands the provisional tokens to the target under the
 policy. Every failure in a row (a failed connect, a Resume that failed on a

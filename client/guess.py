@@ -1,7 +1,7 @@
 """Guessing a verdict before it comes, and the tree a right guess sends at once. Pure functions.
 
 While a tree is out for verification the client drafts the next one from a guess
-(DESIGN section 1, "Two machines, one pipeline"). A verdict is the accepted path
+(client/README.md, "The pipeline and the planner"). A verdict is the accepted path
 (a root-to-node path of the tree, maybe empty) and the bonus token after it. The
 guess is the path: the drafter's scores give each node's chance that the target
 accepts the path to it, p(n), so the chance that the accepted path ends exactly

@@ -3,7 +3,7 @@
 ``EdgespecClient`` tells a ``ClientMetrics`` about every generation it runs (``watch``): when the
 request arrived, when it got the client (requests run one at a time: the wait is the queue
 time), its first token, and at the end the generation's own ``GenerationMetrics``. The series
-use vLLM's names (``edgespec.shared.prom``) and meanings, from the client's side, as README's Metrics
+use vLLM's names (``edgespec.shared.prom``) and meanings, from the client's side, as server/README.md's Metrics
 table lists them (its client column); the server counts the same trees under ``edgespec:``.
 ``round_trip_time_seconds`` is every message the server answered (Open, Draft, Resume, Close) as the
 client sees it, link included; ``request_verify_time_seconds`` the server's own verification time over

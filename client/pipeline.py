@@ -1,4 +1,5 @@
-"""Drafting while the Draft is in flight: the online step's machinery (DESIGN section 1).
+"""Drafting while the Draft is in flight: the online step's machinery
+(client/README.md, "The pipeline and the planner").
 
 A Draft goes out at once and a worker thread waits for its answer (the gRPC
 stream reads answers on its own thread and torch releases the GIL, so the

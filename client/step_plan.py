@@ -47,7 +47,7 @@ class LoopConfig:
     # the drafter's min_prob, set from the loop's costs and its calibration), not to the depth the average
     # acceptance pays for. Off: on Spec-Bench --limit 1 at 5g (bf16, 2-core EPYC) its trees committed more a
     # verdict (mean accepted tokens 4.09 against 3.76) but its longer guessed paths hit less (0.47 against
-    # 0.57), 0.99x the capped loop's tokens/s (loop mode auto-by-path; README "Trees stopped by their own paths")
+    # 0.57), 0.99x the capped loop's tokens/s (loop mode auto-by-path; netem/README.md "Trees stopped by their own paths")
     min_guess_probability: float = 0.0  # a guess less likely than this is not drafted ahead for (drafting ahead
     # costs nothing while the client would idle, and the planner weighs it by the hit rate measured otherwise)
     max_depth: int = 16  # deepest tree the planner weighs (the drafter's own shape caps it too)

@@ -1,7 +1,7 @@
 """The server's verification cost by tree size, measured once at start and reported in Info.
 
-A client sizes each tree from what a verification of that size costs here (DESIGN
-section 1, "Two machines, one pipeline"): on a GPU a tree of 64 nodes costs about
+A client sizes each tree from what a verification of that size costs here (client/README.md,
+"The pipeline and the planner"): on a GPU a tree of 64 nodes costs about
 what one token does, on a CPU it costs several times more. So the server opens
 one throwaway session on a short context and verifies chain trees of a few sizes
 through the same path a client's Draft takes (``VerifierCore.verify``: scheduler,

@@ -18,7 +18,7 @@ distribution for the token *after* that row's token.
 Greedy: a child is accepted when it equals the argmax at its parent; the output
 is token for token the target's own greedy output.
 
-Sampling (DESIGN section 4, lossless multi-draft): draft tokens are
+Sampling (lossless multi-draft; shared/README.md): draft tokens are
 deterministic picks, so at a node the target's token y is drawn from p there and
 the child carrying y, if any, is accepted; otherwise y is the recovered token.
 Each child x is then accepted with probability p(x), as when children are tried
