@@ -31,6 +31,10 @@ class TrainConfig:
     # training had), "auto": per-window under a launcher (WORLD_SIZE set) or with grad_accum > 1.
     window_rng: str = "auto"
 
+    cache_mb: float = 4096.0  # MiB of decoded training sequences kept in memory (least recently used dropped
+    # first; the others are decoded again when drawn): about 100k MoA tokens (41 KB each), safe beside the
+    # target's parts and the optimizer on a 24 GB laptop. Validation's few sequences are kept apart.
+
 
 @dataclass(frozen=True)
 class DataConfig:

@@ -26,13 +26,14 @@ import math
 import os
 import sys
 import time
+from collections import OrderedDict
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from . import distributed
-from .features import FeatureStore
+from .features import FeatureStore, StoredSequence
 from .losses import Acceptance
 from .recipe import Recipe, sequence_loss, total_loss
 from .train_config import TrainConfig
@@ -77,8 +78,11 @@ class Trainer:
         self.horizon = config.steps
         # The same on every process: they draw the same global batch and each takes its share.
         self.gen = torch.Generator().manual_seed(config.seed)
-        self._cache: dict[object, object] = {}
-        self._light: dict[object, torch.Tensor] = {}
+        # Decoded training sequences, within a byte budget (--cache-mb): a store larger than memory is
+        # streamed, the most recently used sequences kept. Validation's few sequences stay decoded.
+        self._cache = SequenceCache(int(config.cache_mb * 2**20))
+        self._val_cache: dict[object, StoredSequence] = {}
+        self._light: dict[object, torch.Tensor] = {}  # loss masks only (n bytes a sequence), never features
         self.history: list[dict] = []
         self.tokens_seen = 0
         if config.window_rng not in ("auto", "per-window", "shared"):
@@ -121,17 +125,21 @@ class Trainer:
                      else "stopping before its end")
         return True
 
-    def _load(self, path):
-        # Decoded sequences stay in memory: features are read once, reused every epoch (not those
-        # a target computes on the fly: online.py).
-        if path not in self._cache:
-            seq = self.store.load(path, self.recipe.feature_names).to(self.device)
-            if seq.kv is not None:  # the largest array (L * 2*E_kv a token): half the memory
-                seq.kv = seq.kv.half()
-            if not getattr(self.store, "cache", True):
-                return seq
-            self._cache[path] = seq
-        return self._cache[path]
+    def _load(self, path, validation: bool = False) -> StoredSequence:
+        """A sequence decoded, from the cache when it holds it. Features a target computes on the fly
+        (online.py: ``store.cache`` False) are never kept."""
+        seq = self._val_cache.get(path) if validation else self._cache.get(path)
+        if seq is not None:
+            return seq
+        seq = self.store.load(path, self.recipe.feature_names).to(self.device)
+        if seq.kv is not None:  # the largest array (L * 2*E_kv a token): half the memory
+            seq.kv = seq.kv.half()
+        if getattr(self.store, "cache", True):
+            if validation:
+                self._val_cache[path] = seq
+            else:
+                self._cache.put(path, seq)
+        return seq
 
     def _mask(self, path) -> torch.Tensor:
         """A sequence's loss mask (its length too), without decoding its features: every process
@@ -208,7 +216,7 @@ class Trainer:
         terms = None
         gen = torch.Generator().manual_seed(1234)  # the same noise and bounds at every pass
         for path in self.val_files:
-            seq = self._load(path)
+            seq = self._load(path, validation=True)
             acc = acc + self.recipe.acceptance(seq, self.config.eval_depth)
             end = min(seq.tokens.shape[0], self.config.window)
             t = sequence_loss(self.recipe, self.recipe.forward(seq, 0, end, gen))
@@ -253,6 +261,43 @@ class Trainer:
             f.write(json.dumps(row) + "\n")
         if "val/chains" in row:
             log.info(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+
+
+def sequence_bytes(seq: StoredSequence) -> int:
+    """Bytes of a decoded sequence's tensors."""
+    tensors = [seq.tokens, seq.loss_mask, seq.hidden, seq.kv, *seq.acts.values()]
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+class SequenceCache:
+    """Decoded sequences, least recently used evicted first, holding at most ``budget`` bytes.
+
+    A sequence larger than the whole budget is not kept (it would evict everything for one use)."""
+
+    def __init__(self, budget: int):
+        if budget < 0:
+            raise ValueError(f"the cache budget must be >= 0 bytes, got {budget}")
+        self.budget, self.held = budget, 0
+        self._seqs: OrderedDict[object, tuple[StoredSequence, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    def get(self, key) -> StoredSequence | None:
+        if key not in self._seqs:
+            return None
+        self._seqs.move_to_end(key)
+        return self._seqs[key][0]
+
+    def put(self, key, seq: StoredSequence) -> None:
+        size = sequence_bytes(seq)
+        if key in self._seqs or size > self.budget:
+            return
+        while self.held + size > self.budget:
+            _, (_, old) = self._seqs.popitem(last=False)
+            self.held -= old
+        self._seqs[key] = (seq, size)
+        self.held += size
 
 
 class Progress:

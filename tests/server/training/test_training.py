@@ -10,7 +10,7 @@ import torch
 
 from support.drafters import train_config
 from edgespec.server.training.fit import build_recipe, write_card
-from edgespec.server.training.trainer import Trainer
+from edgespec.server.training.trainer import Trainer, sequence_bytes
 
 pytestmark = pytest.mark.slow  # trains drafters
 
@@ -51,6 +51,46 @@ def test_resume_continues_exactly(target, store, tmp_path):
     b = again.recipe.trainable()["head"].state_dict()
     for k in a:
         torch.testing.assert_close(a[k], b[k])
+
+
+class CountingTrainer(Trainer):
+    """A Trainer that records, after every step, the bytes its training cache holds, and which training
+    sequences it decoded."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.held, self.decoded = [], []
+
+    def _load(self, path, validation=False):
+        if not validation and self._cache.get(path) is None:
+            self.decoded.append(path)
+        return super()._load(path, validation)
+
+    def train_step(self):
+        out = super().train_step()
+        self.held.append(sum(sequence_bytes(s) for s, _ in self._cache._seqs.values()))
+        return out
+
+
+def test_the_trainer_holds_at_most_its_cache_budget(target, store, tmp_path):
+    """Training sequences are decoded into a cache bounded in bytes (--cache-mb): a store larger than the
+    budget streams through it, and the losses are those of a cache that keeps everything."""
+    rec = lambda: recipe("moa", target, store, tli=1)  # noqa: E731 - the largest features: hidden, kv, act1
+    sizes = [sequence_bytes(Trainer(rec(), store, tmp_path / "probe", train_config())._load(f))
+             for f in store.split("train")]
+    budget = sorted(sizes)[-1] + sorted(sizes)[-2]  # any two sequences fit, never all of them
+    assert budget < sum(sizes)
+    small = CountingTrainer(rec(), store, tmp_path / "small", train_config(steps=12, cache_mb=budget / 2**20))
+    small.fit()
+    whole = CountingTrainer(rec(), store, tmp_path / "whole", train_config(steps=12))
+    whole.fit()
+    assert max(small.held) <= budget
+    assert small._cache.held == small.held[-1] and max(whole.held) == sum(sizes)
+    assert len(small.decoded) > len(set(small.decoded)), "nothing was evicted and decoded again"
+    assert len(set(whole.decoded)) == len(whole.decoded) == len(sizes)  # unbounded: each decoded once
+    assert [r["loss"] for r in small.history] == [r["loss"] for r in whole.history]
+    # the loss-mask cache every process keeps holds masks only, no features
+    assert all(m.dtype == torch.bool and m.dim() == 1 for m in small._light.values())
 
 
 def test_a_resumed_run_with_more_steps_keeps_the_planned_schedule(target, store, tmp_path, caplog):
