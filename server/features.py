@@ -62,6 +62,8 @@ def export_features(spec: FeatureSpec, hidden: torch.Tensor, kv: torch.Tensor | 
     assert kv is not None and spec.lsa is not None, "MOA features need the K|V rows and a server part"
     lsa_param = next(spec.lsa.parameters())
     lsa = spec.lsa(kv.to(lsa_param.device, lsa_param.dtype)).float()  # [n, 2*E_kv]
+    # The LSA's output is what the codec rounds (not its input): MoA's training rounds the same tensor with
+    # the same codec (shared/drafters/lsa.as_received). Change one, change the other.
     out = [(LSA, spec.codec.encode(lsa))]
     if spec.tli_layers:
         e_kv = kv.shape[-1] // 2

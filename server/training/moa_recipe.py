@@ -14,13 +14,19 @@ from pathlib import Path
 
 import torch
 
+from edgespec.shared.codec import ActivationCodec, Codec
 from edgespec.shared.drafters.blocks import KV
+from edgespec.shared.drafters.lsa import as_received
 from edgespec.shared.drafters.masks import bounded_mask, causal_mask, mixed_kv_mask, step_bounds
 from edgespec.shared.drafters.moa import MoADrafterModel, save_moa
 from edgespec.shared.drafters.target_parts import TargetParts
 from .features import StoredSequence
 from .losses import Acceptance, Term, chain_accepted, forward_kl, smooth_l1
 from .recipe import LossTerm, Outputs
+
+
+# MoARecipeConfig.wire_codec's names: the codecs a client may ask the server for (none: no rounding).
+WIRE_CODECS = {"int8_outlier": Codec.INT8_OUTLIER, "int8": Codec.INT8, "fp16": Codec.FP16, "none": None}
 
 
 @dataclass(frozen=True)
@@ -30,20 +36,32 @@ class MoARecipeConfig:
     activation_weight: float = 1.0  # SmoothL1 on the predicted activation
     kl_weight: float = 0.1  # forward KL against the target's distribution
     detach_own: bool = False  # HASS (TLI >= 1): earlier drafted rows' own TLI K/V as detached context
+    wire_codec: str = "int8_outlier"  # the codec whose rounding of the LSA output training applies, as the server's
+    # does to what it sends: int8_outlier (the client's default), int8, fp16, or none (unrounded)
+
+    def __post_init__(self) -> None:
+        if self.wire_codec not in WIRE_CODECS:
+            raise ValueError(f"wire_codec must be one of {', '.join(WIRE_CODECS)}, got {self.wire_codec!r}")
+
+    @property
+    def wire(self) -> ActivationCodec | None:
+        codec = WIRE_CODECS[self.wire_codec]
+        return None if codec is None else ActivationCodec(codec)
 
 
 def moa_window(model: MoADrafterModel, parts: TargetParts, tokens: torch.Tensor, kv: torch.Tensor,
-               positions: torch.Tensor, bounds: torch.Tensor, detach_own: bool = False
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+               positions: torch.Tensor, bounds: torch.Tensor, detach_own: bool = False,
+               wire: ActivationCodec | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(predicted activation [n, E], drafter logits [n, V']) of a window under per-query bounds.
 
     kv: [n, L, 2*E_kv] the target's K|V per token and layer; bounds: [n] (masks.step_bounds).
     detach_own (TLI >= 1): the TLI layers' own K/V of the earlier drafted rows a query sees are
     made from detached activations (same values, no gradient): each row's loss trains only its
     own prediction, the earlier rows are fixed context, as while drafting (HASS).
+    wire: the codec the server sends the LSA output with (``lsa.as_received``); None: unrounded.
     """
     client, n = model.client, tokens.shape[0]
-    memory = client.with_null(client.memory(model.lsa(kv), positions))
+    memory = client.with_null(client.memory(as_received(model.lsa(kv), wire), positions))
     mem_mask = torch.cat([torch.ones(n, 1, dtype=torch.bool, device=tokens.device), bounded_mask(bounds, n)], 1)
     x = client.sa_input(parts.embed(tokens))
     act = client.predict(x, positions, client.sa_kv(x, positions), causal_mask(n, tokens.device), memory, mem_mask)
@@ -105,7 +123,8 @@ class MoARecipe:
         """Training outputs of the window [start, end) under per-query bounds [end - start]."""
         tokens, kv = seq.tokens[start:end], seq.kv[start:end].float()
         positions = torch.arange(start, end, device=tokens.device)
-        act, logits = moa_window(self.model, self.parts, tokens, kv, positions, bounds, self.config.detach_own)
+        act, logits = moa_window(self.model, self.parts, tokens, kv, positions, bounds, self.config.detach_own,
+                                 self.config.wire)
         with torch.no_grad():
             target_logits = self.parts.logits(seq.hidden[start:end])
         # Row i predicts c_{i+1}: it counts when that token is one to learn.
@@ -126,7 +145,7 @@ class MoARecipe:
         return forward_kl(out["logits"], out["target_logits"], out["w"])
 
     def acceptance(self, seq: StoredSequence, depth: int) -> Acceptance:
-        return moa_acceptance(self.model, self.parts, seq, depth)
+        return moa_acceptance(self.model, self.parts, seq, depth, wire=self.config.wire)
 
     def save_drafter(self, out_dir: Path) -> list[Path]:
         return save_moa_drafter(self.model, self.parts, out_dir)
@@ -134,16 +153,18 @@ class MoARecipe:
 
 @torch.no_grad()
 def moa_acceptance(model: MoADrafterModel, parts: TargetParts, seq: StoredSequence, depth: int,
-                   drafting=None) -> Acceptance:
+                   drafting=None, wire: ActivationCodec | None = None) -> Acceptance:
     """Per-position acceptance of chains drafted in segments of ``depth``. ``drafting``: the parts the
-    drafter's own logits are read through (the router's head tap; default ``parts``)."""
+    drafter's own logits are read through (the router's head tap; default ``parts``); ``wire``: the
+    codec the LSA output is rounded with, as served (None: unrounded)."""
     tokens, n = seq.tokens, seq.tokens.shape[0]
     if n <= depth + 1:
         return Acceptance(0, [0] * depth)
     # Segments start at 1, 1+depth, ...: each first query is a root seeing the features before it.
     bounds = step_bounds(n, depth, 1, tokens.device)
     positions = torch.arange(n, device=tokens.device)
-    _, logits = moa_window(model, parts if drafting is None else drafting, tokens, seq.kv.float(), positions, bounds)
+    _, logits = moa_window(model, parts if drafting is None else drafting, tokens, seq.kv.float(), positions, bounds,
+                           wire=wire)
     greedy = parts.logits(seq.hidden).argmax(-1)
     ok = (logits.argmax(-1) == greedy)[:-1] & (parts.to_target_ids(greedy[:-1]) == tokens[1:])
     starts = torch.arange(1, n - depth, depth, device=tokens.device)

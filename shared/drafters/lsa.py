@@ -8,13 +8,15 @@ verification, because its input (all layers' KV) is too big to send.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
+
+from edgespec.shared.codec import ActivationCodec, decode_frame
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,23 @@ class LayerSelfAttention(nn.Module):
         x = self.norm(kv + self.layer_embedding)
         mixed, _ = self.attn(x, x, x, need_weights=False)
         return (kv + mixed).mean(dim=1)
+
+
+def as_received(lsa_out: torch.Tensor, codec: ActivationCodec | None) -> torch.Tensor:
+    """The LSA output [T, 2*E_kv] as a client reads it off the wire: encoded by ``codec`` and decoded.
+
+    The server rounds the LSA's output, not its input: it runs the LSA on the target's exact K/V and
+    encodes the result (``server/features.py``), so training rounds the same tensor at the same place
+    (MoA's recipe, with the client's codec, INT8_OUTLIER by default), through the codec itself rather
+    than an imitation of it. The gradient passes straight through the rounding, which has none.
+    ``codec`` None: unrounded. The rows form one frame, whose outlier channels they choose together,
+    as a verification's rows do on the wire.
+    """
+    if codec is None:
+        return lsa_out
+    frame = replace(codec, zstd_level=0).encode(lsa_out.detach().float())  # zstd is lossless: skip its time
+    received = decode_frame(frame).to(lsa_out.device, lsa_out.dtype)
+    return lsa_out + (received - lsa_out).detach()
 
 
 def save_server_part(module: LayerSelfAttention, path: str | Path, dtype: torch.dtype | None = None) -> None:

@@ -180,3 +180,57 @@ def test_both_parts_are_saved_in_the_dtype_asked(target, tmp_path, dtype):
     back = load_moa(out)  # read back in float32, equal to the saved weights rounded to the dtype
     for k, v in model.lsa.state_dict().items():
         assert torch.equal(back.lsa.state_dict()[k], v.to(dtype).float())
+
+
+@pytest.mark.parametrize("tli", [0, 1])
+def test_training_rounds_the_lsa_output_as_the_server_sends_it(target, seqs, tli):
+    """The server runs the LSA on exact K/V and encodes its output with the session's codec; the client
+    drafts from the decoded rows. Training (the recipe's forward, with its default wire codec) rounds the
+    same tensor at the same place: its prediction equals the runtime's fed through the real wire."""
+    from edgespec.server.features import FeatureSpec, export_features
+    from edgespec.server.training.moa_recipe import MoARecipeConfig
+    from edgespec.shared.codec import ActivationCodec, decode_frame
+    from edgespec.shared.wire import LSA, FeatureKind
+
+    model, parts = make(target, tli)
+    seq, n = seqs[0], 24
+    kv = seq.kv[:n]
+    spec = FeatureSpec(FeatureKind.MOA, ActivationCodec(), model.lsa)  # what a session asks by default
+    frames = dict(export_features(spec, seq.hidden[:n], kv))
+    served = decode_frame(frames[LSA])
+    with torch.no_grad():
+        exact = model.lsa(kv)
+    assert not torch.equal(served, exact)  # the wire rounds: this test can tell the two apart
+    feats = features(model, parts, seq, 0, n - 1)
+    feats["lsa"] = served[:n - 1]  # the runtime's memory: the decoded rows of verified tokens
+    d = MoARuntime(model.client, parts)
+    d.commit(seq.tokens[:n].tolist(), feats)
+    bounds = torch.minimum(torch.arange(n) - 1, torch.tensor(n - 2))
+    wire = MoARecipeConfig().wire
+    with torch.no_grad():
+        _, trained = moa_window(model, parts, seq.tokens[:n], kv, torch.arange(n), bounds, wire=wire)
+        _, unrounded = moa_window(model, parts, seq.tokens[:n], kv, torch.arange(n), bounds)
+    root = torch.log_softmax(trained, -1)[-1]
+    torch.testing.assert_close(d.root_logprobs(), root, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(d.root_logprobs(), torch.log_softmax(unrounded, -1)[-1], atol=1e-5, rtol=1e-5)
+
+
+def test_an_unknown_wire_codec_is_refused():
+    from edgespec.server.training.moa_recipe import MoARecipeConfig
+
+    with pytest.raises(ValueError, match="wire_codec must be one of int8_outlier, int8, fp16, none"):
+        MoARecipeConfig(wire_codec="int4")
+    assert MoARecipeConfig(wire_codec="none").wire is None
+
+
+def test_the_rounding_passes_the_gradient_through(target, seqs):
+    """Straight through: the LSA still learns (its gradient is the unrounded one)."""
+    from edgespec.shared.codec import ActivationCodec
+    from edgespec.shared.drafters.lsa import as_received
+
+    model, _ = make(target, 0)
+    x = model.lsa(seqs[0].kv[:10])
+    y = as_received(x, ActivationCodec())
+    assert not torch.equal(y, x)
+    (g,) = torch.autograd.grad((y * torch.arange(x.numel()).view_as(x)).sum(), x)
+    assert torch.equal(g, torch.arange(x.numel()).view_as(x).float())
