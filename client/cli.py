@@ -16,12 +16,13 @@ import sys
 import threading
 import time
 
+from edgespec.shared import defaults
 from edgespec.shared.config import add_on_first_use, comma_list, enable_layers
 from edgespec.shared.config_flags import Flag, add_flags, from_args
 from edgespec.shared.logging_setup import LEVELS
 
-DEFAULT_SERVER = "127.0.0.1:50051"
-DEFAULT_API_PORT = 8000  # `client serve`; the server's HTTP side takes 8080, so both fit on one machine
+DEFAULT_SERVER = defaults.SERVER
+DEFAULT_API_PORT = defaults.CLIENT_PORT  # `client serve`; the server's HTTP side takes 8080, so both fit on one machine
 
 # Fields of the client's configs on the command line (shared/config_flags.py): type, default and help come from
 # the field where the Flag does not say otherwise.
@@ -36,8 +37,9 @@ LOOP_GENERATION_FLAGS = {  # GenerationConfig's that the loop needs (client, ser
     "offline_wait_s": Flag(),
 }
 RUN_GENERATION_FLAGS = {  # GenerationConfig's for one prompt (client); serve's come with each request
-    "max_new_tokens": Flag("--max-tokens", default=512), "stop": Flag(default=None), "sampling.temperature": Flag(),
-    "seed": Flag(),
+    "max_new_tokens": Flag("--max-tokens", default=defaults.MAX_TOKENS), "stop": Flag(default=None),
+    "sampling.temperature": Flag(default=defaults.TEMPERATURE),
+    "seed": Flag(default=defaults.SEED, help="the sampling seed, in [0, 2**64) (unset: a fresh one for each prompt)"),
 }
 
 
@@ -66,7 +68,7 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
     from .link import LinkConfig
 
     # Tree and ngram defaults stay None here and come from TreeShape / NgramConfig when the client is built.
-    p.add_argument("--drafter", default="ngram",
+    p.add_argument("--drafter", default=defaults.DRAFTER,
                    help="ngram | independent | eagle | moa | beagle | a shipped learned drafter: eagle, moa-tli0, "
                         "moa-tli1")
     p.add_argument("--drafter-model", default=None,
@@ -78,10 +80,10 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
                         "int8, or as loaded")
     p.add_argument("--draft-vocab", type=vocab_count, default=None, metavar="N",
                    help="independent drafter: draft over the N most frequent ids of the tokenizer (a shipped list; "
-                        "0 = the whole vocabulary; default: IndependentConfig's)")
+                        "0 = the whole vocabulary; default: 64k)")
     p.add_argument("--context-vocab", action=argparse.BooleanOptionalAction, default=None,
                    help="independent drafter with a reduced --draft-vocab: also draft the ids of the prompt and the "
-                        "answer so far that the list lacks (default: IndependentConfig's)")
+                        "answer so far that the list lacks (default: on)")
     p.add_argument("--checkpoint", default=None,
                    help="learned drafter (eagle, moa, beagle): a shipped name or a checkpoint folder/file of your own")
     p.add_argument("--no-router", action="store_true",
@@ -111,7 +113,7 @@ def add_loop_arguments(p: argparse.ArgumentParser) -> None:
                         "server verifies, from the likeliest verdict)")
     p.add_argument("--decode-ahead", type=decode_ahead_count, default=None, metavar="N",
                    help="most tokens a step without a tree asks the server to decode on its own, so a round trip "
-                        "is not paid per token while trees lose (1: one token a step; default: LoopConfig's, 8)")
+                        "is not paid per token while trees lose (1: one token a step; default: 8)")
 
 
 def decode_ahead_count(text: str) -> int:
@@ -133,11 +135,11 @@ def loop_config(args: argparse.Namespace):
 def add_tree_arguments(p: argparse.ArgumentParser) -> None:
     """The EAGLE-2 tree shape (also the drafting benchmarks')."""
     p.add_argument("--tree-branch", type=int, default=None,
-                   help="EAGLE-2 B: children per expanded node (None: the client's default, TreeShape's)")
-    p.add_argument("--tree-depth", type=int, default=None, help="EAGLE-2 D: deepest level drafted")
-    p.add_argument("--tree-nodes", type=int, default=None, help="EAGLE-2 M: nodes kept in a tree")
+                   help="EAGLE-2 B: children per expanded node (default: 2)")
+    p.add_argument("--tree-depth", type=int, default=None, help="EAGLE-2 D: deepest level drafted (default: 12)")
+    p.add_argument("--tree-nodes", type=int, default=None, help="EAGLE-2 M: nodes kept in a tree (default: 16)")
     p.add_argument("--tree-min-prob", type=float, default=None,
-                   help="stop deepening once the best path's probability is below this")
+                   help="stop deepening once the best path's probability is below this (default: 0.2)")
 
 
 def tree_shape(args: argparse.Namespace):
@@ -186,30 +188,88 @@ def generation_config_from_args(args, flags=None, **given):
     """GenerationConfig from the generation flags (a run's and the loop's unless `flags` says which)."""
     from .generation import GenerationConfig
 
-    return from_args(GenerationConfig, args, flags or {**LOOP_GENERATION_FLAGS, **RUN_GENERATION_FLAGS}, **given)
+    flags = flags or {**LOOP_GENERATION_FLAGS, **RUN_GENERATION_FLAGS}
+    if "seed" in flags and getattr(args, "seed", None) is None:
+        given.setdefault("seed", defaults.fresh_seed())  # unset: a fresh seed, as the HTTP APIs draw one
+    return from_args(GenerationConfig, args, flags, **given)
+
+
+SERVE_DOC = """`edgespec client serve`: an OpenAI-compatible API on this machine, drafting here and verifying on the server.
+
+    edgespec client serve --server HOST:PORT --port 8000
+    edgespec client serve --server HOST:PORT --drafter ngram --api-key LOCAL_KEY
+
+As in vLLM, --host, --port and --api-key are the local API's; the edgespec server's key is --server-api-key
+(EDGESPEC_SERVER_API_KEY). Sampling and max_tokens come with each request.
+"""
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("client", help="generate with a remote verifier (or `client serve` a local API)",
-                              description=__doc__)
+                              description=__doc__, add_help=False)
+    p.add_argument("-h", "--help", action=_ClientHelp,
+                   help="show this help message and exit (`edgespec client serve --help`: serve's)")
     p.add_argument("action", nargs="?", choices=["run", "serve"], default="run",
                    help="run (default): generate for --prompt or stdin; serve: OpenAI-compatible local API")
     p.set_defaults(func=main)
     add_on_first_use(p, _add_command_options)
 
 
+class _ClientHelp(argparse._HelpAction):
+    """`edgespec client --help` shows the command's options; `edgespec client serve --help` only serve's."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, "action", None) == "serve":
+            print(serve_parser().format_help(), end="")
+        else:
+            parser.print_help()
+        parser.exit()
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    """The options `client serve` reads, alone: what `edgespec client serve --help` shows."""
+    from edgespec.shared.config import LayeredParser
+
+    p = LayeredParser(prog="edgespec client serve", description=SERVE_DOC)
+    _add_common_options(p)
+    _add_serve_options(p)
+    enable_layers(p)
+    return p
+
+
 def _add_command_options(p: argparse.ArgumentParser) -> None:
-    from .generation import GenerationConfig
+    _add_common_options(p)
+    _add_run_options(p)
+    _add_serve_options(p)
+    enable_layers(p)
+
+
+def _add_common_options(p: argparse.ArgumentParser) -> None:
+    """What `client` and `client serve` both read: the server, the drafter, trees, the loop, the link, logs."""
     from .link import LinkConfig
 
     add_flags(p, LinkConfig, {"address": Flag("--server", default=DEFAULT_SERVER)})
     _add_client_options(p)
-    p.add_argument("--prompt", default=None, help="the prompt (None: read stdin)")
+    p.add_argument("--log-format", choices=["text", "json"], default="text",
+                   help="log lines as text or one JSON object a line (time, level, logger, message, "
+                        "extra fields; no progress bars) on stderr")
+    p.add_argument("--log-level", choices=LEVELS, default="info", help="least severe level logged")
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """What only `client` (run) reads: the prompt, its sampling, the terminal."""
+    from .generation import GenerationConfig
+
+    p.add_argument("--prompt", default=None, help="the prompt (unset: read stdin)")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     add_flags(p, GenerationConfig, RUN_GENERATION_FLAGS)
     p.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                    help="colour tokens by origin: green accepted draft, plain target, yellow offline")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON on the last line")
+
+
+def _add_serve_options(p: argparse.ArgumentParser) -> None:
+    """What only `client serve` reads: the local API."""
     p.add_argument("--host", default="127.0.0.1", help="serve: interface of the local API")
     p.add_argument("--port", type=int, default=DEFAULT_API_PORT, help="serve: port of the local API")
     p.add_argument("--api-key", "--local-api-key", dest="api_key", default=None,
@@ -223,15 +283,29 @@ def _add_command_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-log-requests", action="store_true",
                    help="serve: log every request as it is accepted: id, sizes, sampling (never the prompt's text)")
     p.add_argument("--max-body-mb", type=float, default=8.0, help="serve: largest request body, MiB (413 past it)")
-    p.add_argument("--log-format", choices=["text", "json"], default="text",
-                   help="log lines as text or one JSON object a line (time, level, logger, message, "
-                        "extra fields; no progress bars) on stderr")
-    p.add_argument("--log-level", choices=LEVELS, default="info", help="least severe level logged")
-    enable_layers(p)
+
+
+def run_only_flags_given(argv: list[str]) -> list[str]:
+    """The options only `client` (run) reads that a `client serve` command line gives (serve would ignore them)."""
+    probe = argparse.ArgumentParser(add_help=False)
+    _add_run_options(probe)
+    run_only = {s for action in probe._actions for s in action.option_strings}
+    given = []
+    for token in argv:
+        name = token.split("=", 1)[0]
+        if name in run_only and name not in given:
+            given.append(name)
+    return given
 
 
 def main(args) -> int:
     if args.action == "serve":
+        given = run_only_flags_given(getattr(args, "argv", []))
+        if given:
+            print(f"edgespec client serve: error: {', '.join(given)} {'is' if len(given) == 1 else 'are'} read by "
+                  "`edgespec client` (one prompt) only; `client serve` takes sampling and max_tokens with each "
+                  "request (see `edgespec client serve --help`)", file=sys.stderr)
+            return 2
         return serve(args)
     if args.api_key:
         logging.getLogger("edgespec.client").warning(

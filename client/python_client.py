@@ -25,8 +25,10 @@ from __future__ import annotations
 import asyncio
 import difflib
 import inspect
+import os
 from typing import AsyncIterator, Iterator, Sequence
 
+from edgespec.shared import defaults
 from edgespec.shared.session_contract import SamplingSettings
 
 from .commit import ResumePolicy
@@ -43,17 +45,26 @@ Messages = Sequence[dict]
 class Client:
     """A text-level client. ``server`` is the gRPC HOST:PORT; ``drafter`` a name (ngram, independent,
     eagle, moa-tli0, ...) or DrafterOptions; ``tree`` "auto" (each step's tree sized from measured costs) or
-    "fixed" (the drafter's shape every step); ``pipeline`` False for the serial loop; other keywords go to
-    LinkConfig (api_key, tls, root_certificates, min_deadline_s, ...). Calls run one at a time (one drafter,
-    one cache)."""
+    "fixed" (the drafter's shape every step); ``pipeline`` False for the serial loop; ``server_api_key`` the key the
+    edgespec server asks for (unset: $EDGESPEC_SERVER_API_KEY, as ``edgespec client`` reads it); other keywords go
+    to LinkConfig (tls, root_certificates, min_deadline_s, ...). The defaults are every surface's
+    (``edgespec.shared.defaults``). Calls run one at a time (one drafter, one cache)."""
 
-    def __init__(self, server: str = "127.0.0.1:50051", drafter: str | DrafterOptions = "ngram", *,
-                 drafter_model: str | None = None, tokenizer: str | None = None, max_tokens: int = 256,
+    def __init__(self, server: str = defaults.SERVER, drafter: str | DrafterOptions = defaults.DRAFTER, *,
+                 drafter_model: str | None = None, tokenizer: str | None = None, max_tokens: int = defaults.MAX_TOKENS,
                  policy: ResumePolicy | str = ResumePolicy.ROLLBACK, tree: str = "auto", pipeline: bool = True,
-                 **link):
+                 server_api_key: str | None = None, **link):
         options = drafter if isinstance(drafter, DrafterOptions) else DrafterOptions(
             name=drafter, **({"model": drafter_model} if drafter_model else {}))
         loop = LoopConfig(pipeline=pipeline, tree=tree)
+        if "api_key" in link:  # the old name: it was always the server's key
+            if server_api_key is not None:
+                raise TypeError("give the server's key once, as server_api_key (api_key is its old name)")
+            server_api_key = link.pop("api_key")
+        if server_api_key is None:
+            server_api_key = os.environ.get(defaults.SERVER_API_KEY_ENV) or None
+        if server_api_key is not None:
+            link["api_key"] = server_api_key
         self.edge = EdgespecClient(ClientConfig(LinkConfig(server, **link), options, tokenizer=tokenizer, loop=loop))
         self.max_tokens = max_tokens  # when a call gives none
         self.policy = ResumePolicy[policy.upper()] if isinstance(policy, str) else ResumePolicy(policy)
@@ -67,7 +78,7 @@ class Client:
         """The assistant's answer to chat messages ({role, content}), under the target's chat template.
 
         sampling: max_tokens, temperature (default 1, as the HTTP APIs; 0 = greedy), top_p, top_k, stop (strings),
-        seed, and logprobs (the N most likely alternatives, 0 to 20): then ``last_result.logprobs`` holds the
+        seed (unset: a fresh one each call, as the HTTP APIs), and logprobs (the N most likely alternatives, 0 to 20): then ``last_result.logprobs`` holds the
         target's log-probability of every token, and no offline token is handed out before the target scored it."""
         ids = self.edge.encode_chat([{"role": m["role"], "content": m["content"]} for m in messages])
         return self._run(ids, stream, sampling)
@@ -81,10 +92,11 @@ class Client:
         pieces = self._pieces(ids, self._config(**sampling))
         return pieces if stream else "".join(pieces)
 
-    def _config(self, max_tokens: int | None = None, temperature: float = 1.0, top_p: float = 1.0,
-                top_k: int = 0, stop: str | Sequence[str] | None = None, seed: int = 0,
-                logprobs: int | None = None) -> GenerationConfig:
+    def _config(self, max_tokens: int | None = None, temperature: float = defaults.TEMPERATURE,
+                top_p: float = defaults.TOP_P, top_k: int = defaults.TOP_K, stop: str | Sequence[str] | None = None,
+                seed: int | None = defaults.SEED, logprobs: int | None = None) -> GenerationConfig:
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        seed = defaults.fresh_seed() if seed is None else seed % defaults.SEED_MODULUS
         return GenerationConfig(max_new_tokens=max_tokens or self.max_tokens,
                                 sampling=SamplingSettings(temperature, top_p, top_k), stop=stops, seed=seed,
                                 resume_policy=self.policy, logprobs=logprobs)
@@ -130,7 +142,7 @@ class AsyncClient:
     """``Client`` for asyncio: the same arguments; loading and generation run on worker threads, so
     the event loop never waits on the model. Loads on ``async with`` or the first call."""
 
-    def __init__(self, server: str = "127.0.0.1:50051", drafter: str | DrafterOptions = "ngram", **options):
+    def __init__(self, server: str = defaults.SERVER, drafter: str | DrafterOptions = defaults.DRAFTER, **options):
         self._args = (server, drafter)
         self._options = options
         self._client: Client | None = None

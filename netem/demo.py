@@ -24,20 +24,26 @@ DEFAULT_PROMPT = "Write a Python function that returns the n-th Fibonacci number
 
 def register(subparsers) -> None:
     from edgespec.client.cli import add_client_options
+    from edgespec.shared import defaults
 
     p = subparsers.add_parser("demo", help="run a server and a client here, one prompt end to end",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default=None, help="target model (default: the registry's default target)")
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="the prompt")
-    p.add_argument("--max-tokens", type=int, default=128, help="most new tokens (default 128)")
-    p.add_argument("--profile", default="4g", help="network profile for the relay (default 4g; 'none' = direct)")
+    p.add_argument("--max-tokens", type=int, default=defaults.MAX_TOKENS, help="most new tokens")
+    p.add_argument("--temperature", type=float, default=defaults.TEMPERATURE,
+                   help="0 = the target's greedy output; > 0 divides the logits")
+    p.add_argument("--seed", type=int, default=defaults.SEED,
+                   help="the sampling seed, in [0, 2**64) (unset: a fresh one)")
+    p.add_argument("--profile", default=defaults.DEMO_PROFILE,
+                   help="network profile for the relay (none: direct, over loopback)")
     p.add_argument("--color", choices=["auto", "always", "never"], default="auto")
     p.add_argument("--server-cpus", default=None, metavar="CPUS",
                    help="run the server on these cores, as taskset writes them: 1, 2-3, 2,3 (default: not pinned)")
     p.add_argument("--client-cpus", default=None, metavar="CPUS",
                    help="run the client and the relay on these cores (default: the cores the server does not have)")
     add_client_options(p)
-    p.set_defaults(func=main, drafter="independent")
+    p.set_defaults(func=main, drafter=defaults.DRAFTER)
 
 
 def main(args) -> int:
@@ -92,7 +98,12 @@ def _generate(args, address: str) -> None:
 
     with client_from_args(args, link_config(args, address)) as client:
         ids = client.encode_chat([{"role": "user", "content": args.prompt}])
-        config = generation_config_from_args(args, LOOP_GENERATION_FLAGS, max_new_tokens=args.max_tokens)
+        from edgespec.shared import defaults
+        from edgespec.shared.session_contract import SamplingSettings
+
+        seed = defaults.fresh_seed() if args.seed is None else args.seed
+        config = generation_config_from_args(args, LOOP_GENERATION_FLAGS, max_new_tokens=args.max_tokens,
+                                             sampling=SamplingSettings(args.temperature), seed=seed)
         print(f"edgespec demo: drafter {client.drafter.name}; prompt: {args.prompt}\n", file=sys.stderr)
         printer = TerminalPrinter(client.decode, sys.stdout, sys.stderr, use_color(args.color, sys.stdout))
         result = printer.run(client.stream(ids, config))

@@ -5,7 +5,8 @@
     EDGESPEC_PORT=9000 edgespec server --config server.yaml
 
 --port is the HTTP port (the OpenAI-compatible API, /health, /metrics), as vLLM's --port is;
-the gRPC Verifier listens on --grpc-port. --http-port is --port's old name and still works.
+the gRPC Verifier listens on --grpc-port. --http-port is --port's old name; the old pair
+`--port G --http-port H` (gRPC on G) is refused with its new spelling, `--grpc-port G --port H`.
 vLLM's spellings work too: a positional MODEL, --max-model-len, --ssl-certfile/--ssl-keyfile,
 --served-model-name, --dtype auto, --trust-remote-code, --allowed-origins, --enable-log-requests.
 """
@@ -13,14 +14,25 @@ from __future__ import annotations
 
 import argparse
 
+from edgespec.shared import defaults
 from edgespec.shared.config import comma_list, enable_layers
 from edgespec.shared.config_flags import Flag, add_flags, from_args
 from edgespec.shared.logging_setup import LEVELS
 
 from .config import ServerConfig
 
-DEFAULT_GRPC_PORT = 50051
-DEFAULT_HTTP_PORT = 8080  # the images, compose, k8s and the README use it; `client serve` takes 8000
+DEFAULT_GRPC_PORT = defaults.GRPC_PORT
+DEFAULT_HTTP_PORT = defaults.HTTP_PORT  # the images, compose, k8s and the docs use it; `client serve` takes 8000
+
+
+class HttpPortStore(argparse._StoreAction):
+    """--port's store, remembering the spellings given (--port, or its old name --http-port): the old command line
+    `--port G --http-port H` meant gRPC on G, and is refused rather than read as HTTP on H."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace.http_port_spellings = {**(getattr(namespace, "http_port_spellings", None) or {}),
+                                         option_string: values}
+        super().__call__(parser, namespace, values, option_string)
 
 
 def _parts(specs: list[str]) -> dict[str, str]:
@@ -42,7 +54,7 @@ FLAGS = {
     # --port is vLLM's meaning (HTTP); the library's `port` is gRPC.
     "http_port": Flag("--port", "--http-port", default=DEFAULT_HTTP_PORT,
                       help="HTTP port, as vLLM's --port: OpenAI-compatible API, /health, /metrics (0 = pick a free "
-                           "one, -1 = none); --http-port is its old name"),
+                           "one, -1 = none); --http-port is its old name", action=HttpPortStore),
     "port": Flag("--grpc-port", default=DEFAULT_GRPC_PORT),
     "device": Flag(), "dtype": Flag(), "trust_remote_code": Flag(), "max_sessions": Flag(), "session_ttl_s": Flag(),
     "max_kv_bytes": Flag(unit="GiB"), "prefix_cache_bytes": Flag(unit="GiB"), "engine": Flag(),
@@ -88,6 +100,11 @@ def model_of(args: argparse.Namespace) -> str:
 def http_port_of(args: argparse.Namespace) -> int:
     """The HTTP port (--port, vLLM's meaning). `--port 50051` with gRPC on its default is the old spelling, when
     --port was the gRPC port: both would take 50051, so it is refused with the new spelling."""
+    given = getattr(args, "http_port_spellings", None) or {}
+    if "--port" in given and "--http-port" in given:
+        raise SystemExit(f"--port {given['--port']} --http-port {given['--http-port']}: the old spelling, when --port "
+                         f"was the gRPC port; --port is the HTTP port now, as vLLM's, and --http-port its old name, "
+                         f"so the two name one port. Write --grpc-port {given['--port']} --port {given['--http-port']}")
     if args.port == DEFAULT_GRPC_PORT and args.grpc_port == DEFAULT_GRPC_PORT:
         raise SystemExit(f"--port {args.port}: --port is the HTTP port now, as vLLM's, and {DEFAULT_GRPC_PORT} is "
                          f"the gRPC port (--grpc-port); for gRPC on {args.port} write --grpc-port {args.port} "

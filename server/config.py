@@ -7,10 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from edgespec.shared import defaults
 from edgespec.shared.wire import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_MESSAGE_BYTES, MAX_NODES
 
-# The weights' dtype by name: "auto" is the checkpoint's own; the short names are aliases.
-Dtype = Literal["auto", "bfloat16", "bf16", "float16", "fp16", "float32", "fp32"]
+# The weights' dtype by name: "auto" is the fast one on the device (bf16 on a GPU or a CPU that computes it natively,
+# else float32), "checkpoint" the checkpoint's own; the short names are aliases.
+Dtype = Literal["auto", "checkpoint", "bfloat16", "bf16", "float16", "fp16", "float32", "fp32"]
 EngineKind = Literal["auto", "batched", "generic"]
 
 
@@ -22,8 +24,8 @@ class ServerConfig:
     http_port: int | None = 0  # HTTP port: OpenAI-compatible API, /health, /metrics (0 = pick a free one, None =
     # no HTTP)
     device: str | None = None  # cpu, cuda:0, ... (unset: CUDA when present)
-    dtype: Dtype | None = None  # weights' dtype; auto = the checkpoint's own; unset: bfloat16 on a GPU or a CPU that
-    # computes it natively (AVX512-BF16, AMX), float32 on other CPUs
+    dtype: Dtype = defaults.DTYPE  # weights' dtype; auto: bfloat16 on a GPU or a CPU that computes it natively
+    # (AVX512-BF16, AMX), float32 on other CPUs; checkpoint: the checkpoint's own
     trust_remote_code: bool = False  # run the model repository's own Python code (custom architectures)
     served_model_name: str | None = None  # the model's name in the API, Info and metrics (unset: the model's own);
     # Info still gives a registry model's registry name, by which clients load the tokenizer

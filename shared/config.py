@@ -61,11 +61,27 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
             return text + " (default: set, hidden)"
         # Nothing to add for an unset flag or switch, nor where the help already names the value in force
         # (a default the environment or config file changed is not named there, so it is still shown).
-        value = re.escape(str(action.default))
-        if action.default is None or action.default is False or re.search(
+        shown = shown_default(action.default)
+        value = re.escape(str(shown))
+        if shown is None or action.default is False or re.search(
                 rf"default:? {value}\b|(?<![\w.]){value}, the default", text):
             return text
-        return super()._get_help_string(action)
+        return f"{text} (default: {str(shown).replace('%', '%%')})"
+
+
+def shown_default(value: Any) -> Any:
+    """A default as a user types it, never Python's repr: None where nothing is set (an empty list too), a list
+    or tuple comma-separated (a None inside one is "never", as the disconnect benchmark's cut points spell it),
+    a whole float without its ".0"."""
+    if value is None or value is argparse.SUPPRESS:
+        return None
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return None
+        return ",".join(shown_default(v) or "never" for v in value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def comma_list(values: list[str]) -> tuple[str, ...]:

@@ -53,8 +53,9 @@ def default_dtype(device: torch.device | str | None = None) -> torch.dtype:
 
 
 def parse_dtype(name: str | torch.dtype | None, device: torch.device | str | None = None) -> torch.dtype:
-    """'bfloat16' / 'bf16' / 'float16' / 'float32' (or a torch.dtype) -> torch.dtype; None -> default_dtype(device)."""
-    if name is None:
+    """'bfloat16' / 'bf16' / 'float16' / 'float32' (or a torch.dtype) -> torch.dtype; None or 'auto' ->
+    default_dtype(device)."""
+    if name is None or (isinstance(name, str) and name.lower() == "auto"):
         return default_dtype(device)
     if isinstance(name, torch.dtype):
         return name

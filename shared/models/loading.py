@@ -38,9 +38,9 @@ def model_location(name_or_path: str) -> str:
 
 def load_model(name_or_path: str, device: str | None = None, dtype: str | torch.dtype | None = None,
                trust_remote_code: bool = False) -> LoadedModel:
-    """Model + tokenizer on `device` (default: CUDA if present, else CPU) in `dtype` (default
-    ``default_dtype(device)``: bf16 where the hardware computes it natively, else float32;
-    "auto": the checkpoint's own dtype, as its config records it).
+    """Model + tokenizer on `device` (default: CUDA if present, else CPU) in `dtype` (None or "auto":
+    ``default_dtype(device)``, bf16 where the hardware computes it natively, else float32;
+    "checkpoint": the checkpoint's own dtype, as its config records it).
 
     trust_remote_code lets a model repository run its own modelling code; off unless asked for,
     as in transformers.
@@ -50,6 +50,8 @@ def load_model(name_or_path: str, device: str | None = None, dtype: str | torch.
     where = model_location(name_or_path)
     dev = pick_device(device)
     if isinstance(dtype, str) and dtype.lower() == "auto":
+        dtype = None
+    if isinstance(dtype, str) and dtype.lower() == "checkpoint":
         config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code)
         dt = checkpoint_dtype(config)
     else:

@@ -12,18 +12,18 @@ with a seed is reproducible, and one without draws a fresh seed per choice.
 """
 from __future__ import annotations
 
-import secrets
 import threading
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from edgespec.shared import defaults
 from edgespec.shared.text_stream import TextStream
 
 from .backend import Backend, GeneratedToken, GenerationJob
 from .errors import Cancelled
 from .requests import Settings
 
-SEED_MODULUS = 2 ** 64  # seeds travel as uint64; a negative OpenAI seed wraps around
+SEED_MODULUS = defaults.SEED_MODULUS  # seeds travel as uint64; a negative OpenAI seed wraps around
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class Choice:
 
 def jobs(plan: Plan) -> list[GenerationJob]:
     s = plan.settings
-    seeds = [secrets.randbits(64) if s.seed is None else (s.seed + i) % SEED_MODULUS for i in range(s.n)]
+    seeds = [defaults.fresh_seed() if s.seed is None else (s.seed + i) % SEED_MODULUS for i in range(s.n)]
     return [GenerationJob(plan.prompt_ids, plan.max_new_tokens, s.sampling, seed, s.stop, s.top_logprobs, s.grammar,
                           s.ignore_eos) for seed in seeds]
 

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from edgespec.shared import defaults
 from edgespec.shared.session_contract import SamplingSettings
 from edgespec.shared.wire import MAX_TOP_LOGPROBS
 
@@ -117,8 +118,9 @@ class _Common(_Strict):
             raise bad_request("'stream_options' is only allowed when 'stream' is true", "stream_options")
         # The fields' bounds above are within SamplingSettings' own (which clamps logit_bias, as OpenAI).
         sampling = SamplingSettings(
-            1.0 if self.temperature is None else self.temperature, 1.0 if self.top_p is None else self.top_p,
-            max(0, self.top_k or 0), self.min_p or 0.0, self.presence_penalty or 0.0, self.frequency_penalty or 0.0,
+            defaults.TEMPERATURE if self.temperature is None else self.temperature,
+            defaults.TOP_P if self.top_p is None else self.top_p, max(0, self.top_k or defaults.TOP_K),
+            self.min_p or 0.0, self.presence_penalty or 0.0, self.frequency_penalty or 0.0,
             1.0 if self.repetition_penalty is None else self.repetition_penalty,
             tuple((int(k), v) for k, v in (self.logit_bias or {}).items()))
         tools = self._tools()

@@ -29,7 +29,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware.cors import CORSMiddleware
 
-from edgespec.shared import __version__
+from edgespec.shared import __version__, defaults
 
 from .backend import Backend
 from .errors import bad_request, install_error_handlers, json_response, model_not_found
@@ -43,7 +43,7 @@ from .tokenize import DetokenizeRequest, TokenizeRequest, detokenize, parse, tok
 
 log = logging.getLogger("edgespec.requests")
 
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy default; chat's is the rest of the context
+DEFAULT_MAX_TOKENS = defaults.MAX_TOKENS  # both endpoints, as on every surface (capped by the context left)
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ def _plan(backend: Backend, body, chat: bool, settings: Settings) -> Plan:
     if settings.tools is not None and settings.tools.grammar:
         settings = replace(settings, grammar=settings.tools.grammar_for(backend.tokenizer))
     room = limit - len(ids)  # >= 1: a prompt that fills the context was refused
-    default = (backend.default_chat_max_tokens or room) if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
+    default = (backend.default_chat_max_tokens or DEFAULT_MAX_TOKENS) if chat else DEFAULT_MAX_TOKENS
     return Plan(chat, tuple(ids), min(settings.max_tokens or default, room), settings)
 
 

@@ -20,6 +20,7 @@ def _run(args, stdin=None):
 def test_client_prints_text_and_metrics(tiny_server, tiny_model_dir, tiny_tokenizer, tiny_target_f32, greedy):
     prompt = "def add(a, b):\n"
     proc = _run(["client", "--server", tiny_server.address, "--tokenizer", str(tiny_model_dir), "--drafter", "ngram",
+                 "--temperature", "0",
                  "--raw", "--max-tokens", "12", "--color", "never", "--json", "--prompt", prompt])
     assert proc.returncode == 0, proc.stderr
     ids = tiny_tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -34,7 +35,8 @@ def test_client_prints_text_and_metrics(tiny_server, tiny_model_dir, tiny_tokeni
 def test_client_reads_stdin_and_colours(tiny_server, tiny_model_dir):
     # the target's own weights as the independent drafter: most tokens are accepted drafts (green)
     proc = _run(["client", "--server", tiny_server.address, "--tokenizer", str(tiny_model_dir), "--max-tokens", "16",
-                 "--drafter", "independent", "--drafter-model", str(tiny_model_dir), "--color", "always"],
+                 "--drafter", "independent", "--drafter-model", str(tiny_model_dir), "--color", "always",
+                 "--temperature", "0"],
                 stdin="hello")
     assert proc.returncode == 0, proc.stderr
     assert "\033[32m" in proc.stdout and "\033[0m" in proc.stdout

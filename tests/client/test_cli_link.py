@@ -43,7 +43,8 @@ def test_a_runs_generation_settings():
 
 def test_serve_loads_its_client_over_the_link_its_health_probe_uses(tiny_server, tiny_model_dir):
     args = build_parser().parse_args(["client", "serve", "--server", tiny_server.address, "--tokenizer",
-                                      str(tiny_model_dir), "--min-deadline", "3", "--offline-wait", "4"])
+                                      str(tiny_model_dir), "--drafter", "ngram", "--min-deadline", "3",
+                                      "--offline-wait", "4"])
     slot, app = local_api(args)
     try:
         assert slot.wait_settled(60) and slot.status == "ok", slot.detail

@@ -113,9 +113,16 @@ def test_port_is_the_http_port_as_in_vllm_and_grpc_has_its_own_flag():
     assert ports() == (50051, 8080)
     assert ports("--port", "8000") == (50051, 8000)  # a vLLM user's --port moves the HTTP API
     assert ports("--grpc-port", "6000", "--http-port", "9000") == (6000, 9000)  # --http-port: --port's old name
-    assert ports("--port", "50051", "--http-port", "8080") == (50051, 8080)  # the README's old line still works
     with pytest.raises(SystemExit, match="--port is the HTTP port now.*--grpc-port 50051"):
         ports("--port", "50051")  # the old meaning, which would put both sides on one port
+    # The old pair (--port was gRPC, --http-port HTTP) would drop the gRPC port without a word: refused, with the
+    # new spelling, whatever the ports (the old defaults' line included).
+    with pytest.raises(SystemExit, match="old spelling.*--grpc-port 50111 --port 50112"):
+        ports("--port", "50111", "--http-port", "50112")
+    with pytest.raises(SystemExit, match="--grpc-port 50051 --port 8080"):
+        ports("--port", "50051", "--http-port", "8080")
+    with pytest.raises(SystemExit, match="--grpc-port 7000 --port 7001"):
+        ports("--http-port=7001", "--port=7000")
     text = build_parser()._subparsers._group_actions[0].choices["server"].format_help()
     assert "None" not in text[text.index("--device"):][:90]
 
