@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from edgespec.client.python_client import AsyncClient, Client
 
-__all__ = ["AsyncClient", "Client"]
+from edgespec.shared import __version__  # the one version string (pyproject's, checked by a test)
+
+__all__ = ["AsyncClient", "Client", "__version__"]
 
 
 def __getattr__(name: str):

@@ -65,3 +65,70 @@ def test_the_top_level_package_gives_the_python_client():
 
     with pytest.raises(AttributeError, match="has no attribute 'Nope'"):
         edgespec.Nope  # noqa: B018
+
+
+def _requirements() -> dict[str, str]:
+    """Declared distribution name (normalised) -> its requirement, runtime and extras alike."""
+    import re
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    out = {}
+    for req in project["dependencies"] + sum(project["optional-dependencies"].values(), []):
+        name = re.split(r"[<>=!~\[ ;]", req, maxsplit=1)[0]
+        out[name.lower().replace("_", "-")] = req
+    return out
+
+
+def test_the_version_is_one_string():
+    import edgespec
+    from edgespec.shared import __version__
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert edgespec.__version__ == __version__ == project["version"]
+
+
+def test_protobufs_floor_is_at_least_the_stubs_version():
+    """A runtime older than the protoc that made the checked-in stubs cannot import them (7.35.0 against 7.35.1
+    stubs); a newer major version refuses them too."""
+    import re
+
+    stub = (ROOT / "proto/edgespec/v1/edgespec_pb2.py").read_text()
+    made_by = tuple(int(x) for x in re.search(r"# Protobuf Python Version: ([\d.]+)", stub).group(1).split("."))
+    requirement = _requirements()["protobuf"]
+    floor = tuple(int(x) for x in re.search(r">=([\d.]+)", requirement).group(1).split("."))
+    ceiling = re.search(r"<(\d+)", requirement)
+    assert floor >= made_by, requirement
+    assert ceiling and int(ceiling.group(1)) == made_by[0] + 1, requirement
+
+
+def test_every_third_party_module_the_code_imports_is_declared():
+    """Imported by name means declared by name: a dependency's dependency can drop it in any release."""
+    import ast
+    import importlib.metadata as metadata
+
+    declared, owners = set(_requirements()), metadata.packages_distributions()
+    missing = {}
+    for folder in (*FOLDERS, ROOT_PACKAGE):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for name in (n.split(".")[0] for n in names):
+                    if name in sys.stdlib_module_names or name in ("edgespec", "__future__"):
+                        continue
+                    dists = {d.lower().replace("_", "-") for d in owners.get(name, [])}
+                    if not dists & declared:
+                        missing.setdefault(name, str(path.relative_to(ROOT)))
+    assert not missing, f"imported but not declared in pyproject.toml: {missing}"
+    assert {"pydantic", "starlette", "protobuf"} <= declared
+
+
+def test_the_license_is_the_one_pyproject_names():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == {"text": "Apache-2.0"}
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
