@@ -114,20 +114,81 @@ def test_a_resumed_run_with_more_steps_keeps_the_planned_schedule(target, store,
     assert torch.load(again.checkpoint_path, weights_only=False)["schedule_steps"] == 4
 
 
-def test_validation_logs_per_position_acceptance_and_card(target, store, tmp_path):
+@pytest.fixture(scope="module")
+def greedy_store(target, target_dir, target_greedy, tmp_path_factory):
+    """A store, written as extraction writes one, whose sequences are the tiny target's own greedy
+    continuations token for token (the shared store's re-tokenized responses seldom are): drafts the
+    target accepts exist, so a figure of accepted drafts can be checked against another count."""
+    from support.drafters import CODE, PROMPTS
+    from edgespec.server.training.features import (FeatureStore, save_npz, seq_file, sequence_arrays, store_meta,
+                                                   target_features)
+
+    out = tmp_path_factory.mktemp("greedy-store")
+    (out / "seq").mkdir()
+    (out / "store.json").write_text(json.dumps(store_meta(str(target_dir), target, (0, 1, 3), 160)))
+    for i, text in enumerate(PROMPTS + CODE):
+        prompt = target.tokenizer.encode(text, add_special_tokens=False)[:40]
+        ids = prompt + target_greedy(target.model, prompt, 60)
+        feats = target_features(target.model, ids, (0, 1, 3))
+        mask = [0] * len(prompt) + [1] * 60
+        save_npz(seq_file(out, f"g:{i}"), sequence_arrays("", f"g:{i}", "train", ids, mask, feats))
+        if i % 4 == 3:  # validation on copies of training sequences: accepted drafts after a few steps
+            save_npz(seq_file(out, f"v:{i}"), sequence_arrays("", f"v:{i}", "val", ids, mask, feats))
+    return FeatureStore(out)
+
+
+def served_chains(rec, seq, depth: int) -> list[int]:
+    """Accepted lengths of the chains the MoA drafting runtime drafts greedily from every start validation
+    cuts (s = 1, 1 + depth, ...; those whose next token is one to learn), each given the features of the
+    tokens before s as the server sends them: the serving path, computed apart from the trainer's."""
+    from edgespec.client.drafters.moa_runtime import MoARuntime
+    from edgespec.shared.drafters.lsa import as_received
+    from edgespec.shared.tree import ROOT
+
+    parts, n, e_kv = rec.parts, seq.tokens.shape[0], rec.parts.shape.kv_size
+    kv = seq.kv.float()
+    with torch.no_grad():
+        lsa = as_received(rec.model.lsa(kv), rec.config.wire)
+        greedy = parts.to_target_ids(parts.logits(seq.hidden).argmax(-1))  # the target's own next tokens
+    tli = range(parts.shape.num_layers - parts.tli, parts.shape.num_layers)
+    out = []
+    for s in range(1, n - depth, depth):
+        if not seq.loss_mask[s + 1]:
+            continue
+        d = MoARuntime(rec.model.client, parts)
+        d.commit(seq.tokens[:s + 1].tolist(), {"lsa": lsa[:s], "tli_k": torch.stack([kv[:s, l, :e_kv] for l in tli]),
+                                               "tli_v": torch.stack([kv[:s, l, e_kv:] for l in tli])})
+        logp, parent, accepted = d.root_logprobs(), ROOT, 0
+        while accepted < depth:
+            want = int(seq.tokens[s + accepted + 1])
+            if int(parts.to_target_ids(logp.argmax())) != want or int(greedy[s + accepted]) != want:
+                break
+            logp, parent, accepted = d.expand([want], [parent])[0], accepted, accepted + 1
+        out.append(accepted)
+    return out
+
+
+def test_validation_logs_per_position_acceptance_and_card(target, greedy_store, tmp_path):
+    """Validation's accept@k is the share of the drafted chains whose first k drafts the target accepts:
+    the same figures as chains drafted by the client's runtime over the validation sequences."""
+    store = greedy_store
     rec = recipe("moa", target, store, tli=1, vocab=64)
-    trainer = Trainer(rec, store, tmp_path, train_config(steps=2, eval_every=2, save_every=2))
+    # enough steps for chains of several accepted drafts (on the copies of training sequences)
+    trainer = Trainer(rec, store, tmp_path, train_config(steps=200, lr=1e-2, eval_every=200, save_every=200))
     trainer.fit()
-    row = trainer.history[-1]
-    rates = [row[f"val/accept@{k}"] for k in range(1, 5)]
-    assert row["val/chains"] > 0
-    assert all(0.0 <= r <= 1.0 for r in rates) and rates == sorted(rates, reverse=True)
+    row, depth = trainer.history[-1], trainer.config.eval_depth
+    chains = [a for f in trainer.val_files for a in served_chains(rec, store.load(f, rec.feature_names), depth)]
+    assert row["val/chains"] == len(chains) > 0
+    want = [sum(a >= k for a in chains) / len(chains) for k in range(1, depth + 1)]
+    assert [row[f"val/accept@{k}"] for k in range(1, depth + 1)] == pytest.approx(want)
+    assert row["val/mean_accepted"] == pytest.approx(sum(chains) / len(chains))
+    assert want[1] > 0, "no chain of two accepted drafts: the check above would hold for a drafter that drafts nothing"
     files = rec.save_drafter(tmp_path)
     card = json.loads(write_card(tmp_path, rec, store, trainer, files, 1.0).read_text())
-    assert card["training"]["steps"] == 2 and card["data"]["train_tokens"] > 0
+    assert card["training"]["steps"] == 200 and card["data"]["train_tokens"] == store.tokens("train")
     assert set(card["files"]) == {"moa-tli1/server.safetensors", "moa-tli1/client.safetensors"}
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert logged[-1]["step"] == 2
+    assert [r["step"] for r in logged] == list(range(1, 201)) and logged[-1]["val/chains"] == len(chains)
 
 
 def test_chain_acceptance_stops_at_the_first_miss():
