@@ -90,15 +90,20 @@ def extract_sharded(target: str, data_dir: str | Path, out_dir: str | Path, conf
     sharded store at ``out_dir``; returns the store's path."""
     store = Path(out_dir)
     (store / "shards").mkdir(parents=True, exist_ok=True)
+    if config.contents not in ("full", "hidden"):
+        raise ValueError(f"contents must be 'full' or 'hidden', got {config.contents!r}")
+    full = config.contents == "full"
+    depths = tuple(config.tli_depths) if full else ()  # a hidden-only store has no TLI activations either
     rows, loaded = data_and_target(target, data_dir, device, dtype, config.limit)
-    meta = store_meta(target, loaded, config.tli_depths, config.max_len, format="sharded", dtype=str(loaded.dtype),
-                      extract=asdict(config))
+    meta = store_meta(target, loaded, depths, config.max_len, format="sharded", dtype=str(loaded.dtype),
+                      contents=config.contents, extract=asdict(config))
     meta_path = store / "store.json"
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
         # dtype too: shards of float32 and bf16 features in one store would be two targets' numbers. A store
         # from before stores recorded it says nothing, and is not refused for that.
-        keys = ("fingerprint", "tli_depths", "max_len") + (("dtype",) if "dtype" in old else ())
+        old.setdefault("contents", "full")  # stores from before hidden-only ones were full
+        keys = ("fingerprint", "contents", "tli_depths", "max_len") + (("dtype",) if "dtype" in old else ())
         for key in keys:
             if old.get(key) != meta[key]:
                 raise ValueError(f"{store} was extracted with {key}={old.get(key)!r}, this run asks {meta[key]!r}: "
@@ -120,8 +125,8 @@ def extract_sharded(target: str, data_dir: str | Path, out_dir: str | Path, conf
         shard = shards[k]
         feats: list[dict | None] = [None] * len(shard)
         for batch in plan_batches(shard, config.batch_tokens):
-            for i, f in zip(batch, batch_features(loaded.model, [shard[i].ids for i in batch],
-                                                  tuple(config.tli_depths), pad)):
+            for i, f in zip(batch, batch_features(loaded.model, [shard[i].ids for i in batch], depths, pad,
+                                                  with_kv=full)):
                 feats[i] = f
         write_shard(shard_path(store, k), shard, feats)
         done_tokens += sum(len(s.ids) for s in shard)

@@ -66,9 +66,11 @@ def tokenize_sample(tokenizer, row: dict, max_len: int) -> tuple[list[int], list
 
 
 @torch.inference_mode()
-def batch_features(model, batch: list[list[int]], tli_depths: tuple[int, ...], pad_id: int) -> list[dict]:
+def batch_features(model, batch: list[list[int]], tli_depths: tuple[int, ...], pad_id: int,
+                   with_kv: bool = True) -> list[dict]:
     """Per sequence: hidden [n, E], kv [n, L, 2*E_kv], act{N} [n, E] (float32, CPU), from one
-    right-padded forward of the whole batch."""
+    right-padded forward of the whole batch. ``with_kv`` False: no ``kv`` (and no cache kept through
+    the forward), for a hidden-only store."""
     shape = target_shape(model)
     base = model.model
     x = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids, dtype=torch.long) for ids in batch], batch_first=True,
@@ -85,18 +87,21 @@ def batch_features(model, batch: list[list[int]], tli_depths: tuple[int, ...], p
         norm_io["in"], norm_io["out"] = args[0].float().cpu(), out.float().cpu()
     hooks.append(base.norm.register_forward_hook(on_norm))
     try:
-        out = base(input_ids=x.to(model.device), use_cache=True)
+        out = base(input_ids=x.to(model.device), use_cache=with_kv)
     finally:
         for h in hooks:
             h.remove()
+    acts = {n: norm_io["in"] if n == 0 else layer_inputs[shape.num_layers - n] for n in tli_depths}
+    per_seq = [{"hidden": norm_io["out"][r, :len(ids)], **{f"act{d}": a[r, :len(ids)] for d, a in acts.items()}}
+               for r, ids in enumerate(batch)]
+    if not with_kv:
+        return per_seq
     cache = output_cache(out)
     # [B, kv_heads, T, D] -> [B, T, kv_heads*D] per layer; then [B, T, L, 2*E_kv]
     flat = lambda t: t.transpose(1, 2).reshape(t.shape[0], t.shape[2], -1).float().cpu()  # noqa: E731
     kv = torch.stack([torch.cat([flat(cache.layers[i].keys), flat(cache.layers[i].values)], -1)
                       for i in range(shape.num_layers)], dim=2)
-    acts = {n: norm_io["in"] if n == 0 else layer_inputs[shape.num_layers - n] for n in tli_depths}
-    return [{"hidden": norm_io["out"][r, :len(ids)], "kv": kv[r, :len(ids)],
-             **{f"act{d}": a[r, :len(ids)] for d, a in acts.items()}} for r, ids in enumerate(batch)]
+    return [{**f, "kv": kv[r, :len(ids)]} for r, (f, ids) in enumerate(zip(per_seq, batch))]
 
 
 def target_features(model, ids: list[int], tli_depths: tuple[int, ...]) -> dict[str, torch.Tensor]:

@@ -47,6 +47,7 @@ def build_recipe(kind: str, target_model, store: FeatureStore, tli: int = 0, wid
                  run_dir: Path | None = None, options: dict[str, str] | None = None,
                  init: str | Path | None = None):
     """The recipe ``kind`` (``recipes.all_recipes()``) for a target (name, folder or loaded model) and a store."""
+    check_store_holds(store, kind)
     vocab_ids = reduced_vocab(store, vocab, special_ids, run_dir) if vocab else None
     torch.manual_seed(seed)
     sizes = {k: v for k, v in {"width": width, "heads": heads, "mlp_hidden": 2 * width}.items() if v}
@@ -59,6 +60,19 @@ def build_recipe(kind: str, target_model, store: FeatureStore, tli: int = 0, wid
     recipe.recipe_name = kind  # the card says which recipe trained it; recipe.kind says how to load it
     recipe.card_extra = {"options": options, "init": None if init is None else str(init)}  # a stage's lineage
     return recipe
+
+
+# What each drafter family reads from a store: a recipe is named FAMILY or FAMILY+ALIGNMENT (eagle+hass).
+HIDDEN_ONLY_FAMILIES = ("eagle", "beagle")  # the LM-head input alone; MoA also needs every layer's K/V
+
+
+def check_store_holds(store, kind: str) -> None:
+    """Refuse, before the recipe is built (MoA's calibration reads activations), a recipe whose features the
+    store lacks: a hidden-only store for anything but the EAGLE-like families."""
+    if store.meta.get("contents", "full") == "hidden" and kind.split("+")[0] not in HIDDEN_ONLY_FAMILIES:
+        raise ValueError(f"the feature store {store.path} holds only the LM-head input (extracted with --contents "
+                         f"hidden); the {kind!r} recipe also needs every layer's K/V and the TLI activations: "
+                         f"extract a store with --contents full for it")
 
 
 def parse_opts(pairs: list[str]) -> dict[str, str]:

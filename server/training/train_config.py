@@ -70,6 +70,9 @@ class FileDataConfig:
 class ExtractConfig:
     max_len: int = 1024  # tokens per sequence at most (longer ones are cut)
     tli_depths: tuple[int, ...] = (0, 1, 3)  # TLI depths whose target activations are stored
+    # "hidden" stores ~1.2 KB a token for the 1.5B in int8 against ~14 KB with every layer's K/V, and the
+    # forward keeps no K/V: the same disk and time hold ten times the tokens for the drafters that need no more.
+    contents: Literal["full", "hidden"] = "full"  # full: LM-head input, all K/V, TLI activations (MoA); hidden: the LM-head input only (EAGLE, Beagle)
     batch_tokens: int = 4096  # padded tokens per forward (several sequences each)
     shard_tokens: int = 16384  # tokens per shard file: what a kill can cost at most
     limit: int = 0  # use only the first rows of the data set; 0 = all
