@@ -12,8 +12,12 @@ step, window), so it does not depend on which process draws it (``window_rng``; 
 single process keeps the one shared stream earlier runs used, so their commands still
 reproduce them).
 
+Training sequences are decoded from the store when drawn and kept in a cache of at most
+``cache_mb`` (least recently used dropped first), so a store larger than memory streams.
+
 Every ``save_every`` steps the run folder gets ``checkpoint.pt`` (trainable weights, optimizer,
-step, RNG), written atomically: a run started again with the same folder resumes from it.
+step, RNG, the learning-rate schedule's horizon), written atomically: a run started again with the
+same folder resumes from it, on the schedule it started with.
 Validation (every ``eval_every`` steps, on rank 0) logs per-position acceptance. On GPUs the
 forward runs under bf16 autocast. Progress: a bar with tokens/s and time left on a terminal,
 plain log lines otherwise.
