@@ -34,6 +34,7 @@ from .client_health import ClientNotReadyError, ClientSlot, LinkProbe
 from .commit import ResumePolicy
 from .edge_client import EdgespecClient
 from .generation import GenerationConfig, GenerationResult, LinkEvent, TokenEvent, TokenOrigin
+from .metrics import ClientMetrics
 from .text import SettledTokens
 
 log = logging.getLogger(__name__)
@@ -159,8 +160,8 @@ def build_app(client: EdgespecClient | ClientSlot, default_max_tokens: int | Non
               log_requests: bool = False) -> FastAPI:
     """The app; `client` may be a ClientSlot still loading (requests get 503 until it is ready).
 
-    default_max_tokens: chat's max_tokens when a request has none (None: the rest of the context, as the
-    server's plain API); the API answers to the server's model name.
+    default_max_tokens: chat's max_tokens when a request has none (None: ``edgespec.shared.defaults.MAX_TOKENS``, as
+    the server's plain API); the API answers to the server's model name.
     metrics: what /metrics shows: a ``ClientMetrics`` or any prometheus_client collector (a CollectorRegistry);
     None = no /metrics. offline_wait_s: how long a generation waits for a lost link once its drafter cannot go
     on alone (``GenerationConfig.offline_wait_s``).
@@ -193,6 +194,8 @@ def build_app(client: EdgespecClient | ClientSlot, default_max_tokens: int | Non
     if metrics is not None:
         @app.get("/metrics")
         def metrics_endpoint() -> Response:
+            if isinstance(metrics, ClientMetrics):  # the link's state as /health would give it now
+                metrics.set_link_state(probe.state(slot))
             return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
 
     return app

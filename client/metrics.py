@@ -16,11 +16,14 @@ from __future__ import annotations
 import threading
 import time
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from edgespec.shared.prom import CLIENT_PREFIX, REQUEST_BUCKETS, STEP_BUCKETS, VllmMetrics
 
 from .generation import GenerationResult, TokenEvent
+
+
+LINK_STATES = ("up", "down", "offline", "unknown")  # as /health reports them (client_health.LinkProbe.state)
 
 
 class ClientMetrics(VllmMetrics):
@@ -49,6 +52,28 @@ class ClientMetrics(VllmMetrics):
                             "Time the client waited for a verdict with nothing to draft, in seconds.")
         self.plain_steps = counter("plain_steps", "Drafts sent without a tree (plain decode steps).")
         self.queued_steps = counter("queued_steps", "Plain steps sent before the answer to the one before them came.")
+        # the link: what edgespec is for (calls to the server, bytes, offline tokens, disconnections)
+        self.server_calls = counter("server_calls", "Requests the server answered: prefills (Open), verifications "
+                                                    "and resumes.")
+        self.sent_bytes = counter("link_sent_bytes", "Bytes sent to the server (serialised messages).")
+        self.received_bytes = counter("link_received_bytes", "Bytes received from the server (serialised "
+                                                             "messages, the target's activations included).")
+        self.online_tokens = counter("online_tokens", "Output tokens the target verified or produced.")
+        self.offline_tokens = counter("offline_tokens", "Output tokens generated offline and kept unverified "
+                                                        "(provisional, or kept by the keep policy).")
+        self.rolled_back = counter("rolled_back_tokens", "Offline tokens a rollback dropped when the link came back.")
+        self.disconnects = counter("link_disconnects", "Times a generation found the link to the server dead.")
+        self.resumes = counter("link_resumes", "Sessions resumed on the server after a disconnection.")
+        self.link_state = Gauge(CLIENT_PREFIX + "link_state", "The link to the server, 1 for its state now: up (the "
+                                "server answers), down (it does not), offline (a generation runs on the drafter "
+                                "alone), unknown (the client is loading).", ["state"], registry=r)
+        for state in LINK_STATES:
+            self.link_state.labels(state=state).set(1 if state == "unknown" else 0)
+
+    def set_link_state(self, state: str) -> None:
+        """The link's state now (``LinkProbe.state``): its series is 1, the others 0."""
+        for name in LINK_STATES:
+            self.link_state.labels(state=name).set(1 if name == state else 0)
 
     def watch(self) -> "RequestWatch":
         """A request has arrived; the watch follows it to its end."""
@@ -71,6 +96,14 @@ class ClientMetrics(VllmMetrics):
         self.idle.inc(m.idle_s)
         self.plain_steps.inc(m.plain_steps)
         self.queued_steps.inc(m.queued_steps)
+        self.server_calls.inc(m.calls)
+        self.sent_bytes.inc(m.bytes_up)
+        self.received_bytes.inc(m.bytes_down)
+        self.online_tokens.inc(m.online_tokens)
+        self.offline_tokens.inc(m.offline_tokens)
+        self.rolled_back.inc(m.rolled_back_tokens)
+        self.disconnects.inc(m.disconnects)
+        self.resumes.inc(m.resumes)
 
 
 class RequestWatch:

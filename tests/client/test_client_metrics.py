@@ -97,3 +97,70 @@ def test_plain_and_queued_steps_are_counted(tiny_server, make_client):
     assert r.metrics.queued_steps >= 2 and r.metrics.plain_steps > r.metrics.queued_steps
     assert v[(P + "plain_steps_total", None)] == r.metrics.plain_steps
     assert v[(P + "queued_steps_total", None)] == r.metrics.queued_steps
+
+
+def scrape(url: str) -> dict:
+    """client serve's /metrics over HTTP, as Prometheus reads it: (name, state label) -> value."""
+    import httpx
+
+    reply = httpx.get(f"{url}/metrics", timeout=30)
+    assert reply.status_code == 200
+    return {(s.name, s.labels.get("state")): s.value
+            for family in text_string_to_metric_families(reply.text) for s in family.samples}
+
+
+def test_client_serve_exports_the_link_series(tiny_server, relay, make_client, tiny_model_dir):
+    """Calls to the server, bytes, online and offline tokens, disconnects, resumes and the link's state, on client
+    serve's /metrics over real HTTP, through a relay that really cuts the link."""
+    import httpx
+
+    from edgespec.client.api import build_app
+    from edgespec.client.client_health import LinkProbe
+    from edgespec.client.commit import ResumePolicy
+    from edgespec.client.generation import TokenEvent, TokenOrigin
+    from support.asgi_server import serving
+
+    client = make_client(relay.target, "independent", drafter_dir=tiny_model_dir)  # can go on offline
+    client.metrics = metrics = ClientMetrics(client.model_name)
+    probe = LinkProbe(client.config.link, timeout_s=0.5, max_age_s=0)
+    with serving(build_app(client, metrics=metrics, probe=probe)) as url:
+        v = scrape(url)
+        assert v[(P + "link_state", "up")] == 1 and v[(P + "link_state", "down")] == 0
+        assert v[(P + "server_calls_total", None)] == 0
+        answer = httpx.post(f"{url}/v1/completions", json={"prompt": "def add(a, b):\n", "max_tokens": 12,
+                                                           "temperature": 0, "ignore_eos": True}, timeout=60).json()
+        m = answer["edgespec"]
+        v = scrape(url)
+        assert m["calls"] >= 1 and v[(P + "server_calls_total", None)] == m["calls"]
+        assert v[(P + "link_sent_bytes_total", None)] == m["bytes_up"] > 0
+        assert v[(P + "link_received_bytes_total", None)] == m["bytes_down"] > 0
+        assert v[(P + "online_tokens_total", None)] == 12 and v[(P + "offline_tokens_total", None)] == 0
+
+        # A generation whose link is blackholed after 5 tokens and comes back after 3 offline tokens: the client
+        # goes offline, resumes, and keeps its offline text (keep policy), which the counters show.
+        ids = client.encode("def add(a, b):\n    return a + b\n")
+        offline = 0
+        for item in client.stream(ids, GenerationConfig(max_new_tokens=30, ignore_eos=True, offline_wait_s=20,
+                                                        resume_policy=ResumePolicy.KEEP)):
+            if isinstance(item, TokenEvent):
+                if item.index == 4 and relay.state == "up":
+                    relay.cut("blackhole")
+                if item.origin is TokenOrigin.OFFLINE:
+                    offline += 1
+                    time.sleep(0.02)
+                    if offline == 3:
+                        relay.restore()
+        result = item
+        assert result.metrics.disconnects >= 1 and result.metrics.resumes >= 1 and offline >= 3
+        v = scrape(url)
+        assert v[(P + "link_disconnects_total", None)] == result.metrics.disconnects
+        assert v[(P + "link_resumes_total", None)] == result.metrics.resumes
+        assert v[(P + "offline_tokens_total", None)] == result.metrics.offline_tokens
+        assert v[(P + "server_calls_total", None)] == m["calls"] + result.metrics.calls
+
+        relay.cut("reset")  # the server cannot be reached now
+        try:
+            v = scrape(url)
+            assert v[(P + "link_state", "down")] == 1 and v[(P + "link_state", "up")] == 0
+        finally:
+            relay.restore()
