@@ -29,7 +29,7 @@ FILE_DATA_FLAGS = {
     "chats": Flag("--chat", metavar="FILE"), "answers": Flag(), "chunk_tokens": Flag(), "chunks_per_file": Flag(),
     "max_tokens": Flag(), "val_first": Flag(),
 }
-PROMPT_DATA_FLAGS = {"n_write": Flag(), "n_explain": Flag(), "n_code": Flag()}
+PROMPT_DATA_FLAGS = {"n_write": Flag(), "n_explain": Flag(), "n_code": Flag(), "n_complete": Flag(), "n_chat": Flag()}
 BOTH_DATA_FLAGS = {
     "seed": Flag(), "max_new_tokens": Flag(), "batch_size": Flag(),
     "val_fraction": Flag(default=None, help="held-out share (default 0.1 for stdlib prompts, 0.02 for files)"),

@@ -22,7 +22,7 @@ from pathlib import Path
 
 # Lower-case spellings of the evaluation sets this project reports on (DESIGN section 9).
 TEST_SET_NAMES = ("human_eval", "humaneval", "human-eval", "mt_bench", "mtbench", "mt-bench",
-                  "spec_bench", "specbench", "spec-bench", "fastchat")
+                  "spec_bench", "specbench", "spec-bench", "fastchat", "ifbench", "if_bench", "if-bench")
 _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                    "chatgpt": "assistant", "bard": "assistant", "model": "assistant", "system": "system"}
 DEFAULT_TEXT_GLOBS = ("*.py", "*.md", "*.rst", "*.txt", "*.c", "*.h", "*.js", "*.ts", "*.rs", "*.go",

@@ -60,13 +60,13 @@ def build_dataset(target: str, out_dir: str | Path, config: DataConfig = DataCon
     path, done = _open_samples(out_dir, target, config)
     root = Path(config.source_root) if config.source_root else None
     samples = derive_samples(config.seed, config.n_write, config.n_explain, config.n_code, config.code_chars,
-                             root=root)
+                             root=root) + client_samples(config, root)
     todo = [s for s in samples if s.id not in done]
     log.info("%d samples, %d already done, %d to go -> %s", len(samples), len(done), len(todo), path)
     with path.open("a", encoding="utf-8") as f:
         for s in [s for s in todo if s.kind == "code"]:
             _append(f, s, "", config)
-        chats = [s for s in todo if s.kind != "code"]
+        chats = batched_by_length([s for s in todo if s.kind != "code"], config.batch_size)
         if not chats:
             return path
         loaded = load_model(target, device=device, dtype=dtype)
@@ -81,6 +81,34 @@ def build_dataset(target: str, out_dir: str | Path, config: DataConfig = DataCon
             log.info("batch %d/%d in %.0fs", i // config.batch_size + 1, -(-len(chats) // config.batch_size),
                      time.perf_counter() - t0)
     return path
+
+
+def client_samples(config: DataConfig, root: Path | None = None) -> list[Sample]:
+    """The requests in the client's forms (client_prompts.py), interleaved by a seeded shuffle so that a run
+    stopped early still holds every kind. ``root``: where the functions and module docstrings come from
+    (default: the standard library and the installed packages); Debian's package list adds topics."""
+    import random
+
+    from .client_prompts import (chat_prompts, completion_prompts, docstring_topics, dpkg_topics,
+                                 package_files)
+    from .prompts import source_files
+
+    rng = random.Random(config.seed + 1)
+    files = source_files(root) if root is not None else package_files()
+    found = completion_prompts(files, config.n_complete, rng)
+    if config.n_chat:
+        topics = docstring_topics(rng.sample(files, min(len(files), 4 * config.n_chat)))
+        topics += [] if root is not None else dpkg_topics()
+        found += chat_prompts(topics, config.n_chat, rng)
+    rng.shuffle(found)
+    return [Sample(pid, pid.split(":")[0], prompt) for pid, prompt in found]
+
+
+def batched_by_length(samples: list[Sample], batch_size: int, window: int = 8) -> list[Sample]:
+    """Samples reordered so that each batch holds prompts of similar length (less left padding), sorting
+    within runs of ``window`` batches only, so the kinds stay spread over the run."""
+    span = max(1, batch_size * window)
+    return [s for i in range(0, len(samples), span) for s in sorted(samples[i:i + span], key=lambda s: len(s.prompt))]
 
 
 def _append(f, sample: Sample, response: str, config: DataConfig) -> None:

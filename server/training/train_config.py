@@ -42,6 +42,8 @@ class DataConfig:
     n_write: int = 200  # "write a function that ..." prompts from docstrings
     n_explain: int = 100  # "explain this code" prompts
     n_code: int = 60  # plain code chunks (no generation; the target's features only)
+    n_complete: int = 200  # "complete this function" requests in the words HumanEval is asked in (client_prompts.py)
+    n_chat: int = 200  # chat requests of MT-Bench's and Spec-Bench's kinds, about what is on this machine
     code_chars: int = 1500  # characters per code chunk
     max_new_tokens: int = 192  # length cap of the target's responses
     batch_size: int = 8  # prompts generated together (left padding); a CPU is much faster batched

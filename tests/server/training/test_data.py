@@ -93,11 +93,12 @@ def test_build_dataset_resumes_without_duplicates(tmp_path, tiny_model_dir):
 
     (tmp_path / "src").mkdir()
     root = fake_root(tmp_path / "src")
-    small = DataConfig(n_write=1, n_explain=1, n_code=1, code_chars=200, max_new_tokens=8, batch_size=2,
-                       source_root=str(root))
+    small = DataConfig(n_write=1, n_explain=1, n_code=1, n_complete=1, n_chat=2, code_chars=200, max_new_tokens=8,
+                       batch_size=2, source_root=str(root))
     path = build_dataset(str(tiny_model_dir), tmp_path / "data", small)
     first = read_samples(path)
-    assert [r["kind"] for r in first] == ["code", "write", "explain"]
+    assert first[0]["kind"] == "code" and sorted(r["kind"] for r in first[1:]) == [
+        "chat", "chat", "complete", "explain", "write"]
     assert all(r["response"] for r in first if r["kind"] != "code")
     # An interruption that cut the last sample mid-line: the rerun finishes the set, nothing twice.
     text = path.read_text()
