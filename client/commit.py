@@ -80,16 +80,19 @@ class StopStrings:
 
 
 def finish_point(generated: Sequence[int], checked: int, eos_ids: set[int], max_new_tokens: int,
-                 stops: StopStrings | None = None, ignore_eos: bool = False) -> Finish:
+                 stops: StopStrings | None = None, ignore_eos: bool = False, stop_ids: Sequence[int] = (),
+                 min_tokens: int = 0) -> Finish:
     """Earliest end among tokens generated[checked:] (earlier ones were checked before).
 
-    EOS is kept as the last token (as Hugging Face's greedy output keeps it); a
-    stop string ends the output with the token that completes it (the text is
-    cut before it where it is shown); past max_new_tokens nothing is kept.
+    EOS (and a stop id, vLLM's stop_token_ids) is kept as the last token (as Hugging Face's greedy output
+    keeps it); a stop string ends the output with the token that completes it (the text is cut before it
+    where it is shown); past max_new_tokens nothing is kept. Before min_tokens tokens nothing ends the
+    output but the length (vLLM's min_tokens: its stop checks start there).
     """
     limit = min(len(generated), max_new_tokens)
-    for k in range(checked, limit):
-        if (not ignore_eos and generated[k] in eos_ids) or (stops is not None and stops.reached(generated, k)):
+    for k in range(max(checked, min_tokens - 1), limit):
+        if ((not ignore_eos and generated[k] in eos_ids) or generated[k] in stop_ids
+                or (stops is not None and stops.reached(generated, k))):
             return Finish(k + 1, "stop")
     if limit >= max_new_tokens:
         return Finish(max_new_tokens, "length")

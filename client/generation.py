@@ -503,7 +503,8 @@ class Generation:
     def _settle(self) -> None:
         """Find where the output ends (EOS, a stop string, max tokens) and cut what lies past it."""
         s, c = self.state, self.config
-        fin = finish_point(s.generated, s.checked, self.tok.eos_ids, c.max_new_tokens, self._stops, c.ignore_eos)
+        fin = finish_point(s.generated, s.checked, self.tok.eos_ids, c.max_new_tokens, self._stops, c.ignore_eos,
+                           c.sampling.stop_token_ids, c.sampling.min_tokens)
         s.checked = fin.keep
         if fin.reason is not None:
             del s.committed[s.prompt_len + fin.keep:]

@@ -78,7 +78,8 @@ class Client:
         """The assistant's answer to chat messages ({role, content}), under the target's chat template.
 
         sampling: max_tokens, temperature (default 1, as the HTTP APIs; 0 = greedy), top_p, top_k, stop (strings),
-        seed (unset: a fresh one each call, as the HTTP APIs), and logprobs (the N most likely alternatives, 0 to 20): then ``last_result.logprobs`` holds the
+        seed (unset: a fresh one each call, as the HTTP APIs), vLLM's min_p, presence_penalty, frequency_penalty,
+        repetition_penalty, min_tokens and stop_token_ids, and logprobs (the N most likely alternatives, 0 to 20): then ``last_result.logprobs`` holds the
         target's log-probability of every token, and no offline token is handed out before the target scored it."""
         ids = self.edge.encode_chat([{"role": m["role"], "content": m["content"]} for m in messages])
         return self._run(ids, stream, sampling)
@@ -94,18 +95,25 @@ class Client:
 
     def _config(self, max_tokens: int | None = None, temperature: float = defaults.TEMPERATURE,
                 top_p: float = defaults.TOP_P, top_k: int = defaults.TOP_K, stop: str | Sequence[str] | None = None,
-                seed: int | None = defaults.SEED, logprobs: int | None = None) -> GenerationConfig:
+                seed: int | None = defaults.SEED, logprobs: int | None = None, min_p: float = 0.0,
+                presence_penalty: float = 0.0, frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
+                min_tokens: int = 0, stop_token_ids: Sequence[int] = ()) -> GenerationConfig:
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         seed = defaults.fresh_seed() if seed is None else seed % defaults.SEED_MODULUS
-        return GenerationConfig(max_new_tokens=max_tokens or self.max_tokens,
-                                sampling=SamplingSettings(temperature, top_p, top_k), stop=stops, seed=seed,
+        max_new = max_tokens or self.max_tokens
+        if min_tokens > max_new:
+            raise ValueError(f"min_tokens ({min_tokens}) must be at most max_tokens ({max_new})")
+        sampling = SamplingSettings(temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
+                                    repetition_penalty, min_tokens=min_tokens, stop_token_ids=tuple(stop_token_ids))
+        return GenerationConfig(max_new_tokens=max_new, sampling=sampling, stop=stops, seed=seed,
                                 resume_policy=self.policy, logprobs=logprobs)
 
     def _pieces(self, ids: list[int], config: GenerationConfig) -> Iterator[str]:
         # Under rollback, offline tokens are held back until the target confirmed them, so no piece
         # handed out is ever taken back; with logprobs, until the target scored them (as the local API does).
         hold = config.resume_policy is ResumePolicy.ROLLBACK or config.logprobs is not None
-        streamer = TextStreamer(self.edge.decode, config.stop, hold_offline=hold)
+        streamer = TextStreamer(self.edge.decode, config.stop, hold_offline=hold,
+                                min_tokens=config.sampling.min_tokens)
         for item in self.edge.stream(ids, config):
             if isinstance(item, GenerationResult):
                 self.last_result = item

@@ -50,9 +50,10 @@ class SettledTokens:
 class TextStreamer:
     """Events in, text deltas that never need taking back out."""
 
-    def __init__(self, decode: Callable[[Sequence[int]], str], stops: Sequence[str] = (), hold_offline: bool = True):
+    def __init__(self, decode: Callable[[Sequence[int]], str], stops: Sequence[str] = (), hold_offline: bool = True,
+                 min_tokens: int = 0):
         self._tokens = SettledTokens(hold_offline)
-        self._text = TextStream(decode, stops)
+        self._text = TextStream(decode, stops, min_tokens=min_tokens)  # stop strings count from min_tokens on
 
     @property
     def stopped(self) -> bool:

@@ -84,12 +84,12 @@ def processors(target: TargetModel, sampling: SamplingSettings, grammar: str,
                prompt: Sequence[int]) -> RowProcessors | None:
     """A generation's logits processors (penalties, logit_bias, grammar), or None when it has none: then the
     target's logits are drawn from (or accepted on) untouched."""
-    if not (sampling.penalized or grammar):
+    if not (sampling.processed or grammar):
         return None
     constraint = None
     if grammar:
         constraint = GrammarConstraint(grammar_tokenizer(target.tokenizer, target.vocab_size, target.eos_ids), grammar)
-    return RowProcessors(sampling, prompt, target.vocab_size, constraint)
+    return RowProcessors(sampling, prompt, target.vocab_size, constraint, eos_ids=sorted(target.eos_ids))
 
 
 def _step(scheduler: ModelScheduler, kv, ids: Sequence[int], sampling: SamplingSettings, draws: Draws,

@@ -211,7 +211,7 @@ class VerifierServicer(pb_grpc.VerifierServicer):
             sp = o.sampling  # proto3 zeros: top_p 0 and repetition_penalty 0 mean off
             sampling = SamplingSettings(sp.temperature, sp.top_p or 1.0, sp.top_k, sp.min_p, sp.presence_penalty,
                                         sp.frequency_penalty, sp.repetition_penalty or 1.0,
-                                        tuple(sp.logit_bias.items()))
+                                        tuple(sp.logit_bias.items()), sp.min_tokens, tuple(sp.stop_token_ids))
         except ValueError as exc:
             raise InvalidRequestError(f"bad sampling parameters: {exc}") from None
         lsa = check_feature_request(o.features.kind, o.features.tli_layers, target.num_layers,

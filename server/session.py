@@ -316,7 +316,7 @@ class VerifierSession:
     def _start_processors(self, prompt: Sequence[int]) -> None:
         """The session's logits processors (``decoder.processors``), its sampling settings and grammar checked."""
         s = self.settings
-        if not (s.sampling.penalized or s.grammar):
+        if not (s.sampling.processed or s.grammar):
             return
         try:
             s.sampling.check_vocab(self.target.vocab_size)

@@ -40,6 +40,21 @@ def apply_penalties(logits: torch.Tensor, sampling: SamplingSettings, prompt_see
     return out
 
 
+def min_tokens_mask(logits: torch.Tensor, min_tokens: int, output_len: int, tree: DraftTree,
+                    held_back: Sequence[int]) -> torch.Tensor:
+    """vLLM's min_tokens per row of [root] + nodes: a row whose output (the committed output and the row's path)
+    is still shorter than min_tokens cannot end it, so `held_back` (EOS and the stop ids) is -inf there."""
+    lengths = [output_len] + [output_len + len(tree.ancestors(i)) for i in range(len(tree))]
+    short = torch.tensor([n < min_tokens for n in lengths], device=logits.device)
+    if not bool(short.any()):
+        return logits
+    out = logits.float().clone()
+    ids = torch.tensor(list(held_back), dtype=torch.long, device=logits.device)
+    rows = short.nonzero().squeeze(1)
+    out[rows.unsqueeze(1), ids.unsqueeze(0)] = float("-inf")
+    return out
+
+
 def token_counts(tokens: Sequence[int], vocab_size: int) -> torch.Tensor:
     """How often each id occurs in tokens: [V] float32."""
     return torch.bincount(torch.tensor(list(tokens), dtype=torch.long), minlength=vocab_size)[:vocab_size].float()
@@ -68,8 +83,10 @@ class RowProcessors:
     or a retracted offline token needs no bookkeeping here; the constraint keeps its own cache."""
 
     def __init__(self, sampling: SamplingSettings, prompt: Sequence[int], vocab_size: int,
-                 constraint: RowConstraint | None = None):
+                 constraint: RowConstraint | None = None, eos_ids: Sequence[int] = ()):
         self.sampling = sampling
+        # min_tokens masks the target's EOS ids and the request's stop ids while a row's output is shorter
+        self.held_back = sorted({*eos_ids, *sampling.stop_token_ids} if sampling.min_tokens else ())
         self.prompt_len = len(prompt)
         self.vocab_size = vocab_size
         self.constraint = constraint
@@ -85,6 +102,8 @@ class RowProcessors:
         if self.constraint is not None:
             allowed = self.constraint.tree_masks(output, tree, logits.shape[-1]).to(out.device)
             out = out.float().masked_fill(~allowed, float("-inf"))
+        if self.held_back:
+            out = min_tokens_mask(out, self.sampling.min_tokens, len(output), tree, self.held_back)
         return out
 
     def next_logits(self, logits: torch.Tensor, committed: Sequence[int]) -> torch.Tensor:

@@ -34,6 +34,8 @@ class SamplingSettings:
     frequency_penalty: float = 0.0  # in [-2, 2]: subtracted per occurrence of a token in the output
     repetition_penalty: float = 1.0  # > 0: divides (multiplies) a seen token's positive (negative) logit; 1 = off
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), sorted by id, biases clamped to [-100, 100]
+    min_tokens: int = 0  # vLLM's: while the output is shorter, EOS and stop_token_ids are masked out; 0 = off
+    stop_token_ids: tuple[int, ...] = ()  # vLLM's: ids that end the output, as EOS does (masked under min_tokens)
 
     def __post_init__(self) -> None:
         for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
@@ -50,6 +52,14 @@ class SamplingSettings:
             value = getattr(self, name)
             _check(name, value, -PENALTY_LIMIT <= value <= PENALTY_LIMIT, "in [-2, 2]")
         _check("repetition_penalty", self.repetition_penalty, self.repetition_penalty > 0, "> 0 (1 = off)")
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, numbers.Integral):
+            raise ValueError(f"min_tokens must be a whole number, got {self.min_tokens!r}")
+        _check("min_tokens", self.min_tokens, self.min_tokens >= 0, ">= 0 (0 = off)")
+        stops = tuple(self.stop_token_ids)
+        bad_stop = next((t for t in stops if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0), None)
+        if bad_stop is not None:
+            raise ValueError(f"stop_token_ids must be token ids (whole numbers >= 0), got {bad_stop!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(sorted({int(t) for t in stops})))
         bias = dict(self.logit_bias)  # a mapping or pairs; a later pair for the same id wins, as in a dict
         bad = next((t for t in bias if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0), None)
         if bad is not None:
@@ -67,11 +77,19 @@ class SamplingSettings:
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
                     or self.logit_bias)
 
+    @property
+    def processed(self) -> bool:
+        """Whether the logits are processed per row: a penalty or logit_bias, or min_tokens' mask."""
+        return self.penalized or self.min_tokens > 0
+
     def check_vocab(self, vocab_size: int) -> None:
-        """Raise ValueError when logit_bias names a token outside a vocabulary of vocab_size ids."""
+        """Raise ValueError when logit_bias or stop_token_ids names a token outside a vocabulary of vocab_size ids."""
         bad = next((t for t, _ in self.logit_bias if t >= vocab_size), None)
         if bad is not None:
             raise ValueError(f"logit_bias names token id {bad}, outside the vocabulary [0, {vocab_size})")
+        bad = next((t for t in self.stop_token_ids if t >= vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"stop_token_ids names token id {bad}, outside the vocabulary [0, {vocab_size})")
 
 
 def _check(name: str, value: float, ok: bool, should_be: str) -> None:

@@ -123,8 +123,9 @@ class StopMatcher:
         self._held = ""  # text seen but not shown: it may be the start of a stop string
         self.stopped = False  # a stop string was reached; nothing more is shown
 
-    def feed(self, text: str) -> str:
-        """Add text; return what is now safe to show."""
+    def feed(self, text: str, armed: bool = True) -> str:
+        """Add text; return what is now safe to show. A stop string that ends in text fed unarmed does not stop
+        (vLLM's min_tokens: stop strings count from there on)."""
         if self.stopped or not text:
             return ""
         a, state = self._automaton, self._state
@@ -132,7 +133,7 @@ class StopMatcher:
         cut = None  # earliest start of a stop ending in this text, in held + text
         for i, ch in enumerate(text):
             state = a.step(state, ch)
-            if a.longest[state]:
+            if a.longest[state] and armed:
                 start = base + i + 1 - a.longest[state]
                 cut = start if cut is None else min(cut, start)
         buffered = self._held + text
@@ -153,9 +154,11 @@ class StopMatcher:
 class TextStream:
     """Generated token ids in, text deltas out: incremental decoding, then stop strings."""
 
-    def __init__(self, decode: Decode, stops: Sequence[str] = ()):
+    def __init__(self, decode: Decode, stops: Sequence[str] = (), min_tokens: int = 0):
         self._decoder = IncrementalDecoder(decode)
         self._stops = StopMatcher(stops)
+        self._min_tokens = min_tokens  # stop strings end the text once this many tokens came (vLLM's min_tokens)
+        self._count = 0
 
     @property
     def stopped(self) -> bool:
@@ -165,7 +168,8 @@ class TextStream:
         """Add a token; return the text that is now safe to show (possibly '')."""
         if self.stopped:
             return ""
-        return self._stops.feed(self._decoder.push(token))
+        self._count += 1
+        return self._stops.feed(self._decoder.push(token), armed=self._count >= self._min_tokens)
 
     def finish(self) -> str:
         """The rest of the text once generation ends."""

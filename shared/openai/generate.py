@@ -75,9 +75,11 @@ def jobs(plan: Plan) -> list[GenerationJob]:
 def choice_events(backend: Backend, job: GenerationJob, index: int,
                   cancel: threading.Event) -> Iterator[TextPiece | ChoiceEnd]:
     """One choice as it is generated: text pieces, then its end."""
-    text = TextStream(backend.decode, job.stop)
+    # vLLM's min_tokens: no stop string or stop id ends the output before it (EOS is masked by the backend)
+    min_tokens, stop_ids = job.sampling.min_tokens, set(job.sampling.stop_token_ids)
+    text = TextStream(backend.decode, job.stop, min_tokens=min_tokens)
     run = backend.start(job, cancel)
-    count, pending = 0, []
+    count, pending, stopped = 0, [], False
     try:
         for token in run:
             if cancel.is_set():
@@ -85,17 +87,18 @@ def choice_events(backend: Backend, job: GenerationJob, index: int,
             count += 1
             pending.append(token)
             delta = text.push(token.id)
+            stopped = text.stopped or (token.id in stop_ids and count >= min_tokens)
             if delta or job.top_logprobs is not None:  # with logprobs every token is reported as it comes
                 yield TextPiece(index, delta, pending)
                 pending = []
-            if text.stopped:
+            if stopped:
                 break
     finally:
         run.close()
     rest = text.finish()
     if rest or pending:
         yield TextPiece(index, rest, pending)
-    yield ChoiceEnd(index, "stop" if text.stopped else run.finish_reason, count, run.extra,
+    yield ChoiceEnd(index, "stop" if stopped else run.finish_reason, count, run.extra,
                     getattr(run, "cached_tokens", None))
 
 

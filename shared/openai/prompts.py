@@ -76,13 +76,15 @@ def check_ids(ids: Sequence[int], vocab_size: int, limit: int, param: str) -> li
 
 
 def chat_text(tokenizer, messages: list[dict], limit: int, tools: Sequence[dict] | None = None,
-              add_generation_prompt: bool = True) -> str:
+              add_generation_prompt: bool = True, template_kwargs: dict | None = None) -> str:
     """The chat template applied to messages (and the tools, which the template renders), ready for the
-    assistant's turn unless `add_generation_prompt` is False (a 400 if the template refuses)."""
+    assistant's turn unless `add_generation_prompt` is False (a 400 if the template refuses).
+    `template_kwargs` (vLLM's chat_template_kwargs) are more template variables, and win over these."""
     check_chars(sum(len(m["content"]) for m in messages), tokenizer, limit, "messages")
+    variables = {"tools": list(tools) if tools else None, "add_generation_prompt": add_generation_prompt,
+                 **(template_kwargs or {})}
     try:
-        return tokenizer.apply_chat_template(messages, tools=list(tools) if tools else None, tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
+        return tokenizer.apply_chat_template(messages, tokenize=False, **variables)
     except Exception as err:  # noqa: BLE001 - jinja's TemplateError or a template's raise_exception: the caller's
         raise bad_request(f"the model's chat template refused the messages: {err}", "messages") from None
 

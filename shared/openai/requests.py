@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -86,6 +86,9 @@ class _Common(_Strict):
     repetition_penalty: float | None = Field(default=None, gt=0)
     logit_bias: dict[str, float] | None = None  # OpenAI's: token id (as a string) -> bias, clamped to [-100, 100]
     ignore_eos: bool | None = None
+    min_tokens: int | None = Field(default=None, ge=0)  # vLLM's: no EOS, stop id or stop string before this many
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=2 ** 32 - 1)]] | None = Field(default=None, max_length=1024)
+    # (vLLM's: ids that end the output, as EOS does)
     response_format: dict[str, Any] | None = None  # {"type": "text" | "json_object" | "json_schema", ...}
 
     @field_validator("logit_bias")
@@ -122,7 +125,12 @@ class _Common(_Strict):
             defaults.TOP_P if self.top_p is None else self.top_p, max(0, self.top_k or defaults.TOP_K),
             self.min_p or 0.0, self.presence_penalty or 0.0, self.frequency_penalty or 0.0,
             1.0 if self.repetition_penalty is None else self.repetition_penalty,
-            tuple((int(k), v) for k, v in (self.logit_bias or {}).items()))
+            tuple((int(k), v) for k, v in (self.logit_bias or {}).items()), self.min_tokens or 0,
+            tuple(self.stop_token_ids or ()))
+        if max_tokens is not None and sampling.min_tokens > max_tokens:
+            raise bad_request(f"'min_tokens' ({sampling.min_tokens}) must be at most 'max_tokens' ({max_tokens})",
+                              "min_tokens", "invalid_value")
+
         tools = self._tools()
         grammar = (tools and tools.grammar) or response_format_grammar(self.response_format)
         return Settings(max_tokens=max_tokens, sampling=sampling, seed=self.seed, n=self.n or 1, stop=self.stop,
@@ -224,6 +232,16 @@ class ChatCompletionRequest(_Common):
     tools: list[dict[str, Any]] | None = None  # [{"type": "function", "function": {"name", "parameters", ...}}]
     tool_choice: str | dict[str, Any] | None = None  # "none" | "auto" | "required" | {"type": "function", ...}
     parallel_tool_calls: bool | None = None
+    # vLLM's: more variables for the chat template (Qwen3's {"enable_thinking": false}); they win over ours
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        refused = sorted(set(value or {}) & {"chat_template", "tokenize", "conversation", "messages"})
+        if refused:
+            raise ValueError(f"{refused[0]!r} cannot be set here: the template and the messages are the request's")
+        return value
 
     def _tools(self) -> ToolUse | None:
         return tool_use(self.tools, self.tool_choice, self.parallel_tool_calls is not False)

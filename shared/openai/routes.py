@@ -144,7 +144,8 @@ def _plan(backend: Backend, body, chat: bool, settings: Settings) -> Plan:
     limit = backend.max_context_tokens
     if chat:
         tools = settings.tools.tools if settings.tools is not None else None
-        text = chat_text(backend.tokenizer, [m.template_message() for m in body.messages], limit, tools)
+        text = chat_text(backend.tokenizer, [m.template_message() for m in body.messages], limit, tools,
+                         template_kwargs=body.chat_template_kwargs)
         ids = encode_text(text, backend.tokenizer, limit, "messages")
     elif isinstance(body.prompt, str):
         ids = encode_text(body.prompt, backend.tokenizer, limit, "prompt")
@@ -154,6 +155,10 @@ def _plan(backend: Backend, body, chat: bool, settings: Settings) -> Plan:
     if bad is not None:
         raise bad_request(f"Invalid value for 'logit_bias': token id {bad} is outside the vocabulary "
                           f"[0, {backend.vocab_size})", "logit_bias", "invalid_value")
+    bad = next((t for t in settings.sampling.stop_token_ids if t >= backend.vocab_size), None)
+    if bad is not None:
+        raise bad_request(f"Invalid value for 'stop_token_ids': token id {bad} is outside the vocabulary "
+                          f"[0, {backend.vocab_size})", "stop_token_ids", "invalid_value")
     if settings.tools is not None and settings.tools.grammar:
         settings = replace(settings, grammar=settings.tools.grammar_for(backend.tokenizer))
     room = limit - len(ids)  # >= 1: a prompt that fills the context was refused

@@ -272,3 +272,71 @@ def test_nan_wrong_types_and_bad_json_get_400_on_both(apis):
         chat = {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}
         r = httpx.post(f"{url}/chat/completions", json=chat)
         assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content", r.text
+
+
+# vLLM's request fields, through the `openai` client's extra_body as vLLM's users send them.
+
+def test_stop_token_ids_end_both_answers_at_the_same_token(apis):
+    whole = apis.both(lambda sdk: sdk.completions.create(model=apis.model, prompt="def add(a, b):", max_tokens=24,
+                                                         temperature=0, extra_body={"ignore_eos": True}))
+    from edgespec.client.generation import GenerationConfig
+
+    # the target's greedy ids of that answer (text does not tokenize back to the same ids)
+    ids = apis.client.generate(apis.client.encode("def add(a, b):"),
+                               GenerationConfig(max_new_tokens=24, ignore_eos=True)).token_ids
+    assert apis.client.decode(ids) == whole["server"].choices[0].text
+    stop_id = ids[4]  # the token at the fifth position ends the answer there (or where it first comes)
+    cut = apis.both(lambda sdk: sdk.completions.create(
+        model=apis.model, prompt="def add(a, b):", max_tokens=24, temperature=0,
+        extra_body={"ignore_eos": True, "stop_token_ids": [stop_id]}))
+    for side in ("server", "client"):
+        choice, usage = cut[side].choices[0], cut[side].usage
+        assert choice.finish_reason == "stop", side
+        assert usage.completion_tokens == ids.index(stop_id) + 1 < 24, side
+        assert whole[side].choices[0].text.startswith(choice.text), side
+    assert cut["server"].choices[0].text == cut["client"].choices[0].text
+
+
+def test_min_tokens_holds_back_eos_on_both_alike(apis):
+    """EOS_PROMPT's greedy answer ends with EOS after 16 tokens; with min_tokens 24 the target may not end it
+    there: both APIs mask EOS in every row shorter than 24 (the client's trees included) and agree."""
+    plain = apis.both(lambda sdk: sdk.completions.create(model=apis.model, prompt=EOS_PROMPT, max_tokens=40,
+                                                         temperature=0))
+    assert plain["server"].usage.completion_tokens <= 17 and plain["server"].choices[0].finish_reason == "stop"
+    held = apis.both(lambda sdk: sdk.completions.create(model=apis.model, prompt=EOS_PROMPT, max_tokens=40,
+                                                        temperature=0, extra_body={"min_tokens": 24}))
+    for side in ("server", "client"):
+        assert held[side].usage.completion_tokens >= 24, side
+    assert held["server"].choices[0].text == held["client"].choices[0].text
+    assert held["server"].usage.completion_tokens == held["client"].usage.completion_tokens
+    status, body = error_of(lambda: apis.sdk["client"].completions.create(
+        model=apis.model, prompt="x", max_tokens=4, extra_body={"min_tokens": 5}))
+    assert status == 400 and body["param"] == "min_tokens"
+
+
+def test_chat_template_kwargs_reach_the_template_on_both(apis):
+    messages = [{"role": "user", "content": "hi"}]
+    tail = len(apis.server.core.target.tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"])
+    usual = apis.both(lambda sdk: sdk.chat.completions.create(model=apis.model, messages=messages, max_tokens=2,
+                                                              temperature=0))
+    bare = apis.both(lambda sdk: sdk.chat.completions.create(
+        model=apis.model, messages=messages, max_tokens=2, temperature=0,
+        extra_body={"chat_template_kwargs": {"add_generation_prompt": False, "enable_thinking": False}}))
+    for side in ("server", "client"):
+        assert usual[side].usage.prompt_tokens - bare[side].usage.prompt_tokens == tail > 0, side
+    for side in ("server", "client"):
+        status, body = error_of(lambda: apis.sdk[side].chat.completions.create(
+            model=apis.model, messages=messages, max_tokens=2, extra_body={"chat_template_kwargs": {"chat_template": "x"}}))
+        assert status == 400 and "chat_template" in body["message"], side
+
+
+def test_the_python_client_takes_the_same_fields(apis, tiny_model_dir):
+    from edgespec.client import Client
+
+    held = apis.sdk["server"].completions.create(model=apis.model, prompt=EOS_PROMPT, max_tokens=40, temperature=0,
+                                                 extra_body={"min_tokens": 24})
+    with Client(apis.server.address, "ngram", tokenizer=str(tiny_model_dir), min_deadline_s=0.3) as client:
+        assert client.complete(EOS_PROMPT, max_tokens=40, temperature=0, min_tokens=24) == held.choices[0].text
+        assert len(client.last_result.token_ids) == held.usage.completion_tokens >= 24
+        with pytest.raises(ValueError, match="min_tokens"):
+            client.complete(EOS_PROMPT, max_tokens=4, min_tokens=5)

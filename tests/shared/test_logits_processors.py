@@ -123,3 +123,16 @@ def test_sampling_under_processors_and_a_grammar_is_distributed_as_the_processed
     assert stat < chi_square_critical(dof), (first[first > 0], root[root > 0])
     stat, dof = chi_square(second, after_3)
     assert stat < chi_square_critical(dof), (second[second > 0], after_3[after_3 > 0])
+
+
+def test_min_tokens_masks_eos_and_stop_ids_in_the_rows_still_short():
+    """Each row of a tree is masked from its own output length (the committed output and its path)."""
+    sampling = SamplingSettings(min_tokens=4, stop_token_ids=(7,))
+    rows = RowProcessors(sampling, prompt=[1, 2], vocab_size=10, eos_ids=[9])
+    tree = DraftTree((3, 4, 5), (ROOT, 0, 1))  # a chain: node i's row has 1 + i path tokens
+    out = rows.tree_logits(torch.zeros(4, 10), [1, 2, 0, 0], tree)  # 2 output tokens committed
+    masked = torch.isinf(out[:, [7, 9]]).all(dim=1).tolist()
+    assert masked == [True, True, False, False]  # outputs of 2 and 3 tokens are short; 4 and 5 are not
+    assert not torch.isinf(out[:, :7]).any()
+    free = RowProcessors(SamplingSettings(stop_token_ids=(7,)), prompt=[1, 2], vocab_size=10, eos_ids=[9])
+    assert not torch.isinf(free.tree_logits(torch.zeros(4, 10), [1, 2, 0, 0], tree)).any()

@@ -99,3 +99,11 @@ def test_matching_costs_the_same_for_1000_stops_as_for_one():
 
     one, thousand = cost(["XYZ#@XYZ"]), cost(many)
     assert thousand < 2.5 * one, f"1 stop {one * 1e3:.0f} ms, 1000 stops {thousand * 1e3:.0f} ms"
+
+
+def test_min_tokens_lets_a_stop_string_pass_until_that_many_tokens_came():
+    """vLLM's min_tokens: a stop string completed by one of the first min_tokens - 1 tokens does not end the text."""
+    text = b"ab;cd;ef"
+    assert streamed(TextStream(byte_decode, [";"]), text) == "ab"
+    assert streamed(TextStream(byte_decode, [";"], min_tokens=4), text) == "ab;cd"  # the ';' at token 6 ends it
+    assert streamed(TextStream(byte_decode, [";"], min_tokens=3), text) == "ab"  # token 3 is the first ';'
