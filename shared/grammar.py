@@ -82,6 +82,24 @@ def tool_tags_are_tokens(hf_tokenizer) -> bool:
     return TOOL_CALL_OPEN in added and TOOL_CALL_CLOSE in added
 
 
+def regex_grammar(pattern: str) -> str:
+    """A grammar for text that matches a regular expression (llguidance's syntax, anchored at both ends)."""
+    try:
+        grammar = _llg().LLMatcher.grammar_from_regex(pattern)
+    except (ValueError, TypeError) as err:
+        raise GrammarError(str(err)) from None
+    return check_grammar(grammar)
+
+
+def lark_grammar(lark: str) -> str:
+    """A grammar from a Lark (llguidance) grammar text."""
+    try:
+        grammar = _llg().LLMatcher.grammar_from_lark(lark)
+    except (ValueError, TypeError) as err:
+        raise GrammarError(str(err)) from None
+    return check_grammar(grammar)
+
+
 def check_grammar(grammar: str) -> str:
     """The grammar, or a GrammarError with llguidance's reason it is not one."""
     error = _llg().LLMatcher.validate_grammar(grammar)

@@ -26,7 +26,7 @@ from edgespec.shared.session_contract import SamplingSettings
 from edgespec.shared.wire import MAX_TOP_LOGPROBS
 
 from .errors import OpenAIError, bad_request, unsupported
-from .tool_calls import ToolUse, response_format_grammar, template_tool_calls, tool_use
+from .tool_calls import ToolUse, response_format_grammar, structured_outputs_grammar, template_tool_calls, tool_use
 
 MAX_N = 8  # choices per request; they are generated one after another
 MAX_STOPS = 16  # OpenAI allows 4; matching costs the same for any number, this bounds the automaton
@@ -90,6 +90,7 @@ class _Common(_Strict):
     stop_token_ids: list[Annotated[int, Field(ge=0, le=2 ** 32 - 1)]] | None = Field(default=None, max_length=1024)
     # (vLLM's: ids that end the output, as EOS does)
     response_format: dict[str, Any] | None = None  # {"type": "text" | "json_object" | "json_schema", ...}
+    structured_outputs: dict[str, Any] | None = None  # vLLM's: one of json, regex, choice, grammar, json_object
 
     @field_validator("logit_bias")
     @classmethod
@@ -132,7 +133,10 @@ class _Common(_Strict):
                               "min_tokens", "invalid_value")
 
         tools = self._tools()
-        grammar = (tools and tools.grammar) or response_format_grammar(self.response_format)
+        if self.structured_outputs is not None and (self.response_format or {}).get("type", "text") != "text":
+            raise bad_request("give 'response_format' or 'structured_outputs', not both", "structured_outputs")
+        grammar = ((tools and tools.grammar) or response_format_grammar(self.response_format)
+                   or structured_outputs_grammar(self.structured_outputs))
         return Settings(max_tokens=max_tokens, sampling=sampling, seed=self.seed, n=self.n or 1, stop=self.stop,
                         top_logprobs=top_logprobs, stream=bool(self.stream),
                         include_usage=bool(self.stream_options and self.stream_options.include_usage),

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgespec.shared.grammar import (TOOL_CALL_CLOSE, TOOL_CALL_OPEN, GrammarError, json_schema_grammar,
-                                     tool_call_grammar, tool_tags_are_tokens)
+                                     lark_grammar, regex_grammar, tool_call_grammar, tool_tags_are_tokens)
 
 from .errors import bad_request
 
@@ -69,6 +69,41 @@ def response_format_grammar(response_format: dict[str, Any] | None) -> str | Non
                           "response_format.json_schema.schema") from None
     raise bad_request("'response_format' must be {'type': 'text'}, {'type': 'json_object'} or "
                       "{'type': 'json_schema', 'json_schema': {'name': ..., 'schema': {...}}}", "response_format")
+
+
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")  # vLLM's structured_outputs
+
+
+def structured_outputs_grammar(spec: dict[str, Any] | None) -> str | None:
+    """The grammar of vLLM's structured_outputs (exactly one of json, regex, choice, grammar, json_object), None
+    for none; a 400 naming the field when it is wrong."""
+    if spec is None:
+        return None
+    given = [k for k in STRUCTURED_KINDS if spec.get(k) not in (None, False)]
+    if len(given) != 1:
+        raise bad_request(f"'structured_outputs' takes exactly one of {', '.join(STRUCTURED_KINDS)}, got "
+                          f"{given or 'none'}", "structured_outputs")
+    kind, value = given[0], spec[given[0]]
+    where = f"structured_outputs.{kind}"
+    try:
+        if kind == "json":
+            schema = json.loads(value) if isinstance(value, str) else value
+            if not isinstance(schema, dict):
+                raise bad_request(f"'{where}' must be a JSON schema (an object or its JSON text)", where)
+            return json_schema_grammar(schema)
+        if kind == "json_object":
+            return json_schema_grammar({"type": "object"})
+        if kind == "regex" and isinstance(value, str):
+            return regex_grammar(value)
+        if kind == "grammar" and isinstance(value, str):
+            return lark_grammar(value)
+        if kind == "choice" and isinstance(value, list) and value and all(isinstance(c, str) and c for c in value):
+            return lark_grammar("start: " + " | ".join(json.dumps(c) for c in value))  # the strings, as literals
+    except json.JSONDecodeError as err:
+        raise bad_request(f"'{where}' is not JSON: {err.msg}", where) from None
+    except GrammarError as err:
+        raise bad_request(f"Invalid value for '{where}': {err}", where) from None
+    raise bad_request(f"'{where}' must be {'a list of strings' if kind == 'choice' else 'a string'}", where)
 
 
 def _functions(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -340,3 +340,23 @@ def test_the_python_client_takes_the_same_fields(apis, tiny_model_dir):
         assert len(client.last_result.token_ids) == held.usage.completion_tokens >= 24
         with pytest.raises(ValueError, match="min_tokens"):
             client.complete(EOS_PROMPT, max_tokens=4, min_tokens=5)
+
+
+def test_structured_outputs_constrain_both_answers_alike(apis):
+    import re
+
+    choice = apis.both(lambda sdk: sdk.chat.completions.create(
+        model=apis.model, messages=[{"role": "user", "content": "yes or no?"}], max_tokens=16, temperature=0,
+        extra_body={"structured_outputs": {"choice": ["maybe so", "no way"]}}))
+    regex = apis.both(lambda sdk: sdk.completions.create(
+        model=apis.model, prompt="Three digits:", max_tokens=8, temperature=0,
+        extra_body={"structured_outputs": {"regex": "[0-9]{3}"}}))
+    for side in ("server", "client"):
+        assert choice[side].choices[0].message.content in ("maybe so", "no way"), side
+        assert re.fullmatch(r"[0-9]{3}", regex[side].choices[0].text), side
+    assert choice["server"].choices[0].message.content == choice["client"].choices[0].message.content
+    assert regex["server"].choices[0].text == regex["client"].choices[0].text
+    for side in ("server", "client"):
+        status, body = error_of(lambda: apis.sdk[side].completions.create(
+            model=apis.model, prompt="x", max_tokens=4, extra_body={"structured_outputs": {"regex": "(("}}))
+        assert status == 400 and body["param"] == "structured_outputs.regex", side
