@@ -39,14 +39,21 @@ class LearnedDrafter(Drafter):
     can_generate_offline = True
     stops_by_path = True
 
-    def __init__(self, name: str, runtime: LearnedRuntime, needs: FeatureNeeds, tree: TreeShape = TreeShape()):
+    def __init__(self, name: str, runtime: LearnedRuntime, needs: FeatureNeeds, tree: TreeShape = TreeShape(),
+                 context_vocab: bool = True):
         self.name = name
         self.rt = runtime
         self.needs = needs
         self.tree = tree
-        ids = runtime.parts.vocab_ids
+        # With a reduced draft vocabulary, the committed text's ids the list lacks are drafted too (the prompt's
+        # identifiers, which code answers copy); a router's groups cover its list only, so not with a router.
+        self.context_vocab = context_vocab
         self._scores: list[float] = []  # cumulative log-probability of each node of the last tree
-        self._to_target: list[int] | None = None if ids is None else ids.tolist()  # draft index -> target id
+        self._to_target: list[int] | None = runtime.parts.draft_to_target()  # draft index -> target id
+
+    def _add_context_ids(self, committed: Sequence[int]) -> None:
+        if self.context_vocab and self.rt.routed is None and self.rt.parts.set_context_ids(committed):
+            self._to_target = self.rt.parts.draft_to_target()
 
     def feature_request(self) -> FeatureNeeds:
         return self.needs
@@ -65,6 +72,7 @@ class LearnedDrafter(Drafter):
                 f"Opened carried {sorted(features) or 'none'}: is the server too old, or did it refuse the feature "
                 f"request?")
         self.rt.reset()
+        self._add_context_ids([*prompt_ids, first_token])
         self.rt.commit([*prompt_ids, first_token], feats)
 
     def rewind(self, committed: Sequence[int]) -> None:
@@ -105,6 +113,7 @@ class LearnedDrafter(Drafter):
 
     def _sync(self, committed: Sequence[int]) -> None:
         """Make the runtime hold exactly ``committed``, new tokens without features."""
+        self._add_context_ids(committed)
         tokens = self.rt.tokens
         if tokens != list(committed[: len(tokens)]):
             keep = common_prefix(tokens, committed)

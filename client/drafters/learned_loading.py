@@ -27,29 +27,44 @@ from .runtime import LearnedRuntime
 from .tree_builder import TreeShape
 
 
+CHECKPOINT_VOCAB = "checkpoint"  # open_runtime's vocab: the list the drafter was trained over
+
+
 def open_runtime(path: str | Path, target, dtype: torch.dtype | str | None = None,
-                 router: bool = True) -> LearnedRuntime:
+                 router: bool = True, vocab: torch.Tensor | str | None = CHECKPOINT_VOCAB) -> LearnedRuntime:
     """The drafting runtime of the checkpoint at ``path`` (see ``find_checkpoint``). ``target``: a loaded
     *ForCausalLM, or its registry name / folder: then only the parts the drafter needs are read from its
     files. ``dtype``: None is float32, which a laptop CPU without bf16 units runs the drafter's small
     matmuls fastest in. A ``router.safetensors`` beside the drafter (CORAL's LM-head router) is attached
-    unless ``router`` is False."""
+    unless ``router`` is False; its groups cut the checkpoint's own list, so it is only used with that list.
+
+    ``vocab``: the draft vocabulary. The drafters have no weights per vocabulary row (their logits are the
+    target's LM head over a predicted state), so any list works: ``CHECKPOINT_VOCAB`` the one the checkpoint
+    was trained over, a tensor of target ids, or None for every id."""
     ckpt = find_checkpoint(path)
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype or torch.float32
-    runtime = _open(ckpt, target, dtype)
-    attach_router_if_present(runtime, ckpt, enabled=router)
+    runtime = _open(ckpt, target, dtype, vocab)
+    attach_router_if_present(runtime, ckpt, enabled=router and isinstance(vocab, str) and vocab == CHECKPOINT_VOCAB)
     return runtime
 
 
-def _open(ckpt: Path, target, dtype: torch.dtype) -> LearnedRuntime:
+def _vocab(trained: torch.Tensor | None, asked: torch.Tensor | str | None) -> torch.Tensor | None:
+    if isinstance(asked, str):
+        if asked != CHECKPOINT_VOCAB:
+            raise ValueError(f"vocab must be {CHECKPOINT_VOCAB!r}, a tensor of target ids or None, got {asked!r}")
+        return trained
+    return None if asked is None else torch.as_tensor(asked, dtype=torch.long).unique()
+
+
+def _open(ckpt: Path, target, dtype: torch.dtype, vocab: torch.Tensor | str | None) -> LearnedRuntime:
     if ckpt.is_file():
         beagle = checkpoint_kind(ckpt) == "beagle"
         head, vocab_ids = (load_beagle if beagle else load_eagle)(ckpt)
-        parts = _parts(target, 0, vocab_ids, dtype)
+        parts = _parts(target, 0, _vocab(vocab_ids, vocab), dtype)
         _check_fits(ckpt, parts, hidden_size=head.config.hidden_size)
         return (BeagleRuntime if beagle else EagleRuntime)(head.to(dtype), parts)
     client, vocab_ids = load_moa_client(ckpt)
-    parts = _parts(target, client.config.tli, vocab_ids, dtype)
+    parts = _parts(target, client.config.tli, _vocab(vocab_ids, vocab), dtype)
     c = client.config
     _check_fits(ckpt, parts, hidden_size=c.hidden_size, num_layers=c.num_layers, kv_size=c.kv_size)
     return MoARuntime(client.to(dtype), parts)
@@ -67,9 +82,12 @@ def _check_fits(ckpt: Path, parts: TargetParts, **trained: int) -> None:
         raise DrafterCheckpointError(f"{ckpt} was trained for a target with {trained}, this target has {actual}")
 
 
-def learned_drafter(runtime: LearnedRuntime, tree: TreeShape, moa_server_part: str = "") -> LearnedDrafter:
-    """The client's ``Drafter`` over a runtime; MoA's features come from the server part ``moa_server_part``."""
+def learned_drafter(runtime: LearnedRuntime, tree: TreeShape, moa_server_part: str = "",
+                    context_vocab: bool = True) -> LearnedDrafter:
+    """The client's ``Drafter`` over a runtime; MoA's features come from the server part ``moa_server_part``;
+    ``context_vocab``: with a reduced list, the committed text's ids are drafted too."""
     if isinstance(runtime, MoARuntime):
         tli = runtime.parts.tli
-        return LearnedDrafter(f"moa-tli{tli}", runtime, FeatureNeeds(FeatureKind.MOA, moa_server_part, tli), tree)
-    return LearnedDrafter(runtime.name.lower(), runtime, FeatureNeeds(FeatureKind.LAST_HIDDEN), tree)
+        return LearnedDrafter(f"moa-tli{tli}", runtime, FeatureNeeds(FeatureKind.MOA, moa_server_part, tli), tree,
+                              context_vocab)
+    return LearnedDrafter(runtime.name.lower(), runtime, FeatureNeeds(FeatureKind.LAST_HIDDEN), tree, context_vocab)

@@ -80,11 +80,16 @@ class TargetParts(nn.Module):
         base = model.model
         self.embed = nn.Embedding.from_pretrained(base.embed_tokens.weight.detach().to(dtype), freeze=True)
         self.norm = copy.deepcopy(base.norm).to(dtype)
-        head = model.lm_head.weight.detach()
-        if vocab_ids is not None:
-            head = head[vocab_ids]
-        self.register_buffer("head_weight", head.to(dtype).contiguous(), persistent=False)
+        full_head = model.lm_head.weight.detach().to(dtype)  # the embedding's own storage when they are tied
+        head = full_head if vocab_ids is None else full_head[vocab_ids]
+        self.register_buffer("head_weight", head.contiguous(), persistent=False)
         self.register_buffer("vocab_ids", None if vocab_ids is None else vocab_ids.clone(), persistent=False)
+        # Context ids (set_context_ids): ids of the committed text the list lacks, drafted as extra rows after
+        # the list's. A prompt's identifiers are what a code answer copies, and no frequency list holds them all.
+        self._full_head = full_head if vocab_ids is not None else None
+        self.context_ids: torch.Tensor | None = None
+        self._context_weight: torch.Tensor | None = None
+        self._draft_to_target: torch.Tensor | None = None if vocab_ids is None else self.vocab_ids
         self.tli = tli
         self.layers = nn.ModuleList([copy.deepcopy(layer).to(dtype) for layer in base.layers[len(base.layers) - tli:]])
         self.rotary = copy.deepcopy(base.rotary_emb)
@@ -94,11 +99,39 @@ class TargetParts(nn.Module):
 
     @property
     def draft_vocab_size(self) -> int:
-        return self.head_weight.shape[0]
+        extra = 0 if self.context_ids is None else len(self.context_ids)
+        return self.head_weight.shape[0] + extra
+
+    def set_context_ids(self, ids) -> bool:
+        """Draft these target ids too (those the reduced list lacks; the rest are ignored), as rows after the
+        list's: draft id len(list) + i is the i-th of them, ascending. Returns whether the set changed (a
+        caller's draft-id map is then stale). A no-op without a reduced list: every id is drafted already."""
+        if self._full_head is None:
+            return False
+        ids = torch.as_tensor(list(ids), dtype=torch.long).unique()
+        ids = ids[(ids >= 0) & (ids < self._full_head.shape[0])]
+        unlisted = ids[~torch.isin(ids, self.vocab_ids)]
+        current = self.context_ids if self.context_ids is not None else torch.empty(0, dtype=torch.long)
+        if torch.equal(unlisted, current):
+            return False
+        if len(unlisted):
+            self.context_ids, self._context_weight = unlisted, self._full_head[unlisted].contiguous()
+            self._draft_to_target = torch.cat([self.vocab_ids, unlisted])
+        else:
+            self.context_ids, self._context_weight, self._draft_to_target = None, None, self.vocab_ids
+        return True
+
+    def draft_to_target(self) -> list[int] | None:
+        """Draft id -> target id for every draftable row (list, then context ids); None: the same id."""
+        return None if self._draft_to_target is None else self._draft_to_target.tolist()
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """LM-head input (after the final norm) [T, E] -> logits over the draft vocabulary [T, V']."""
-        return hidden.to(self.head_weight.dtype) @ self.head_weight.T
+        """LM-head input (after the final norm) [T, E] -> logits over the draft vocabulary [T, V'] (the
+        reduced list's rows, then the context ids')."""
+        h = hidden.to(self.head_weight.dtype)
+        if self._context_weight is None:
+            return h @ self.head_weight.T
+        return torch.cat([h @ self.head_weight.T, h @ self._context_weight.T], dim=-1)
 
     def check_tokens(self, tokens) -> torch.Tensor:
         """Target ids as a tensor, refused with a clear error when outside the vocabulary."""
@@ -109,7 +142,11 @@ class TargetParts(nn.Module):
         return ids
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids if self.vocab_ids is None else self.vocab_ids[draft_ids]
+        if self.vocab_ids is None:
+            return draft_ids
+        if self.context_ids is None:  # the buffer, which follows the module to its device
+            return self.vocab_ids[draft_ids]
+        return self._draft_to_target.to(draft_ids.device)[draft_ids]
 
     def run_layers(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
                    past: list[KV] | None = None) -> tuple[torch.Tensor, list[KV]]:
