@@ -82,7 +82,8 @@ def register(subparsers) -> None:
     t.add_argument("--init", default=None,
                    help="a run folder or drafter file whose weights start this run (second training stages)")
     t.add_argument("--target", required=True, help="the target whose embedding / norm / LM head the drafter uses")
-    t.add_argument("--features", default=None, help="feature store folder (`edgespec train features`)")
+    t.add_argument("--features", action="append", default=None,
+                   help="feature store folder (`edgespec train features`); repeat it to train on several at once")
     t.add_argument("--features-from", choices=("store", "target"), default="store",
                    help="store: read --features; target: run the target beside the drafter on --data as it trains")
     t.add_argument("--data", default=None, help="with --features-from target: the folder with samples.jsonl")

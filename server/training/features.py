@@ -229,3 +229,40 @@ class FeatureStore:
                               torch.from_numpy(mask.astype(bool)), dec.get("hidden"),
                               kv.flatten(-2) if kv is not None and kv.dim() == 4 else kv,
                               {int(k[3:]): v for k, v in dec.items() if k.startswith("act")})
+
+
+class StoreUnion:
+    """Several feature stores of one target read as one (``edgespec train fit --features A --features B``):
+    a bulk of raw text in one, the target's own answers in another, each extracted and grown on its own."""
+
+    def __init__(self, paths: list[str | Path]):
+        self.stores = [FeatureStore(p) for p in paths]
+        first = self.stores[0]
+        for other in self.stores[1:]:
+            if other.meta.get("fingerprint") != first.meta.get("fingerprint") or other.shape != first.shape:
+                raise ValueError(f"feature stores {first.path} and {other.path} come from different targets "
+                                 "(tokenizer or shape): train on stores of one target")
+        self.path = Path(",".join(str(s.path) for s in self.stores))  # what messages and the card name
+        # Only what every store holds can be trained on: one hidden-only store makes the union hidden-only.
+        contents = "hidden" if any(s.meta.get("contents") == "hidden" for s in self.stores) else "full"
+        depths = set.intersection(*(set(s.meta.get("tli_depths", [])) for s in self.stores))
+        self.meta = {**first.meta, "contents": contents, "tli_depths": sorted(depths),
+                     "stores": [str(s.path) for s in self.stores]}
+        self.shape = first.shape
+        self.files = [f for s in self.stores for f in s.files]
+        self._splits = {f: split for s in self.stores for f, split in s._splits.items()}
+
+    def split(self, name: str) -> list:
+        return [f for f in self.files if self._splits[f] == name]
+
+    def tokens(self, name: str) -> int:
+        return sum(s.tokens(name) for s in self.stores)
+
+    load = staticmethod(FeatureStore.load)
+
+
+def open_stores(paths: str | Path | list) -> FeatureStore | StoreUnion:
+    """One store, or the union of several (a list of more than one path)."""
+    if isinstance(paths, (str, Path)):
+        return FeatureStore(paths)
+    return FeatureStore(paths[0]) if len(paths) == 1 else StoreUnion(list(paths))

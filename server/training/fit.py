@@ -18,7 +18,7 @@ import torch
 from edgespec.shared.device import cpu_name, pick_device
 from edgespec.shared.drafters.vocab import most_frequent_ids
 from . import distributed
-from .features import FeatureStore
+from .features import FeatureStore, open_stores
 from .recipes import RecipeContext, RecipeOptionError, build
 from .trainer import TrainConfig, Trainer
 
@@ -122,7 +122,7 @@ def feature_source(args, device=None):
                               dtype=args.dtype)
     if not args.features:
         raise ValueError("give --features DIR (a feature store), or --features-from target --data DIR")
-    return FeatureStore(args.features)
+    return open_stores(args.features)
 
 
 def fit_from_args(args, cfg: TrainConfig) -> int:

@@ -15,7 +15,9 @@ class TrainConfig:
     weight_decay: float = 0.0  # AdamW decoupled weight decay
     grad_clip: float = 0.5  # max global gradient norm
     batch_tokens: int = 2048  # tokens per optimizer step (summed over windows and processes)
-    window: int = 512  # longest window cut from one sequence (random start)
+    # The client's drafter attends over the whole context, so a window shorter than the sequences trains a head
+    # that never saw the distances it is used at: by default a window is the whole stored sequence.
+    window: int = 4096  # longest window cut from one sequence (random start)
     eval_every: int = 100  # steps between validation passes (and at the end)
     eval_depth: int = 6  # draft positions whose acceptance is logged
     eval_sequences: int = 32  # validation sequences per pass (the first ones, for comparable numbers)

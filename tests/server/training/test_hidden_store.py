@@ -58,3 +58,24 @@ def test_eagle_trains_on_a_hidden_store_and_moa_is_refused_before_training(targe
     for kind in ("moa", "moa+hass"):
         with pytest.raises(ValueError, match="--contents full"):
             build_recipe(kind, target.model, store, tli=1, width=32, heads=4)
+
+
+def test_several_stores_train_as_one(target, target_dir, data_dir, tmp_path):
+    from support.drafters import train_config
+
+    from edgespec.server.training.features import StoreUnion, open_stores
+    from edgespec.server.training.trainer import Trainer
+
+    hidden = extract(target_dir, data_dir, tmp_path / "a", "hidden")
+    full = extract(target_dir, data_dir, tmp_path / "b", "full")
+    union = open_stores([hidden.path, full.path])
+    assert isinstance(union, StoreUnion) and isinstance(open_stores([hidden.path]), FeatureStore)
+    assert union.meta["contents"] == "hidden" and union.meta["tli_depths"] == []
+    assert union.split("train") == hidden.split("train") + full.split("train")
+    assert union.tokens("val") == hidden.tokens("val") + full.tokens("val")
+    with pytest.raises(ValueError, match="--contents full"):
+        build_recipe("moa", target.model, union, tli=1, width=32, heads=4)
+    trainer = Trainer(build_recipe("eagle", target.model, union, width=32, heads=4), union, tmp_path / "run",
+                      train_config(steps=2))
+    trainer.fit()
+    assert trainer.step == 2 and trainer.tokens_seen > 0
