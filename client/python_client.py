@@ -79,7 +79,8 @@ class Client:
 
         sampling: max_tokens, temperature (default 1, as the HTTP APIs; 0 = greedy), top_p, top_k, stop (strings),
         seed (unset: a fresh one each call, as the HTTP APIs), vLLM's min_p, presence_penalty, frequency_penalty,
-        repetition_penalty, min_tokens and stop_token_ids, and logprobs (the N most likely alternatives, 0 to 20): then ``last_result.logprobs`` holds the
+        repetition_penalty, min_tokens and stop_token_ids, response_format (OpenAI's) or structured_outputs
+        (vLLM's: json, regex, choice, grammar), and logprobs (the N most likely alternatives, 0 to 20): then ``last_result.logprobs`` holds the
         target's log-probability of every token, and no offline token is handed out before the target scored it."""
         ids = self.edge.encode_chat([{"role": m["role"], "content": m["content"]} for m in messages])
         return self._run(ids, stream, sampling)
@@ -97,7 +98,8 @@ class Client:
                 top_p: float = defaults.TOP_P, top_k: int = defaults.TOP_K, stop: str | Sequence[str] | None = None,
                 seed: int | None = defaults.SEED, logprobs: int | None = None, min_p: float = 0.0,
                 presence_penalty: float = 0.0, frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
-                min_tokens: int = 0, stop_token_ids: Sequence[int] = ()) -> GenerationConfig:
+                min_tokens: int = 0, stop_token_ids: Sequence[int] = (), response_format: dict | None = None,
+                structured_outputs: dict | None = None) -> GenerationConfig:
         stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
         seed = defaults.fresh_seed() if seed is None else seed % defaults.SEED_MODULUS
         max_new = max_tokens or self.max_tokens
@@ -105,7 +107,8 @@ class Client:
             raise ValueError(f"min_tokens ({min_tokens}) must be at most max_tokens ({max_new})")
         sampling = SamplingSettings(temperature, top_p, top_k, min_p, presence_penalty, frequency_penalty,
                                     repetition_penalty, min_tokens=min_tokens, stop_token_ids=tuple(stop_token_ids))
-        return GenerationConfig(max_new_tokens=max_new, sampling=sampling, stop=stops, seed=seed,
+        grammar = _grammar(response_format, structured_outputs)
+        return GenerationConfig(max_new_tokens=max_new, sampling=sampling, stop=stops, seed=seed, grammar=grammar,
                                 resume_policy=self.policy, logprobs=logprobs)
 
     def _pieces(self, ids: list[int], config: GenerationConfig) -> Iterator[str]:
@@ -134,6 +137,20 @@ class Client:
 
 
 SAMPLING_OPTIONS = tuple(inspect.signature(Client._config).parameters)[1:]  # what chat/complete take besides stream
+
+
+def _grammar(response_format: dict | None, structured_outputs: dict | None) -> str:
+    """The llguidance grammar the HTTP APIs make of these (OpenAI's response_format, vLLM's structured_outputs);
+    "" for free text. A ValueError says what is wrong with them."""
+    from edgespec.shared.openai.errors import OpenAIError
+    from edgespec.shared.openai.tool_calls import response_format_grammar, structured_outputs_grammar
+
+    if response_format is not None and structured_outputs is not None:
+        raise ValueError("give response_format or structured_outputs, not both")
+    try:
+        return response_format_grammar(response_format) or structured_outputs_grammar(structured_outputs) or ""
+    except OpenAIError as err:
+        raise ValueError(err.message) from None
 
 
 def _check_sampling(sampling: dict) -> None:

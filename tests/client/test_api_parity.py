@@ -360,3 +360,24 @@ def test_structured_outputs_constrain_both_answers_alike(apis):
         status, body = error_of(lambda: apis.sdk[side].completions.create(
             model=apis.model, prompt="x", max_tokens=4, extra_body={"structured_outputs": {"regex": "(("}}))
         assert status == 400 and body["param"] == "structured_outputs.regex", side
+
+
+def test_the_python_client_constrains_as_the_apis_do(apis, tiny_model_dir):
+    import json
+
+    from edgespec.client import Client
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    over_http = apis.sdk["server"].completions.create(
+        model=apis.model, prompt="A number:", max_tokens=24, temperature=0,
+        extra_body={"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}})
+    with Client(apis.server.address, "ngram", tokenizer=str(tiny_model_dir), min_deadline_s=0.3) as client:
+        text = client.complete("A number:", max_tokens=24, temperature=0, response_format={
+            "type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
+        assert text == over_http.choices[0].text and isinstance(json.loads(text)["n"], int)
+        choice = client.complete("Pick:", max_tokens=8, temperature=0,
+                                 structured_outputs={"choice": ["left", "right"]})
+        assert choice in ("left", "right")
+        with pytest.raises(ValueError, match="structured_outputs"):
+            client.complete("x", max_tokens=4, structured_outputs={"regex": "(("})
