@@ -16,6 +16,7 @@ is constrained to.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -27,6 +28,8 @@ from edgespec.shared.wire import MAX_TOP_LOGPROBS
 
 from .errors import OpenAIError, bad_request, unsupported
 from .tool_calls import ToolUse, response_format_grammar, structured_outputs_grammar, template_tool_calls, tool_use
+
+log = logging.getLogger(__name__)
 
 MAX_N = 8  # choices per request; they are generated one after another
 MAX_STOPS = 16  # OpenAI allows 4; matching costs the same for any number, this bounds the automaton
@@ -312,9 +315,44 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     return body
 
 
+# vLLM's and OpenAI's fields this API does not implement, whose other values would change the answer: refused
+# unless left at the value that changes nothing. Any other field it does not know is ignored with a warning,
+# as vLLM does.
+_CHANGES_THE_ANSWER: dict[str, Any] = {
+    "use_beam_search": lambda v: v in (None, False), "length_penalty": lambda v: v in (None, 1, 1.0),
+    "prompt_logprobs": lambda v: v is None, "bad_words": lambda v: v in (None, []),
+    "allowed_token_ids": lambda v: v is None, "include_stop_str_in_output": lambda v: v in (None, False),
+    "skip_special_tokens": lambda v: v in (None, True), "spaces_between_special_tokens": lambda v: v in (None, True),
+    "truncate_prompt_tokens": lambda v: v is None, "continue_final_message": lambda v: v in (None, False),
+    "add_generation_prompt": lambda v: v in (None, True), "documents": lambda v: v is None,
+    "logits_processors": lambda v: v in (None, []), "return_tokens_as_token_ids": lambda v: v in (None, False),
+    "guided_json": lambda v: v is None, "guided_regex": lambda v: v is None, "guided_choice": lambda v: v is None,
+    "guided_grammar": lambda v: v is None, "guided_decoding_backend": lambda v: v is None,
+    "guided_whitespace_pattern": lambda v: v is None, "chat_template": lambda v: v is None,
+    "add_special_tokens": lambda v: v is None, "vllm_xargs": lambda v: v is None,
+    "prediction": lambda v: v is None, "audio": lambda v: v is None, "reasoning_effort": lambda v: v is None,
+}
+
+
+def _drop_unknown(body: dict[str, Any], model) -> dict[str, Any]:
+    """The body without the top-level fields the model does not know, each logged; a 400 for one whose value
+    would change the answer (``_CHANGES_THE_ANSWER``)."""
+    unknown = [name for name in body if name not in model.model_fields]
+    for name in unknown:
+        keeps_meaning = _CHANGES_THE_ANSWER.get(name)
+        if keeps_meaning is not None and not keeps_meaning(body[name]):
+            raise unsupported(name, "this API does not implement it, and ignoring it would change the answer; "
+                                    "leave it out")
+    if unknown:
+        log.warning("request fields ignored (this API does not know them): %s", ", ".join(sorted(unknown)),
+                    extra={"ignored_fields": sorted(unknown)})
+    return {k: v for k, v in body.items() if k not in unknown}
+
+
 def parse_request(raw: bytes, model: type[CompletionRequest] | type[ChatCompletionRequest]):
-    """A validated request, or an OpenAIError (400) naming the first field that is wrong."""
-    body = _refuse_features(parse_json(raw), model is ChatCompletionRequest)
+    """A validated request, or an OpenAIError (400) naming the first field that is wrong. Top-level fields the
+    API does not know are ignored with a logged warning (vLLM's way), unless ignoring one changes the answer."""
+    body = _drop_unknown(_refuse_features(parse_json(raw), model is ChatCompletionRequest), model)
     try:
         return model.model_validate(body)
     except ValidationError as err:

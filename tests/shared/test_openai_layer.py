@@ -33,8 +33,23 @@ def test_fields_that_change_nothing_are_accepted_and_others_named():
           response_format={"type": "text"}, tool_choice="none", user="u", parallel_tool_calls=False).settings()
     assert refused(ChatCompletionRequest, messages=[{"role": "user", "content": "x"}], presence_penalty=2.5).param \
         == "presence_penalty"
-    assert refused(CompletionRequest, prompt="x", whatever=1).message == \
-        "Unrecognized request argument supplied: whatever"
+    assert refused(CompletionRequest, prompt="x", max_tokens=0).param == "max_tokens"
+
+
+def test_unknown_fields_are_ignored_with_a_warning_unless_that_changes_the_answer(caplog):
+    """vLLM's way: a field the API does not know is dropped and logged; one whose other values would change
+    the answer (beam search, guided decoding's old names, ...) is refused unless it asks for nothing."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="edgespec.shared.openai.requests"):
+        s = parse(CompletionRequest, prompt="x", whatever=1, priority=3, use_beam_search=False).settings()
+    assert s.n == 1 and "ignored" in caplog.text and "whatever" in caplog.text and "priority" in caplog.text
+    for field, value in (("use_beam_search", True), ("guided_json", {"type": "object"}),
+                         ("include_stop_str_in_output", True), ("skip_special_tokens", False)):
+        error = refused(CompletionRequest, prompt="x", **{field: value})
+        assert error.param == field and "would change the answer" in error.message
+    nested = refused(ChatCompletionRequest, messages=[{"role": "user", "content": "x", "whatever": 1}])
+    assert nested.status == 400  # inside a message nothing is ignored
 
 
 def test_messages_as_the_openai_library_dumps_them_are_accepted():
