@@ -219,3 +219,19 @@ def test_a_list_default_reads_as_typed():
     assert shown_default([]) is None and shown_default(()) is None
     assert shown_default(("5g", "4g")) == "5g,4g" and shown_default((1, 10, None)) == "1,10,never"
     assert shown_default(600.0) == "600" and shown_default(0.2) == "0.2"
+
+
+def test_the_defaults_the_client_help_names_are_the_classes_own():
+    """--help names the tree shape's, the draft vocabulary's and the loop's defaults in words; they are the
+    defaults of the classes that apply them when the flag is unset."""
+    from edgespec.client.drafters.independent import IndependentConfig
+    from edgespec.client.drafters.tree_builder import TreeShape
+    from edgespec.client.step_plan import LoopConfig
+
+    helps = {a.dest: a.help for a in parser_of("client")._actions}
+    shape = TreeShape()
+    for dest, value in (("tree_branch", shape.branch), ("tree_depth", shape.depth), ("tree_nodes", shape.max_nodes),
+                        ("tree_min_prob", shape.min_prob), ("decode_ahead", LoopConfig.decode_ahead)):
+        assert f"default: {value:g})" in helps[dest], dest
+    assert IndependentConfig.draft_vocab == 64 * 1024 and "default: 64k)" in helps["draft_vocab"]
+    assert IndependentConfig.context_vocab is True and "default: on)" in helps["context_vocab"]
