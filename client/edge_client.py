@@ -48,9 +48,10 @@ def stop_ids(info, tokenizer) -> set[int]:
 def load_tokenizer(name_or_path: str):
     from transformers import AutoTokenizer
 
-    from edgespec.shared.models.loading import model_location
+    from edgespec.shared.models.loading import hub_errors, model_location
 
-    return AutoTokenizer.from_pretrained(model_location(name_or_path))
+    with hub_errors(name_or_path):
+        return AutoTokenizer.from_pretrained(model_location(name_or_path))
 
 
 def chat_prompt_ids(tokenizer, messages: Sequence[dict]) -> list[int]:

