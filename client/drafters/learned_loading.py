@@ -31,7 +31,8 @@ CHECKPOINT_VOCAB = "checkpoint"  # open_runtime's vocab: the list the drafter wa
 
 
 def open_runtime(path: str | Path, target, dtype: torch.dtype | str | None = None,
-                 router: bool = True, vocab: torch.Tensor | str | None = CHECKPOINT_VOCAB) -> LearnedRuntime:
+                 router: bool = True, vocab: torch.Tensor | str | None = CHECKPOINT_VOCAB,
+                 head_dtype: torch.dtype | None = None) -> LearnedRuntime:
     """The drafting runtime of the checkpoint at ``path`` (see ``find_checkpoint``). ``target``: a loaded
     *ForCausalLM, or its registry name / folder: then only the parts the drafter needs are read from its
     files. ``dtype``: None is float32, which a laptop CPU without bf16 units runs the drafter's small
@@ -40,10 +41,11 @@ def open_runtime(path: str | Path, target, dtype: torch.dtype | str | None = Non
 
     ``vocab``: the draft vocabulary. The drafters have no weights per vocabulary row (their logits are the
     target's LM head over a predicted state), so any list works: ``CHECKPOINT_VOCAB`` the one the checkpoint
-    was trained over, a tensor of target ids, or None for every id."""
+    was trained over, a tensor of target ids, or None for every id. ``head_dtype``: the LM head's (None:
+    ``dtype``), which is most of a drafting step's time."""
     ckpt = find_checkpoint(path)
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype or torch.float32
-    runtime = _open(ckpt, target, dtype, vocab)
+    runtime = _open(ckpt, target, dtype, vocab, head_dtype)
     attach_router_if_present(runtime, ckpt, enabled=router and isinstance(vocab, str) and vocab == CHECKPOINT_VOCAB)
     return runtime
 
@@ -56,24 +58,26 @@ def _vocab(trained: torch.Tensor | None, asked: torch.Tensor | str | None) -> to
     return None if asked is None else torch.as_tensor(asked, dtype=torch.long).unique()
 
 
-def _open(ckpt: Path, target, dtype: torch.dtype, vocab: torch.Tensor | str | None) -> LearnedRuntime:
+def _open(ckpt: Path, target, dtype: torch.dtype, vocab: torch.Tensor | str | None,
+          head_dtype: torch.dtype | None = None) -> LearnedRuntime:
     if ckpt.is_file():
         beagle = checkpoint_kind(ckpt) == "beagle"
         head, vocab_ids = (load_beagle if beagle else load_eagle)(ckpt)
-        parts = _parts(target, 0, _vocab(vocab_ids, vocab), dtype)
+        parts = _parts(target, 0, _vocab(vocab_ids, vocab), dtype, head_dtype)
         _check_fits(ckpt, parts, hidden_size=head.config.hidden_size)
         return (BeagleRuntime if beagle else EagleRuntime)(head.to(dtype), parts)
     client, vocab_ids = load_moa_client(ckpt)
-    parts = _parts(target, client.config.tli, _vocab(vocab_ids, vocab), dtype)
+    parts = _parts(target, client.config.tli, _vocab(vocab_ids, vocab), dtype, head_dtype)
     c = client.config
     _check_fits(ckpt, parts, hidden_size=c.hidden_size, num_layers=c.num_layers, kv_size=c.kv_size)
     return MoARuntime(client.to(dtype), parts)
 
 
-def _parts(target, tli: int, vocab_ids: torch.Tensor | None, dtype: torch.dtype) -> TargetParts:
+def _parts(target, tli: int, vocab_ids: torch.Tensor | None, dtype: torch.dtype,
+           head_dtype: torch.dtype | None = None) -> TargetParts:
     if isinstance(target, (str, Path)):
-        return load_target_parts(str(target), tli, vocab_ids, dtype)
-    return TargetParts(target, tli, vocab_ids, dtype)
+        return load_target_parts(str(target), tli, vocab_ids, dtype, head_dtype)
+    return TargetParts(target, tli, vocab_ids, dtype, head_dtype)
 
 
 def _check_fits(ckpt: Path, parts: TargetParts, **trained: int) -> None:

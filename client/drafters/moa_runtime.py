@@ -94,7 +94,7 @@ class MoARuntime(LearnedRuntime):
             if tk is None or tv is None or tk.shape[:2] != (n_tli, k) or tv.shape[:2] != (n_tli, k):
                 raise DrafterStateError(f"TLI {n_tli} needs {wire.TLI_K!r} and {wire.TLI_V!r} of shape "
                                         f"[{n_tli}, {k}, E_kv]")
-            heads, dt = self.parts.shape.kv_heads, self.parts.head_weight.dtype
+            heads, dt = self.parts.shape.kv_heads, self.parts.dtype
             new = [KV(_kv_rows(tk[i].to(dt), heads), _kv_rows(tv[i].to(dt), heads)) for i in range(n_tli)]
             self.tli_server = new if self.tli_server is None else [o.cat(w) for o, w in zip(self.tli_server, new)]
         self.own_pos = [p for p in self.own_pos if p not in set(span)]
@@ -139,7 +139,7 @@ class MoARuntime(LearnedRuntime):
         if tli_past is None:  # nothing committed in the TLI cache yet: only this call's rows
             tli_mask = tli_mask[:, tli_mask.shape[1] - x.shape[0]:]
         out, tli_new = self.parts.run_layers(act, pos, tli_mask, tli_past)
-        return self._logits(self.parts.norm(out.to(self.parts.head_weight.dtype))), tli_new
+        return self._logits(self.parts.norm(out.to(self.parts.dtype))), tli_new
 
     def _forget(self, length: int) -> None:
         if not length:

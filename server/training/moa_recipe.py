@@ -69,7 +69,7 @@ def moa_window(model: MoADrafterModel, parts: TargetParts, tokens: torch.Tensor,
     if parts.tli:
         e_kv, heads = parts.shape.kv_size, parts.shape.kv_heads
         layers = range(parts.shape.num_layers - parts.tli, parts.shape.num_layers)
-        dt = parts.head_weight.dtype
+        dt = parts.dtype
 
         def rows(t):  # [n, E_kv] -> [kv_heads, n, D]
             return t.to(dt).view(n, heads, -1).transpose(0, 1)

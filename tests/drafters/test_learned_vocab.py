@@ -82,3 +82,16 @@ def test_a_reduced_list_with_context_ids_stays_lossless(target_greedy, target, t
             assert (parts.context_ids is not None) == context_vocab
         finally:
             client.close()
+
+
+def test_a_bf16_head_beside_float32_layers(target):
+    listed = torch.arange(0, 320, 2)
+    parts = TargetParts(target.model, vocab_ids=listed, head_dtype=torch.bfloat16)
+    exact = TargetParts(target.model, vocab_ids=listed)
+    assert parts.dtype == torch.float32 and parts.head_weight.dtype == torch.bfloat16
+    parts.set_context_ids([1, 3])
+    exact.set_context_ids([1, 3])
+    h = torch.randn(4, exact.shape.hidden_size)
+    got, want = parts.logits(h), exact.logits(h)
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    torch.testing.assert_close(got, want, atol=0.05 * float(want.abs().max()), rtol=0.02)
