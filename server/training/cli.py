@@ -39,6 +39,7 @@ EXTRACT_FLAGS = {
     "max_len": Flag(), "tli_depths": Flag("--tli", default="0,1,3", type=str, action="store",
                                           convert=lambda text: tuple(int(x) for x in text.split(",") if x.strip())),
     "batch_tokens": Flag(), "shard_tokens": Flag(), "contents": Flag(),
+    "growing": Flag(),
 }
 # `train fit`'s flags that are the training loop's settings (the others choose the recipe and its features).
 FIT_FLAGS = {

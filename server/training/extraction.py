@@ -114,6 +114,10 @@ def extract_sharded(target: str, data_dir: str | Path, out_dir: str | Path, conf
     meta_path.write_text(json.dumps(meta, indent=1))
     seqs = tokenized_rows(loaded.tokenizer, rows, config.max_len)
     shards = plan_shards(seqs, config.shard_tokens)
+    if config.growing and shards and sum(len(s.ids) for s in shards[-1]) < config.shard_tokens:
+        # Written now, it would hold fewer sequences than the same shard planned over more rows, and a later run
+        # would skip it as done: the rows between would never be extracted.
+        shards = shards[:-1]
     todo = [k for k in range(len(shards)) if not shard_path(store, k).exists()]
     total = sum(len(s.ids) for sh in shards for s in sh)
     left = sum(len(s.ids) for k in todo for s in shards[k])

@@ -80,3 +80,4 @@ class ExtractConfig:
     batch_tokens: int = 4096  # padded tokens per forward (several sequences each)
     shard_tokens: int = 16384  # tokens per shard file: what a kill can cost at most
     limit: int = 0  # use only the first rows of the data set; 0 = all
+    growing: bool = False  # rows are still being appended (a data job beside): a last, unfilled shard waits for a later run

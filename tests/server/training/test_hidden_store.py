@@ -79,3 +79,27 @@ def test_several_stores_train_as_one(target, target_dir, data_dir, tmp_path):
                       train_config(steps=2))
     trainer.fit()
     assert trainer.step == 2 and trainer.tokens_seen > 0
+
+
+def test_a_growing_data_set_extracts_as_one_run_over_all_its_rows(target_dir, tmp_path):
+    """Rows appended between runs (the target still answering beside): --growing leaves the last, unfilled
+    shard for later, so the store ends as one run over every row makes it, no row skipped."""
+    def write(d, n):
+        d.mkdir(exist_ok=True)
+        (d / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS[:n]))
+
+    def run(d, out, growing):
+        cfg = ExtractConfig(max_len=64, batch_tokens=96, shard_tokens=128, contents="hidden", growing=growing)
+        return FeatureStore(extract_sharded(str(target_dir), d, out, cfg, device="cpu", dtype="float32"))
+
+    grown = tmp_path / "grown"
+    write(grown, 7)
+    first = run(grown, tmp_path / "a", growing=True)
+    write(grown, 12)
+    run(grown, tmp_path / "a", growing=True)
+    grown_store = run(grown, tmp_path / "a", growing=False)  # the data job is done: the last shard too
+    write(tmp_path / "whole", 12)
+    whole = run(tmp_path / "whole", tmp_path / "b", growing=False)
+    assert 0 < len(first.files) < len(whole.files)
+    assert [(f.path.name, f.index, f.tokens) for f in grown_store.files] == \
+        [(f.path.name, f.index, f.tokens) for f in whole.files]
