@@ -56,7 +56,7 @@ def tokenize_sample(tokenizer, row: dict, max_len: int) -> tuple[list[int], list
     if row["kind"] in ("code", "text"):
         ids = tokenizer.encode(row["prompt"], add_special_tokens=False)
         mask = [1] * len(ids)
-    elif row["kind"] == "chat":
+    elif "messages" in row:  # a conversation from a chat file (a one-turn request's row has prompt and response)
         ids, mask = chat_ids_and_mask(tokenizer, row["messages"])
     else:
         prefix = tokenizer.encode(chat_text(tokenizer, row["prompt"], None), add_special_tokens=False)

@@ -1,0 +1,43 @@
+"""server/training/drafter_job.sh, every step on the tiny target: the long run's commands work as written."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # four edgespec processes, each loading the tiny target
+
+JOB = Path(__file__).resolve().parents[3] / "server" / "training" / "drafter_job.sh"
+
+
+def test_every_step_runs_and_resumes(target_dir, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(6):
+        (src / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n\n" * 40)
+    env = {**os.environ, "TARGET": str(target_dir), "OUT": str(tmp_path / "out"), "TEXT": str(src),
+           "TEXT_TOKENS": "4000", "MAX_LEN": "64", "N_COMPLETE": "2", "N_CHAT": "3", "N_WRITE": "1", "N_EXPLAIN": "1",
+           "MAX_NEW": "8", "BATCH": "4", "WIDTH": "32", "HEADS": "4", "VOCAB": "0", "STEPS": "3", "BATCH_TOKENS": "128",
+           "EVAL_EVERY": "2", "EVAL_SEQUENCES": "1", "SAVE_EVERY": "1", "DTYPE": "float32", "AMP": "off"}
+
+    def run(step, **more):
+        done = subprocess.run(["bash", str(JOB), step], env={**env, **more}, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+
+    run("text")
+    run("answers")
+    rows = [json.loads(line) for line in (tmp_path / "out" / "data-answers" / "samples.jsonl").read_text().splitlines()]
+    assert sorted({r["kind"] for r in rows}) == ["chat", "complete", "explain", "write"]
+    run("answers-features", GROWING="")  # the answers are done: every shard
+    run("eagle")
+    card = json.loads((tmp_path / "out" / "fit" / "eagle-w32" / "card.json").read_text())
+    assert card["training"]["steps"] == 3 and len(card["data"]["feature_store"].split(",")) == 2
+    run("eagle", STEPS="5")  # resumes: two more steps on the schedule the first run planned
+    card = json.loads((tmp_path / "out" / "fit" / "eagle-w32" / "card.json").read_text())
+    assert card["training"]["steps"] == 5
+    bad = subprocess.run(["bash", str(JOB), "nonsense"], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "answers-features" in bad.stdout
