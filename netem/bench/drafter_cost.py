@@ -1,0 +1,106 @@
+"""What one tree level costs a learned drafter on one core, against the independent drafter's small LM.
+
+A level feeds k new nodes: the EAGLE head (width W, one decoder layer) over k rows attending to a context
+of C cached rows, then the target's LM head over a draft vocabulary of V rows, in float32 or bf16. The
+small LM's forward over the same k tokens after a C-token cache is the baseline, timed in the same run.
+
+    python -m edgespec.netem.bench.drafter_cost --widths 384,768,1024 --vocabs 32768,65536 --rows 1,4,8
+
+Prints the median of ``--repeats`` calls in ms (one thread unless ``--threads``); the heads have random
+weights in the real shapes (a level's time does not depend on the weights' values).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from edgespec.shared.drafters.blocks import KV
+from edgespec.shared.drafters.eagle import EagleConfig, EagleHead
+from edgespec.shared.models.registry import DEFAULT_DRAFTER
+
+
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up: first-call allocations and kernel choice
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1000
+
+
+@torch.inference_mode()
+def small_lm_ms(name: str, rows: list[int], context: int, dtype: str, repeats: int) -> dict[int, float]:
+    """The small LM's forward over k new tokens after a cache of ``context`` tokens, per k."""
+    from edgespec.shared.models import load_model
+    from edgespec.shared.models.cache_arg import output_cache, with_cache
+
+    model = load_model(name, device="cpu", dtype=dtype).model
+    vocab = model.config.vocab_size
+    cache = output_cache(model(torch.randint(0, vocab, (1, context)), use_cache=True))
+    out = {}
+    for k in rows:
+        ids = torch.randint(0, vocab, (1, k))
+
+        def level():
+            model(ids, use_cache=True, **with_cache(model, cache))
+            cache.crop(-k)  # drop the k rows this level added (a positive length is refused for some caches)
+        out[k] = median_ms(level, repeats)
+    return out
+
+
+@torch.inference_mode()
+def eagle_level_ms(hidden: int, width: int, vocab: int, k: int, context: int, head_dtype: torch.dtype,
+                   repeats: int) -> tuple[float, float]:
+    """(the whole level, the head's body alone) in ms for one EAGLE level of k nodes."""
+    heads = max(1, width // 64)
+    head = EagleHead(EagleConfig(hidden, width=width, heads=heads, mlp_hidden=2 * width)).eval()
+    lm = torch.randn(vocab, hidden).to(head_dtype)
+    emb, feat = torch.randn(k, hidden), torch.randn(k, hidden)
+    pos = torch.arange(context, context + k)
+    past = KV(torch.randn(heads, context, width // heads), torch.randn(heads, context, width // heads))
+    mask = torch.ones(k, context + k, dtype=torch.bool)
+
+    def level():
+        h, _ = head(emb, feat, pos, mask, past)
+        return torch.log_softmax((h.to(head_dtype) @ lm.T).float(), -1)
+    return median_ms(level, repeats), median_ms(lambda: head(emb, feat, pos, mask, past), repeats)
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m edgespec.netem.bench.drafter_cost", description=__doc__.split("\n\n")[0])
+    p.add_argument("--small", default=DEFAULT_DRAFTER, help="the independent drafter's LM (baseline); '' skips it")
+    p.add_argument("--small-dtype", default="bfloat16")
+    p.add_argument("--hidden", type=int, default=1536, help="the target's hidden size (1,536 for the 1.5B)")
+    p.add_argument("--widths", type=ints, default=[384, 768, 1024])
+    p.add_argument("--vocabs", type=ints, default=[32768, 65536])
+    p.add_argument("--rows", type=ints, default=[1, 4, 8], help="new nodes per level")
+    p.add_argument("--context", type=int, default=500)
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.small:
+        for k, ms in small_lm_ms(args.small, args.rows, args.context, args.small_dtype, args.repeats).items():
+            print(f"small LM {args.small} ({args.small_dtype}) k={k}: {ms:.1f} ms", flush=True)
+    for width in args.widths:
+        for vocab in args.vocabs:
+            for k in args.rows:
+                cells = []
+                for dtype in (torch.float32, torch.bfloat16):
+                    total, body = eagle_level_ms(args.hidden, width, vocab, k, args.context, dtype, args.repeats)
+                    cells.append(f"{str(dtype).removeprefix('torch.')} head {total:.1f} ms")
+                print(f"eagle W={width} V={vocab} k={k}: {' | '.join(cells)} (body {body:.1f} ms)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
