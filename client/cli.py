@@ -79,11 +79,11 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
                    help="independent drafter on a CPU in 16 bits: its MLP int4 and the rest int8 (default), all "
                         "int8, or as loaded")
     p.add_argument("--draft-vocab", type=vocab_count, default=None, metavar="N",
-                   help="independent drafter: draft over the N most frequent ids of the tokenizer (a shipped list; "
-                        "0 = the whole vocabulary; default: 64k)")
+                   help="independent and learned drafters: draft over the N most frequent ids of the tokenizer (a "
+                        "shipped list; 0 = the whole vocabulary; default: 64k, or a learned drafter's router's own)")
     p.add_argument("--context-vocab", action=argparse.BooleanOptionalAction, default=None,
-                   help="independent drafter with a reduced --draft-vocab: also draft the ids of the prompt and the "
-                        "answer so far that the list lacks (default: on)")
+                   help="independent and learned drafters with a reduced --draft-vocab: also draft the ids of the "
+                        "prompt and the answer so far that the list lacks (default: on)")
     p.add_argument("--checkpoint", default=None,
                    help="learned drafter (eagle, moa, beagle): a shipped name or a checkpoint folder/file of your own")
     p.add_argument("--no-router", action="store_true",
