@@ -6,7 +6,9 @@
 #   server/training/drafter_job.sh text      raw code and docs -> a hidden-only feature store (EAGLE's bulk)
 #   server/training/drafter_job.sh answers   client-form requests answered by the target -> samples.jsonl
 #   server/training/drafter_job.sh answers-features   the answers so far -> a hidden-only store
-#   server/training/drafter_job.sh eagle     fit the EAGLE head on both stores (answers first: validation)
+#   server/training/drafter_job.sh answers-full       the answers so far -> a full store (all K/V: MoA's)
+#   server/training/drafter_job.sh eagle     fit the EAGLE head on both hidden stores (answers first: validation)
+#   server/training/drafter_job.sh moa N     fit MoA with TLI N (0 or 1) on the full store
 #
 # Each step runs on one thread: on a 2-core machine two steps side by side go faster than one on both
 # cores (a 2-thread forward waits on the busier core). Settings come from the environment:
@@ -46,6 +48,16 @@ case "${1:-}" in
     edgespec train features "${common[@]}" --data "$OUT/data-answers" --out "$OUT/store-answers-hidden" \
         --contents hidden --max-len $((2 * MAX_LEN)) --batch-tokens $((2 * MAX_LEN)) --shard-tokens 16384 \
         ${GROWING---growing} ;;
+  answers-full)
+    edgespec train features "${common[@]}" --data "$OUT/data-answers" --out "$OUT/store-answers-full" \
+        --contents full --tli 0,1 --max-len $((2 * MAX_LEN)) --batch-tokens $((2 * MAX_LEN)) --shard-tokens 16384 \
+        ${GROWING---growing} ;;
+  moa)
+    tli=${2:?moa needs the TLI depth: 0 or 1}
+    edgespec train fit "${common[@]}" --kind moa --tli "$tli" --features "$OUT/store-answers-full" \
+        --out "$OUT/fit/moa-tli$tli-w$WIDTH" --width "$WIDTH" --heads "$HEADS" --vocab "$VOCAB" \
+        --batch-tokens "$BATCH_TOKENS" --lr "$LR" --steps "$STEPS" --max-minutes "$MINUTES" \
+        --eval-every "$EVAL_EVERY" --eval-sequences "$EVAL_SEQUENCES" --save-every "$SAVE_EVERY" --amp "$AMP" ;;
   eagle)
     stores=()
     for s in "$OUT/store-answers-hidden" "$OUT/store-text-hidden"; do
@@ -56,5 +68,5 @@ case "${1:-}" in
         --steps "$STEPS" --max-minutes "$MINUTES" --eval-every "$EVAL_EVERY" --eval-sequences "$EVAL_SEQUENCES" \
         --save-every "$SAVE_EVERY" --amp "$AMP" ;;
   *)
-    sed -n '2,12p' "$0"; exit 2 ;;
+    sed -n '2,14p' "$0"; exit 2 ;;
 esac

@@ -23,8 +23,8 @@ def test_every_step_runs_and_resumes(target_dir, tmp_path):
            "MAX_NEW": "8", "BATCH": "4", "WIDTH": "32", "HEADS": "4", "VOCAB": "0", "STEPS": "3", "BATCH_TOKENS": "128",
            "EVAL_EVERY": "2", "EVAL_SEQUENCES": "1", "SAVE_EVERY": "1", "DTYPE": "float32", "AMP": "off"}
 
-    def run(step, **more):
-        done = subprocess.run(["bash", str(JOB), step], env={**env, **more}, capture_output=True, text=True,
+    def run(*step, **more):
+        done = subprocess.run(["bash", str(JOB), *step], env={**env, **more}, capture_output=True, text=True,
                               timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
 
@@ -36,6 +36,9 @@ def test_every_step_runs_and_resumes(target_dir, tmp_path):
     run("eagle")
     card = json.loads((tmp_path / "out" / "fit" / "eagle-w32" / "card.json").read_text())
     assert card["training"]["steps"] == 3 and len(card["data"]["feature_store"].split(",")) == 2
+    run("answers-full", GROWING="")
+    run("moa", "1")
+    assert (tmp_path / "out" / "fit" / "moa-tli1-w32" / "card.json").is_file()
     run("eagle", STEPS="5")  # resumes: two more steps on the schedule the first run planned
     card = json.loads((tmp_path / "out" / "fit" / "eagle-w32" / "card.json").read_text())
     assert card["training"]["steps"] == 5
