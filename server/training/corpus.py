@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-# Lower-case spellings of the evaluation sets this project reports on (DESIGN section 9).
+# Lower-case spellings of the evaluation sets this project reports on (netem/README.md's results).
 TEST_SET_NAMES = ("human_eval", "humaneval", "human-eval", "mt_bench", "mtbench", "mt-bench",
                   "spec_bench", "specbench", "spec-bench", "fastchat", "ifbench", "if_bench", "if-bench")
 _SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",

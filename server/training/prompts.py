@@ -18,7 +18,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from .corpus import is_test_set  # test sets never enter training data (DESIGN section 9)
+from .corpus import is_test_set  # test sets never enter training data
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Per token, the target's K|V of every layer form a short sequence along the layer
 axis ([L, 2*E_kv]). Attention across that axis (full mask: every layer sees every
 layer) followed by a mean over layers compresses them to 2*E_kv values, which
-is what crosses the link (DESIGN section 3). It runs on the server, once per
+is what crosses the link (proto/README.md, the service). It runs on the server, once per
 verification, because its input (all layers' KV) is too big to send.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ Boolean masks: True = the query may attend to the key. ``additive`` turns one
 into the float form attention takes (0 / -inf). Shapes are [queries, keys].
 
 Positions in training: a sequence of n tokens c_0..c_{n-1}. Target features lag
-one token (DESIGN, drafters): when c_0..c_{n-1} are committed, features exist
+one token (proto/README.md, one step end to end): when c_0..c_{n-1} are committed, features exist
 for c_0..c_{n-2}. A query at position i "is drafting" with the features up to
 its *bound* b(i) visible, b(i) <= i - 1; ``bounds`` are the per-query b(i)
 (-1 = no feature visible yet).
