@@ -80,7 +80,8 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
                         "int8, or as loaded")
     p.add_argument("--draft-vocab", type=vocab_count, default=None, metavar="N",
                    help="independent and learned drafters: draft over the N most frequent ids of the tokenizer (a "
-                        "shipped list; 0 = the whole vocabulary; default: 64k, or a learned drafter's router's own)")
+                        "shipped list; 0 = the whole vocabulary; a learned drafter with an LM-head router keeps its "
+                        "router's list unless this is given; default: 64k)")
     p.add_argument("--context-vocab", action=argparse.BooleanOptionalAction, default=None,
                    help="independent and learned drafters with a reduced --draft-vocab: also draft the ids of the "
                         "prompt and the answer so far that the list lacks (default: on)")

@@ -67,10 +67,13 @@ class CompiledRunner(EagerRunner):
         super().__init__(step)
         import torch._dynamo
 
-        # every bucket is its own graph: dynamo must not give up (or go dynamic) after 8 shapes
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, max_buckets)
-        torch._dynamo.config.accumulated_cache_size_limit = max(
-            torch._dynamo.config.accumulated_cache_size_limit, max_buckets)
+        # every bucket is its own graph: dynamo must not give up (or go dynamic) after 8 shapes. torch renamed
+        # the limits (recompile_limit); the old names still exist there but no longer set them, so both are set.
+        cfg = torch._dynamo.config
+        for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                     "accumulated_cache_size_limit"):
+            if hasattr(cfg, name):
+                setattr(cfg, name, max(getattr(cfg, name), max_buckets))
         self.compiled = torch.compile(step.__call__, backend=backend, fullgraph=True, dynamic=False)
 
     def __call__(self, flat: list[int], bucket: Bucket, single: int | None = None) -> StepOutput:

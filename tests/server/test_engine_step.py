@@ -331,3 +331,14 @@ def test_a_step_launches_without_synchronising_on_cuda(tiny_model_dir, graphs):
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert out.readback.shape == (bucket.batch, 2, bucket.tokens)
+
+
+def test_a_compiled_engine_lets_dynamo_compile_a_graph_for_every_bucket(target):
+    """Dynamo refuses a ninth shape of one function by default (fullgraph: a hard error mid-serving); the compiled
+    runner raises that limit, under the name this torch reads (recompile_limit, cache_size_limit before it)."""
+    import torch._dynamo.config as cfg
+
+    eng = engine(target, shape_buckets=True, compile_backend="eager")
+    assert eng.runner.kind == "compiled"
+    limit = getattr(cfg, "recompile_limit", None) or cfg.cache_size_limit
+    assert limit >= 256
