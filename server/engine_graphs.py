@@ -29,6 +29,7 @@ the copy's stream).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Iterable
 
@@ -67,16 +68,27 @@ class CompiledRunner(EagerRunner):
         super().__init__(step)
         import torch._dynamo
 
-        # every bucket is its own graph: dynamo must not give up (or go dynamic) after 8 shapes. torch renamed
-        # the limits (recompile_limit); the old names still exist there but no longer set them, so both are set.
-        cfg = torch._dynamo.config
-        for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
-                     "accumulated_cache_size_limit"):
-            if hasattr(cfg, name):
-                setattr(cfg, name, max(getattr(cfg, name), max_buckets))
+        self.max_buckets = max_buckets
+        self._threads_raised: set[int] = set()
+        self.raise_limits()
         self.compiled = torch.compile(step.__call__, backend=backend, fullgraph=True, dynamic=False)
 
+    def raise_limits(self) -> None:
+        """Every bucket is its own graph: dynamo must not give up (a hard error under fullgraph) after 8 shapes.
+        Dynamo's settings are per thread, and the scheduler's thread compiles, so each calling thread raises
+        them for itself once (a value set where the runner was built is not seen there)."""
+        import torch._dynamo
+
+        cfg = torch._dynamo.config
+        for name in ("recompile_limit", "accumulated_recompile_limit"):  # cache_size_limit in older releases
+            old_name = name.replace("recompile_limit", "cache_size_limit")
+            name = name if hasattr(cfg, name) else old_name
+            setattr(cfg, name, max(getattr(cfg, name), self.max_buckets))
+        self._threads_raised.add(threading.get_ident())
+
     def __call__(self, flat: list[int], bucket: Bucket, single: int | None = None) -> StepOutput:
+        if threading.get_ident() not in self._threads_raised:
+            self.raise_limits()
         return self.compiled(upload(flat, self.step.target.device), bucket)
 
 
