@@ -66,8 +66,6 @@ class CompiledRunner(EagerRunner):
 
     def __init__(self, step: DeviceStep, backend: str = "inductor", max_buckets: int = 256):
         super().__init__(step)
-        import torch._dynamo
-
         self.max_buckets = max_buckets
         self._threads_raised: set[int] = set()
         self.raise_limits()

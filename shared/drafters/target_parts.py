@@ -92,6 +92,10 @@ class TargetParts(nn.Module):
         # Context ids (set_context_ids): ids of the committed text the list lacks, drafted as extra rows after
         # the list's. A prompt's identifiers are what a code answer copies, and no frequency list holds them all.
         self._full_head = full_head if vocab_ids is not None else None
+        self._listed: torch.Tensor | None = None  # bool per target id: in the list (a lookup, not a search per step)
+        if vocab_ids is not None:
+            self._listed = torch.zeros(full_head.shape[0], dtype=torch.bool)
+            self._listed[vocab_ids] = True
         self.context_ids: torch.Tensor | None = None
         self._context_weight: torch.Tensor | None = None
         self._draft_to_target: torch.Tensor | None = None if vocab_ids is None else self.vocab_ids
@@ -115,7 +119,7 @@ class TargetParts(nn.Module):
             return False
         ids = torch.as_tensor(list(ids), dtype=torch.long).unique()
         ids = ids[(ids >= 0) & (ids < self._full_head.shape[0])]
-        unlisted = ids[~torch.isin(ids, self.vocab_ids)]
+        unlisted = ids[~self._listed[ids]]
         current = self.context_ids if self.context_ids is not None else torch.empty(0, dtype=torch.long)
         if torch.equal(unlisted, current):
             return False
