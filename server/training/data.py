@@ -165,10 +165,17 @@ def build_from_files(target: str, out_dir: str | Path, config: FileDataConfig, d
             first = [c for c in chunks if split_of(c[0], config.val_fraction) == "val"][:config.val_first]
             chunks = first + [c for c in chunks if c not in first]
             log.info("%d text files, %d chunks (~%d tokens)", len(files), len(chunks), tokens)
+            # The chunks already written count against --max-tokens: on resume the files may differ (a
+            # package installed since shuffles the list), and chunks not yet seen must not add a second budget.
+            room = (config.max_tokens // config.chunk_tokens - sum(i.startswith("text:") for i in done)
+                    if config.max_tokens else len(chunks))
             for cid, text in chunks:
+                if room <= 0:
+                    break
                 if cid not in done:
                     _write_row(f, {"id": cid, "kind": "text", "split": split_of(cid, config.val_fraction),
                                    "prompt": text, "response": ""})
+                    room -= 1
         convs = [c for p in config.chats for c in read_chat_file(p) if c.id not in done]
         if config.answers == "given":
             for c in convs:

@@ -124,3 +124,21 @@ def test_self_distillation_puts_the_targets_own_answers_in(tiny_model_dir, tmp_p
     assert msgs[2]["content"] == generate_chat(target.model, target.tokenizer, [msgs[:2]], 6)[0]
     assert msgs[4]["content"] == generate_chat(target.model, target.tokenizer, [msgs[:4]], 6)[0]
     assert msgs[2]["content"] != "An ordered collection."
+
+
+def test_text_resume_keeps_to_max_tokens_when_the_files_change(tiny_model_dir, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(6):
+        (src / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 40)
+    cfg = FileDataConfig(text=(str(src),), chunk_tokens=64, chunks_per_file=1, max_tokens=4 * 64)
+    path = build_from_files(str(tiny_model_dir), tmp_path / "out", cfg)
+    first = [r["id"] for r in read_samples(path)]
+    assert len(first) == 4
+    for i in range(6, 12):  # packages installed since: a new file list, shuffled anew
+        (src / f"m{i}.py").write_text(f"def g{i}(x):\n    return x - {i}\n" * 40)
+    build_from_files(str(tiny_model_dir), tmp_path / "out", cfg)
+    assert [r["id"] for r in read_samples(path)] == first
+    bigger = FileDataConfig(text=(str(src),), chunk_tokens=64, chunks_per_file=1, max_tokens=7 * 64)
+    rows = read_samples(build_from_files(str(tiny_model_dir), tmp_path / "out", bigger))
+    assert [r["id"] for r in rows][:4] == first and len(rows) == 7 and len({r["id"] for r in rows}) == 7
