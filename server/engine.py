@@ -27,6 +27,7 @@ from edgespec.shared.kv import DynamicKV, SessionKV
 from edgespec.shared.tree import ROOT, DraftTree
 
 from .engine_masks import batch_attention_mask
+from .engine_timing import StepTimes
 from .target import TargetModel
 
 
@@ -94,6 +95,7 @@ class Engine(ABC):
 
     def __init__(self, target: TargetModel):
         self.target = target
+        self.times = StepTimes()  # host and device parts of every step so far (``engine_timing``)
 
     @abstractmethod
     def new_kv(self) -> SessionKV:
@@ -132,7 +134,7 @@ class GenericEngine(Engine):
     @torch.inference_mode()
     def _one(self, kv: DynamicKV, work: Work) -> ForwardOutput:
         t0 = time.perf_counter_ns()
-        target, past, n = self.target, len(kv), len(work)
+        target, past, n, times = self.target, len(kv), len(work), self.times
         dev = target.device
         ids = torch.tensor([work.ids], dtype=torch.long, device=dev)  # [1, T]
         positions = torch.tensor([work.positions], dtype=torch.long, device=dev)  # [1, T]
@@ -141,10 +143,14 @@ class GenericEngine(Engine):
             parents = torch.tensor([work.parents], dtype=torch.long, device=dev)
             mask = batch_attention_mask(parents, positions, torch.tensor([past], device=dev),
                                         torch.tensor([n], device=dev), past + n, target.dtype)
+        t1 = time.perf_counter_ns()
         try:
             hidden = target.decode(ids, positions, mask, kv.cache)[0]  # [T, E]
         except BaseException:
             kv.crop(past)  # a failed pass must not leave half its rows in some layers
             raise
         logits = target.logits(hidden[work.logits_from:])
-        return ForwardOutput(hidden, logits, time.perf_counter_ns() - t0)
+        t2 = time.perf_counter_ns()  # on a GPU the forward is still running: its time shows up in the reader's
+        times.steps, times.pack_ns, times.launch_ns = times.steps + 1, times.pack_ns + t1 - t0, times.launch_ns + t2 - t1
+        times.device_ns += t2 - t1  # the generic engine has no readback of its own to time the device against
+        return ForwardOutput(hidden, logits, t2 - t0)

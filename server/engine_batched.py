@@ -35,6 +35,7 @@ from .engine_graphs import CompiledRunner, EagerRunner, GraphRunner
 from .engine_kv import KVPool, PoolCache, SlotKV, pool_slot_tokens
 from .engine_masks import round_up
 from .engine_step import Bucket, DeviceStep, pack_batch
+from .engine_timing import ForwardTimer
 from .errors import InvalidRequestError
 from .target import TargetModel
 
@@ -84,6 +85,7 @@ class BatchedEngine(Engine):
         self.cache = PoolCache(self.pool, target.num_layers)
         self.key_buckets = key_buckets(slot_tokens, config.first_key_bucket, config.key_growth)
         self.step = DeviceStep(target, self.pool, self.cache)
+        self.timer = ForwardTimer(target.device)
         if config.compile_backend:
             self.runner = CompiledRunner(self.step, config.compile_backend)
         elif config.graphs and config.shape_buckets and target.device.type == "cuda":
@@ -158,8 +160,13 @@ class BatchedEngine(Engine):
         flat = pack_batch([(s, p, w, w.accept) for s, p, w in zip(slots, past, works)], bucket, self.pool.scratch,
                           head)
         single = slots[0] if bucket.batch == 1 and not in_grid else None
+        t1 = time.perf_counter_ns()
+        self.timer.start()
         out = self.runner(flat, bucket, single)
+        launch_ns = self.timer.stop()
+        t2 = time.perf_counter_ns()
         readback = out.readback.tolist()  # the batch's one device-to-host copy: [B][2][T]
+        t3 = time.perf_counter_ns()
 
         results = []
         for i, (kv, p, w) in enumerate(zip(kvs, past, works)):
@@ -171,9 +178,16 @@ class BatchedEngine(Engine):
             results.append(ForwardOutput(out.hidden[i, :n], out.logits[offsets[i]:offsets[i] + n - lf], 0,
                                          best=best[lf:n], accepted=accepted,
                                          next_token=best[last] if accepted is not None else None))
-        forward_ns = time.perf_counter_ns() - t0
+        t4 = time.perf_counter_ns()
+        times = self.times
+        times.steps += 1
+        times.pack_ns += t1 - t0
+        times.launch_ns += launch_ns
+        times.device_ns += self.timer.device_ns()
+        times.readback_ns += t3 - t2
+        times.items_ns += t4 - t3
         for r in results:
-            r.forward_ns = forward_ns
+            r.forward_ns = t4 - t0
         return results
 
 

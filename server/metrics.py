@@ -27,6 +27,10 @@ as vLLM observes one per engine step), ``request_time_per_output_token`` (decode
 - ``verify_time_seconds``: the server's time per Draft (empty trees included);
 - ``kv_cache_usage_perc``: KV memory of all sessions over --max-kv-gb.
 
+And ``edgespec_engine_step_seconds{part}`` (a counter): the engine's steps split into the host's parts
+(``pack``, ``launch``, ``readback``, ``items``) and the forward alone (``device``: CUDA events on a GPU),
+with ``edgespec_engine_steps``, so a change is judged on the part it moves (``engine_timing``).
+
 Every ``edgespec:`` series carries ``model_name`` (the served name) and ``engine``; no series is ``*_created``.
 """
 from __future__ import annotations
@@ -37,12 +41,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
 
 from edgespec.shared.metrics import SpecDecodeStats
 from edgespec.shared.prom import (PREFIX, REQUEST_BUCKETS, STEP_BUCKETS, TOKEN_LATENCY_BUCKETS, VllmMetrics,
                                   size_buckets)
 
 if TYPE_CHECKING:
+    from .engine_timing import StepTimes
     from .session import StepResult
 
 T = TypeVar("T")
@@ -132,6 +138,10 @@ class ServerMetrics(VllmMetrics):
         self.running.set_function(lambda: sessions() + self._api_running)
         self.waiting.set_function(waiting)
         self.kv_usage.set_function(kv_usage)
+
+    def watch_engine(self, times: Callable[[], "StepTimes"]) -> None:
+        """Export the engine's step-time totals (``engine_timing.StepTimes``), read when scraped."""
+        self.registry.register(_StepTimesCollector(times))
 
     def _started(self, clock: RequestClock) -> None:
         self.prompt_tokens.inc(clock.prompt_tokens)
@@ -246,3 +256,26 @@ class ServerMetrics(VllmMetrics):
             self._finished(clock, reason, time.monotonic())
             with self._mutex:
                 self._api_running -= 1
+
+
+class _StepTimesCollector:
+    """The engine's running step-time totals as counters, read at each scrape (the scheduler thread writes
+    them; a scrape reads plain ints)."""
+
+    PARTS = ("pack", "launch", "device", "readback", "items")
+
+    def __init__(self, times: Callable[[], "StepTimes"]):
+        self._times = times
+
+    def collect(self):
+        t = self._times()
+        seconds = CounterMetricFamily("edgespec_engine_step_seconds", "Engine step time by part: the host's "
+                                      "packing, launch, readback and per-item work, and the forward alone (device)",
+                                      labels=["part"])
+        for part in self.PARTS:
+            seconds.add_metric([part], getattr(t, part + "_ns") / 1e9)
+        yield seconds
+        yield CounterMetricFamily("edgespec_engine_steps", "Engine steps run", value=t.steps)
+
+    def describe(self):
+        return []  # no names claimed at registration: collect() runs at scrape time only

@@ -23,7 +23,11 @@ pool with shape buckets forced on, graphs as for batched):
   acceptance length is a parameter (--tau, tokens committed per verification,
   bonus included): tree verification costs device-ms per verification / tau,
   the plain API its device-ms per token; their ratio is the speed-up on the
-  device at that tau.
+  device at that tau;
+- where a step's time goes: per step, the host's packing, launch, readback and
+  per-item Python, and the forward alone (CUDA events around the replay on a
+  GPU, wall time around the step on a CPU), for the latency calls (the
+  forward-alone median beside each latency) and each throughput window.
 
 Each session's context is held at --context tokens (what a verification
 commits is dropped again), so every measurement runs at the same length.
@@ -69,6 +73,7 @@ class LatencyRow:
     nodes: int  # 0 = one plain decode step
     median_ms: float
     ratio: float  # to this engine's plain decode step
+    device_ms: float = 0.0  # median of the forward alone (``StepTimes.device_ns``) per call
 
 
 @dataclass
@@ -80,6 +85,7 @@ class ThroughputRow:
     tokens_per_s: float  # plain API, all generations together
     token_device_ms: float  # plain API: device time per generated token
     batch: float  # mean items per forward (verification runs)
+    parts_ms: dict | None = None  # verification window: each step part's mean per step (``StepTimes.per_step_ms``)
 
 
 class Bench:
@@ -107,20 +113,25 @@ class Bench:
         session.kv.crop(rewind_to - 1)
         return result
 
-    def decode_once(self) -> float:
-        """Seconds of one plain decode step (one token) on the latency session, its context held."""
+    def decode_once(self) -> tuple[float, float]:
+        """Seconds of one plain decode step (one token) on the latency session, its context held; and of its
+        forward alone."""
         s = self._latency_session()
+        before = self.engine.times.copy()
         t0 = time.perf_counter()
         self.scheduler.run_job(self.scheduler.prefill(s.kv, [s.committed[-1]]), s.kv)
         took = time.perf_counter() - t0
         s.kv.crop(len(s.committed) - 1)
-        return took
+        return took, self.engine.times.minus(before).device_ns / 1e9
 
-    def verify_once(self, nodes: int) -> float:
-        """Server seconds of one verification of a random tree of `nodes` nodes (forward, acceptance, KV)."""
+    def verify_once(self, nodes: int) -> tuple[float, float]:
+        """Server seconds of one verification of a random tree of `nodes` nodes (forward, acceptance, KV); and
+        of its forward alone."""
         s = self._latency_session()
         tree = random_tree(self.rng, nodes, self.target.vocab_size)
-        return self.verify_and_rewind(s, tree, len(s.committed)).timings.total_ns / 1e9
+        before = self.engine.times.copy()
+        took = self.verify_and_rewind(s, tree, len(s.committed)).timings.total_ns / 1e9
+        return took, self.engine.times.minus(before).device_ns / 1e9
 
     def _latency_session(self):
         if not hasattr(self, "_latency"):
@@ -140,13 +151,15 @@ class Bench:
                 self.verify_and_rewind(s, random_tree(rng, tree_nodes, vocab), n)
                 counts[i] += 1
 
+        times0 = self.engine.times.copy()
         verifications, verify_ns, s0 = self._window(sessions, seconds, verify)
+        parts = self.engine.times.minus(times0).per_step_ms()  # the whole window, warm-up included
         batch = (self.scheduler.stats.items - s0.items) / max(1, self.scheduler.stats.forwards - s0.forwards)
         for s in opened:
             s.kv.close()
         tokens, token_ns, _ = self._window(sessions, seconds, self._generate)
         return ThroughputRow(self.name, sessions, verifications / seconds, verify_ns / 1e6 / max(1, verifications),
-                             tokens / seconds, token_ns / 1e6 / max(1, tokens), batch)
+                             tokens / seconds, token_ns / 1e6 / max(1, tokens), batch, parts)
 
     def _generate(self, i: int, stop: threading.Event, counts: list[int], ready: list[bool]) -> None:
         """A plain-API generation (the server decoding alone) until stopped, its context held."""
@@ -200,18 +213,19 @@ class Bench:
 def measure_latency(benches: list[Bench], tree_sizes: list[int], repeats: int) -> list[LatencyRow]:
     """Medians of `repeats`, the engines taking turns call by call: a machine's load (other processes on a
     shared CPU) then weighs on all of them alike."""
-    def medians(call) -> dict[str, float]:
+    def medians(call) -> dict[str, tuple[float, float]]:
         times = {b.name: [] for b in benches}
         for _ in range(repeats):
             for b in benches:
                 times[b.name].append(call(b))
-        return {name: statistics.median(v) for name, v in times.items()}
+        return {name: (statistics.median(t for t, _ in v), statistics.median(d for _, d in v))
+                for name, v in times.items()}
 
     base = medians(Bench.decode_once)
-    rows = [LatencyRow(name, 0, t * 1e3, 1.0) for name, t in base.items()]
+    rows = [LatencyRow(name, 0, t * 1e3, 1.0, d * 1e3) for name, (t, d) in base.items()]
     for nodes in tree_sizes:
-        rows += [LatencyRow(name, nodes, t * 1e3, t / base[name])
-                 for name, t in medians(lambda b: b.verify_once(nodes)).items()]
+        rows += [LatencyRow(name, nodes, t * 1e3, t / base[name][0], d * 1e3)
+                 for name, (t, d) in medians(lambda b: b.verify_once(nodes)).items()]
     return rows
 
 
@@ -221,12 +235,13 @@ def print_report(name: str, latency: list[LatencyRow], throughput: list[Throughp
     base, right = engines[0], lambda n: ["---"] + ["---:"] * (n - 1)  # noqa: E731
     by = {(r.engine, r.nodes): r for r in latency}
     rows = [["decode step" if nodes == 0 else nodes]
-            + [c for e in engines for c in (f"{by[e, nodes].median_ms:.1f}", f"{by[e, nodes].ratio:.2f}")]
+            + [c for e in engines for c in (f"{by[e, nodes].median_ms:.1f}", f"{by[e, nodes].device_ms:.2f}",
+                                            f"{by[e, nodes].ratio:.2f}")]
             + [f"{by[e, nodes].median_ms / by[base, nodes].median_ms:.2f}" for e in engines[1:]]
             for nodes in dict.fromkeys(r.nodes for r in latency)]
-    print(f"\n## {name}: verify latency, one session (context {context}, median of {repeats}; "
-          f"x decode = multiple of the engine's own decode step)")
-    print(markdown_table(["tree nodes"] + [c for e in engines for c in (f"{e} ms", "x decode")]
+    print(f"\n## {name}: verify latency, one session (context {context}, median of {repeats}; forward = the "
+          f"forward alone; x decode = multiple of the engine's own decode step)")
+    print(markdown_table(["tree nodes"] + [c for e in engines for c in (f"{e} ms", "forward ms", "x decode")]
                          + [f"{e}/{base}" for e in engines[1:]], rows, "---:"))
     tp = {(r.engine, r.sessions): r for r in throughput}
     points = [tp[e, n] for e in engines for n in dict.fromkeys(r.sessions for r in throughput)]
@@ -238,6 +253,11 @@ def print_report(name: str, latency: list[LatencyRow], throughput: list[Throughp
                            f"{r.batch:.1f}", f"{r.tokens_per_s:.2f}", f"{r.token_device_ms:.1f}",
                            f"{r.verifications_per_s / tp[base, r.sessions].verifications_per_s:.2f}"] for r in points],
                          right(8)))
+    parts = ("pack", "launch", "device", "readback", "items")
+    print(f"\n## {name}: where a verification step's time goes (ms per step; device = the forward alone)")
+    print(markdown_table(["engine", "sessions", "steps"] + list(parts),
+                         [[r.engine, r.sessions, f"{(r.parts_ms or {}).get('steps', 0):.0f}"]
+                          + [f"{(r.parts_ms or {}).get(p, 0.0):.2f}" for p in parts] for r in points], right(3 + len(parts))))
     print(f"\n## {name}: device-ms per committed token (tau = tokens committed per verification, bonus included)")
     print(markdown_table(["engine", "sessions", "plain API"] + [c for t in taus for c in (f"tree, tau {t:g}", "speed-up")],
                          [[r.engine, r.sessions, f"{r.token_device_ms:.1f}"]

@@ -185,3 +185,17 @@ def test_the_cost_curve_measured_at_start_is_not_traffic(tiny_model_dir):
                      "edgespec:prompt_tokens_total", "edgespec_sessions_opened_total"):
             assert not registry.get_sample_value(name), name
         assert handle.core.prefix_cache is not None and len(handle.core.prefix_cache) == 0
+
+
+def test_engine_step_parts_count_every_step_of_a_plain_request(server):
+    """The step's parts move with the steps run: a plain-API request of 3 tokens runs at least 3 steps, and every
+    part (the forward alone included) adds time; the parts are counters."""
+    types, before = scrape(server)
+    assert types.get("edgespec_engine_step_seconds") == "counter" and types.get("edgespec_engine_steps") == "counter"
+    api = httpx.post(f"{server.http_url}/v1/completions", json={"prompt": "y = ", "max_tokens": 3, "temperature": 0,
+                                                                 "ignore_eos": True}, timeout=60)
+    assert api.status_code == 200
+    _, after = scrape(server)
+    assert delta(before, after, "edgespec_engine_steps_total") >= 3
+    for part in ("pack", "launch", "device"):
+        assert delta(before, after, "edgespec_engine_step_seconds_total", part=part) > 0, part
