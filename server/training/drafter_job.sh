@@ -8,6 +8,7 @@
 #   server/training/drafter_job.sh answers-features   the answers so far -> a hidden-only store
 #   server/training/drafter_job.sh answers-full       the answers so far -> a full store (all K/V: MoA's)
 #   server/training/drafter_job.sh eagle     fit the EAGLE head on both hidden stores (answers first: validation)
+#   server/training/drafter_job.sh eagle-hass    the same head and stores with HASS's unrolled, detached steps
 #   server/training/drafter_job.sh moa N     fit MoA with TLI N (0 or 1) on the full store
 #
 # Each step runs on one thread: on a 2-core machine two steps side by side go faster than one on both
@@ -58,15 +59,16 @@ case "${1:-}" in
         --out "$OUT/fit/moa-tli$tli-w$WIDTH" --width "$WIDTH" --heads "$HEADS" --vocab "$VOCAB" \
         --batch-tokens "$BATCH_TOKENS" --lr "$LR" --steps "$STEPS" --max-minutes "$MINUTES" \
         --eval-every "$EVAL_EVERY" --eval-sequences "$EVAL_SEQUENCES" --save-every "$SAVE_EVERY" --amp "$AMP" ;;
-  eagle)
+  eagle|eagle-hass)
+    kind=${1/-/+}  # eagle, eagle+hass: the recipe; its run folder keeps the dash
     stores=()
     for s in "$OUT/store-answers-hidden" "$OUT/store-text-hidden"; do
       [ -f "$s/store.json" ] && stores+=(--features "$s")
     done
-    edgespec train fit "${common[@]}" --kind eagle "${stores[@]}" --out "$OUT/fit/eagle-w$WIDTH" \
+    edgespec train fit "${common[@]}" --kind "$kind" "${stores[@]}" --out "$OUT/fit/$1-w$WIDTH" \
         --width "$WIDTH" --heads "$HEADS" --vocab "$VOCAB" --batch-tokens "$BATCH_TOKENS" --lr "$LR" \
         --steps "$STEPS" --max-minutes "$MINUTES" --eval-every "$EVAL_EVERY" --eval-sequences "$EVAL_SEQUENCES" \
         --save-every "$SAVE_EVERY" --amp "$AMP" ;;
   *)
-    sed -n '2,14p' "$0"; exit 2 ;;
+    sed -n '2,15p' "$0"; exit 2 ;;
 esac

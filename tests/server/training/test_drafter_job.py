@@ -36,6 +36,9 @@ def test_every_step_runs_and_resumes(target_dir, tmp_path):
     run("eagle")
     card = json.loads((tmp_path / "out" / "fit" / "eagle-w32" / "card.json").read_text())
     assert card["training"]["steps"] == 3 and len(card["data"]["feature_store"].split(",")) == 2
+    run("eagle-hass", STEPS="2")
+    card = json.loads((tmp_path / "out" / "fit" / "eagle-hass-w32" / "card.json").read_text())
+    assert card["recipe"] == "eagle+hass" and card["training"]["steps"] == 2
     run("answers-full", GROWING="")
     run("moa", "1")
     assert (tmp_path / "out" / "fit" / "moa-tli1-w32" / "card.json").is_file()
