@@ -53,6 +53,7 @@ class Settings:
     ignore_eos: bool = False  # keep generating past EOS (vLLM's; for fixed-length benchmarks)
     grammar: str | None = None  # llguidance grammar the output is constrained to (response_format, tool_choice)
     tools: ToolUse | None = None  # chat with tools: rendered by the template, calls parsed from the output
+    token_ids_as_text: bool = False  # return_tokens_as_token_ids: logprobs name tokens "token_id:{id}"
 
 
 class _Strict(BaseModel):
@@ -94,6 +95,8 @@ class _Common(_Strict):
     # (vLLM's: ids that end the output, as EOS does)
     response_format: dict[str, Any] | None = None  # {"type": "text" | "json_object" | "json_schema", ...}
     structured_outputs: dict[str, Any] | None = None  # vLLM's: one of json, regex, choice, grammar, json_object
+    return_tokens_as_token_ids: bool | None = None  # vLLM's: logprobs name tokens "token_id:{id}", so a client
+    # reads the exact ids without a tokenizer (a benchmark's oracle; byte tokens that are half a character)
 
     @field_validator("logit_bias")
     @classmethod
@@ -143,7 +146,8 @@ class _Common(_Strict):
         return Settings(max_tokens=max_tokens, sampling=sampling, seed=self.seed, n=self.n or 1, stop=self.stop,
                         top_logprobs=top_logprobs, stream=bool(self.stream),
                         include_usage=bool(self.stream_options and self.stream_options.include_usage),
-                        ignore_eos=bool(self.ignore_eos), grammar=grammar, tools=tools)
+                        ignore_eos=bool(self.ignore_eos), grammar=grammar, tools=tools,
+                        token_ids_as_text=bool(self.return_tokens_as_token_ids))
 
     def _tools(self) -> ToolUse | None:
         return None
@@ -325,7 +329,7 @@ _CHANGES_THE_ANSWER: dict[str, Any] = {
     "skip_special_tokens": lambda v: v in (None, True), "spaces_between_special_tokens": lambda v: v in (None, True),
     "truncate_prompt_tokens": lambda v: v is None, "continue_final_message": lambda v: v in (None, False),
     "add_generation_prompt": lambda v: v in (None, True), "documents": lambda v: v is None,
-    "logits_processors": lambda v: v in (None, []), "return_tokens_as_token_ids": lambda v: v in (None, False),
+    "logits_processors": lambda v: v in (None, []),
     "guided_json": lambda v: v is None, "guided_regex": lambda v: v is None, "guided_choice": lambda v: v is None,
     "guided_grammar": lambda v: v is None, "guided_decoding_backend": lambda v: v is None,
     "guided_whitespace_pattern": lambda v: v is None, "chat_template": lambda v: v is None,

@@ -54,8 +54,9 @@ def _byte_of_char() -> dict[str, int]:
 class TokenTexts:
     """A token's text and exact bytes, for logprobs (a byte token may be half a character)."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, as_ids: bool = False):
         self.tokenizer = tokenizer
+        self.as_ids = as_ids  # vLLM's return_tokens_as_token_ids: "token_id:{id}" in place of the token's text
         backend = getattr(tokenizer, "backend_tokenizer", None)
         byte_level = type(getattr(backend, "decoder", None)).__name__ == "ByteLevel"
         self.byte_of_char = _byte_of_char() if byte_level else {}
@@ -63,6 +64,9 @@ class TokenTexts:
         self.piece = functools.cache(self._piece)  # one answer asks for the same tokens again and again
 
     def _piece(self, token: int) -> tuple[str, list[int]]:
+        if self.as_ids:
+            text = f"token_id:{token}"
+            return text, list(text.encode("ascii"))
         name = self.tokenizer.convert_ids_to_tokens(token)
         if isinstance(name, str) and self.byte_of_char and token not in self.special \
                 and all(c in self.byte_of_char for c in name):

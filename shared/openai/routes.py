@@ -133,7 +133,8 @@ async def _answer(request: Request, kind, get_backend: Callable[[], Backend], ap
             "prompt_tokens": len(plan.prompt_ids), "max_tokens": plan.max_new_tokens, "n": settings.n,
             "temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "seed": settings.seed,
             "stop_strings": len(settings.stop), "logprobs": settings.top_logprobs, "stream": settings.stream})
-    texts = TokenTexts(backend.tokenizer) if settings.top_logprobs is not None else None
+    texts = (TokenTexts(backend.tokenizer, settings.token_ids_as_text) if settings.top_logprobs is not None
+             else None)
     if settings.stream:
         return await _stream(backend, plan, shape, texts)
     choices = await until_done_or_gone(request, lambda cancel: whole(backend, plan, cancel))

@@ -110,6 +110,22 @@ def test_logprobs_are_the_targets_own(openai_client, model, tiny_target):
     assert list(lp.top_logprobs[0].values()) == pytest.approx(want.topk(2).values.tolist(), abs=1e-4)
 
 
+def test_tokens_as_token_ids_name_the_exact_ids(openai_client, model, tiny_target):
+    import torch
+
+    prompt = [104, 105, 32, 116]
+    reply = openai_client.completions.create(model=model, prompt=prompt, max_tokens=4, temperature=0, logprobs=1,
+                                             extra_body={"return_tokens_as_token_ids": True})
+    lp = reply.choices[0].logprobs
+    ids = [int(t.removeprefix("token_id:")) for t in lp.tokens]
+    assert all(t.startswith("token_id:") for t in lp.tokens) and list(lp.top_logprobs[0])[0] == lp.tokens[0]
+    with torch.inference_mode():
+        greedy = tiny_target.model.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False)[0, 4:]
+    assert until_eos(ids) == until_eos(greedy.tolist())
+    plain = openai_client.completions.create(model=model, prompt=prompt, max_tokens=4, temperature=0, logprobs=1)
+    assert not plain.choices[0].logprobs.tokens[0].startswith("token_id:")
+
+
 def test_bad_api_requests_are_refused_with_a_reason(tiny_server):
     url = f"{tiny_server.http_url}/v1/completions"
     reply = httpx.post(url, json={"prompt": [999], "max_tokens": 2})
