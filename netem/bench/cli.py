@@ -22,7 +22,9 @@ from pathlib import Path
 from edgespec.shared.config_flags import Flag, add_flags, from_args
 from . import experiments, specbench
 from .experiments import BenchConfig
+from .records import record_files
 from .report import splice_readme, write_report
+from .results_index import has_experiment, write_index
 
 # command -> one line of help
 EXPERIMENTS: dict[str, str] = {
@@ -31,7 +33,7 @@ EXPERIMENTS: dict[str, str] = {
     "disconnect": "HumanEval pass@1 when the link is cut after B new tokens",
     "codec": "the activation codec on a target's real activations, as JSON lines",
     "specbench": "Spec-Bench's questions through the client and the plain API under a profile, with its answer files",
-    "report": "write OUT/report.md again from OUT's JSON lines",
+    "report": "write OUT/report.md again from OUT's JSON lines; given a results tree, its index (OUT/README.md)",
 }
 
 # command -> (module of this package, one line of help)
@@ -153,6 +155,8 @@ def _add_experiment(benchmarks: argparse._SubParsersAction, name: str, help_text
     p.add_argument("out", nargs="?", default="runs/bench", help="output folder (default runs/bench)")
     add_flags(p, BenchConfig, experiment_flags(name))
     p.add_argument("--fresh", action="store_true", help="delete this experiment's earlier results first")
+    p.add_argument("--no-plots", dest="plots", action="store_false",
+                   help="write report.md without drawing the plots (an archived experiment keeps none)")
     marker = "edgespec-specbench" if name == "specbench" else "edgespec-bench"
     p.add_argument("--readme", default=None,
                    help="also put the report's tables into this Markdown file, between the lines "
@@ -183,14 +187,19 @@ def _run_micro_benchmark(args: argparse.Namespace) -> int:
 
 def _run_experiment(args: argparse.Namespace) -> int:
     out = Path(args.out)
+    if args.experiment == "report" and out.is_dir() and not has_experiment(out) and not args.readme:
+        # A results tree (a folder of experiment folders): its index.
+        print(f"index: {write_index(out)}")
+        return 0
     if args.experiment != "report":
         if args.fresh:
-            (out / f"{args.experiment}.jsonl").unlink(missing_ok=True)
+            for path in record_files(out, args.experiment):
+                path.unlink()
         given = {} if args.experiment == "specbench" else {"set_limits": args.limit[1]}
         config = from_args(BenchConfig, args, experiment_flags(args.experiment), experiment=args.experiment, out=out,
                            command=shlex.join(["edgespec", *getattr(args, "argv", sys.argv[1:])]), **given)
         print(f"results: {experiments.run(config)}")
-    report = write_report(out)
+    report = write_report(out, plots=args.plots)
     if args.experiment == "specbench":  # its tables on the terminal too (the other experiments have plots)
         print(report.read_text(encoding="utf-8"))
     print(f"report: {report}")

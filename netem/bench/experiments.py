@@ -23,7 +23,7 @@ from edgespec.netem.cpus import CpuSplit, choose_split, pinned
 from .activation_codec import measure_all, real_prompts
 from .loopback import relayed
 from .prompt_sets import Prompt, load_prompts
-from .records import JsonLines, environment, read_jsonl
+from .records import JsonLines, environment, read_records
 from .server_process import ServerProcess
 from .specbench import questions_of, run_specbench, write_answer_files
 from .systems import ProgressBar, drafter_client, plain_api
@@ -81,15 +81,15 @@ def run(config: BenchConfig) -> Path:
     with pinned(split.client):
         _serve_and_run(config, split, sink)
     if config.experiment == "specbench":
-        write_answer_files(config.out, read_jsonl(sink.path))
+        write_answer_files(config.out, read_records(config.out, "specbench"))
     return sink.path
 
 
 def _serve_and_run(config: BenchConfig, split: CpuSplit, sink: JsonLines) -> None:
     """Start the server (on its cores) and run the experiment's generations against it."""
-    if sink.path.exists():
-        # A run that stopped half way goes on where it stopped (`--fresh` starts over).
-        sink.done = {_key(r) for r in read_jsonl(sink.path)}
+    # A run that stopped half way goes on where it stopped (`--fresh` starts over); an archived folder's
+    # gzipped records count as done too.
+    sink.done = {_key(r) for r in read_records(config.out, config.experiment)}
     sets = {"disconnect": ("humaneval",), "specbench": ()}.get(config.experiment, config.prompt_sets)
     prompts = [p for name in sets for p in load_prompts(name, config.set_limits.get(name, config.limit))]
     log = start_server_log(config.out / f"{config.experiment}-server.log", len(sink.done), config.command)

@@ -7,7 +7,7 @@ answers part ways. Both are the target's greedy answer to within its own arithme
 finds, for every prompt of a `disconnect` run where the answer at B = never is not the target's own,
 the first token where they part, and prints the target's two best logits there in float32.
 
-    edgespec bench near-ties netem/results/disconnect.jsonl
+    edgespec bench near-ties netem/results/link-disconnect/disconnect.jsonl.gz
 """
 from __future__ import annotations
 

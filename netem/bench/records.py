@@ -1,6 +1,7 @@
 """A run's records: the environment it ran in, one JSON object a line per measurement, Markdown tables."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import platform
@@ -46,8 +47,21 @@ class JsonLines:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    with open(path) as f:
+    """The records of a JSON-lines file, gzipped (``.gz``, as the results tree keeps them) or not."""
+    opener = gzip.open if Path(path).suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def record_files(out: Path, experiment: str) -> list[Path]:
+    """An experiment's record files in `out`: the archived, gzipped part first (the results tree keeps
+    records gzipped), then the plain file a run appends to."""
+    return [p for p in (out / f"{experiment}.jsonl.gz", out / f"{experiment}.jsonl") if p.exists()]
+
+
+def read_records(out: Path, experiment: str) -> list[dict]:
+    """Every record of `experiment` in `out` ([] where there is none)."""
+    return [r for p in record_files(out, experiment) for r in read_jsonl(p)]
 
 
 def group_by(rows: list[dict], *keys: str) -> dict[tuple, list[dict]]:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from .activation_codec import Row as CodecRow, markdown as codec_table
 from .plots import draw_plots
-from .records import cell, group_by, markdown_table, read_jsonl
+from .records import cell, group_by, markdown_table, read_records
+from .results_index import is_results_tree, write_index
 from .specbench import prompts_note, specbench_section, write_answer_files
 
 
@@ -138,9 +139,10 @@ def _prompts_note(name: str, settings: dict, rows: list[dict]) -> str:
     return "prompts: " + ", ".join(f"{limits.get(x, settings['limit'])} {x}" for x in sets)
 
 
-def write_report(out: Path) -> Path:
-    """Read every <experiment>.jsonl in `out`, write out/report.md and the plots."""
-    data = {name: read_jsonl(out / f"{name}.jsonl") for name in SECTIONS if (out / f"{name}.jsonl").exists()}
+def write_report(out: Path, plots: bool = True) -> Path:
+    """Read every <experiment>.jsonl (or .jsonl.gz) in `out`, write out/report.md and, unless `plots` is False,
+    the plots; in a results tree (results_index.py), its index too."""
+    data = {name: rows for name in SECTIONS if (rows := read_records(out, name))}
     if not data:
         raise FileNotFoundError(f"no experiment results (*.jsonl) in {out}")
     parts = ["# edgespec bench report", ""]
@@ -157,11 +159,13 @@ def write_report(out: Path) -> Path:
                   f"max {s['max_new_tokens']} new tokens" + _stop_note(name, s) + ".", "", section(rows), ""]
     if "specbench" in data:  # its answer files, from the same records (`report` makes them again)
         write_answer_files(out, data["specbench"])
-    plots = draw_plots(out, data)
-    if plots:
-        parts += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
+    drawn = draw_plots(out, data) if plots else []
+    if drawn:
+        parts += ["## Plots", ""] + [f"![{p}]({p})" for p in drawn] + [""]
     path = out / "report.md"
     path.write_text("\n".join(parts))
+    if is_results_tree(out.resolve().parent):
+        write_index(out.resolve().parent)
     return path
 
 

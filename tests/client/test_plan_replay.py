@@ -1,6 +1,6 @@
 """The adaptive loop's estimates and planner replayed over a client's generations, on the costs of a recorded run.
 
-The world is netem/results-pipeline/link.jsonl under 5g (server on one CPU core, client on the other, the 0.5B
+The world is netem/results/pipeline/link.jsonl.gz under 5g (server on one CPU core, client on the other, the 0.5B
 drafter for the 1.5B target in float32): the server's Info curve of that run (0 / 4 / 16 / 32 nodes: 0.59 /
 2.19 / 3.02 / 3.85 s), drafter passes of ~0.25 s. HumanEval: every depth accepted, 16-node trees 12 deep,
 guesses hit; MT-Bench/81: acceptance by depth .72 / .86 / .61 / .55 / .17, trees of ~7 nodes that stop by
@@ -157,7 +157,7 @@ def test_plain_steps_that_decode_ahead_do_not_bring_probes_closer(monkeypatch):
     """A 600 ms link (satellite) to this box's bf16 server (0 / 4 / 16 / 32 nodes: 0.33 / 0.36 / 0.53 / 0.78 s):
     on chat, plain steps of 8 tokens win and probes come as the plain steps' count allows, not their tokens'.
     Counted in tokens, a probe came every plain step or two (~10 an answer) and the 0.5B client lost 12 % on
-    MT-Bench/81 against plain steps alone (netem/results-decode-ahead)."""
+    MT-Bench/81 against plain steps alone (netem/results/decode-ahead)."""
     here = sys.modules[__name__]
     monkeypatch.setattr(here, "CURVE", ((0, 4, 16, 32), (0.332, 0.355, 0.528, 0.775)))
     monkeypatch.setattr(here, "LINK_S", 0.6)
