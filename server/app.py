@@ -120,14 +120,18 @@ def _limits(config: ServerConfig, context: int, engine) -> CoreLimits:
 
 
 def _engine(config: ServerConfig, target, context: int):
-    """The engine (logged: which path runs); the batched one's KV pool is sized from max_kv_bytes."""
+    """The engine (logged: which path runs); the batched one's KV pool is sized by --gpu-memory-utilization on a
+    GPU, --max-kv-gb elsewhere (``engine_memory``)."""
+    from .engine_batched import API_SEQS, PoolConfig
     from .engine_choice import build_engine
-    from .engine_batched import API_SLOTS, PoolConfig
+    from .engine_memory import kv_pool_bytes
 
     buckets = target.device.type == "cuda" if config.shape_buckets is None else config.shape_buckets
-    pool = PoolConfig(config.max_kv_bytes, config.max_sessions + API_SLOTS, context,
-                      min(config.max_tree_nodes, MAX_NODES), shape_buckets=buckets,
-                      graphs=buckets and not config.enforce_eager)
+    rows = PoolConfig.max_batch_rows
+    pool = PoolConfig(kv_pool_bytes(target, config.gpu_memory_utilization, config.max_kv_bytes, rows),
+                      config.max_sessions + API_SEQS, context, min(config.max_tree_nodes, MAX_NODES),
+                      shape_buckets=buckets, graphs=buckets and not config.enforce_eager,
+                      prefix_cache_bytes=config.prefix_cache_bytes)
     return build_engine(target, config.engine, pool)
 
 

@@ -57,7 +57,8 @@ FLAGS = {
                            "one, -1 = none); --http-port is its old name", action=HttpPortStore),
     "port": Flag("--grpc-port", default=DEFAULT_GRPC_PORT),
     "device": Flag(), "dtype": Flag(), "trust_remote_code": Flag(), "max_sessions": Flag(), "session_ttl_s": Flag(),
-    "max_kv_bytes": Flag(unit="GiB"), "prefix_cache_bytes": Flag(unit="GiB"), "engine": Flag(),
+    "max_kv_bytes": Flag(unit="GiB"), "gpu_memory_utilization": Flag(), "prefix_cache_bytes": Flag(unit="GiB"),
+    "engine": Flag(),
     "shape_buckets": Flag(), "enforce_eager": Flag(),
     "max_context_tokens": Flag("--max-context", "--max-model-len"),
     "tls_cert": Flag("--tls-cert", "--ssl-certfile"), "tls_key": Flag("--tls-key", "--ssl-keyfile"),
@@ -118,6 +119,9 @@ def server_config(args: argparse.Namespace):
         raise SystemExit("--first-message-timeout must be above 0 seconds (a stream needs time to send Open)")
     if args.prefix_cache_gb < 0:
         raise SystemExit(f"--prefix-cache-gb must be 0 (off) or more, got {args.prefix_cache_gb:g}")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        raise SystemExit(f"--gpu-memory-utilization is a share of the GPU's memory, above 0 and at most 1, got "
+                         f"{args.gpu_memory_utilization:g}")
     if bool(args.tls_cert) != bool(args.tls_key):
         raise SystemExit("--tls-cert and --tls-key go together (--ssl-certfile and --ssl-keyfile)")
     http_port = http_port_of(args)

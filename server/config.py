@@ -31,7 +31,10 @@ class ServerConfig:
     # Info still gives a registry model's registry name, by which clients load the tokenizer
     max_sessions: int = 64  # sessions held at once; Open past it gets RESOURCE_EXHAUSTED
     session_ttl_s: float = 600.0  # idle seconds before a session is dropped
-    max_kv_bytes: int = 8 << 30  # KV memory of all sessions; least recently used go first past it
+    max_kv_bytes: int = 8 << 30  # KV memory of all sessions (the batched engine's pool off a GPU); least recently
+    # used go first past it
+    gpu_memory_utilization: float = 0.9  # batched engine on a GPU: share of the device's memory the server may
+    # use, weights and the step's workspace included; the rest of that share is the KV pool (vLLM's meaning)
     prefix_cache_bytes: int = 2 << 30  # KV of finished sessions and plain-API requests kept for prompts that start
     # the same way (a chat's next turn prefills only its new tokens), LRU past it; 0 = off (vLLM's automatic prefix
     # caching)

@@ -178,7 +178,11 @@ class VerifierCore:
             log.info("prefix cache: off (%s)", why_not)
             return None
         log.info("prefix cache: up to %.2f GiB of KV", budget / 2**30)
-        return PrefixCache(budget, on_lookup=self._prefix_looked_up)
+        cache = PrefixCache(budget, on_lookup=self._prefix_looked_up)
+        reclaimers = getattr(getattr(probe, "pool", None), "reclaimers", None)
+        if reclaimers is not None:  # a paged pool's blocks: cached prefixes give theirs back when sessions need them
+            reclaimers.append(cache.evict_oldest)
+        return cache
 
     def _prefix_looked_up(self, queried: int, hit: int) -> None:
         self.metrics.prefix_cache_queries.inc(queried)

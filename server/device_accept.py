@@ -14,10 +14,10 @@ tensor forms give the same answer for every session of the batch at once:
 - a tree row is *accepted* when it and every tree ancestor match. At most one
   child of a row matches, so the accepted rows are a chain from the root.
 
-``compact_kv`` then moves every accepted row's K/V to the slot position its
-depth gives (behind the root), for all layers and sessions in one gather and
-one scatter; rows that stay put are sent to the scratch slot, so the op has one
-static shape per bucket.
+``compact_kv`` then moves every accepted row's K/V to the position its depth
+gives (behind the root, through the session's block table), for all layers and
+sessions in one gather and one scatter; rows that stay put are sent to the
+scratch block, so the op has one static shape per bucket.
 """
 from __future__ import annotations
 
@@ -45,26 +45,34 @@ def greedy_accept(ids: torch.Tensor, parents: torch.Tensor, best: torch.Tensor, 
     return tree_row & ~failed_ancestor
 
 
-def compact_kv(kv: torch.Tensor, slots: torch.Tensor, past: torch.Tensor, logits_from: torch.Tensor,
-               positions: torch.Tensor, accepted: torch.Tensor, scratch: int) -> None:
+def physical(blocks: torch.Tensor, logical: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Physical pool positions of logical positions: blocks [B, MB] long (each batch row's block table),
+    logical [B, N] long (within the table's reach) -> [B, N] long."""
+    return blocks.gather(1, torch.div(logical, block_size, rounding_mode="floor")) * block_size + logical % block_size
+
+
+def compact_kv(kv: torch.Tensor, blocks: torch.Tensor, past: torch.Tensor, logits_from: torch.Tensor,
+               positions: torch.Tensor, accepted: torch.Tensor, scratch: int, block_size: int) -> None:
     """Move the accepted rows' K/V behind the root, in place, every layer and session in one copy.
 
-    kv: the pool [L, 2, slots + 1, H_kv, S_max, D]; slots, past, logits_from: [B] long; positions: [B, T] long;
-    accepted: [B, T] bool (``greedy_accept``). Row r of batch row b sits at slot position past + r.
+    kv: the pool [L, 2, H_kv, P, D]; blocks: [B, MB] long block tables; past, logits_from: [B] long;
+    positions: [B, T] long; accepted: [B, T] bool (``greedy_accept``). Row r of batch row b sits at logical
+    position past + r. Rows that stay put copy the scratch block onto itself (one static shape per bucket).
     """
     b, t = positions.shape
+    reach = blocks.shape[1] * block_size - 1
     rows = torch.arange(t, device=positions.device).view(1, t)
-    src_pos = past.view(b, 1) + rows  # [B, T]
-    # where each row goes when kept: the root's own slot position plus the row's depth below the root (a child's
+    src = past.view(b, 1) + rows  # [B, T] logical
+    # where each row goes when kept: the root's own position plus the row's depth below the root (a child's
     # position is its parent's + 1)
     root_pos = positions.gather(1, logits_from.clamp(max=t - 1).view(b, 1))  # [B, 1] (T: a chunk without logits)
-    dst_pos = past.view(b, 1) + logits_from.view(b, 1) + positions - root_pos  # [B, T]
-    move = accepted & (dst_pos != src_pos)
-    src_slot = torch.where(move, slots.view(b, 1), scratch)  # rows that stay put copy scratch onto itself
-    src_pos = torch.where(move, src_pos, rows).clamp(max=kv.shape[4] - 1)
-    dst_pos = torch.where(move, dst_pos, rows).clamp(max=kv.shape[4] - 1)
-    picked = kv[:, :, src_slot, :, src_pos]  # [B, T, L, 2, H_kv, D]: a copy, so sources and targets may overlap
-    kv[:, :, src_slot, :, dst_pos] = picked
+    dst = past.view(b, 1) + logits_from.view(b, 1) + positions - root_pos  # [B, T] logical
+    move = accepted & (dst != src)
+    stay = scratch * block_size + rows % block_size  # [1, T]
+    src_phys = torch.where(move, physical(blocks, src.clamp(0, reach), block_size), stay)
+    dst_phys = torch.where(move, physical(blocks, dst.clamp(0, reach), block_size), stay)
+    picked = kv[:, :, :, src_phys]  # [L, 2, H_kv, B, T, D]: a copy, so sources and targets may overlap
+    kv[:, :, :, dst_phys] = picked
 
 
 def accepted_nodes(accepted_row: list[int], positions: tuple[int, ...], logits_from: int) -> tuple[int, ...]:

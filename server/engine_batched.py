@@ -1,21 +1,22 @@
-"""BatchedEngine: one forward for every session's work, their KV in a pre-allocated pool.
+"""BatchedEngine: one forward for every session's work, their KV in a paged pool.
 
 A batch is B items (sessions' prefill chunks, trees, resume chains, plain-API
 decode steps), padded to the longest. The host packs everything the step needs
 into one long tensor and sends it in one copy (``engine_step``); the mask,
 write positions, LM head, argmax, greedy acceptance and KV compaction happen
 on the device, and one small tensor comes back. The model writes each row's
-K/V into its session's slot (``PoolCache``) and reads its slot's keys up to the
-bucket's key length. Each item gets its own rows back: the hidden states of
-all its rows, logits of the rows it asked for, their argmax, and with
-``Work.accept`` the accepted path (its KV already kept).
+K/V into its session's blocks (``engine_kv``: a block table per session,
+blocks taken as it grows) and reads its session's keys up to the bucket's key
+length. Each item gets its own rows back: the hidden states of all its rows,
+logits of the rows it asked for, their argmax, and with ``Work.accept`` the
+accepted path (its KV already kept).
 
 With ``shape_buckets`` a batch is padded to a grid bucket (powers of two of
 sessions and rows, coarse key lengths), so a few static shapes serve every
 batch and each can be captured once as a CUDA graph (``engine_graphs``).
 
 Results do not depend on what else is in the batch: a row attends only its
-own slot's keys, and masked keys weigh exactly zero.
+own session's keys, and masked keys weigh exactly zero.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from edgespec.shared.tree import MAX_NODES
 from .device_accept import accepted_nodes
 from .engine import Engine, ForwardOutput, Work
 from .engine_graphs import CompiledRunner, EagerRunner, GraphRunner
-from .engine_kv import KVPool, PoolCache, SlotKV, pool_slot_tokens
+from .engine_kv import BLOCK_SIZE, KVPool, PagedKV, PoolCache, session_tokens
 from .engine_masks import round_up
 from .engine_step import Bucket, DeviceStep, pack_batch
 from .engine_timing import ForwardTimer
@@ -40,18 +41,20 @@ from .errors import InvalidRequestError
 from .target import TargetModel
 
 
-API_SLOTS = 8  # slots a server adds to max_sessions for plain-API generations running at once
+API_SEQS = 8  # sequences a server adds to max_sessions for plain-API generations running at once
 
 
 @dataclass(frozen=True)
 class PoolConfig:
     """How big the KV pool is, and how the device step runs."""
 
-    max_kv_bytes: int = 8 << 30  # memory of all slots together (ServerConfig.max_kv_bytes, --max-kv-gb)
-    max_slots: int = 72  # slots worth allocating: sessions + plain-API generations held at once (a server
-    # asks for max_sessions + API_SLOTS)
-    max_context_tokens: int = 4096  # tokens of one session's context (the slot adds a tree's rows to it)
-    max_tree_nodes: int = MAX_NODES  # nodes of the largest tree a slot must take behind its context
+    max_kv_bytes: int = 8 << 30  # memory of the whole pool (on a GPU from --gpu-memory-utilization, else
+    # --max-kv-gb: ``engine_memory``)
+    max_seqs: int = 72  # sequences held at once that a bucket may batch: sessions + plain-API generations (a
+    # server asks for max_sessions + API_SEQS)
+    max_context_tokens: int = 4096  # tokens of one session's context (its blocks add a tree's rows to it)
+    max_tree_nodes: int = MAX_NODES  # nodes of the largest tree a session may send behind its context
+    block_size: int = BLOCK_SIZE  # tokens a KV block holds
     key_bucket: int = 64  # without shape buckets, keys read per row are rounded up to a multiple of this
     shape_buckets: bool = False  # pad batches to a grid of (sessions, rows, keys) buckets (``grid``) so a
     # few static shapes serve every batch: what CUDA-graph capture needs; off on a CPU, where the padding is
@@ -67,6 +70,12 @@ class PoolConfig:
     # session can send replays a graph (a fixed 64 left 64-node trees eager: 35 ms against 6 on an H200)
     first_key_bucket: int = 256  # the smallest key bucket
     key_growth: int = 4  # each key bucket this many times the last (coarse: few shapes, at most 4x the keys)
+    prefix_cache_bytes: int = 0  # KV the prefix cache may keep in the pool (its blocks are the pool's)
+
+    @property
+    def session_tokens(self) -> int:
+        """Most positions one session's blocks reach: its context and one tree, in whole blocks."""
+        return session_tokens(self.max_context_tokens, self.max_tree_nodes, self.block_size)
 
 
 class BatchedEngine(Engine):
@@ -75,52 +84,64 @@ class BatchedEngine(Engine):
     def __init__(self, target: TargetModel, config: PoolConfig = PoolConfig()):
         super().__init__(target)
         self.config = config
-        fit, slot_tokens, _ = self.slots_that_fit(target, config)
-        slots = min(config.max_slots, fit)
-        if slots < 2:
-            raise ValueError(f"the KV budget ({config.max_kv_bytes / 2**30:.2f} GiB) holds fewer than two slots of "
-                             f"{slot_tokens} tokens (and the scratch slot); raise --max-kv-gb or lower --max-context")
-        self.pool = KVPool(target.num_layers, target.num_kv_heads, target.head_dim, slots, slot_tokens,
+        blocks, block_bytes = self.blocks_that_fit(target, config)
+        one_session = config.session_tokens // config.block_size
+        if blocks < one_session:
+            raise ValueError(f"the KV budget ({config.max_kv_bytes / 2**30:.2f} GiB) holds {blocks} blocks of "
+                             f"{config.block_size} tokens, fewer than one session of {config.session_tokens} "
+                             f"tokens needs ({one_session}); raise --gpu-memory-utilization or --max-kv-gb, or "
+                             f"lower --max-model-len")
+        self.pool = KVPool(target.num_layers, target.num_kv_heads, target.head_dim, blocks, config.block_size,
                            target.dtype, target.device)
         self.cache = PoolCache(self.pool, target.num_layers)
-        self.key_buckets = key_buckets(slot_tokens, config.first_key_bucket, config.key_growth)
+        self.key_buckets = key_buckets(config.session_tokens, config.first_key_bucket, config.key_growth)
         self.step = DeviceStep(target, self.pool, self.cache)
         self.timer = ForwardTimer(target.device)
         if config.compile_backend:
             self.runner = CompiledRunner(self.step, config.compile_backend)
         elif config.graphs and config.shape_buckets and target.device.type == "cuda":
-            self.runner = GraphRunner(self.step, grid(config, self.pool.slot_tokens))
+            self.runner = GraphRunner(self.step, grid(config))
         else:
             self.runner = EagerRunner(self.step)
 
     @staticmethod
-    def slots_that_fit(target: TargetModel, config: PoolConfig) -> tuple[int, int, int]:
-        """(slots the budget holds, tokens a slot holds, bytes a slot takes)."""
-        slot_tokens = pool_slot_tokens(config.max_context_tokens, config.max_tree_nodes, config.key_bucket)
-        slot_bytes = KVPool.bytes_per_slot(target.num_layers, target.num_kv_heads, target.head_dim, slot_tokens,
-                                           target.dtype)
-        return max(0, config.max_kv_bytes // slot_bytes - 1), slot_tokens, slot_bytes
+    def blocks_that_fit(target: TargetModel, config: PoolConfig) -> tuple[int, int]:
+        """(blocks of the pool besides the scratch block, bytes a block takes): what the budget holds, and no
+        more than every sequence at its full reach and the prefix cache's share need (a budget far above that
+        would be memory no session can use)."""
+        block_bytes = KVPool.bytes_per_block(target.num_layers, target.num_kv_heads, target.head_dim,
+                                             config.block_size, target.dtype)
+        useful = config.max_seqs * (config.session_tokens // config.block_size) + config.prefix_cache_bytes // block_bytes
+        return max(0, min(config.max_kv_bytes // block_bytes - 1, useful)), block_bytes
 
     def describe(self) -> str:
         p = self.pool
         shapes = "shape buckets" if self.config.shape_buckets else "exact shapes"
         if isinstance(self.runner, GraphRunner):
             shapes += f", {len(self.runner.graphs)} graphs captured in {self.runner.capture_s:.1f} s"
-        return (f"batched (KV pool: {p.slots} slots x {p.slot_tokens} tokens, "
+        return (f"batched (paged KV: {p.blocks} blocks of {p.block_size} tokens, "
                 f"{p.kv.nbytes / 2**30:.2f} GiB on {p.kv.device}; step: {self.runner.kind}, {shapes})")
 
     def session_kv_bytes(self, budget: int) -> int:
-        """Sessions report a whole slot each; the store evicts the least recently used past all slots but
-        one, so the next Open finds a free slot (it takes it before it joins the store)."""
-        return (self.pool.slots - 1) * self.pool.slot_bytes
+        """Sessions report the blocks they hold; the store evicts the least recently used past the pool less
+        what one full batch may still take (its rows' blocks, and a block more per session where its rows cross
+        into a new one), so the next batch finds its blocks; at least half the pool. Prefix-cache blocks are
+        reclaimed on demand (``KVPool.reclaimers``)."""
+        cfg = self.config
+        headroom = -(-cfg.max_batch_rows // cfg.block_size) + cfg.max_batch
+        return max(self.pool.blocks // 2, self.pool.blocks - headroom, 1) * self.pool.block_bytes
 
-    def new_kv(self) -> SlotKV:
-        return SlotKV(self.pool)
+    def new_kv(self) -> PagedKV:
+        return PagedKV(self.pool)
 
     def check(self, kv: SessionKV, work: Work) -> None:
-        if len(kv) + len(work) > self.pool.slot_tokens:
-            raise InvalidRequestError(f"a session would hold {len(kv) + len(work)} tokens of KV; a slot holds "
-                                      f"{self.pool.slot_tokens}")
+        """Refuse work past a session's reach, and take the blocks its rows need now: a short pool fails this
+        session's work alone, before it joins a batch."""
+        end = len(kv) + len(work)
+        if end > self.config.session_tokens:
+            raise InvalidRequestError(f"a session would hold {end} tokens of KV; one session holds at most "
+                                      f"{self.config.session_tokens}")
+        kv.grow_to(end)
 
     def cost(self, items: Sequence[Work]) -> int:
         b, t = len(items), max((len(w) for w in items), default=0)
@@ -130,24 +151,25 @@ class BatchedEngine(Engine):
 
     def bucket(self, works: Sequence[Work], end: int) -> tuple[Bucket, bool]:
         """The step's shape for these items, and whether it is a grid bucket (else: the batch's own shape).
-        end: the longest slot length the batch reaches (keys to read)."""
+        end: the longest logical length the batch reaches (keys to read)."""
         b, t = len(works), max(len(w) for w in works)
         cfg = self.config
         if cfg.shape_buckets and t <= bucket_rows(cfg) and _pow2(b) <= cfg.max_batch:
             b, t = _pow2(b), _pow2(t)
             keys = next(k for k in self.key_buckets if k >= end)
-            return Bucket(b, t, keys, b * t), True
-        keys = min(round_up(end, cfg.key_bucket), self.pool.slot_tokens)
-        return Bucket(b, t, keys, sum(len(w) - w.logits_from for w in works)), False
+            return Bucket(b, t, keys, b * t, cfg.block_size), True
+        keys = min(round_up(round_up(end, cfg.key_bucket), cfg.block_size), cfg.session_tokens)
+        return Bucket(b, t, keys, sum(len(w) - w.logits_from for w in works), cfg.block_size), False
 
     @torch.no_grad()  # not inference_mode: a compiled step cannot take inference tensors (aot_autograd)
     def run(self, items: Sequence[tuple[SessionKV, Work]]) -> list[ForwardOutput]:
         t0 = time.perf_counter_ns()
         kvs = [kv for kv, _ in items]
         works = [w for _, w in items]
-        slots = [kv.ensure_slot() for kv in kvs]
-        assert len(set(slots)) == len(slots), "one session's work twice in one batch"
+        assert len({id(kv) for kv in kvs}) == len(kvs), "one session's work twice in one batch"
         past = [len(kv) for kv in kvs]
+        for kv, p, w in zip(kvs, past, works):
+            kv.grow_to(p + len(w))  # done by ``check`` for the scheduler's items already
         end = max(p + len(w) for p, w in zip(past, works))  # items were checked (``check``) before they queued
         bucket, in_grid = self.bucket(works, end)
         t = bucket.tokens
@@ -157,12 +179,11 @@ class BatchedEngine(Engine):
         else:
             head = [i * t + r for i, w in enumerate(works) for r in range(w.logits_from, len(w))]
             offsets = list(itertools.accumulate((len(w) - w.logits_from for w in works[:-1]), initial=0))
-        flat = pack_batch([(s, p, w, w.accept) for s, p, w in zip(slots, past, works)], bucket, self.pool.scratch,
-                          head)
-        single = slots[0] if bucket.batch == 1 and not in_grid else None
+        flat = pack_batch([(kv.blocks, p, w, w.accept) for kv, p, w in zip(kvs, past, works)], bucket,
+                          self.pool.scratch, head)
         t1 = time.perf_counter_ns()
         self.timer.start()
-        out = self.runner(flat, bucket, single)
+        out = self.runner(flat, bucket)
         launch_ns = self.timer.stop()
         t2 = time.perf_counter_ns()
         readback = out.readback.tolist()  # the batch's one device-to-host copy: [B][2][T]
@@ -191,22 +212,22 @@ class BatchedEngine(Engine):
         return results
 
 
-def key_buckets(slot_tokens: int, first: int, growth: int) -> list[int]:
-    """Key lengths of the grid: first, first * growth, ... and the whole slot last."""
+def key_buckets(session_tokens: int, first: int, growth: int) -> list[int]:
+    """Key lengths of the grid: first, first * growth, ... and a whole session's reach last."""
     keys, k = [], first
-    while k < slot_tokens:
+    while k < session_tokens:
         keys.append(k)
         k *= growth
-    return keys + [slot_tokens]
+    return keys + [session_tokens]
 
 
-def grid(config: PoolConfig, slot_tokens: int) -> list[Bucket]:
+def grid(config: PoolConfig) -> list[Bucket]:
     """Every grid bucket: powers of two of sessions and rows within the limits, times the key buckets."""
     out = []
-    for b in _powers(min(config.max_batch, config.max_slots)):
+    for b in _powers(min(config.max_batch, config.max_seqs)):
         for t in _powers(min(bucket_rows(config), config.max_batch_rows // b)):
-            out += [Bucket(b, t, k, b * t) for k in key_buckets(slot_tokens, config.first_key_bucket,
-                                                                config.key_growth)]
+            out += [Bucket(b, t, k, b * t, config.block_size)
+                    for k in key_buckets(config.session_tokens, config.first_key_bucket, config.key_growth)]
     return out
 
 

@@ -33,28 +33,26 @@ def batched_unsupported(target: TargetModel) -> str | None:
     return None
 
 
-def choose_engine(why_not: str | None, device_type: str, fit: int, wanted: int, slot_tokens: int,
-                  slot_bytes: int) -> tuple[str, str]:
-    """auto's choice and its reason. fit: slots the KV budget holds; wanted: slots the server asks for."""
+def choose_engine(why_not: str | None, device_type: str, blocks: int, session_blocks: int) -> tuple[str, str]:
+    """auto's choice and its reason. blocks: KV blocks the pool's budget holds; session_blocks: what one session at
+    the full context needs (the pool must hold one; sessions share it by use, as vLLM's do)."""
     if why_not:
         return "generic", why_not
     if device_type == "cpu":
         return "generic", "CPU device"
-    if fit < wanted:
-        need = (wanted + 1) * slot_bytes / 2**30  # the scratch slot too
-        return "generic", (f"the KV budget holds {fit} of the {wanted} slots of {slot_tokens} tokens wanted; "
-                           f"--max-kv-gb {need:.1f}, or a lower --max-context or --max-sessions, lets the batched "
-                           f"engine run")
-    return "batched", f"{device_type} device, {wanted} KV slots of {slot_tokens} tokens"
+    if blocks < session_blocks:
+        return "generic", (f"the KV budget holds {blocks} blocks, fewer than one session at the full context needs "
+                           f"({session_blocks}); a higher --gpu-memory-utilization or a lower --max-model-len lets "
+                           f"the batched engine run")
+    return "batched", f"{device_type} device, paged KV of {blocks} blocks"
 
 
 def build_engine(target: TargetModel, kind: str = "auto", pool=None) -> Engine:
     """The engine for `kind` ("auto", "batched", "generic"); pool: a ``PoolConfig`` for the batched one.
 
-    auto: batched on an accelerator when the architecture allows it and the KV budget holds every slot
-    the server wants (a slot reserves a whole context, so a short budget would evict sessions that a
-    DynamicCache, sized by use, keeps); generic otherwise, and on a CPU, where one session's verification
-    is 4-10% slower on the pool (the server bench measures both).
+    auto: batched on an accelerator when the architecture allows it (its paged KV serves every context
+    length: sessions take blocks as they grow); generic otherwise, and on a CPU, where one session's
+    verification runs a little slower on the pool (the server bench measures both).
     """
     if kind not in ENGINES:
         raise ValueError(f"unknown engine {kind!r}; choose one of {ENGINES}")
@@ -64,8 +62,8 @@ def build_engine(target: TargetModel, kind: str = "auto", pool=None) -> Engine:
         raise ValueError(f"--engine batched cannot run {target.name}: {why_not}; use --engine generic")
     reason = "asked for"
     if kind == "auto":
-        fit, slot_tokens, slot_bytes = BatchedEngine.slots_that_fit(target, pool)
-        kind, reason = choose_engine(why_not, target.device.type, fit, pool.max_slots, slot_tokens, slot_bytes)
+        blocks, _ = BatchedEngine.blocks_that_fit(target, pool)
+        kind, reason = choose_engine(why_not, target.device.type, blocks, pool.session_tokens // pool.block_size)
     engine: Engine = GenericEngine(target) if kind == "generic" else BatchedEngine(target, pool)
     log.info("engine: %s (%s)", engine.describe(), reason)
     return engine

@@ -14,7 +14,7 @@ Why graphs by hand rather than ``torch.compile(mode="reduce-overhead")``: the
 grid holds a couple of hundred buckets and Inductor compiles each shape anew
 (tens of seconds a shape for a 1.5B-7B decoder), so start-up would take an
 hour; a hand capture costs two eager runs a bucket. The step already writes the
-KV pool in place at fixed addresses, which a captured graph replays as is,
+KV pool in place at fixed addresses (block tables are inputs), which a captured graph replays as is,
 while cudagraph trees skip graphs that mutate inputs they do not own. What the
 hand capture gives up is Inductor's kernel fusion (the mask's and norms'
 elementwise ops), not the launch overhead the review measured (10-14 ms of host
@@ -35,7 +35,7 @@ from typing import Iterable
 
 import torch
 
-from .engine_step import Bucket, DeviceStep, StepOutput
+from .engine_step import Bucket, DeviceStep, StepOutput, padding_rows
 
 log = logging.getLogger("edgespec.server")
 
@@ -55,8 +55,8 @@ class EagerRunner:
     def __init__(self, step: DeviceStep):
         self.step = step
 
-    def __call__(self, flat: list[int], bucket: Bucket, single: int | None = None) -> StepOutput:
-        return self.step(upload(flat, self.step.target.device), bucket, single)
+    def __call__(self, flat: list[int], bucket: Bucket) -> StepOutput:
+        return self.step(upload(flat, self.step.target.device), bucket)
 
 
 class CompiledRunner(EagerRunner):
@@ -84,7 +84,7 @@ class CompiledRunner(EagerRunner):
             setattr(cfg, name, max(getattr(cfg, name), self.max_buckets))
         self._threads_raised.add(threading.get_ident())
 
-    def __call__(self, flat: list[int], bucket: Bucket, single: int | None = None) -> StepOutput:
+    def __call__(self, flat: list[int], bucket: Bucket) -> StepOutput:
         if threading.get_ident() not in self._threads_raised:
             self.raise_limits()
         return self.compiled(upload(flat, self.step.target.device), bucket)
@@ -117,9 +117,9 @@ class GraphRunner(EagerRunner):
     @torch.no_grad()
     def _capture(self, bucket: Bucket) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, StepOutput]:
         step, device = self.step, self.step.target.device
-        # a batch of padding only: it reads and writes the scratch slot, never a session's
+        # a batch of padding only: it reads and writes the scratch block, never a session's
         rows = bucket.batch * bucket.tokens
-        flat = ([0] * (2 * bucket.tokens) + [-1] * bucket.tokens + [step.pool.scratch, 0, 0, 0, 0]) * bucket.batch
+        flat = padding_rows(bucket, step.pool.scratch) * bucket.batch
         static = torch.tensor(flat + [i % rows for i in range(bucket.head)], dtype=torch.long, device=device)
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
@@ -133,10 +133,10 @@ class GraphRunner(EagerRunner):
         self._pool = graph.pool()  # one pool for every graph: they never run at once
         return graph, static, out
 
-    def __call__(self, flat: list[int], bucket: Bucket, single: int | None = None) -> StepOutput:
+    def __call__(self, flat: list[int], bucket: Bucket) -> StepOutput:
         captured = self.graphs.get(bucket)
         if captured is None:
-            return super().__call__(flat, bucket, single)
+            return super().__call__(flat, bucket)
         graph, static, out = captured
         static.copy_(torch.tensor(flat, dtype=torch.long).pin_memory(), non_blocking=True)
         graph.replay()

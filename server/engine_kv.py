@@ -1,18 +1,26 @@
-"""The pre-allocated KV pool: one slot per session, allocated once, never grown.
+"""The paged KV pool: fixed-size blocks, a block table per session, allocated as a session grows.
 
-All keys and values live in one tensor ``[L, 2, slots + 1, H_kv, S_max, D]``
-allocated at start from a memory budget; a session holds a slot (``SlotKV``)
-from its first job (taken on the caller's thread, ``reserve``) until it is
-closed or dropped. The extra slot is scratch: padding rows of a batch write
-there.
+All keys and values live in one tensor ``[L, 2, H_kv, P, D]`` allocated at start from a memory budget,
+P = (blocks + 1) x block_size positions: block b holds positions [b * block_size, (b + 1) * block_size).
+This is vLLM's layout in spirit (a block table maps a session's logical positions to physical blocks);
+the head axis comes before the positions so that one layer's keys are a plain [1, H_kv, P, D] view, which
+an attention kernel reads in place (``engine_attention``). The last block is scratch: padding rows write
+there, and rows that stay put in a compaction copy it onto itself.
 
-A forward writes each batch row's new K/V at that row's own slot and
-positions, through ``PoolCache``, a transformers ``Cache`` the model calls
-``update`` on like any other: it writes, then hands the attention the keys and
-values of the batch's slots up to ``key_len`` (the longest used length rounded
-to a bucket, so a CPU's attention does not pay for S_max). Keeping the accepted
-rows copies them behind the past within the slot; cropping only moves the
-length. Nothing is reallocated.
+A session's KV (``PagedKV``) holds a list of blocks and a length; ``grow_to`` takes blocks from the
+pool's free list as the session's rows need them (the engine asks before a batch runs, so a short pool
+fails that session's work alone), ``crop`` gives back the blocks past the new length, and ``close``
+(or dropping the session, whoever drops it: close, expiry, eviction) gives back all of them.
+
+Blocks are reference counted: the prefix cache shares a finished session's full blocks with the sessions
+that start with the same tokens instead of copying them (``prefix_kv``). A shared block is never written:
+every write lands at a position at or past the session's length, and a restored prefix's partial last
+block is a private copy; a crop below a shared block's end makes that block private first (copy on write).
+
+A forward writes each row's K/V at its physical position through ``PoolCache``, a transformers ``Cache``
+the model calls ``update`` on like any other. With the pool attention (``engine_attention``) update hands
+back the whole layer, which the attention reads through the batch's block tables; otherwise (SDPA, eager
+attention) it gathers each batch row's keys in logical order up to ``key_len``.
 """
 from __future__ import annotations
 
@@ -21,118 +29,172 @@ import math
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from edgespec.shared.kv import SessionKV, keep_rows_of, rows_kv
+from edgespec.shared.kv import SessionKV, rows_kv
 
 from .errors import SessionCapError
 
+BLOCK_SIZE = 16  # tokens a block holds (vLLM's default): small enough that a session wastes little, large enough
+# that a block table stays short (2,048 entries at a 32k context)
+
 
 class KVPool:
-    """Slots of KV for every layer, in one tensor; a free list hands them out."""
+    """Blocks of KV for every layer in one tensor; a free list and reference counts hand them out."""
 
-    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, slots: int, slot_tokens: int,
-                 dtype: torch.dtype, device: torch.device, wait_s: float = 10.0):
-        if slots < 1:
-            raise ValueError("a KV pool needs at least one slot")
-        self.slots = slots
-        self.slot_tokens = slot_tokens  # S_max: most tokens one slot holds
-        self.wait_s = wait_s  # how long acquire waits for a slot to free before refusing
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, blocks: int, block_size: int,
+                 dtype: torch.dtype, device: torch.device):
+        if blocks < 1:
+            raise ValueError("a KV pool needs at least one block")
+        self.blocks = blocks
+        self.block_size = block_size
         with torch.no_grad():  # a plain tensor, not an inference one: a compiled step may take it as an input
-            # kv: [L, 2, slots + 1, H_kv, S_max, D]; zeros so that never-written keys are finite (a masked
-            # column must not bring a NaN into the softmax)
-            self.kv = torch.zeros(num_layers, 2, slots + 1, kv_heads, slot_tokens, head_dim, dtype=dtype,
+            # zeros, so that never-written keys are finite (a masked column must not bring a NaN into the softmax)
+            self.kv = torch.zeros(num_layers, 2, kv_heads, (blocks + 1) * block_size, head_dim, dtype=dtype,
                                   device=device)
-        self.scratch = slots  # the slot padding rows write to
-        self.slot_bytes = self.kv[:, :, 0].nbytes
-        self._free = list(range(slots - 1, -1, -1))  # popped from the end: slot 0 first
-        self._cv = threading.Condition(threading.RLock())  # re-entrant: a finaliser may run inside acquire
+        self.scratch = blocks  # the block padding rows write to
+        self.block_bytes = self.kv[:, :, :, :block_size].nbytes
+        self.refs = [0] * blocks
+        self._free = list(range(blocks - 1, -1, -1))  # popped from the end: block 0 first
+        self._lock = threading.RLock()  # re-entrant: a finaliser may run while this thread holds it
+        self.reclaimers: list[Callable[[], bool]] = []  # called when short of blocks: each frees what it can
+        # spare (the prefix cache's least recently used prefix) and says whether it freed anything
 
     @staticmethod
-    def bytes_per_slot(num_layers: int, kv_heads: int, head_dim: int, slot_tokens: int, dtype: torch.dtype) -> int:
-        """Keys and values of every layer for slot_tokens tokens."""
-        return 2 * num_layers * kv_heads * slot_tokens * head_dim * torch.empty((), dtype=dtype).element_size()
+    def bytes_per_block(num_layers: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype) -> int:
+        """Keys and values of every layer for one block."""
+        return 2 * num_layers * kv_heads * block_size * head_dim * torch.empty((), dtype=dtype).element_size()
 
     @property
     def free(self) -> int:
-        with self._cv:
+        with self._lock:
             return len(self._free)
 
-    def acquire(self) -> int:
-        """A free slot; waits up to wait_s for one (sessions dropped, API generations ending), then refuses."""
-        with self._cv:
-            if not self._free:
-                gc.collect()  # a dropped session in a reference cycle frees its slot only when collected
-            if not self._cv.wait_for(lambda: self._free, timeout=self.wait_s):
-                raise SessionCapError(
-                    f"all {self.slots} KV slots are in use; close finished sessions, retry later, or give the "
-                    f"server more KV memory (--max-kv-gb)")
-            return self._free.pop()
+    @property
+    def used(self) -> int:
+        return self.blocks - self.free
 
-    def release(self, slot: int) -> None:
-        with self._cv:
-            self._free.append(slot)
-            self._cv.notify()
+    def acquire(self, n: int) -> list[int]:
+        """n free blocks (reference count 1). Short of them, the reclaimers free what they can spare, then a
+        collection frees dropped sessions caught in reference cycles; still short, a SessionCapError."""
+        for attempt in range(3):
+            with self._lock:
+                if len(self._free) >= n:
+                    out = [self._free.pop() for _ in range(n)]
+                    for b in out:
+                        self.refs[b] = 1
+                    return out
+            # outside the lock: a reclaimer takes its own lock, and its freed blocks come back through release
+            if attempt == 0:
+                while self.free < n and any(reclaim() for reclaim in self.reclaimers):
+                    pass
+            else:
+                gc.collect()
+        raise SessionCapError(f"the KV pool has {self.free} free blocks of {self.blocks} and {n} are needed; close "
+                              f"finished sessions, retry later, or give the server more KV memory "
+                              f"(--gpu-memory-utilization, --max-kv-gb)")
+
+    def share(self, blocks: Sequence[int]) -> None:
+        with self._lock:
+            for b in blocks:
+                assert self.refs[b] > 0, "sharing a free block"
+                self.refs[b] += 1
+
+    def release(self, blocks: Sequence[int]) -> None:
+        with self._lock:
+            for b in blocks:
+                self.refs[b] -= 1
+                if self.refs[b] == 0:
+                    self._free.append(b)
+
+    def positions(self, blocks: Sequence[int], start: int, end: int) -> list[int]:
+        """Physical positions of logical positions [start, end) of a session with these blocks."""
+        bs = self.block_size
+        return [blocks[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def copy_block(self, src: int, dst: int, rows: int | None = None) -> None:
+        """dst's first `rows` positions (all: None) become src's, every layer."""
+        bs = self.block_size
+        n = bs if rows is None else rows
+        self.kv[:, :, :, dst * bs:dst * bs + n] = self.kv[:, :, :, src * bs:src * bs + n]
 
 
-class SlotKV(SessionKV):
-    """One session's KV: a pool slot (taken on the first forward) and how many of its positions are held."""
+class PagedKV(SessionKV):
+    """One session's KV: its blocks in logical order and how many positions it holds."""
 
     def __init__(self, pool: KVPool):
         self.pool = pool
-        self.slot: int | None = None
+        self.blocks: list[int] = []  # mutated in place: the finaliser holds this list
         self.length = 0
-        self._release = None
-
-    def ensure_slot(self) -> int:
-        if self.slot is None:
-            self.slot = self.pool.acquire()
-            # freed when the session is dropped with it, whoever drops it (close, expiry, eviction)
-            self._release = weakref.finalize(self, self.pool.release, self.slot)
-        return self.slot
+        # the blocks go back to the pool when the session is dropped with it, whoever drops it
+        self._release = weakref.finalize(self, pool.release, self.blocks)
 
     def reserve(self) -> None:
-        self.ensure_slot()
+        pass  # blocks are taken as the session grows (``grow_to``), not up front
+
+    def grow_to(self, tokens: int) -> None:
+        """Hold blocks for `tokens` positions (what the next forward writes reaches)."""
+        need = -(-tokens // self.pool.block_size) - len(self.blocks)
+        if need > 0:
+            self.blocks.extend(self.pool.acquire(need))
 
     def __len__(self) -> int:
         return self.length
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
+        bs, pool = self.pool.block_size, self.pool
+        keep = -(-self.length // bs)
+        if len(self.blocks) > keep:
+            pool.release(self.blocks[keep:])
+            del self.blocks[keep:]
+        tail = self.length // bs  # the block the next write lands in, when the session holds it
+        if self.length % bs and pool.refs[self.blocks[tail]] > 1:  # shared: writes would reach other sessions
+            private = pool.acquire(1)[0]
+            pool.copy_block(self.blocks[tail], private)
+            pool.release([self.blocks[tail]])
+            self.blocks[tail] = private
 
     def keep_rows(self, past_len: int, rows: Sequence[int]) -> None:
-        if self.slot is not None:
-            # [L, 2, H_kv, S_max, D] of this slot: every layer's rows move in one copy
-            keep_rows_of(self.pool.kv[:, :, self.slot], past_len, rows)
+        rows = list(rows)
+        if rows and rows != list(range(len(rows))):
+            pool = self.pool
+            src = torch.tensor(pool.positions(self.blocks, past_len, past_len + max(rows) + 1), dtype=torch.long,
+                               device=pool.kv.device)
+            dst = torch.tensor(pool.positions(self.blocks, past_len, past_len + len(rows)), dtype=torch.long,
+                               device=pool.kv.device)
+            with torch.no_grad():
+                pool.kv[:, :, :, dst] = pool.kv[:, :, :, src[rows]]  # gathered first: sources and targets may overlap
         self.length = past_len + len(rows)
 
     def layer_kv(self, start: int, end: int) -> torch.Tensor:
-        kv = self.pool.kv[:, :, self.slot]  # [L, 2, H_kv, S_max, D]
-        return rows_kv(list(kv[:, 0]), list(kv[:, 1]), start, end)
+        index = torch.tensor(self.pool.positions(self.blocks, start, end), dtype=torch.long,
+                             device=self.pool.kv.device)
+        kv = self.pool.kv[:, :, :, index]  # [L, 2, H_kv, T, D]
+        return rows_kv(list(kv[:, 0]), list(kv[:, 1]), 0, end - start)
 
     @property
     def nbytes(self) -> int:
-        return self.pool.slot_bytes  # a slot is reserved whole, whatever its length
+        return len(self.blocks) * self.pool.block_bytes
 
     def close(self) -> None:
-        if self._release is not None:
-            self._release()  # runs once: the finaliser is then dead
-        self.slot, self.length, self._release = None, 0, None
+        self.pool.release(self.blocks)
+        self.blocks.clear()
+        self.length = 0
 
 
 @dataclass
 class BatchPlan:
     """Where one forward's rows go in the pool and what the attention reads back."""
 
-    slots: torch.Tensor  # [B] long: each batch row's slot
-    single: int | None  # the slot when B == 1, read as a view with no gather (eager steps only: a captured or
-    # compiled step would bake the slot in)
-    write_slot: torch.Tensor  # [B, T] long: slot each new row is written to (scratch for padding)
-    write_pos: torch.Tensor  # [B, T] long: position within that slot
-    key_len: int  # keys the attention reads per row: [0, key_len) of its slot
+    write_pos: torch.Tensor  # [B, T] long: physical position each new row is written to (scratch for padding)
+    key_pos: torch.Tensor | None  # [B, K] long: physical position of each batch row's logical keys [0, K), for a
+    # gather (SDPA); None when the attention reads the pool itself
+    key_len: int  # K: logical keys each row's attention may read
+    attention: object = None  # what the pool attention needs (``engine_attention.PoolAttentionPlan``), or None
 
 
 class _PoolLayer(CacheLayerMixin):
@@ -144,23 +206,22 @@ class _PoolLayer(CacheLayerMixin):
     def __init__(self, cache: "PoolCache", index: int):
         super().__init__()
         self._cache = cache
-        self.keys, self.values = cache.pool.kv[index, 0], cache.pool.kv[index, 1]  # [slots + 1, H_kv, S_max, D]
+        self.keys, self.values = cache.pool.kv[index, 0], cache.pool.kv[index, 1]  # [H_kv, P, D]
         self.is_initialized = True
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         pass  # allocated with the pool
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """key_states, value_states: [B, H_kv, T, D]; returns keys, values [B, H_kv, key_len, D]."""
+        """key_states, value_states: [B, H_kv, T, D]. Returns the whole layer [1, H_kv, P, D] for the pool
+        attention, else each batch row's keys and values [B, H_kv, key_len, D] gathered in logical order."""
         plan = self._cache.plan
-        # indexed by [B, T] at dims 0 and 2, the target is [B, T, H_kv, D]
-        self.keys[plan.write_slot, :, plan.write_pos] = key_states.transpose(1, 2)
-        self.values[plan.write_slot, :, plan.write_pos] = value_states.transpose(1, 2)
-        if plan.single is not None:
-            s = plan.single
-            return self.keys[s:s + 1, :, :plan.key_len], self.values[s:s + 1, :, :plan.key_len]
-        return (self.keys[:, :, :plan.key_len].index_select(0, plan.slots),
-                self.values[:, :, :plan.key_len].index_select(0, plan.slots))
+        # indexed by [B, T] at dim 1, the target is [H_kv, B, T, D]
+        self.keys[:, plan.write_pos] = key_states.transpose(0, 1)
+        self.values[:, plan.write_pos] = value_states.transpose(0, 1)
+        if plan.key_pos is None:
+            return self.keys[None], self.values[None]
+        return self.keys[:, plan.key_pos].transpose(0, 1), self.values[:, plan.key_pos].transpose(0, 1)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self._cache.plan.key_len, 0
@@ -169,7 +230,7 @@ class _PoolLayer(CacheLayerMixin):
         return self._cache.plan.key_len - self._cache.plan.write_pos.shape[1]
 
     def get_max_length(self) -> int:
-        return self.keys.shape[2]
+        return self.keys.shape[1]
 
 
 class PoolCache(Cache):
@@ -181,6 +242,7 @@ class PoolCache(Cache):
         super().__init__(layers=[_PoolLayer(self, i) for i in range(num_layers)])
 
 
-def pool_slot_tokens(max_context_tokens: int, max_tree_nodes: int, step: int = 64) -> int:
-    """S_max: the longest context plus one tree's rows ([root] + nodes sit behind the past until kept)."""
-    return math.ceil((max_context_tokens + max_tree_nodes + 1) / step) * step
+def session_tokens(max_context_tokens: int, max_tree_nodes: int, block_size: int) -> int:
+    """Most positions one session's blocks hold: the longest context plus one tree's rows ([root] + nodes sit
+    behind the past until kept), in whole blocks."""
+    return math.ceil((max_context_tokens + max_tree_nodes + 1) / block_size) * block_size

@@ -3,9 +3,12 @@
 A batch is packed on the host into one flat long tensor (``pack_batch``), the
 only upload of the batch:
 
-    table [B, W], W = 3T + 5, one row per batch row (a session's work, or padding):
-        ids [T] | positions [T] | parents [T] | slot | past | rows | logits_from | accept
+    table [B, W], W = 3T + 4 + K / block, one row per batch row (a session's work, or padding):
+        ids [T] | positions [T] | parents [T] | past | rows | logits_from | accept | blocks [K / block]
     head [R]: flat row indices (b * T + r) the LM head runs on
+
+blocks is the session's block table (``engine_kv``) up to the bucket's key
+length, padded with the scratch block.
 
 ``DeviceStep`` turns it into everything the host needs, on the device: the
 mask (``engine_masks``), the KV writes (``engine_kv.PoolCache``), the decoder,
@@ -25,13 +28,13 @@ from typing import Sequence
 
 import torch
 
-from .device_accept import compact_kv, greedy_accept
+from .device_accept import compact_kv, greedy_accept, physical
 from .engine import Work
-from .engine_kv import BatchPlan, KVPool, PoolCache
+from .engine_kv import BLOCK_SIZE, BatchPlan, KVPool, PoolCache
 from .engine_masks import ancestor_mask, mask_from_ancestors
 from .target import TargetModel
 
-FIELDS = 5  # slot, past, rows, logits_from, accept: the per-row scalars after ids | positions | parents
+FIELDS = 4  # past, rows, logits_from, accept: the per-row scalars after ids | positions | parents
 
 
 @dataclass(frozen=True)
@@ -40,12 +43,18 @@ class Bucket:
 
     batch: int  # B: batch rows (sessions' work and padding)
     tokens: int  # T: rows per batch row
-    keys: int  # K: slot positions each row's attention reads
+    keys: int  # K: logical key positions each row's attention may read (a multiple of the block size)
     head: int  # R: rows the LM head runs on
+    block: int = BLOCK_SIZE  # the pool's block size (K is a multiple of it)
+
+    @property
+    def blocks(self) -> int:
+        """Block-table entries per batch row."""
+        return self.keys // self.block
 
     @property
     def width(self) -> int:
-        return 3 * self.tokens + FIELDS
+        return 3 * self.tokens + FIELDS + self.blocks
 
     @property
     def packed(self) -> int:
@@ -60,19 +69,27 @@ class StepOutput:
     readback: torch.Tensor  # [B, 2, T] long: argmax of each row (-1 without logits) | 1 where accepted
 
 
-def pack_batch(items: Sequence[tuple[int, int, Work, bool]], bucket: Bucket, scratch: int,
+def pack_batch(items: Sequence[tuple[Sequence[int], int, Work, bool]], bucket: Bucket, scratch: int,
                head: Sequence[int]) -> list[int]:
-    """The flat input of one step. items: (slot, past, work, accept) per session; padding rows read and write
-    the scratch slot and have no rows. head: flat head-row indices, already padded to bucket.head."""
-    t = bucket.tokens
+    """The flat input of one step. items: (blocks, past, work, accept) per session, blocks its block table
+    (at least the blocks its rows reach); padding rows read and write the scratch block and have no rows.
+    head: flat head-row indices, already padded to bucket.head."""
+    t, mb = bucket.tokens, bucket.blocks
     out: list[int] = []
-    for slot, past, work, accept in items:
+    for blocks, past, work, accept in items:
         n = len(work)
+        table = list(blocks[:mb])
         out += [*work.ids, *[0] * (t - n), *work.positions, *[0] * (t - n), *work.parents, *[-1] * (t - n),
-                slot, past, n, work.logits_from, int(accept)]
-    out += ([0] * (2 * t) + [-1] * t + [scratch, 0, 0, 0, 0]) * (bucket.batch - len(items))
+                past, n, work.logits_from, int(accept), *table, *[scratch] * (mb - len(table))]
+    out += padding_rows(bucket, scratch) * (bucket.batch - len(items))
     out += head
     return out
+
+
+def padding_rows(bucket: Bucket, scratch: int) -> list[int]:
+    """One batch row of padding: no rows, every block the scratch block."""
+    t = bucket.tokens
+    return [0] * (2 * t) + [-1] * t + [0] * FIELDS + [scratch] * bucket.blocks
 
 
 class DeviceStep:
@@ -81,25 +98,25 @@ class DeviceStep:
     def __init__(self, target: TargetModel, pool: KVPool, cache: PoolCache):
         self.target, self.pool, self.cache = target, pool, cache
 
-    def __call__(self, packed: torch.Tensor, bucket: Bucket, single: int | None = None,
-                 logits_out: torch.Tensor | None = None) -> StepOutput:
-        """packed: [bucket.packed] long on the device. single: the slot of a one-item batch read as a view (no
-        gather of its keys; eager only: a captured or compiled step would bake the slot in). logits_out: a
-        float32 [R, V] buffer for the logits (see ``GraphRunner``)."""
-        b, t, k = bucket.batch, bucket.tokens, bucket.keys
+    def __call__(self, packed: torch.Tensor, bucket: Bucket, logits_out: torch.Tensor | None = None) -> StepOutput:
+        """packed: [bucket.packed] long on the device. logits_out: a float32 [R, V] buffer for the logits (see
+        ``GraphRunner``)."""
+        b, t, k, bs = bucket.batch, bucket.tokens, bucket.keys, bucket.block
         pool, target = self.pool, self.target
         table = packed[:b * bucket.width].view(b, bucket.width)
         ids, positions, parents = table[:, :t], table[:, t:2 * t], table[:, 2 * t:3 * t]  # [B, T] each
-        slot, past, n_rows, logits_from, accept = table[:, 3 * t:].unbind(1)  # [B] each
+        past, n_rows, logits_from, accept = table[:, 3 * t:3 * t + FIELDS].unbind(1)  # [B] each
+        blocks = table[:, 3 * t + FIELDS:]  # [B, K / block]
         head = packed[b * bucket.width:]  # [R]
 
         sees = ancestor_mask(parents, positions)  # [B, T, T]
         mask = mask_from_ancestors(sees, past, n_rows, k, target.dtype)  # [B, 1, T, K]
         row = torch.arange(t, device=packed.device).view(1, t)
         real = row < n_rows.view(b, 1)  # [B, T]: not padding
-        write_slot = torch.where(real, slot.view(b, 1), pool.scratch)  # [B, T]
-        write_pos = torch.where(real, past.view(b, 1) + row, row.clamp(max=pool.slot_tokens - 1))  # [B, T]
-        self.cache.plan = BatchPlan(slot, single, write_slot, write_pos, k)
+        write_pos = torch.where(real, physical(blocks, (past.view(b, 1) + row).clamp(max=k - 1), bs),
+                                pool.scratch * bs + row % bs)  # [B, T]
+        key_pos = physical(blocks, torch.arange(k, device=packed.device).expand(b, k), bs)  # [B, K]
+        self.cache.plan = BatchPlan(write_pos, key_pos, k)
         try:
             hidden = target.decode(ids, positions, mask, self.cache)  # [B, T, E]
         finally:
@@ -109,5 +126,5 @@ class DeviceStep:
         best = torch.full((b * t,), -1, dtype=torch.long, device=packed.device)
         best = best.index_copy(0, head, logits.argmax(-1)).view(b, t)  # [B, T]
         accepted = greedy_accept(ids, parents, best, logits_from, n_rows, accept.bool(), sees)  # [B, T]
-        compact_kv(pool.kv, slot, past, logits_from, positions, accepted, pool.scratch)
+        compact_kv(pool.kv, blocks, past, logits_from, positions, accepted, pool.scratch, bs)
         return StepOutput(hidden, logits, torch.stack([best, accepted.long()], 1))

@@ -7,9 +7,11 @@ vLLM calls this automatic prefix caching, SGLang RadixAttention, llama.cpp ``cac
   its committed ids (what the target verified: the KV holds all committed ids but the last) is kept,
   under those ids, in a ``PrefixIndex`` (a radix tree over token ids; why not hashed blocks: see there).
 - ``restore(kv, ids, limit)``: on Open (and a plain-API request, and a Resume that rebuilds a
-  session) the longest cached prefix of the prompt, at most ``limit`` ids, is copied into the new
+  session) the longest cached prefix of the prompt, at most ``limit`` ids, is put into the new
   session's empty KV, so only the rest of the prompt is prefilled. Callers pass len(prompt) - 1: the
   last prompt token is always fed, since its logits choose the first token.
+  On a paged pool the prefix's full blocks are shared, not copied (``prefix_kv``), and the pool asks the
+  cache to give prefixes back (``evict_oldest``) when sessions need their blocks.
 - a byte budget (``--prefix-cache-gb``; 0 turns the cache off): past it the least recently used
   prefixes go first. A stored prefix that extends a cached one replaces it (a chat's turn 2 holds
   turn 1's rows), so one conversation keeps one copy.
@@ -28,14 +30,15 @@ from typing import Callable, Sequence
 
 from edgespec.shared.kv import SessionKV
 
+from .errors import SessionCapError
 from .prefix_index import PrefixIndex
-from .prefix_kv import KVSnapshot, restore_snapshot, take_snapshot
+from .prefix_kv import BlockSnapshot, KVSnapshot, restore_snapshot, take_snapshot
 
 
 @dataclass
 class _Entry:
     ids: tuple[int, ...]  # the token ids whose KV the snapshot holds
-    snapshot: KVSnapshot
+    snapshot: KVSnapshot | BlockSnapshot
 
 
 @dataclass
@@ -45,7 +48,7 @@ class PrefixCacheStats:
     queries: int = 0  # prompt tokens looked up
     hits: int = 0  # of them, restored from the cache
     stored: int = 0  # prefixes stored
-    evicted: int = 0  # prefixes dropped for the byte budget
+    evicted: int = 0  # prefixes dropped for the byte budget or for a paged pool's sessions
 
 
 class PrefixCache:
@@ -97,7 +100,10 @@ class PrefixCache:
             if covering is not None:  # a longer cached prefix holds these rows already
                 self._lru.move_to_end(covering.ids)
                 return False
-        snapshot = take_snapshot(kv, len(ids))  # outside the lock: the batched engine's copy takes time
+        try:
+            snapshot = take_snapshot(kv, len(ids))  # outside the lock: a copy takes time
+        except SessionCapError:  # a paged pool without a free block for the partial last block: keep nothing
+            return False
         if snapshot.nbytes > self.max_bytes:
             return False
         with self._mutex:
@@ -114,6 +120,18 @@ class PrefixCache:
                 self._index.remove(oldest.ids)
                 self._drop_locked(oldest)
                 self.stats.evicted += 1
+        return True
+
+    def evict_oldest(self) -> bool:
+        """Drop the least recently used prefix (a paged pool short of blocks asks: its blocks go back once no
+        restore in flight holds them); False when the cache is empty."""
+        with self._mutex:
+            if not self._lru:
+                return False
+            oldest = next(iter(self._lru.values()))
+            self._index.remove(oldest.ids)
+            self._drop_locked(oldest)
+            self.stats.evicted += 1
         return True
 
     def _drop_locked(self, entry: _Entry) -> None:

@@ -165,6 +165,7 @@ class ModelScheduler:
 
     def _advance(self, item: _Item, value: ForwardOutput | None) -> bool:
         """Run item's job on to its next forward (True) or to its end (False: the future is set)."""
+        item.waiting = None  # a finished job must not pin its KV (a dropped session's blocks) until the next batch
         try:
             kv, work = item.job.send(value)
             self.engine.check(kv, work)

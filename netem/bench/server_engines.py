@@ -297,7 +297,7 @@ def run(args: argparse.Namespace) -> int:
     for name in args.models:
         target = TargetModel(load_model(name, device=args.device, dtype=args.dtype))
         cuda = target.device.type == "cuda"
-        pool = PoolConfig(max_kv_bytes=1 << 50, max_slots=max(args.sessions) + 2,
+        pool = PoolConfig(max_kv_bytes=1 << 50, max_seqs=max(args.sessions) + 2,
                           max_context_tokens=args.context + 8, max_tree_nodes=max(args.tree_sizes + [args.tree_nodes]))
         pools = {"generic": pool, "batched": replace(pool, shape_buckets=cuda, graphs=cuda and not args.enforce_eager),
                  "batched-eager": replace(pool, shape_buckets=cuda, graphs=False),

@@ -36,7 +36,7 @@ def scheduler(request, target):
     from edgespec.server.scheduler import ModelScheduler
 
     engine = (GenericEngine(target) if request.param == "generic" else
-              BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_slots=4, max_context_tokens=1024)))
+              BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_seqs=4, max_context_tokens=1024)))
     s = ModelScheduler(engine)
     yield s
     s.close()

@@ -59,7 +59,7 @@ class Held:
 
 
 def batched(target, slots: int = 8, shape_buckets: bool = False, graphs: bool = False) -> BatchedEngine:
-    return BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_slots=slots, max_context_tokens=512,
+    return BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_seqs=slots, max_context_tokens=512,
                                             shape_buckets=shape_buckets, graphs=graphs))
 
 
@@ -200,27 +200,29 @@ def test_a_long_prefill_goes_in_chunks_behind_newer_work(target):
         scheduler.close()
 
 
-def test_pool_keeps_rows_in_place_and_slots_come_back(target):
-    engine = batched(target, slots=2)
-    engine.pool.wait_s = 0.2
+def test_pool_keeps_rows_in_place_and_blocks_come_back(target):
+    """Blocks are taken as a session grows and given back when it ends; a short pool refuses the work of the
+    session that cannot grow, not a batch; nothing is reallocated."""
+    engine = BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_seqs=1, max_context_tokens=40,
+                                              max_tree_nodes=7))  # one session's reach: 48 tokens, 3 blocks
     scheduler = ModelScheduler(engine)
     try:
+        assert engine.pool.blocks == 3
         address = engine.pool.kv.data_ptr()
         first = VerifierSession(SessionSettings("a"), target, scheduler, 400)
-        first.open(list(range(30)))
+        first.open(list(range(20)))
+        assert len(first.kv.blocks) == 2  # 20 positions: 2 blocks of 16
         for step in range(1, 6):
             first.verify(step, len(first.committed), DraftTree((1, 2, 3), (ROOT, 0, ROOT)))
         assert engine.pool.kv.data_ptr() == address  # nothing reallocated
-        assert first.kv_bytes == engine.pool.slot_bytes
+        assert first.kv_bytes == len(first.kv.blocks) * engine.pool.block_bytes
         second = VerifierSession(SessionSettings("b"), target, scheduler, 400)
-        second.open([4, 5])
-        third = VerifierSession(SessionSettings("c"), target, scheduler, 400)
-        with pytest.raises(SessionCapError, match="KV slots"):
-            third.open([6, 7])
-        del first  # a dropped session's slot comes back to the pool
-        third.open([6, 7])
+        with pytest.raises(SessionCapError, match="free blocks"):
+            second.open(list(range(30)))  # 2 blocks; the first holds 2 of 3
+        del first  # a dropped session's blocks come back to the pool
+        second.open(list(range(30)))
         second.kv.close()
-        assert engine.pool.free == 1
+        assert engine.pool.free == 3
     finally:
         scheduler.close()
 
@@ -258,17 +260,19 @@ def test_batch_masks_of_padded_rows_and_chunk_then_tree():
 def test_engine_choice_by_architecture_and_device(target):
     assert batched_unsupported(target) is None  # Qwen2, full attention
     assert isinstance(build_engine(target, "generic"), GenericEngine)
-    assert isinstance(build_engine(target, "batched", PoolConfig(max_kv_bytes=1 << 30, max_slots=2,
+    assert isinstance(build_engine(target, "batched", PoolConfig(max_kv_bytes=1 << 30, max_seqs=2,
                                                                  max_context_tokens=64)), BatchedEngine)
-    auto = build_engine(target, "auto", PoolConfig(max_kv_bytes=1 << 30, max_slots=2, max_context_tokens=64))
+    auto = build_engine(target, "auto", PoolConfig(max_kv_bytes=1 << 30, max_seqs=2, max_context_tokens=64))
     assert auto.name == ("generic" if target.device.type == "cpu" else "batched")
     with pytest.raises(ValueError, match="engine"):
         build_engine(target, "paged")
-    assert choose_engine(None, "cuda", 72, 72, 4352, 1 << 27)[0] == "batched"
-    assert choose_engine(None, "cpu", 72, 72, 4352, 1 << 27)[0] == "generic"
-    assert choose_engine("sliding window", "cuda", 72, 72, 4352, 1 << 27)[0] == "generic"
-    kind, why = choose_engine(None, "cuda", 7, 72, 33024, 1 << 30)  # a whole context a slot: the budget is short
-    assert kind == "generic" and "--max-kv-gb 73.0" in why
+    # Paged KV: any pool that holds one session at the full context runs the batched engine, at every context length
+    # (a 32k default context on an H200: tens of thousands of blocks, sessions taking them as they grow)
+    assert choose_engine(None, "cuda", 50_000, 2_065)[0] == "batched"
+    assert choose_engine(None, "cpu", 50_000, 2_065)[0] == "generic"
+    assert choose_engine("sliding window", "cuda", 50_000, 2_065)[0] == "generic"
+    kind, why = choose_engine(None, "cuda", 2_000, 2_065)  # not even one full context fits
+    assert kind == "generic" and "--gpu-memory-utilization" in why
 
 
 def test_sliding_window_models_take_the_generic_path(tmp_path):
@@ -287,27 +291,36 @@ def test_sliding_window_models_take_the_generic_path(tmp_path):
         build_engine(target, "batched")
 
 
-def test_a_server_on_the_batched_engine_serves_sessions_and_evicts_for_slots(tiny_model_dir):
-    """--engine batched: the pool is sized from max_kv_bytes; past its slots, idle sessions are evicted
-    (least recently used first) so an Open always finds a slot, and Resume re-prefills the evicted one."""
+def test_a_server_on_the_batched_engine_serves_sessions_and_evicts_for_blocks(tiny_model_dir):
+    """--engine batched: the paged pool is sized from max_kv_bytes (off a GPU); past what its blocks hold, idle
+    sessions are evicted (least recently used first) and their prefixes cached in the pool's own blocks, which
+    the cache gives back when sessions need them; Resume re-prefills an evicted session; once every session
+    and prefix is gone, every block is free."""
     from edgespec.server.app import ServerConfig, start_server
-    from edgespec.server.engine_kv import pool_slot_tokens
 
-    slot = 2 * 2 * 2 * pool_slot_tokens(64, 255) * 16 * 4  # layers x K,V x heads x tokens x head dim x 4 bytes
+    block = 2 * 2 * 2 * 16 * 16 * 4  # layers x K,V x heads x block tokens x head dim x 4 bytes
     config = ServerConfig(model=str(tiny_model_dir), dtype="float32", device=DEVICES[-1], http_port=None,
-                          engine="batched", max_context_tokens=64, max_kv_bytes=4 * slot)  # 3 slots + scratch
+                          engine="batched", max_context_tokens=64, max_kv_bytes=25 * block)  # 24 blocks + scratch
     with start_server(config) as handle:
         core = handle.core
-        assert core.scheduler.engine.name == "batched" and core.scheduler.engine.pool.slots == 3
-        greedy = recomputed_greedy(core.target.model, [1, 2, 3], 4)
-        for i in range(5):
-            opened = core.open(SessionSettings(f"s{i}"), [1, 2, 3])
-            assert opened.next_token == greedy[0]
-        assert len(core.store) == 2  # one slot kept free for the next Open
-        assert "s0" not in core.store
-        resumed = core.resume("s0", 4, committed_hash([1, 2, 3, greedy[0]]), [1, 2, 3, greedy[0]], greedy[1:3],
-                              ResumePolicy.ROLLBACK, SessionSettings("s0"))
+        engine = core.scheduler.engine
+        assert engine.name == "batched" and engine.pool.blocks == 24 and engine.pool.block_size == 16
+        prompts = [[1 + i] + list(range(2, 61)) for i in range(6)]  # 60 tokens: 4 blocks a session
+        for i, prompt in enumerate(prompts):
+            opened = core.open(SessionSettings(f"s{i}"), prompt)
+            assert opened.next_token == recomputed_greedy(core.target.model, prompt, 1)[0]
+        assert len(core.store) <= 3 and "s0" not in core.store  # 12 blocks for sessions, the rest headroom
+        assert core.prefix_cache is not None and core.prefix_cache.stats.stored >= 1  # evicted sessions' prefixes
+        greedy = recomputed_greedy(core.target.model, prompts[0], 4)
+        resumed = core.resume("s0", 61, committed_hash(prompts[0] + greedy[:1]), prompts[0] + greedy[:1],
+                              greedy[1:3], ResumePolicy.ROLLBACK, SessionSettings("s0"))
         assert not resumed.restored and resumed.agreed == 2 and resumed.next_token == greedy[3]
+        for i in range(len(prompts)):
+            if f"s{i}" in core.store:
+                core.close(f"s{i}")
+        while core.prefix_cache.evict_oldest():
+            pass
+        assert engine.pool.free == engine.pool.blocks
 
 
 def test_a_refused_work_item_fails_alone(target):

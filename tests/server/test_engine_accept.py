@@ -54,19 +54,23 @@ def test_device_acceptance_equals_the_greedy_walk(seed):
 @pytest.mark.parametrize("seed", range(10))
 def test_compaction_keeps_the_accepted_rows_of_every_session_in_one_copy(seed):
     rng = random.Random(seed)
-    layers, heads, slot_tokens, dim = 2, 2, 48, 4
-    kv = torch.randn(layers, 2, 4, heads, slot_tokens, dim)  # 3 slots + scratch
+    layers, heads, dim, bs = 2, 2, 4, 4
+    kv = torch.randn(layers, 2, heads, 25 * bs, dim)  # 24 blocks + scratch (block 24)
+    order = random.Random(99).sample(range(24), 24)
+    tables = [order[0:8], order[8:16], order[16:24]]  # 32 positions a session, blocks out of order
+    slots = torch.tensor(tables)
     trees = [_tree(rng, rng.randint(1, 10)) for _ in range(3)]
     pasts = [rng.randint(0, 20) for _ in trees]
     works = [Work.tree(5, tree, p) for tree, p in zip(trees, pasts)]
     t = max(len(w) for w in works)
     ids, positions, parents, best, lf, n, acc = _batch(rng, works, t, [True] * 3)
     flags = greedy_accept(ids, parents, best, lf, n, acc, ancestor_mask(parents, positions))
-    expected = kv.clone()
+    logical = [kv[:, :, :, [b * bs + o for b in t for o in range(bs)]].clone() for t in tables]  # [L, 2, H, 32, D]
     for slot, (w, p) in enumerate(zip(works, pasts)):
         nodes = accepted_nodes(flags[slot].tolist(), w.positions, 0)
-        keep_rows_of(expected[:, :, slot], p, [0] + [i + 1 for i in nodes])  # the host's way, one session
-    compact_kv(kv, torch.tensor([0, 1, 2]), torch.tensor(pasts), lf, positions, flags, scratch=3)
+        keep_rows_of(logical[slot], p, [0] + [i + 1 for i in nodes])  # the host's way, one session in order
+    compact_kv(kv, slots, torch.tensor(pasts), lf, positions, flags, scratch=24, block_size=bs)
     for slot, (w, p) in enumerate(zip(works, pasts)):
         kept = p + 1 + len(accepted_nodes(flags[slot].tolist(), w.positions, 0))
-        assert torch.equal(kv[:, :, slot, :, :kept], expected[:, :, slot, :, :kept])
+        got = kv[:, :, :, [b * bs + o for b in tables[slot] for o in range(bs)]]
+        assert torch.equal(got[:, :, :, :kept], logical[slot][:, :, :, :kept])

@@ -39,7 +39,7 @@ def target(tiny_model_dir) -> TargetModel:
 
 
 def engine(target, **kw) -> BatchedEngine:
-    return BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_slots=8, max_context_tokens=256, **kw))
+    return BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_seqs=8, max_context_tokens=256, **kw))
 
 
 def random_tree(rng: random.Random, nodes: int) -> DraftTree:
@@ -52,8 +52,15 @@ def tree_work(rng: random.Random, nodes: int, past: int, accept: bool = True) ->
 
 
 def packed(eng: BatchedEngine, works: list[Work], pasts: list[int], bucket: Bucket) -> torch.Tensor:
-    items = [(slot, p, w, w.accept) for slot, (p, w) in enumerate(zip(pasts, works))]
-    return torch.tensor(pack_batch(items, bucket, eng.pool.scratch, list(range(bucket.head))), dtype=torch.long)
+    """The step's input for these works after `pasts` positions each, in blocks of sessions made for them (two
+    engines built alike hand out the same blocks)."""
+    kvs = [eng.new_kv() for _ in works]
+    for kv, p, w in zip(kvs, pasts, works):
+        kv.grow_to(p + len(w))
+    items = [(kv.blocks, p, w, w.accept) for kv, p, w in zip(kvs, pasts, works)]
+    out = torch.tensor(pack_batch(items, bucket, eng.pool.scratch, list(range(bucket.head))), dtype=torch.long)
+    eng.held = kvs  # the blocks stay taken while the test uses them
+    return out
 
 
 GRID = [Bucket(1, 1, 256, 1), Bucket(2, 4, 256, 8), Bucket(4, 8, 512, 32)]
@@ -128,7 +135,7 @@ def test_compiled_graphs_are_the_distinct_buckets_used(target):
     eng = engine(target, shape_buckets=True, compile_backend=counting_backend)
     used: list[Bucket] = []
     runner = eng.runner
-    eng.runner = lambda flat, bucket, single=None: (used.append(bucket), runner(flat, bucket, single))[1]
+    eng.runner = lambda flat, bucket: (used.append(bucket), runner(flat, bucket))[1]
     scheduler = ModelScheduler(eng, SchedulerConfig(prefill_chunk=16))
     try:
         def session(seed: int) -> None:
@@ -159,18 +166,18 @@ def test_every_batch_the_scheduler_forms_has_a_captured_bucket(target):
     """The grid a server captures (64 sessions + 8 API slots, 4k context, trees up to 255 nodes): every batch
     within the scheduler's budget (padded rows <= 2,048) whose items are no longer than the largest tree and its
     root row lands on one of its buckets."""
-    config = PoolConfig(max_kv_bytes=1 << 40, max_slots=72, max_context_tokens=4096, shape_buckets=True)
+    config = PoolConfig(max_kv_bytes=1 << 40, max_seqs=72, max_context_tokens=4096, shape_buckets=True)
     eng = BatchedEngine(target, config)
-    buckets = set(grid(config, eng.pool.slot_tokens))
+    buckets = set(grid(config))
     # rows of a session: 1..256 for up to 8 sessions, 128 for 16, 64 for 32, 32 for 64: 57 shapes, 4 key lengths
-    assert len(buckets) == 228 and {b.keys for b in buckets} == {256, 1024, 4096, eng.pool.slot_tokens}
+    assert len(buckets) == 228 and {b.keys for b in buckets} == {256, 1024, 4096, config.session_tokens}
     assert eng.bucket([Work.chunk([1] * 256, 0)], 300) == (Bucket(1, 256, 1024, 256), True)
     rng = random.Random(0)
     for _ in range(300):
         works = [Work.chunk([1] * rng.randint(1, 256), 0) for _ in range(rng.randint(1, 64))]
         if eng.cost(works) > 2048:
             continue
-        bucket, in_grid = eng.bucket(works, rng.randint(1, eng.pool.slot_tokens))
+        bucket, in_grid = eng.bucket(works, rng.randint(1, config.session_tokens))
         assert in_grid and bucket in buckets, bucket
 
 
@@ -317,7 +324,7 @@ def test_features_logprobs_and_sampling_add_only_their_own_transfers(target, wha
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "cuda-graphs"])
 def test_a_step_launches_without_synchronising_on_cuda(tiny_model_dir, graphs):
     cuda = TargetModel(load_model(str(tiny_model_dir), device="cuda", dtype="float32"))
-    eng = BatchedEngine(cuda, PoolConfig(max_kv_bytes=1 << 30, max_slots=4, max_context_tokens=256, shape_buckets=True,
+    eng = BatchedEngine(cuda, PoolConfig(max_kv_bytes=1 << 30, max_seqs=4, max_context_tokens=256, shape_buckets=True,
                                          graphs=graphs, max_batch=2, bucket_tokens=8))
     rng = random.Random(0)
     works = [tree_work(rng, 6, 4), tree_work(rng, 3, 9)]

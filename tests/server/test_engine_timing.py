@@ -12,7 +12,7 @@ from edgespec.server.engine_timing import StepTimes
 @pytest.mark.parametrize("kind", ["generic", "batched"])
 def test_each_step_is_counted_with_its_parts(tiny_target, kind):
     engine = (GenericEngine(tiny_target) if kind == "generic" else
-              BatchedEngine(tiny_target, PoolConfig(max_kv_bytes=1 << 30, max_slots=4, max_context_tokens=256)))
+              BatchedEngine(tiny_target, PoolConfig(max_kv_bytes=1 << 30, max_seqs=4, max_context_tokens=256)))
     kvs = [engine.new_kv() for _ in range(3)]
     before = engine.times.copy()
     engine.run([(kv, Work.chunk(list(range(5 + i, 12 + i)), 0)) for i, kv in enumerate(kvs)])

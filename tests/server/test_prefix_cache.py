@@ -43,7 +43,7 @@ def target(request, tiny_model_dir) -> TargetModel:
 def make_engine(kind: str, target: TargetModel):
     if kind == "generic":
         return GenericEngine(target)
-    return BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_slots=6, max_context_tokens=CONTEXT))
+    return BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_seqs=6, max_context_tokens=CONTEXT))
 
 
 @pytest.fixture(scope="module", params=["generic", "batched"])

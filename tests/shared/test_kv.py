@@ -1,4 +1,4 @@
-"""shared.kv: crop, keep-rows, per-layer K|V and bytes, the same on a DynamicCache and on a pool slot."""
+"""shared.kv: crop, keep-rows, per-layer K|V and bytes, the same on a DynamicCache and on paged pool blocks."""
 from __future__ import annotations
 
 import random
@@ -24,18 +24,22 @@ def filled_dynamic(n: int, seed: int = 0) -> kv.DynamicKV:
 
 
 def filled_slot(source: kv.DynamicKV):
-    from edgespec.server.engine_kv import KVPool, SlotKV
+    """The same KV in a paged pool of 4-token blocks, its blocks out of order (block tables are not ranges)."""
+    from edgespec.server.engine_kv import KVPool, PagedKV
 
-    pool = KVPool(L, H, D, slots=2, slot_tokens=64, dtype=torch.float32, device=torch.device("cpu"))
-    slot = SlotKV(pool)
-    s = slot.ensure_slot()
+    pool = KVPool(L, H, D, blocks=16, block_size=4, dtype=torch.float32, device=torch.device("cpu"))
+    pool.acquire(3)  # taken by someone else: the session's blocks start further in
+    paged = PagedKV(pool)
     n = len(source)
+    paged.grow_to(n)
+    paged.blocks.reverse()
+    index = torch.tensor(pool.positions(paged.blocks, 0, n))
     with torch.inference_mode():
         for i, layer in enumerate(source.cache.layers):
-            pool.kv[i, 0, s, :, :n] = layer.keys[0]
-            pool.kv[i, 1, s, :, :n] = layer.values[0]
-    slot.length = n
-    return slot
+            pool.kv[i, 0, :, index] = layer.keys[0]
+            pool.kv[i, 1, :, index] = layer.values[0]
+    paged.length = n
+    return paged
 
 
 def reference_keep(t: torch.Tensor, past: int, rows: list[int]) -> torch.Tensor:
@@ -77,21 +81,27 @@ def test_crop_layer_kv_and_bytes():
     slot.crop(4)
     assert len(dynamic) == len(slot) == 4
     assert dynamic.nbytes == 2 * L * H * 4 * D * 4
-    assert slot.nbytes == slot.pool.slot_bytes  # a slot is reserved whole
+    assert slot.nbytes == slot.pool.block_bytes  # the blocks it holds: one of 4 tokens
     assert torch.equal(slot.layer_kv(0, 4), dynamic.layer_kv(0, 4))
 
 
-def test_a_slot_goes_back_to_the_pool_on_close_or_when_dropped():
-    from edgespec.server.engine_kv import KVPool, SlotKV
+def test_blocks_go_back_to_the_pool_on_crop_close_or_when_dropped():
+    from edgespec.server.engine_kv import KVPool, PagedKV
+    from edgespec.server.errors import SessionCapError
 
-    pool = KVPool(L, H, D, slots=2, slot_tokens=8, dtype=torch.float32, device=torch.device("cpu"), wait_s=0.05)
-    a, b = SlotKV(pool), SlotKV(pool)
-    a.reserve()
-    b.reserve()
-    assert pool.free == 0
+    pool = KVPool(L, H, D, blocks=4, block_size=4, dtype=torch.float32, device=torch.device("cpu"))
+    a, b = PagedKV(pool), PagedKV(pool)
+    a.grow_to(9)  # three blocks
+    b.grow_to(1)
+    assert pool.free == 0 and len(a.blocks) == 3
+    with pytest.raises(SessionCapError, match="free blocks"):
+        PagedKV(pool).grow_to(1)
+    a.length = 9
+    a.crop(4)  # one block holds 4 positions
+    assert pool.free == 2 and len(a.blocks) == 1
     a.close()
-    assert pool.free == 1
+    assert pool.free == 3
     a.close()  # twice is harmless
-    assert pool.free == 1
+    assert pool.free == 3
     del b
-    assert pool.free == 2
+    assert pool.free == 4
