@@ -39,6 +39,7 @@ EXPERIMENTS: dict[str, str] = {
 # command -> (module of this package, one line of help)
 MICRO_BENCHMARKS: dict[str, tuple[str, str]] = {
     "server": ("server_engines", "the server's engines side by side: verify latency, throughput, device-ms per token"),
+    "capacity": ("capacity", "N sessions of oracle-drafted trees against N plain-API streams on one server, each behind its own link"),
     "drafting": ("drafting", "every drafter against plain decoding and transformers' assisted generation"),
     "tree-sweep": ("tree_sweep", "EAGLE-2 tree shapes for the independent drafter, through a server"),
     "independent": ("independent", "the independent drafter alone: pass costs, trees against the target's text"),
