@@ -17,6 +17,10 @@ capacity at a per-session rate (``--rate``) is the largest N whose slowest sessi
 behind a 5G round trip a server is mostly idle at small N: throughput ratios there are the link's, not the
 server's capacity.
 
+``--check-with ngram`` (or ``independent``) adds, at each N, real clients drafting with that drafter, then
+the oracle replaying the accepted lengths they reached: where the two agree, the oracle's figures stand for
+that drafter's (the real one also pays its drafting time, which the oracle does not).
+
 Sessions run in ``--client-processes`` processes (threads inside each), so that many clients' Python does
 not queue on one interpreter lock; the server runs in this process.
 """
@@ -29,10 +33,11 @@ import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from threading import Barrier, Thread
 
+from edgespec.shared.models.registry import DEFAULT_DRAFTER
 from .prompt_sets import add_prompt_arguments, chosen_prompts
 
 
@@ -59,6 +64,9 @@ class RunSpec:
     max_tokens: int
     vocab_size: int
     start_at: float  # time.time() at which every session starts
+    drafter: str = "oracle"  # or a client drafter's name (ngram, independent): real drafting, for the check
+    drafter_model: str = ""  # independent's small model
+    counts: tuple[tuple[int, int], ...] = ()  # the oracle's histogram as (accepted, count) pairs; (): ``accept``
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -76,6 +84,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--client-processes", type=int, default=0,
                    help="processes the sessions run in (0: one per 16 sessions, at most the cores less one)")
     p.add_argument("--no-plain", action="store_true", help="skip the plain-API baseline")
+    p.add_argument("--check-with", default=None, metavar="DRAFTER",
+                   help="also run real clients with this drafter (ngram, independent) at each N, then the oracle "
+                        "replaying the accepted lengths they reached: the check that the oracle's figures hold")
+    p.add_argument("--drafter-model", default=None, help="--check-with independent: its small model (default: the "
+                   "default drafter)")
     p.add_argument("--out", type=Path, default=None, help="also write capacity.jsonl here (one line per N and system)")
     add_prompt_arguments(p, humaneval=4, mtbench=4, max_tokens=64, drafter_model=False)
 
@@ -120,16 +133,27 @@ def measure(server, model: str, args: argparse.Namespace, counts: list[int]) -> 
         spec = RunSpec(server.address, http, model, profile, args.accept, args.nodes, args.depth, args.max_tokens,
                        server.core.target.vocab_size, 0.0)
         procs = args.client_processes or max(1, min(math.ceil(n / 16), (_cores() or 2) - 1))
-        before = engine_totals(http)
-        sessions, wall = run_sessions(spec, jobs, procs, spec_sessions)
-        rows.append(summary("speculative", n, sessions, wall, engine_totals(http).minus(before), args))
-        print(_line(rows[-1]), file=sys.stderr, flush=True)
+        if args.check_with:
+            real = replace(spec, drafter=args.check_with, drafter_model=args.drafter_model or DEFAULT_DRAFTER)
+            rows.append(measured(args.check_with, real, jobs, procs, spec_sessions, http, args))
+            replay = replace(spec, counts=tuple(enumerate(rows[-1].pop("drafts_by_accepted"))))
+            rows.append(measured(f"oracle~{args.check_with}", replay, jobs, procs, spec_sessions, http, args))
+        rows.append(measured("speculative", spec, jobs, procs, spec_sessions, http, args))
         if not args.no_plain:
-            before = engine_totals(http)
-            sessions, wall = run_sessions(spec, jobs, procs, plain_sessions)
-            rows.append(summary("plain-api", n, sessions, wall, engine_totals(http).minus(before), args))
-            print(_line(rows[-1]), file=sys.stderr, flush=True)
+            rows.append(measured("plain-api", spec, jobs, procs, plain_sessions, http, args))
+    for r in rows:
+        r.pop("drafts_by_accepted", None)
     return rows
+
+
+def measured(system: str, spec: RunSpec, jobs: list[SessionJob], procs: int, body, http: str,
+             args: argparse.Namespace) -> dict:
+    """One run of ``body``'s sessions, summed up as one line of the report."""
+    before = engine_totals(http)
+    sessions, wall = run_sessions(spec, jobs, procs, body)
+    row = summary(system, len(jobs), sessions, wall, engine_totals(http).minus(before), args)
+    print(_line(row), file=sys.stderr, flush=True)
+    return row
 
 
 def _typed(settings: dict[str, str]) -> dict:
@@ -225,18 +249,26 @@ def spec_sessions(spec: RunSpec, jobs: list[SessionJob]) -> list[dict]:
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.edge_client import ClientConfig, EdgespecClient, load_tokenizer
     from edgespec.client.generation import GenerationConfig
-    from edgespec.netem.bench.oracle_drafter import OracleDrafter, histogram
+    from edgespec.netem.bench.oracle_drafter import AcceptHistogram, OracleDrafter, histogram
     from .loopback import patient_link
 
     tokenizer = load_tokenizer(spec.tokenizer)
-    accept = histogram(spec.accept)
+    accept = AcceptHistogram("measured", dict(spec.counts)) if spec.counts else histogram(spec.accept)
+    oracle = spec.drafter == "oracle"
+    small = None
+    if spec.drafter == "independent":  # one small model for the process's sessions, as a benchmark shares it
+        from edgespec.shared.models import load_model
+
+        small = load_model(spec.drafter_model, device="cpu").model
 
     def one(spec: RunSpec, job: SessionJob, ready: Barrier) -> dict:
         drafter = OracleDrafter(job.prompt_ids, job.continuation, accept, spec.vocab_size, spec.nodes, spec.depth,
-                                seed=job.index)
+                                seed=job.index) if oracle else None
+        options = DrafterOptions(spec.drafter if not oracle else "ngram",
+                                 **({"model": spec.drafter_model} if spec.drafter_model else {}))
         with _relay(spec, spec.grpc_address, job.index) as (address, _):
-            client = EdgespecClient(ClientConfig(patient_link(address), DrafterOptions("ngram")), tokenizer=tokenizer,
-                                    drafter=drafter)
+            client = EdgespecClient(ClientConfig(patient_link(address), options), tokenizer=tokenizer,
+                                    drafter=drafter, small_model=small)
             _wait(spec, ready)
             result = client.generate(list(job.prompt_ids),
                                      GenerationConfig(max_new_tokens=spec.max_tokens, ignore_eos=True))
@@ -246,8 +278,9 @@ def spec_sessions(spec: RunSpec, jobs: list[SessionJob]) -> list[dict]:
         return {"session": job.index, "new_tokens": m.new_tokens, "end": end, "wall_s": m.wall_s,
                 "calls": m.calls, "round_trip_s": m.mean_round_trip_s, "tau": m.acceptance_length,
                 "accepted": m.num_accepted_tokens / m.num_drafts if m.num_drafts else 0.0,
-                "asked": statistics.fmean(drafter.asked) if drafter.asked else 0.0,
-                "diverged": drafter.diverged, "exact": list(result.token_ids) == list(job.continuation)}
+                "asked": statistics.fmean(drafter.asked) if drafter and drafter.asked else 0.0,
+                "diverged": drafter.diverged if drafter else 0, "drafts_by_accepted": m.drafts_by_accepted(),
+                "exact": list(result.token_ids) == list(job.continuation)}
 
     return _threads(spec, jobs, one)
 
@@ -336,9 +369,18 @@ def summary(system: str, n: int, sessions: list[dict], wall: float, engine: Engi
             "accepted_per_tree": statistics.fmean(s["accepted"] for s in sessions),
             "asked_per_tree": statistics.fmean(s["asked"] for s in sessions),
             "diverged": sum(s["diverged"] for s in sessions),
+            "drafts_by_accepted": _summed([s.get("drafts_by_accepted", []) for s in sessions]),
             "engine_steps": engine.steps, "mean_batch": engine.rows / engine.steps if engine.rows and engine.steps else None,
             "device_ms_per_token": 1000 * engine.device_s / tokens if tokens else 0.0,
             "host_ms_per_token": 1000 * engine.host_s / tokens if tokens else 0.0}
+
+
+def _summed(lists: list[list[int]]) -> list[int]:
+    out = [0] * max((len(x) for x in lists), default=0)
+    for x in lists:
+        for k, v in enumerate(x):
+            out[k] += v
+    return out
 
 
 def _line(r: dict) -> str:

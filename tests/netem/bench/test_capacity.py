@@ -77,7 +77,8 @@ def test_histograms_draw_their_own_mean_and_bad_names_are_refused():
 
 def test_sessions_and_streams_share_the_server_and_keep_the_text(server, tiny_model_dir):
     args = argparse.Namespace(target=str(tiny_model_dir), humaneval=0, mtbench=2, max_tokens=24, profile="none",
-                              accept="fixed2", nodes=6, depth=4, client_processes=1, no_plain=False, rate=1.0)
+                              accept="fixed2", nodes=6, depth=4, client_processes=1, no_plain=False, rate=1.0,
+                              check_with=None, drafter_model=None)
     rows = capacity.measure(server, str(tiny_model_dir), args, [1, 3])
     assert [(r["sessions"], r["system"]) for r in rows] == [(1, "speculative"), (1, "plain-api"),
                                                              (3, "speculative"), (3, "plain-api")]
@@ -88,3 +89,15 @@ def test_sessions_and_streams_share_the_server_and_keep_the_text(server, tiny_mo
     assert rows[3]["engine_steps"] >= 24  # a stream is one step a token, however the streams batch
     text = capacity.report(rows, rate=1.0)
     assert "capacity at >= 1 tokens/s a session: speculative 3, plain API 3" in text
+
+
+def test_the_check_with_a_real_drafter_replays_its_acceptance(server, tiny_model_dir):
+    args = argparse.Namespace(target=str(tiny_model_dir), humaneval=0, mtbench=2, max_tokens=24, profile="none",
+                              accept="fixed2", nodes=6, depth=4, client_processes=1, no_plain=True, rate=1.0,
+                              check_with="ngram", drafter_model=None)
+    rows = capacity.measure(server, str(tiny_model_dir), args, [2])
+    assert [r["system"] for r in rows] == ["ngram", "oracle~ngram", "speculative"]
+    real, replay = rows[0], rows[1]
+    assert real["tokens"] == replay["tokens"] == 48 and replay["diverged"] == 0
+    assert "drafts_by_accepted" not in real
+    assert abs(real["accepted_per_tree"] - replay["accepted_per_tree"]) <= 1.0
