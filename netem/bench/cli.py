@@ -132,6 +132,14 @@ CPU_FLAGS = {
     "pin": Flag("--no-pin", default=False, convert=operator.not_,
                 help="without --server-cpus/--client-cpus: server and client share every core"),
 }
+REMOTE_FLAGS = {
+    "server": Flag(metavar="HOST:PORT",
+                   help="measure a server started elsewhere (its gRPC port) over the network as it is, shaped by "
+                        "`edgespec netem apply` or not (every line records what tc shows on the route to it); "
+                        "--profiles does not apply (default: start a server here, behind emulating relays)"),
+    "server_http": Flag(metavar="HOST:PORT", help="with --server: its HTTP side, for the plain API baseline "
+                                                   "(default: the same host, port 8080)"),
+}
 RUN_FLAGS = {
     "server_threads": Flag(help="torch threads of the server (default: one per server core when pinned)"),
     "progress": Flag("--no-progress", default=False, convert=operator.not_, help="no progress bar"),
@@ -141,7 +149,8 @@ RUN_FLAGS = {
 def experiment_flags(name: str) -> dict[str, Flag]:
     """The BenchConfig fields experiment `name` takes on its command line."""
     options = SPECBENCH_FLAGS if name == "specbench" else PROMPT_SET_FLAGS
-    return {**MODEL_FLAGS, **options, **({} if name in ("codec", "report") else CPU_FLAGS), **RUN_FLAGS}
+    remote = REMOTE_FLAGS if name in experiments.REMOTE_EXPERIMENTS else {}
+    return {**MODEL_FLAGS, **options, **({} if name in ("codec", "report") else CPU_FLAGS), **remote, **RUN_FLAGS}
 
 
 def _add_experiment(benchmarks: argparse._SubParsersAction, name: str, help_text: str) -> None:

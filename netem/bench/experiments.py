@@ -19,16 +19,18 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from edgespec.shared.models.registry import DEFAULT_DRAFTER, DEFAULT_TARGET
-from edgespec.netem.cpus import CpuSplit, choose_split, pinned
+from edgespec.netem.cpus import NOT_PINNED, CpuSplit, choose_split, pinned
 from .activation_codec import measure_all, real_prompts
 from .loopback import relayed
 from .prompt_sets import Prompt, load_prompts
 from .records import JsonLines, environment, read_records
+from .remote import RELAY_PROFILE, RemoteServer
 from .server_process import ServerProcess
 from .specbench import questions_of, run_specbench, write_answer_files
 from .systems import ProgressBar, drafter_client, plain_api
 
 EXPERIMENTS = ("speed", "link", "disconnect", "codec", "specbench")
+REMOTE_EXPERIMENTS = ("link", "disconnect", "specbench")  # those that measure a server started elsewhere
 
 
 @dataclass
@@ -59,6 +61,9 @@ class BenchConfig:
     per_category: int | None = None  # `specbench`: the first N questions of each category (None: all)
     categories: tuple[str, ...] = ()  # `specbench`: only these categories (mt_bench: MT-Bench's eight; (): all 13)
     server_args: tuple[str, ...] = ()  # extra `edgespec server` flags
+    server: str = ""  # HOST:PORT (gRPC) of a server started elsewhere to measure ("": start one here); the
+    # link is then the real network as tc shaped it (remote.py), recorded in every line
+    server_http: str = ""  # that server's HTTP side, for the plain API ("": the same host, port 8080)
     seed: int = 0  # relay randomness
     progress: bool = True  # a progress bar
     command: str = ""  # the command line that started the run (goes into every record and the report)
@@ -75,23 +80,48 @@ def run(config: BenchConfig) -> Path:
         return sink.path
     if config.experiment == "specbench":  # a wrong file or category fails here, before a server starts
         questions_of(config)
-    split = choose_split(config.server_cpus, config.client_cpus, config.pin)
-    sink = JsonLines(config.out / f"{config.experiment}.jsonl", environment(settings, split.to_dict()))
+    remote = None
+    if config.server:
+        if config.experiment not in REMOTE_EXPERIMENTS:
+            raise ValueError(f"--server: `{config.experiment}` runs against a server it starts; "
+                             f"{', '.join(REMOTE_EXPERIMENTS)} measure one started elsewhere")
+        if config.server_cpus or config.client_cpus:
+            raise ValueError("--server: the server runs elsewhere, so --server-cpus/--client-cpus do not apply")
+        remote = RemoteServer.connect(config.server, config.server_http)
+        print(f"server: {remote.grpc_address} (plain API http://{remote.http_address}), serving "
+              f"{remote.model or 'an unnamed model'}; link: {remote.link.profile}"
+              f"{' on ' + remote.link.device if remote.link.device else ''}", flush=True)
+    split = NOT_PINNED if remote else choose_split(config.server_cpus, config.client_cpus, config.pin)
+    env = environment(settings, split.to_dict())
+    if remote:
+        env["server"] = remote.to_dict()
+    sink = JsonLines(config.out / f"{config.experiment}.jsonl", env)
     print(f"cpus: {split.describe()}", flush=True)
     with pinned(split.client):
-        _serve_and_run(config, split, sink)
+        _serve_and_run(config, split, sink, remote)
     if config.experiment == "specbench":
         write_answer_files(config.out, read_records(config.out, "specbench"))
     return sink.path
 
 
-def _serve_and_run(config: BenchConfig, split: CpuSplit, sink: JsonLines) -> None:
-    """Start the server (on its cores) and run the experiment's generations against it."""
+def links(config: BenchConfig, server) -> list[tuple[str, str]]:
+    """(the profile a record names, the local relay's profile) per link a run measures: each --profiles
+    through an emulating relay, or, against a remote server, the network tc shaped behind an ideal relay."""
+    if isinstance(server, RemoteServer):
+        return [(server.link.profile, RELAY_PROFILE)]
+    return [(p, p) for p in config.profiles]
+
+
+def _serve_and_run(config: BenchConfig, split: CpuSplit, sink: JsonLines, remote: RemoteServer | None = None) -> None:
+    """Start the server (on its cores), or take the remote one, and run the experiment's generations against it."""
     # A run that stopped half way goes on where it stopped (`--fresh` starts over); an archived folder's
     # gzipped records count as done too.
     sink.done = {_key(r) for r in read_records(config.out, config.experiment)}
     sets = {"disconnect": ("humaneval",), "specbench": ()}.get(config.experiment, config.prompt_sets)
     prompts = [p for name in sets for p in load_prompts(name, config.set_limits.get(name, config.limit))]
+    if remote:
+        _run_against(config, remote, prompts, sink)
+        return
     log = start_server_log(config.out / f"{config.experiment}-server.log", len(sink.done), config.command)
     # MoA drafters (shipped names such as moa-tli0) need their server part on the server
     moa_parts = [a for d in {d.partition("@")[0].partition(":")[0] for d in config.drafters} if d.startswith("moa")
@@ -103,10 +133,14 @@ def _serve_and_run(config: BenchConfig, split: CpuSplit, sink: JsonLines) -> Non
     no_cache = ["--prefix-cache-gb", "0"]
     with ServerProcess(config.model, [*no_cache, *config.server_args, *moa_parts], threads, log_path=log,
                        cpus=split.server) as server:
-        if config.experiment == "specbench":
-            run_specbench(config, server, sink)
-            return
-        {"speed": _speed, "link": _link, "disconnect": _disconnect}[config.experiment](config, server, prompts, sink)
+        _run_against(config, server, prompts, sink)
+
+
+def _run_against(config: BenchConfig, server, prompts: list[Prompt], sink: JsonLines) -> None:
+    if config.experiment == "specbench":
+        run_specbench(config, server, sink, links(config, server))
+        return
+    {"speed": _speed, "link": _link, "disconnect": _disconnect}[config.experiment](config, server, prompts, sink)
 
 
 def start_server_log(log: Path, done: int, command: str) -> Path:
@@ -195,16 +229,17 @@ def _link(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sin
 
     small = load_model(config.drafter_model, device="cpu")
     per_profile = len(config.drafters) + 1
-    bar = ProgressBar(len(prompts) * (len(config.profiles) * per_profile + 1), config.progress, "link")
+    measured = links(config, server)
+    bar = ProgressBar(len(prompts) * (len(measured) * per_profile + 1), config.progress, "link")
     for prompt in prompts:  # local-only needs no link: once per prompt
         if not _done(sink, prompt, "none", "local-only"):
             ids = _chat_ids(small.tokenizer, prompt)
             sink.write(_record(prompt, experiment="link", profile="none", system="local-only",
                                **_local_only(small.model, small.tokenizer, ids, config)))
         bar.step("local-only")
-    for profile in config.profiles:
-        with relayed(server.grpc_address, profile, config.seed) as (grpc_addr, grpc_relay), \
-                relayed(server.http_address, profile, config.seed + 1) as (http_addr, http_relay):
+    for profile, relay_profile in measured:
+        with relayed(server.grpc_address, relay_profile, config.seed) as (grpc_addr, grpc_relay), \
+                relayed(server.http_address, relay_profile, config.seed + 1) as (http_addr, http_relay):
             clients = {d: drafter_client(grpc_addr, d, config, tokenizer=small.tokenizer) for d in config.drafters}
             for prompt in prompts:
                 if not _done(sink, prompt, profile, "plain-api"):
@@ -238,22 +273,25 @@ def _disconnect(config: BenchConfig, server: ServerProcess, prompts: list[Prompt
     # Prompt by prompt (every B and the target's own answer), so a run stopped half way has whole rows.
     cuts = sorted(config.cut_after, key=lambda c: float("-inf") if c is None else -c)  # never, 50, 25, ...
     bar = ProgressBar(len(prompts) * (len(config.drafters) * len(cuts) + 1), config.progress, "disconnect")
+    # The cut is made by a relay on this side; locally it shapes nothing ("ideal"), against a remote server the
+    # records name the network tc shaped.
+    profile, relay_profile = links(config, server)[0] if isinstance(server, RemoteServer) else ("ideal", "ideal")
     drafters: dict = {}  # one drafter (the small model loaded once) per name, shared by its generations
     tokenizer = None
     for prompt in prompts:
-        if not _done(sink, prompt, "ideal", "target", None):
+        if not _done(sink, prompt, profile, "target", None):
             # The reference: the target's own greedy answer (its streaming endpoint, no drafting, no cut).
             tokenizer = tokenizer or load_tokenizer(config.drafter_model)
             plain = plain_api(server.http_address, _chat_ids(tokenizer, prompt), config, stop)
             passed = score_response(prompt.problem, plain["text"]).passed
-            sink.write(_record(prompt, experiment="disconnect", profile="ideal", system="target", cut_after=None,
+            sink.write(_record(prompt, experiment="disconnect", profile=profile, system="target", cut_after=None,
                                cut_mode=None, passed=passed, passed_stop_at_cut=passed, **plain))
         bar.step("target")
         for drafter in config.drafters:
             for cut in cuts:
-                if not _done(sink, prompt, "ideal", drafter, cut):
+                if not _done(sink, prompt, profile, drafter, cut):
                     # A relay of its own per generation: the cut is final for that generation only.
-                    with relayed(server.grpc_address, "ideal", config.seed) as (address, relay), \
+                    with relayed(server.grpc_address, relay_profile, config.seed) as (address, relay), \
                             drafter_client(address, drafter, config, tokenizer=tokenizer,
                                            instance=drafters.get(drafter)) as client:
                         drafters[drafter], tokenizer = client.drafter, client.tokenizer
@@ -270,7 +308,7 @@ def _disconnect(config: BenchConfig, server: ServerProcess, prompts: list[Prompt
                     # The lower bound: what the user would have had if generation stopped at the cut.
                     at_cut = client.decode(result.token_ids[:cut]) if cut is not None else text
                     passed_at_cut = score_response(prompt.problem, at_cut).passed
-                    sink.write(_record(prompt, experiment="disconnect", profile="ideal", system=drafter,
+                    sink.write(_record(prompt, experiment="disconnect", profile=profile, system=drafter,
                                        cut_after=cut, cut_mode=config.cut_mode, passed=passed,
                                        passed_stop_at_cut=passed_at_cut, finish_reason=result.finish_reason,
                                        text=text, **result.metrics.to_dict()))

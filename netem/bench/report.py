@@ -124,7 +124,13 @@ def _stop_note(experiment: str, settings: dict) -> str:
 
 
 def _cpus_note(rows: list[dict]) -> str:
-    """Where the server and the client ran (runs from before pinning recorded nothing)."""
+    """Where the server and the client ran (runs from before pinning recorded nothing); a server started elsewhere
+    is named with the link tc showed to it."""
+    servers = [json.loads(s) for s in dict.fromkeys(json.dumps(r["env"].get("server"), sort_keys=True) for r in rows)]
+    if any(servers):
+        return "; " + " / ".join(f"server at {s['grpc']} started elsewhere ({s['model'] or 'model unnamed'}), link "
+                                 f"`{s['link']['profile']}` as tc shows it{' on ' + s['link']['device'] if s['link']['device'] else ''}"
+                                 for s in servers if s)
     splits = [json.loads(s) for s in dict.fromkeys(json.dumps(r["env"].get("cpus"), sort_keys=True) for r in rows)]
     notes = [f"server on CPU {cpus['server']}, client on CPU {cpus['client']}" if cpus.get("pinned")
              else "server and client sharing every core" for cpus in splits if cpus is not None]

@@ -95,17 +95,19 @@ def questions_of(config) -> list[Question]:
                           config.categories)
 
 
-def run_specbench(config, server, sink: JsonLines) -> None:
-    """Every question of the run, per profile: the baseline, then each drafter (experiments.run calls it)."""
+def run_specbench(config, server, sink: JsonLines, links: list[tuple[str, str]] | None = None) -> None:
+    """Every question of the run, per link: the baseline, then each drafter (experiments.run calls it). `links`:
+    (the profile the records name, the local relay's profile) each; by default each of config.profiles."""
     from edgespec.client.edge_client import load_tokenizer
 
     questions = questions_of(config)
     tokenizer = load_tokenizer(config.model)  # the target's own chat template
-    bar = ProgressBar(len(questions) * len(config.profiles) * (len(config.drafters) + 1), config.progress, "specbench")
+    links = links or [(p, p) for p in config.profiles]
+    bar = ProgressBar(len(questions) * len(links) * (len(config.drafters) + 1), config.progress, "specbench")
     drafters: dict = {}  # one loaded drafter per name, shared by the profiles
-    for profile in config.profiles:
-        with relayed(server.grpc_address, profile, config.seed) as (grpc_address, _), \
-                relayed(server.http_address, profile, config.seed + 1) as (http_address, http_relay), \
+    for profile, relay_profile in links:
+        with relayed(server.grpc_address, relay_profile, config.seed) as (grpc_address, _), \
+                relayed(server.http_address, relay_profile, config.seed + 1) as (http_address, http_relay), \
                 contextlib.ExitStack() as stack:
             clients = {}
             for name in config.drafters:
