@@ -48,6 +48,7 @@ FIT_FLAGS = {
     "max_wall_s": Flag("--max-minutes", convert=lambda minutes: 60.0 * minutes,
                        help="stop (validate, save, write the drafter) after this much training; 0 = run all steps"),
     "grad_accum": Flag(), "amp": Flag(), "log_every": Flag(), "seed": Flag(), "cache_mb": Flag(),
+    "snapshot_tokens": Flag(),
 }
 
 

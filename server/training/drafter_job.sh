@@ -27,6 +27,7 @@ MAX_LEN=${MAX_LEN:-1024}
 WIDTH=${WIDTH:-768} HEADS=${HEADS:-12} VOCAB=${VOCAB:-32768}
 STEPS=${STEPS:-20000} BATCH_TOKENS=${BATCH_TOKENS:-4096} LR=${LR:-1e-3} MINUTES=${MINUTES:-0}
 EVAL_EVERY=${EVAL_EVERY:-100} EVAL_SEQUENCES=${EVAL_SEQUENCES:-8} SAVE_EVERY=${SAVE_EVERY:-10}
+SNAPSHOT_TOKENS=${SNAPSHOT_TOKENS:-131072}  # a drafter kept at 131k, 262k, 524k, ... tokens seen: the scaling curve
 AMP=${AMP:-bf16}                  # bf16 autocast: 1.7x float32's training tokens/s on a CPU with AVX512-BF16
 common=(--target "$TARGET" --threads "$THREADS" ${DTYPE:+--dtype "$DTYPE"})
 
@@ -58,7 +59,8 @@ case "${1:-}" in
     edgespec train fit "${common[@]}" --kind moa --tli "$tli" --features "$OUT/store-answers-full" \
         --out "$OUT/fit/moa-tli$tli-w$WIDTH" --width "$WIDTH" --heads "$HEADS" --vocab "$VOCAB" \
         --batch-tokens "$BATCH_TOKENS" --lr "$LR" --steps "$STEPS" --max-minutes "$MINUTES" \
-        --eval-every "$EVAL_EVERY" --eval-sequences "$EVAL_SEQUENCES" --save-every "$SAVE_EVERY" --amp "$AMP" ;;
+        --eval-every "$EVAL_EVERY" --eval-sequences "$EVAL_SEQUENCES" --save-every "$SAVE_EVERY" --amp "$AMP" \
+        --snapshot-tokens "$SNAPSHOT_TOKENS" ;;
   eagle|eagle-hass)
     kind=${1/-/+}  # eagle, eagle+hass: the recipe; its run folder keeps the dash
     stores=()
@@ -68,7 +70,7 @@ case "${1:-}" in
     edgespec train fit "${common[@]}" --kind "$kind" "${stores[@]}" --out "$OUT/fit/$1-w$WIDTH" \
         --width "$WIDTH" --heads "$HEADS" --vocab "$VOCAB" --batch-tokens "$BATCH_TOKENS" --lr "$LR" \
         --steps "$STEPS" --max-minutes "$MINUTES" --eval-every "$EVAL_EVERY" --eval-sequences "$EVAL_SEQUENCES" \
-        --save-every "$SAVE_EVERY" --amp "$AMP" ;;
+        --save-every "$SAVE_EVERY" --amp "$AMP" --snapshot-tokens "$SNAPSHOT_TOKENS" ;;
   *)
     sed -n '2,15p' "$0"; exit 2 ;;
 esac

@@ -53,7 +53,11 @@ class StoredSequence:
 
 def tokenize_sample(tokenizer, row: dict, max_len: int) -> tuple[list[int], list[int]]:
     """(ids, loss mask) of one data row, cut to max_len tokens."""
-    if row["kind"] in ("code", "text"):
+    if "ids" in row:  # already token ids (the target's own output, kept exactly: no decode and encode again)
+        ids, mask = list(row["ids"]), list(row["loss_mask"])
+        if len(ids) != len(mask):
+            raise ValueError(f"row {row.get('id')!r}: {len(ids)} ids but {len(mask)} loss-mask entries")
+    elif row["kind"] in ("code", "text"):
         ids = tokenizer.encode(row["prompt"], add_special_tokens=False)
         mask = [1] * len(ids)
     elif "messages" in row:  # a conversation from a chat file (a one-turn request's row has prompt and response)

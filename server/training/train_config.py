@@ -27,6 +27,8 @@ class TrainConfig:
     grad_accum: int = 1  # micro-batches (separate backward passes) per process and optimizer step
     amp: Literal["auto", "bf16", "off"] = "auto"  # mixed precision: auto = bf16 autocast on CUDA, none on CPU
     log_every: int = 10  # steps between progress lines when not on a terminal
+    snapshot_tokens: int = 0  # keep a copy of the drafter in snapshots/tokens-T/ each time the tokens seen pass
+    # T = this many times a power of two (0: none): the points of a scaling curve, one per doubling
 
     # Randomness inside windows: "per-window" (seeded by step and window: the same whatever process or
     # micro-batch draws it), "shared" (one stream with the window draws, as runs before data-parallel

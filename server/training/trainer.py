@@ -249,6 +249,8 @@ class Trainer:
             progress.update(self.step, self.tokens_seen, row["loss"])
             if (self.step % cfg.save_every == 0 or last) and self.world.main:
                 self.save_checkpoint()
+            if cfg.snapshot_tokens and self.world.main:
+                self.snapshot(row)
             if out_of_time:
                 log.info("stopping at step %d of %d: the wall-clock budget of %.0f s is spent", self.step, cfg.steps,
                          cfg.max_wall_s)
@@ -256,6 +258,27 @@ class Trainer:
         progress.close()
         distributed.barrier()
         return self.history
+
+    def snapshot(self, row: dict) -> Path | None:
+        """The drafter as it is, in ``snapshots/tokens-T/``, once the tokens seen first pass T (a doubling of
+        ``snapshot_tokens``); with the step, tokens seen and the training tokens the store held then."""
+        due = snapshot_due(self.tokens_seen, self.config.snapshot_tokens)
+        if not due:
+            return None
+        folder = self.run_dir / "snapshots" / f"tokens-{due}"
+        if folder.exists():
+            return None
+        tmp = folder.with_name(folder.name + ".tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        files = self.recipe.save_drafter(tmp)
+        (tmp / "snapshot.json").write_text(json.dumps({
+            "step": self.step, "tokens_seen": self.tokens_seen, "train_tokens": self.store.tokens("train"),
+            "train_sequences": len(self.train_files), "kind": self.recipe.kind,
+            "files": [str(f.relative_to(tmp)) for f in files],
+            **{k: v for k, v in row.items() if k.startswith("val/")}}, indent=1))
+        os.replace(tmp, folder)
+        log.info("snapshot at %d tokens seen: %s", self.tokens_seen, folder)
+        return folder
 
     def _log(self, row: dict) -> None:
         if not self.world.main:
@@ -265,6 +288,16 @@ class Trainer:
             f.write(json.dumps(row) + "\n")
         if "val/chains" in row:
             log.info(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+
+
+def snapshot_due(tokens_seen: int, base: int) -> int:
+    """The largest base * 2^k not above ``tokens_seen`` (0: below ``base``)."""
+    if base <= 0 or tokens_seen < base:
+        return 0
+    due = base
+    while due * 2 <= tokens_seen:
+        due *= 2
+    return due
 
 
 def sequence_bytes(seq: StoredSequence) -> int:

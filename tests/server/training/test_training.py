@@ -273,3 +273,23 @@ def test_wall_clock_budget_stops_early_and_still_saves(target, store, tmp_path):
     trainer.fit()
     assert trainer.step == 1 and (tmp_path / trainer.checkpoint_path.name).is_file()
     assert "val/chains" in trainer.history[-1]  # the last step validated, as at a normal end
+
+
+def test_snapshots_keep_the_drafter_at_each_doubling_of_the_tokens_seen(target, store, tmp_path):
+    from edgespec.server.training.trainer import snapshot_due
+    from edgespec.shared.drafters.eagle import load_eagle
+
+    assert [snapshot_due(t, 100) for t in (0, 99, 100, 199, 200, 399, 400, 1000)] == [0, 0, 100, 100, 200, 200, 400, 800]
+    cfg = train_config(steps=8)
+    base = cfg.batch_tokens  # about one step's tokens: snapshots at ~1, 2, 4 steps
+    trainer = Trainer(recipe("eagle", target, store), store, tmp_path, train_config(steps=8, snapshot_tokens=base))
+    trainer.fit()
+    folders = sorted((tmp_path / "snapshots").iterdir(), key=lambda p: int(p.name.split("-")[1]))
+    marks = [int(p.name.split("-")[1]) for p in folders]
+    assert marks == [base * 2 ** k for k in range(len(marks))] and len(marks) >= 3
+    seen = [json.loads((p / "snapshot.json").read_text())["tokens_seen"] for p in folders]
+    assert all(s >= m for s, m in zip(seen, marks)) and seen == sorted(seen) and seen[-1] <= trainer.tokens_seen
+    first, _ = load_eagle(folders[0] / "eagle.safetensors")
+    last, _ = load_eagle(folders[-1] / "eagle.safetensors")
+    assert any(not torch.equal(a, b) for a, b in zip(first.state_dict().values(), last.state_dict().values()))
+    assert not list((tmp_path / "snapshots").glob("*.tmp"))
