@@ -71,6 +71,9 @@ class PoolConfig:
     first_key_bucket: int = 256  # the smallest key bucket
     key_growth: int = 4  # each key bucket this many times the last (coarse: few shapes, at most 4x the keys)
     prefix_cache_bytes: int = 0  # KV the prefix cache may keep in the pool (its blocks are the pool's)
+    attention: str = "auto"  # "flex": the pool read in place through a block mask (``engine_attention``);
+    # "sdpa": each row's keys gathered with a dense mask; auto: flex on CUDA (a fused kernel), sdpa elsewhere
+    # (a CPU's eager flex is the unfused reference, which reads the whole pool)
 
     @property
     def session_tokens(self) -> int:
@@ -95,7 +98,11 @@ class BatchedEngine(Engine):
                            target.dtype, target.device)
         self.cache = PoolCache(self.pool, target.num_layers)
         self.key_buckets = key_buckets(config.session_tokens, config.first_key_bucket, config.key_growth)
-        self.step = DeviceStep(target, self.pool, self.cache)
+        self.attention = config.attention if config.attention != "auto" else (
+            "flex" if target.device.type == "cuda" else "sdpa")
+        if self.attention == "flex":
+            use_pool_attention(target)
+        self.step = DeviceStep(target, self.pool, self.cache, self.attention)
         self.timer = ForwardTimer(target.device)
         if config.compile_backend:
             self.runner = CompiledRunner(self.step, config.compile_backend)
@@ -120,7 +127,8 @@ class BatchedEngine(Engine):
         if isinstance(self.runner, GraphRunner):
             shapes += f", {len(self.runner.graphs)} graphs captured in {self.runner.capture_s:.1f} s"
         return (f"batched (paged KV: {p.blocks} blocks of {p.block_size} tokens, "
-                f"{p.kv.nbytes / 2**30:.2f} GiB on {p.kv.device}; step: {self.runner.kind}, {shapes})")
+                f"{p.kv.nbytes / 2**30:.2f} GiB on {p.kv.device}; attention: {self.attention}; "
+                f"step: {self.runner.kind}, {shapes})")
 
     def session_kv_bytes(self, budget: int) -> int:
         """Sessions report the blocks they hold; the store evicts the least recently used past the pool less
@@ -210,6 +218,19 @@ class BatchedEngine(Engine):
         for r in results:
             r.forward_ns = t4 - t0
         return results
+
+
+def use_pool_attention(target: TargetModel) -> None:
+    """Switch the target's attention to ``engine_attention`` (SDPA for every caller that does not pass the pool's
+    block mask, so the same model still serves them as before)."""
+    from . import engine_attention
+
+    engine_attention.register()
+    model = target.model
+    try:
+        model.set_attn_implementation(engine_attention.NAME)
+    except (AttributeError, ValueError):
+        model.config._attn_implementation = engine_attention.NAME
 
 
 def key_buckets(session_tokens: int, first: int, growth: int) -> list[int]:

@@ -28,7 +28,7 @@ def batched_unsupported(target: TargetModel) -> str | None:
     if layer_types is None and getattr(cfg, "sliding_window", None):
         return "the model uses a sliding window"
     attn = getattr(cfg, "_attn_implementation", None)
-    if attn not in (None, "sdpa", "eager"):
+    if attn not in (None, "sdpa", "eager", "edgespec_pool"):
         return f"attention implementation {attn!r} takes no 4-D additive mask"
     return None
 

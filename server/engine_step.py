@@ -30,6 +30,7 @@ import torch
 
 from .device_accept import compact_kv, greedy_accept, physical
 from .engine import Work
+from .engine_attention import pool_block_mask
 from .engine_kv import BLOCK_SIZE, BatchPlan, KVPool, PoolCache
 from .engine_masks import ancestor_mask, mask_from_ancestors
 from .target import TargetModel
@@ -95,8 +96,12 @@ def padding_rows(bucket: Bucket, scratch: int) -> list[int]:
 class DeviceStep:
     """The step for one target and KV pool. Call it on a packed input of a bucket's length."""
 
-    def __init__(self, target: TargetModel, pool: KVPool, cache: PoolCache):
-        self.target, self.pool, self.cache = target, pool, cache
+    def __init__(self, target: TargetModel, pool: KVPool, cache: PoolCache, attention: str = "sdpa"):
+        """attention: "sdpa" (each row's keys gathered, a dense mask) or "flex" (``engine_attention``: the pool
+        read in place through a block mask; the model must have been switched to it)."""
+        self.target, self.pool, self.cache, self.attention = target, pool, cache, attention
+        # the logical index of each block in the tables that hold it (``engine_attention``), kept on the device
+        self.block_pos = torch.zeros(pool.blocks + 1, dtype=torch.long, device=pool.kv.device)
 
     def __call__(self, packed: torch.Tensor, bucket: Bucket, logits_out: torch.Tensor | None = None) -> StepOutput:
         """packed: [bucket.packed] long on the device. logits_out: a float32 [R, V] buffer for the logits (see
@@ -110,13 +115,19 @@ class DeviceStep:
         head = packed[b * bucket.width:]  # [R]
 
         sees = ancestor_mask(parents, positions)  # [B, T, T]
-        mask = mask_from_ancestors(sees, past, n_rows, k, target.dtype)  # [B, 1, T, K]
         row = torch.arange(t, device=packed.device).view(1, t)
         real = row < n_rows.view(b, 1)  # [B, T]: not padding
         write_pos = torch.where(real, physical(blocks, (past.view(b, 1) + row).clamp(max=k - 1), bs),
                                 pool.scratch * bs + row % bs)  # [B, T]
-        key_pos = physical(blocks, torch.arange(k, device=packed.device).expand(b, k), bs)  # [B, K]
-        self.cache.plan = BatchPlan(write_pos, key_pos, k)
+        if self.attention == "flex":  # the pool read in place: a block mask, no gather, no dense mask
+            positions_p = pool.kv.shape[3]
+            pad = positions_p // bs if packed.device.type == "cpu" else None
+            mask = pool_block_mask(blocks, past, n_rows, sees, self.block_pos, bs, positions_p, pad)
+            self.cache.plan = BatchPlan(write_pos, None, k)
+        else:
+            mask = mask_from_ancestors(sees, past, n_rows, k, target.dtype)  # [B, 1, T, K]
+            key_pos = physical(blocks, torch.arange(k, device=packed.device).expand(b, k), bs)  # [B, K]
+            self.cache.plan = BatchPlan(write_pos, key_pos, k)
         try:
             hidden = target.decode(ids, positions, mask, self.cache)  # [B, T, E]
         finally:

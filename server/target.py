@@ -53,8 +53,8 @@ class TargetModel:
     def decode(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache) -> torch.Tensor:
         """The decoder over ids [B, T] at positions [B, T] after what `cache` holds; hidden [B, T, E].
 
-        mask: additive [B, 1, T, keys] (keys = what the cache's update returns), or None for a causal
-        chunk, which transformers masks itself.
+        mask: additive [B, 1, T, keys] (keys = what the cache's update returns), the pool attention's
+        ``BlockMask`` (``engine_attention``), or None for a causal chunk, which transformers masks itself.
         """
         kwargs = {} if mask is None else {"attention_mask": mask}
         out = self._decoder(input_ids=ids, position_ids=positions, use_cache=True, **{self._cache_kwarg: cache},

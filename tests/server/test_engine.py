@@ -58,9 +58,13 @@ class Held:
         self.gate.set()
 
 
-def batched(target, slots: int = 8, shape_buckets: bool = False, graphs: bool = False) -> BatchedEngine:
+def batched(target, slots: int = 8, shape_buckets: bool = False, graphs: bool = False,
+            attention: str = "sdpa") -> BatchedEngine:
+    """The batched engine; attention "flex" reads the pool in place (blocks of 4 positions, so trees and chunks
+    straddle blocks, and a small pool: a CPU's eager FlexAttention reads all of it)."""
+    small = {"block_size": 4, "max_tree_nodes": 31} if attention == "flex" else {}
     return BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_seqs=slots, max_context_tokens=512,
-                                            shape_buckets=shape_buckets, graphs=graphs))
+                                            shape_buckets=shape_buckets, graphs=graphs, attention=attention, **small))
 
 
 def run_session(target, scheduler, seed: int, sampling: SamplingSettings, truth: list[int] | None) -> list[int]:
@@ -117,7 +121,8 @@ def test_batched_sessions_give_the_tokens_of_sessions_run_alone(target, sampling
     truths = greedy_truths(target) if sampling.greedy else None
     results = {}
     runs = [("generic", GenericEngine(target), False), ("alone", batched(target), False),
-            ("batched", batched(target), True), ("bucketed", batched(target, shape_buckets=True), True)]
+            ("batched", batched(target), True), ("bucketed", batched(target, shape_buckets=True), True),
+            ("pool-attention", batched(target, attention="flex"), True)]
     if target.device.type == "cuda":  # a CUDA graph per bucket, replayed
         runs.append(("graphs", batched(target, shape_buckets=True, graphs=True), True))
     for name, engine, together in runs:
@@ -129,6 +134,7 @@ def test_batched_sessions_give_the_tokens_of_sessions_run_alone(target, sampling
         if together:
             assert scheduler.stats.items > scheduler.stats.forwards, "no forward carried two sessions"
     assert results["batched"] == results["bucketed"] == results["alone"] == results["generic"]
+    assert results["pool-attention"] == results["batched"]
     assert results.get("graphs", results["batched"]) == results["batched"]
     if truths:  # and greedy verification is the target's own greedy decoding
         for seed, committed in results["batched"].items():
@@ -170,6 +176,7 @@ def test_plain_api_batched_gives_the_tokens_of_requests_run_alone(target, sampli
     assert alone(batched(target)) == reference
     assert together(batched(target)) == reference
     assert together(batched(target, shape_buckets=True)) == reference  # padded to power-of-two shapes
+    assert together(batched(target, attention="flex")) == reference  # the pool read in place
     if target.device.type == "cuda":
         assert together(batched(target, shape_buckets=True, graphs=True)) == reference  # replayed graphs
     if sampling.greedy:
@@ -377,7 +384,7 @@ def test_other_full_attention_architectures_verify_exactly_on_the_pool(arch, tmp
     target = TargetModel(loaded)
     assert batched_unsupported(target) is None
     truth = recomputed_greedy(target.model, [5, 6, 7, 8], 40)
-    for engine in (GenericEngine(target), batched(target)):
+    for engine in (GenericEngine(target), batched(target), batched(target, attention="flex")):
         scheduler = ModelScheduler(engine)
         try:
             session = VerifierSession(SessionSettings("a"), target, scheduler, 256)
@@ -386,7 +393,7 @@ def test_other_full_attention_architectures_verify_exactly_on_the_pool(arch, tmp
             for step in range(1, 8):
                 tree = tree_along(rng, truth[len(session.committed) - 4:], 300, 5)
                 session.verify(step, len(session.committed), tree)
-            assert session.committed[4:] == truth[:len(session.committed) - 4], engine.name
+            assert session.committed[4:] == truth[:len(session.committed) - 4], engine.describe()
         finally:
             scheduler.close()
 

@@ -82,13 +82,15 @@ def test_the_step_of_every_bucket_traces_in_one_graph(target, bucket):
 
 
 @pytest.mark.slow
-def test_the_compiled_step_is_bitwise_the_eager_step(target):
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+def test_the_compiled_step_is_bitwise_the_eager_step(target, attention):
     """Same batches through an eager and an aot_eager-compiled engine: hidden, logits, readback and the whole
-    KV pool equal bit for bit (float32)."""
+    KV pool equal bit for bit (float32), with either attention."""
     import torch._dynamo
 
     torch._dynamo.reset()
-    eager, compiled = engine(target, shape_buckets=True), engine(target, shape_buckets=True, compile_backend="aot_eager")
+    eager = engine(target, shape_buckets=True, attention=attention)
+    compiled = engine(target, shape_buckets=True, compile_backend="aot_eager", attention=attention)
     rng = random.Random(0)
     for step in range(2):
         works = [tree_work(rng, rng.randint(1, 7), 9 * step + i) for i in range(3)]
@@ -120,9 +122,10 @@ def test_logits_written_into_a_shared_buffer_are_the_same(target):
 
 
 @pytest.mark.slow
-def test_compiled_graphs_are_the_distinct_buckets_used(target):
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+def test_compiled_graphs_are_the_distinct_buckets_used(target, attention):
     """Mixed sessions (prompts, trees of 0-20 nodes, one to four sessions a batch) on a compiled engine: one graph
-    per distinct bucket, no recompilation within a bucket."""
+    per distinct bucket, no recompilation within a bucket, with either attention."""
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -132,7 +135,7 @@ def test_compiled_graphs_are_the_distinct_buckets_used(target):
         graphs.append(gm)
         return gm.forward
 
-    eng = engine(target, shape_buckets=True, compile_backend=counting_backend)
+    eng = engine(target, shape_buckets=True, compile_backend=counting_backend, attention=attention)
     used: list[Bucket] = []
     runner = eng.runner
     eng.runner = lambda flat, bucket: (used.append(bucket), runner(flat, bucket))[1]

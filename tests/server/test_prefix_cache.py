@@ -43,6 +43,9 @@ def target(request, tiny_model_dir) -> TargetModel:
 def make_engine(kind: str, target: TargetModel):
     if kind == "generic":
         return GenericEngine(target)
+    if kind == "pool-attention":  # FlexAttention over the pool; small blocks so prefixes end inside one
+        return BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_seqs=6, max_context_tokens=CONTEXT,
+                                                max_tree_nodes=31, block_size=4, attention="flex"))
     return BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_seqs=6, max_context_tokens=CONTEXT))
 
 
@@ -244,7 +247,7 @@ def test_dropped_sessions_are_handed_over_outside_the_lock():
 
 
 # ------------------------------------------------------------------- core
-@pytest.mark.parametrize("engine_kind", ["generic", "batched"])
+@pytest.mark.parametrize("engine_kind", ["generic", "batched", "pool-attention"])
 def test_close_feeds_the_cache_and_a_resume_rebuilds_from_it_exactly(target, greedy, engine_kind):
     core = VerifierCore(target, CoreLimits(max_context_tokens=CONTEXT, prefix_cache_bytes=1 << 30),
                         engine=make_engine(engine_kind, target))
@@ -269,6 +272,46 @@ def test_close_feeds_the_cache_and_a_resume_rebuilds_from_it_exactly(target, gre
         assert "edgespec:prefix_cache_queries_total" in page
     finally:
         core.close_all()
+
+
+def test_a_restored_prefix_shares_blocks_and_a_rollback_into_them_copies_first(target, greedy):
+    """On the paged pool a cached prefix holds the session's full blocks by reference and the next session's table
+    starts with those very blocks (a partial last block is its own copy); a rollback into a shared block makes it
+    private before anything is written there, so the cached prefix stays what it was: a third session restoring
+    it still produces the target's greedy tokens. Blocks all come back at the end."""
+    engine = BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_seqs=4, max_context_tokens=256,
+                                              max_tree_nodes=15, block_size=4))
+    pool, scheduler, cache = engine.pool, ModelScheduler(engine), PrefixCache(1 << 30)
+    try:
+        prompt = list(range(5, 31))  # 26 tokens, all in the KV after Open: six full blocks of 4 and one partial
+        first = session(target, scheduler, cache)
+        first.open(prompt)
+        blocks = list(first.kv.blocks)
+        assert first.keep_prefix()
+        assert all(pool.refs[b] == 2 for b in blocks[:6])  # the session's and the cache's
+        first.kv.close()
+        assert all(pool.refs[b] == 1 for b in blocks[:6]) and pool.refs[blocks[6]] == 0  # the partial one: copied
+
+        second = session(target, scheduler, cache)
+        assert second.open(prompt + [40, 41]).cached_tokens == 26
+        assert second.kv.blocks[:6] == blocks[:6] and pool.refs[second.kv.blocks[6]] == 1  # shared, then its own
+        assert all(pool.refs[b] == 2 for b in blocks[:6])
+        second.kv.crop(10)  # a rollback into block 2, shared: it becomes the session's own copy
+        assert second.kv.blocks[:2] == blocks[:2] and second.kv.blocks[2] != blocks[2] and len(second.kv.blocks) == 3
+        assert pool.refs[blocks[2]] == 1 and all(pool.refs[b] == 1 for b in blocks[3:6])
+        second.committed = second.committed[:11]
+        second.verify(second.steps, len(second.committed), DraftTree((1, 2, 3), (ROOT, 0, 1)))  # writes after 10
+
+        third = session(target, scheduler, cache)
+        out = converse(third, prompt + [40, 41], 8, greedy)
+        assert third.open_cached == 26 and out == greedy(prompt + [40, 41], 8)
+        for s in (second, third):
+            s.kv.close()
+        while cache.evict_oldest():
+            pass
+        assert pool.free == pool.blocks
+    finally:
+        scheduler.close()
 
 
 def test_no_cache_when_the_budget_is_zero(target):

@@ -1,0 +1,277 @@
+"""A prepared check of the batched engine's step on a GPU host, in a few minutes, as JSON.
+
+    edgespec models random /tmp/rnd-1.5b --like qwen2.5-coder-1.5b-instruct --device cuda
+    python -m edgespec.server.gpu_check --model /tmp/rnd-1.5b --out gpu_check.json
+
+For each switch of the step (``SWITCHES``: the attention, SDPA over gathered keys against FlexAttention
+over the pool in place, with or without CUDA graphs) it builds the engine, opens 1, 8 and 16 sessions at
+--context tokens, and times the step alone (``StepTimes.device_ns``: CUDA events around the graph replay
+or the eager step) for a decode step (one row a session) and a verification of a --tree-nodes tree a
+session, median of --repeats, each session's KV held at the same length. Then, for 8 sessions' decode
+step run eagerly under the profiler: the number of device kernels, the attention kernels' names, and the
+ATen ops one decoder layer dispatches. Each switch's failure is recorded with its error and the run goes
+on; switches past --budget-s are skipped. Random weights in the real shapes time what the real weights
+would (acceptance aside: a verification's cost does not depend on what it accepts).
+
+On a CPU (or with a tiny model) it runs the same way without graphs: the tests run it so, and its ATen
+op counts per layer compare the attentions there.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+import torch._dynamo
+
+SWITCHES = {  # name -> (attention, CUDA graphs)
+    "sdpa-graphs": ("sdpa", True),  # before: keys gathered per session, a dense mask, a graph per bucket
+    "flex-graphs": ("flex", True),  # after: the pool read in place through a block mask, a graph per bucket
+    "flex-eager": ("flex", False),  # the same step without graphs (launch overhead shows)
+}
+
+
+@dataclass
+class SwitchResult:
+    attention: str
+    graphs: bool
+    start_s: float = 0.0  # engine build (and graph capture)
+    decode_ms: dict[int, float] = field(default_factory=dict)  # sessions -> median step alone
+    tree_ms: dict[int, float] = field(default_factory=dict)
+    kernels: int | None = None  # device kernels of one eager decode step (8 sessions); None on a CPU
+    attention_kernels: list[str] = field(default_factory=list)
+    aten_ops_per_layer: int = 0  # ATen ops decoder layer 0 dispatches in that step
+    aten_ops_step: int = 0
+    layer_ops: dict[str, int] = field(default_factory=dict)  # those ops by name
+    describe: str = ""
+    error: str | None = None
+
+
+def random_tree(rng: random.Random, nodes: int, vocab: int):
+    from edgespec.shared.tree import ROOT, DraftTree
+
+    parents = tuple(rng.choice([ROOT] + list(range(max(0, i - 3), i))) for i in range(nodes))  # depth grows
+    return DraftTree(tuple(rng.randrange(vocab) for _ in range(nodes)), parents)
+
+
+def build(target, attention: str, graphs: bool, sessions: list[int], context: int, tree_nodes: int,
+          kv_bytes: int):
+    """The engine for one switch; with graphs (CUDA only), captured for the measured buckets alone, so start-up
+    stays short (the server captures a whole grid)."""
+    from .engine_batched import BatchedEngine, PoolConfig, _pow2
+    from .engine_graphs import GraphRunner
+    from .engine_step import Bucket
+
+    cuda = target.device.type == "cuda"
+    config = PoolConfig(max_kv_bytes=kv_bytes, max_seqs=max(sessions), max_context_tokens=context + 64,
+                        max_tree_nodes=tree_nodes, shape_buckets=cuda, graphs=False, attention=attention,
+                        max_batch=_pow2(max(sessions)), first_key_bucket=_pow2(context + tree_nodes + 1))
+    engine = BatchedEngine(target, config)
+    if graphs and cuda:
+        keys = engine.key_buckets[0]
+        buckets = [Bucket(_pow2(n), t, keys, _pow2(n) * t, config.block_size)
+                   for n in sessions for t in (1, _pow2(tree_nodes + 1))]
+        engine.runner = GraphRunner(engine.step, buckets)
+    return engine
+
+
+def held_sessions(engine, n: int, context: int, vocab: int, rng: random.Random):
+    from .engine import Work
+
+    kvs = [engine.new_kv() for _ in range(n)]
+    for kv in kvs:  # prefill one session at a time: a long chunk runs eagerly at its own shape
+        engine.run([(kv, Work.chunk([rng.randrange(vocab) for _ in range(context)], 0, logits=False))])
+    return kvs
+
+
+def step_ms(engine, kvs, works_of, repeats: int) -> float:
+    """Median of the step alone over `repeats` steps; each step's rows are dropped again (context held)."""
+    times = []
+    for _ in range(repeats + 2):
+        lengths = [len(kv) for kv in kvs]
+        before = engine.times.copy()
+        engine.run(list(zip(kvs, works_of(kvs))))
+        times.append(engine.times.minus(before).device_ns / 1e6)
+        for kv, n in zip(kvs, lengths):
+            kv.crop(n)
+    return statistics.median(times[2:])  # the first two: warm-up (lazy inits, a first compile)
+
+
+def profile_step(engine, kvs, works) -> tuple[int | None, list[str], int, int, dict[str, int]]:
+    """(device kernels, attention kernel names, ATen ops of decoder layer 0, ATen ops of the step, layer 0's ops by
+    name) for one eager step (the graphs bypassed, so the profiler sees every kernel)."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from .engine_graphs import EagerRunner
+
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    class Ops(TorchDispatchMode):
+        supports_higher_order_operators = True  # FlexAttention is one: counted as one op, run as it is
+
+        def __init__(self):
+            super().__init__()
+            self.step = self.layer = 0
+            self.in_layer = False
+            self.names: Counter = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.step += 1
+            self.layer += self.in_layer
+            if self.in_layer:
+                self.names[str(func)] += 1
+            if isinstance(func, torch._ops.HigherOrderOperator):
+                with _disable_current_modes():
+                    return func(*args, **(kwargs or {}))
+            return func(*args, **(kwargs or {}))
+
+    from . import engine_attention
+
+    layer = engine.target.model.get_decoder().layers[0]
+    runner, engine.runner = engine.runner, EagerRunner(engine.step)
+    counter = Ops()
+    eager_flex = engine_attention._quiet_flex
+
+    def counted_flex(*args, **kwargs):  # eager FlexAttention compiles its own call, which no dispatch mode may
+        # watch: one op, run with the counter set aside
+        counter.step += 1
+        counter.layer += counter.in_layer
+        if counter.in_layer:
+            counter.names["flex_attention"] += 1
+        with _disable_current_modes():
+            return eager_flex(*args, **kwargs)
+
+    hooks = [layer.register_forward_pre_hook(lambda *a: setattr(counter, "in_layer", True)),
+             layer.register_forward_hook(lambda *a: setattr(counter, "in_layer", False))]
+    lengths = [len(kv) for kv in kvs]
+    try:
+        engine.run(list(zip(kvs, works)))  # warm (a first compile of a new shape is not the step)
+        for kv, n in zip(kvs, lengths):
+            kv.crop(n)
+        engine_attention._quiet_flex = counted_flex
+        try:
+            with counter:
+                engine.run(list(zip(kvs, works)))
+        finally:
+            engine_attention._quiet_flex = eager_flex
+        for kv, n in zip(kvs, lengths):
+            kv.crop(n)
+        cuda = engine.target.device.type == "cuda"
+        kernels, names = None, []
+        if cuda:
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                engine.run(list(zip(kvs, works)))
+                torch.cuda.synchronize()
+            for kv, n in zip(kvs, lengths):
+                kv.crop(n)
+            device_events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                             and not e.name.startswith(("Memcpy", "Memset"))]
+            kernels = len(device_events)
+            names = sorted({e.name[:120] for e in device_events
+                            if any(k in e.name.lower() for k in ("flex", "attention", "fmha", "flash", "sdpa"))})
+        return kernels, names, counter.layer, counter.step, dict(counter.names)
+    finally:
+        engine.runner = runner
+        for h in hooks:
+            h.remove()
+
+
+def check(model: str, sessions: list[int], context: int, tree_nodes: int, repeats: int, budget_s: float,
+          switches: list[str], kv_bytes: int, device: str | None = None, dtype: str | None = None) -> dict:
+    from edgespec.shared.models.loading import load_model
+
+    from .engine import Work
+    from .target import TargetModel
+
+    t0 = time.perf_counter()
+    target = TargetModel(load_model(model, device=device, dtype=dtype))
+    vocab = min(1000, target.vocab_size)
+    out: dict = {"model": target.name, "device": str(target.device), "dtype": str(target.dtype).removeprefix("torch."),
+                 "gpu": torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else None,
+                 "torch": torch.__version__, "context": context, "tree_nodes": tree_nodes, "repeats": repeats,
+                 "sessions": sessions, "switches": {}}
+    for name in switches:
+        attention, graphs = SWITCHES[name]
+        result = SwitchResult(attention, graphs and target.device.type == "cuda")
+        out["switches"][name] = result
+        if time.perf_counter() - t0 > budget_s:
+            result.error = f"skipped: past the {budget_s:.0f} s budget"
+            continue
+        try:
+            torch._dynamo.reset()  # a switch starts from no compiled frames (nor frames another marked skipped)
+            started = time.perf_counter()
+            engine = build(target, attention, graphs, sessions, context, tree_nodes, kv_bytes)
+            result.start_s = time.perf_counter() - started
+            result.describe = engine.describe()
+            rng = random.Random(0)
+            for n in sessions:
+                kvs = held_sessions(engine, n, context, vocab, rng)
+                result.decode_ms[n] = step_ms(engine, kvs, lambda ks: [Work.chunk([1], len(kv)) for kv in ks], repeats)
+                result.tree_ms[n] = step_ms(engine, kvs, lambda ks: [
+                    Work.tree(1, random_tree(rng, tree_nodes, vocab), len(kv), accept=True) for kv in ks], repeats)
+                if n == sorted(sessions)[len(sessions) // 2]:
+                    decode = [Work.chunk([1], len(kv)) for kv in kvs]
+                    (result.kernels, result.attention_kernels, result.aten_ops_per_layer, result.aten_ops_step,
+                     result.layer_ops) = profile_step(engine, kvs, decode)
+                for kv in kvs:
+                    kv.close()
+            del engine
+        except Exception as exc:  # noqa: BLE001 - one switch failing is a result; the others still run
+            result.error = f"{type(exc).__name__}: {str(exc)[:600]}"
+        finally:
+            if target.device.type == "cuda":
+                torch.cuda.empty_cache()
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    out["switches"] = {k: vars(v) for k, v in out["switches"].items()}
+    return out
+
+
+def table(result: dict) -> str:
+    """The JSON's figures as a markdown table (for a README)."""
+    lines = ["| switch | sessions | decode ms | tree ms | kernels | ATen ops / layer | attention kernel |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for name, r in result["switches"].items():
+        if r["error"]:
+            lines.append(f"| {name} | – | – | – | – | – | {r['error'][:80]} |")
+            continue
+        for n in result["sessions"]:
+            lines.append(f"| {name} | {n} | {r['decode_ms'][n]:.2f} | {r['tree_ms'][n]:.2f} | {r['kernels']} | "
+                         f"{r['aten_ops_per_layer']} | {', '.join(r['attention_kernels'])[:60]} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m edgespec.server.gpu_check", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="a model folder (edgespec models random ...) or registry name")
+    p.add_argument("--sessions", nargs="+", type=int, default=[1, 8, 16])
+    p.add_argument("--context", type=int, default=512, help="tokens every session holds")
+    p.add_argument("--tree-nodes", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--budget-s", type=float, default=420.0, help="switches that would start past this are skipped")
+    p.add_argument("--switches", nargs="+", default=list(SWITCHES), choices=list(SWITCHES))
+    p.add_argument("--kv-gb", type=float, default=4.0, help="the KV pool's memory")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--out", default=None, help="also write the JSON here")
+    args = p.parse_args(argv)
+    result = check(args.model, args.sessions, args.context, args.tree_nodes, args.repeats, args.budget_s,
+                   args.switches, int(args.kv_gb * 2**30), args.device, args.dtype)
+    text = json.dumps(result, indent=1)
+    print(text)
+    print(table(result), file=sys.stderr)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

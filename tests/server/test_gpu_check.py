@@ -1,0 +1,25 @@
+"""The prepared GPU check runs on a CPU with the tiny target: every switch measured (no graphs there), and its
+ATen op counts per decoder layer printed, before (SDPA over gathered keys) and after (FlexAttention over the pool).
+Counts and times are printed, never asserted as speed; what is asserted is what the layer does: the pool
+attention's layer gathers no keys, repeats no KV heads and builds no dense mask."""
+from __future__ import annotations
+
+from edgespec.server.gpu_check import SWITCHES, check, table
+
+
+def test_the_gpu_check_runs_on_a_cpu_and_counts_each_layers_ops(tiny_model_dir):
+    result = check(str(tiny_model_dir), sessions=[1, 2], context=24, tree_nodes=5, repeats=2, budget_s=600,
+                   switches=list(SWITCHES), kv_bytes=16 << 20, device="cpu", dtype="float32")
+    print()
+    print(table(result))
+    for name, r in result["switches"].items():
+        print(name, r["aten_ops_per_layer"], "ATen ops a layer:", r["layer_ops"])
+        assert r["error"] is None, (name, r["error"])
+        assert set(r["decode_ms"]) == set(r["tree_ms"]) == {1, 2} and r["aten_ops_per_layer"] > 0
+        assert not r["graphs"] and r["kernels"] is None  # no CUDA here
+    sdpa, flex = result["switches"]["sdpa-graphs"]["layer_ops"], result["switches"]["flex-eager"]["layer_ops"]
+    assert sdpa.get("aten.scaled_dot_product_attention.default") or any("attention" in k for k in sdpa), sdpa
+    assert flex.get("flex_attention") == 1
+    assert not any("scaled_dot_product" in k or k.startswith("aten.index.") for k in flex), flex  # no gather
+    assert any(k.startswith("aten.index.") for k in sdpa)  # the gather the pool attention removes
+    assert not any("repeat" in k or "expand" in k for k in flex), flex  # no repeat_kv
