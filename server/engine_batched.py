@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import torch
@@ -41,6 +41,7 @@ from .errors import InvalidRequestError
 from .target import TargetModel
 
 
+FLEX_BLOCK_SIZE = 64  # the pool's block with the pool attention (``PoolConfig.block_size``)
 API_SEQS = 8  # sequences a server adds to max_sessions for plain-API generations running at once
 
 
@@ -54,7 +55,9 @@ class PoolConfig:
     # server asks for max_sessions + API_SEQS)
     max_context_tokens: int = 4096  # tokens of one session's context (its blocks add a tree's rows to it)
     max_tree_nodes: int = MAX_NODES  # nodes of the largest tree a session may send behind its context
-    block_size: int = BLOCK_SIZE  # tokens a KV block holds
+    block_size: int = 0  # tokens a KV block holds; 0: FLEX_BLOCK_SIZE with the pool attention (FlexAttention's
+    # kernels tile the keys in 64s or 32s on a GPU, and a pool block must be a whole number of tiles), else
+    # BLOCK_SIZE (vLLM's 16)
     key_bucket: int = 64  # without shape buckets, keys read per row are rounded up to a multiple of this
     shape_buckets: bool = False  # pad batches to a grid of (sessions, rows, keys) buckets (``grid``) so a
     # few static shapes serve every batch: what CUDA-graph capture needs; off on a CPU, where the padding is
@@ -80,13 +83,19 @@ class PoolConfig:
         """Most positions one session's blocks reach: its context and one tree, in whole blocks."""
         return session_tokens(self.max_context_tokens, self.max_tree_nodes, self.block_size)
 
+    def resolved(self, device_type: str) -> "PoolConfig":
+        """The config with auto's choices made for a device: the attention, then the block size."""
+        attention = self.attention if self.attention != "auto" else ("flex" if device_type == "cuda" else "sdpa")
+        block = self.block_size or (FLEX_BLOCK_SIZE if attention == "flex" else BLOCK_SIZE)
+        return replace(self, attention=attention, block_size=block)
+
 
 class BatchedEngine(Engine):
     name = "batched"
 
     def __init__(self, target: TargetModel, config: PoolConfig = PoolConfig()):
         super().__init__(target)
-        self.config = config
+        self.config = config = config.resolved(target.device.type)
         blocks, block_bytes = self.blocks_that_fit(target, config)
         one_session = config.session_tokens // config.block_size
         if blocks < one_session:
@@ -97,9 +106,9 @@ class BatchedEngine(Engine):
         self.pool = KVPool(target.num_layers, target.num_kv_heads, target.head_dim, blocks, config.block_size,
                            target.dtype, target.device)
         self.cache = PoolCache(self.pool, target.num_layers)
-        self.key_buckets = key_buckets(config.session_tokens, config.first_key_bucket, config.key_growth)
-        self.attention = config.attention if config.attention != "auto" else (
-            "flex" if target.device.type == "cuda" else "sdpa")
+        self.key_buckets = key_buckets(config.session_tokens, config.first_key_bucket, config.key_growth,
+                                       config.block_size)
+        self.attention = config.attention
         if self.attention == "flex":
             use_pool_attention(target)
         self.step = DeviceStep(target, self.pool, self.cache, self.attention)
@@ -116,9 +125,11 @@ class BatchedEngine(Engine):
         """(blocks of the pool besides the scratch block, bytes a block takes): what the budget holds, and no
         more than every sequence at its full reach and the prefix cache's share need (a budget far above that
         would be memory no session can use)."""
+        config = config.resolved(target.device.type)
         block_bytes = KVPool.bytes_per_block(target.num_layers, target.num_kv_heads, target.head_dim,
                                              config.block_size, target.dtype)
-        useful = config.max_seqs * (config.session_tokens // config.block_size) + config.prefix_cache_bytes // block_bytes
+        useful = (config.max_seqs * (config.session_tokens // config.block_size)
+                  + config.prefix_cache_bytes // block_bytes)
         return max(0, min(config.max_kv_bytes // block_bytes - 1, useful)), block_bytes
 
     def describe(self) -> str:
@@ -233,13 +244,14 @@ def use_pool_attention(target: TargetModel) -> None:
         model.config._attn_implementation = engine_attention.NAME
 
 
-def key_buckets(session_tokens: int, first: int, growth: int) -> list[int]:
-    """Key lengths of the grid: first, first * growth, ... and a whole session's reach last."""
+def key_buckets(session_tokens: int, first: int, growth: int, block: int = 1) -> list[int]:
+    """Key lengths of the grid: first, first * growth, ... (each rounded up to whole blocks) and a whole session's
+    reach last."""
     keys, k = [], first
-    while k < session_tokens:
-        keys.append(k)
+    while round_up(k, block) < session_tokens:
+        keys.append(round_up(k, block))
         k *= growth
-    return keys + [session_tokens]
+    return list(dict.fromkeys(keys)) + [session_tokens]
 
 
 def grid(config: PoolConfig) -> list[Bucket]:
@@ -248,7 +260,8 @@ def grid(config: PoolConfig) -> list[Bucket]:
     for b in _powers(min(config.max_batch, config.max_seqs)):
         for t in _powers(min(bucket_rows(config), config.max_batch_rows // b)):
             out += [Bucket(b, t, k, b * t, config.block_size)
-                    for k in key_buckets(config.session_tokens, config.first_key_bucket, config.key_growth)]
+                    for k in key_buckets(config.session_tokens, config.first_key_bucket, config.key_growth,
+                                         config.block_size)]
     return out
 
 

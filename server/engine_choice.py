@@ -63,7 +63,8 @@ def build_engine(target: TargetModel, kind: str = "auto", pool=None) -> Engine:
     reason = "asked for"
     if kind == "auto":
         blocks, _ = BatchedEngine.blocks_that_fit(target, pool)
-        kind, reason = choose_engine(why_not, target.device.type, blocks, pool.session_tokens // pool.block_size)
+        resolved = pool.resolved(target.device.type)
+        kind, reason = choose_engine(why_not, target.device.type, blocks, resolved.session_tokens // resolved.block_size)
     engine: Engine = GenericEngine(target) if kind == "generic" else BatchedEngine(target, pool)
     log.info("engine: %s (%s)", engine.describe(), reason)
     return engine

@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 import torch
 import torch._dynamo
 
-SWITCHES = {  # name -> (attention, CUDA graphs)
-    "sdpa-graphs": ("sdpa", True),  # before: keys gathered per session, a dense mask, a graph per bucket
-    "flex-graphs": ("flex", True),  # after: the pool read in place through a block mask, a graph per bucket
-    "flex-eager": ("flex", False),  # the same step without graphs (launch overhead shows)
+SWITCHES = {  # name -> (attention, CUDA graphs, KV block size; 0: the engine's default for that attention)
+    "sdpa-graphs": ("sdpa", True, 0),  # before: keys gathered per session, a dense mask, a graph per bucket
+    "flex-graphs": ("flex", True, 0),  # after: the pool read in place through a block mask, a graph per bucket
+    "flex-graphs-block128": ("flex", True, 128),  # the same with FlexAttention's default tile as the block
+    "flex-eager": ("flex", False, 0),  # without graphs (launch overhead shows)
 }
 
 
@@ -41,6 +42,7 @@ SWITCHES = {  # name -> (attention, CUDA graphs)
 class SwitchResult:
     attention: str
     graphs: bool
+    block_size: int = 0
     start_s: float = 0.0  # engine build (and graph capture)
     decode_ms: dict[int, float] = field(default_factory=dict)  # sessions -> median step alone
     tree_ms: dict[int, float] = field(default_factory=dict)
@@ -60,8 +62,8 @@ def random_tree(rng: random.Random, nodes: int, vocab: int):
     return DraftTree(tuple(rng.randrange(vocab) for _ in range(nodes)), parents)
 
 
-def build(target, attention: str, graphs: bool, sessions: list[int], context: int, tree_nodes: int,
-          kv_bytes: int):
+def build(target, attention: str, graphs: bool, block_size: int, sessions: list[int], context: int,
+          tree_nodes: int, kv_bytes: int):
     """The engine for one switch; with graphs (CUDA only), captured for the measured buckets alone, so start-up
     stays short (the server captures a whole grid)."""
     from .engine_batched import BatchedEngine, PoolConfig, _pow2
@@ -71,11 +73,12 @@ def build(target, attention: str, graphs: bool, sessions: list[int], context: in
     cuda = target.device.type == "cuda"
     config = PoolConfig(max_kv_bytes=kv_bytes, max_seqs=max(sessions), max_context_tokens=context + 64,
                         max_tree_nodes=tree_nodes, shape_buckets=cuda, graphs=False, attention=attention,
-                        max_batch=_pow2(max(sessions)), first_key_bucket=_pow2(context + tree_nodes + 1))
+                        block_size=block_size, max_batch=_pow2(max(sessions)),
+                        first_key_bucket=_pow2(context + tree_nodes + 1))
     engine = BatchedEngine(target, config)
     if graphs and cuda:
         keys = engine.key_buckets[0]
-        buckets = [Bucket(_pow2(n), t, keys, _pow2(n) * t, config.block_size)
+        buckets = [Bucket(_pow2(n), t, keys, _pow2(n) * t, engine.config.block_size)
                    for n in sessions for t in (1, _pow2(tree_nodes + 1))]
         engine.runner = GraphRunner(engine.step, buckets)
     return engine
@@ -198,8 +201,8 @@ def check(model: str, sessions: list[int], context: int, tree_nodes: int, repeat
                  "torch": torch.__version__, "context": context, "tree_nodes": tree_nodes, "repeats": repeats,
                  "sessions": sessions, "switches": {}}
     for name in switches:
-        attention, graphs = SWITCHES[name]
-        result = SwitchResult(attention, graphs and target.device.type == "cuda")
+        attention, graphs, block_size = SWITCHES[name]
+        result = SwitchResult(attention, graphs and target.device.type == "cuda", block_size)
         out["switches"][name] = result
         if time.perf_counter() - t0 > budget_s:
             result.error = f"skipped: past the {budget_s:.0f} s budget"
@@ -207,8 +210,9 @@ def check(model: str, sessions: list[int], context: int, tree_nodes: int, repeat
         try:
             torch._dynamo.reset()  # a switch starts from no compiled frames (nor frames another marked skipped)
             started = time.perf_counter()
-            engine = build(target, attention, graphs, sessions, context, tree_nodes, kv_bytes)
+            engine = build(target, attention, graphs, block_size, sessions, context, tree_nodes, kv_bytes)
             result.start_s = time.perf_counter() - started
+            result.block_size = engine.config.block_size
             result.describe = engine.describe()
             rng = random.Random(0)
             for n in sessions:

@@ -60,9 +60,10 @@ class Held:
 
 def batched(target, slots: int = 8, shape_buckets: bool = False, graphs: bool = False,
             attention: str = "sdpa") -> BatchedEngine:
-    """The batched engine; attention "flex" reads the pool in place (blocks of 4 positions, so trees and chunks
-    straddle blocks, and a small pool: a CPU's eager FlexAttention reads all of it)."""
-    small = {"block_size": 4, "max_tree_nodes": 31} if attention == "flex" else {}
+    """The batched engine; attention "flex" reads the pool in place (on a CPU blocks of 4 positions, so trees and
+    chunks straddle blocks, and a small pool: a CPU's eager FlexAttention reads all of it; on CUDA the kernel's
+    own block size)."""
+    small = {"block_size": 4 if target.device.type == "cpu" else 0, "max_tree_nodes": 31} if attention == "flex" else {}
     return BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_seqs=slots, max_context_tokens=512,
                                             shape_buckets=shape_buckets, graphs=graphs, attention=attention, **small))
 

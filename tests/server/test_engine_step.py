@@ -171,6 +171,7 @@ def test_every_batch_the_scheduler_forms_has_a_captured_bucket(target):
     root row lands on one of its buckets."""
     config = PoolConfig(max_kv_bytes=1 << 40, max_seqs=72, max_context_tokens=4096, shape_buckets=True)
     eng = BatchedEngine(target, config)
+    config = eng.config  # auto's choices made (the block size)
     buckets = set(grid(config))
     # rows of a session: 1..256 for up to 8 sessions, 128 for 16, 64 for 32, 32 for 64: 57 shapes, 4 key lengths
     assert len(buckets) == 228 and {b.keys for b in buckets} == {256, 1024, 4096, config.session_tokens}
@@ -333,6 +334,8 @@ def test_a_step_launches_without_synchronising_on_cuda(tiny_model_dir, graphs):
     works = [tree_work(rng, 6, 4), tree_work(rng, 3, 9)]
     bucket, _ = eng.bucket(works, 16)
     flat = packed(eng, works, [4, 9], bucket).tolist()
+    with torch.no_grad():  # a first call compiles what it compiles (the pool attention's kernel), synchronising
+        eng.runner(flat, bucket)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

@@ -45,7 +45,8 @@ def make_engine(kind: str, target: TargetModel):
         return GenericEngine(target)
     if kind == "pool-attention":  # FlexAttention over the pool; small blocks so prefixes end inside one
         return BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_seqs=6, max_context_tokens=CONTEXT,
-                                                max_tree_nodes=31, block_size=4, attention="flex"))
+                                                max_tree_nodes=31, block_size=4 if target.device.type == "cpu" else 0,
+                                                attention="flex"))
     return BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_seqs=6, max_context_tokens=CONTEXT))
 
 
