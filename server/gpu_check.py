@@ -7,9 +7,11 @@ For each switch of the step (``SWITCHES``: the attention, SDPA over gathered key
 over the pool in place, with or without CUDA graphs) it builds the engine, opens 1, 8 and 16 sessions at
 --context tokens, and times the step alone (``StepTimes.device_ns``: CUDA events around the graph replay
 or the eager step) for a decode step (one row a session) and a verification of a --tree-nodes tree a
-session, median of --repeats, each session's KV held at the same length. Then, for 8 sessions' decode
+session, median of --repeats, each session's KV held at the same length; then again at --long-context
+tokens for up to 8 sessions (how the cost grows with the keys). Then, for 8 sessions' decode
 step run eagerly under the profiler: the number of device kernels, the attention kernels' names, and the
-ATen ops one decoder layer dispatches. Each switch's failure is recorded with its error and the run goes
+ATen ops one decoder layer dispatches. Last, it builds the engine as a default server does (the whole grid
+captured at a 32,768-token context) and times that start. Each switch's failure is recorded with its error and the run goes
 on; switches past --budget-s are skipped. Random weights in the real shapes time what the real weights
 would (acceptance aside: a verification's cost does not depend on what it accepts).
 
@@ -46,6 +48,8 @@ class SwitchResult:
     start_s: float = 0.0  # engine build (and graph capture)
     decode_ms: dict[int, float] = field(default_factory=dict)  # sessions -> median step alone
     tree_ms: dict[int, float] = field(default_factory=dict)
+    long_decode_ms: dict[int, float] = field(default_factory=dict)  # the same at --long-context tokens
+    long_tree_ms: dict[int, float] = field(default_factory=dict)
     kernels: int | None = None  # device kernels of one eager decode step (8 sessions); None on a CPU
     attention_kernels: list[str] = field(default_factory=list)
     aten_ops_per_layer: int = 0  # ATen ops decoder layer 0 dispatches in that step
@@ -62,24 +66,23 @@ def random_tree(rng: random.Random, nodes: int, vocab: int):
     return DraftTree(tuple(rng.randrange(vocab) for _ in range(nodes)), parents)
 
 
-def build(target, attention: str, graphs: bool, block_size: int, sessions: list[int], context: int,
+def build(target, attention: str, graphs: bool, block_size: int, sessions: list[int], contexts: list[int],
           tree_nodes: int, kv_bytes: int):
     """The engine for one switch; with graphs (CUDA only), captured for the measured buckets alone, so start-up
     stays short (the server captures a whole grid)."""
+    from .engine import Work
     from .engine_batched import BatchedEngine, PoolConfig, _pow2
     from .engine_graphs import GraphRunner
-    from .engine_step import Bucket
 
     cuda = target.device.type == "cuda"
-    config = PoolConfig(max_kv_bytes=kv_bytes, max_seqs=max(sessions), max_context_tokens=context + 64,
+    config = PoolConfig(max_kv_bytes=kv_bytes, max_seqs=max(sessions), max_context_tokens=max(contexts) + 64,
                         max_tree_nodes=tree_nodes, shape_buckets=cuda, graphs=False, attention=attention,
                         block_size=block_size, max_batch=_pow2(max(sessions)),
-                        first_key_bucket=_pow2(context + tree_nodes + 1))
+                        first_key_bucket=_pow2(min(contexts) + tree_nodes + 1))
     engine = BatchedEngine(target, config)
-    if graphs and cuda:
-        keys = engine.key_buckets[0]
-        buckets = [Bucket(_pow2(n), t, keys, _pow2(n) * t, engine.config.block_size)
-                   for n in sessions for t in (1, _pow2(tree_nodes + 1))]
+    if graphs and cuda:  # the buckets the measured steps fall in, as the engine picks them
+        buckets = {engine.bucket([Work.chunk([1] * rows, 0)] * n, context + rows)[0]
+                   for n in sessions for rows in (1, tree_nodes + 1) for context in contexts}
         engine.runner = GraphRunner(engine.step, buckets)
     return engine
 
@@ -186,8 +189,34 @@ def profile_step(engine, kvs, works) -> tuple[int | None, list[str], int, int, d
             h.remove()
 
 
+def server_start(target, context: int) -> dict:
+    """The engine as a default server builds it (``app``: --gpu-memory-utilization 0.9, 64 sessions, the whole grid
+    captured at `context` tokens): seconds to build, and what it says of itself."""
+    from edgespec.shared.tree import MAX_NODES
+
+    from .engine_batched import API_SEQS, BatchedEngine, PoolConfig
+    from .engine_memory import kv_pool_bytes
+
+    cuda = target.device.type == "cuda"
+    started = time.perf_counter()
+    try:
+        pool = PoolConfig(kv_pool_bytes(target, 0.9, 8 << 30, PoolConfig.max_batch_rows), 64 + API_SEQS, context,
+                          MAX_NODES, shape_buckets=cuda, graphs=cuda)
+        engine = BatchedEngine(target, pool)
+        out = {"context": context, "start_s": round(time.perf_counter() - started, 1), "describe": engine.describe(),
+               "error": None}
+        del engine
+    except Exception as exc:  # noqa: BLE001 - recorded
+        out = {"context": context, "start_s": round(time.perf_counter() - started, 1), "describe": "",
+               "error": f"{type(exc).__name__}: {str(exc)[:600]}"}
+    if cuda:
+        torch.cuda.empty_cache()
+    return out
+
+
 def check(model: str, sessions: list[int], context: int, tree_nodes: int, repeats: int, budget_s: float,
-          switches: list[str], kv_bytes: int, device: str | None = None, dtype: str | None = None) -> dict:
+          switches: list[str], kv_bytes: int, device: str | None = None, dtype: str | None = None,
+          long_context: int = 0, start_context: int = 0) -> dict:
     from edgespec.shared.models.loading import load_model
 
     from .engine import Work
@@ -198,8 +227,10 @@ def check(model: str, sessions: list[int], context: int, tree_nodes: int, repeat
     vocab = min(1000, target.vocab_size)
     out: dict = {"model": target.name, "device": str(target.device), "dtype": str(target.dtype).removeprefix("torch."),
                  "gpu": torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else None,
-                 "torch": torch.__version__, "context": context, "tree_nodes": tree_nodes, "repeats": repeats,
-                 "sessions": sessions, "switches": {}}
+                 "torch": torch.__version__, "context": context, "long_context": long_context,
+                 "tree_nodes": tree_nodes, "repeats": repeats, "sessions": sessions, "switches": {}}
+    contexts = [context] + ([long_context] if long_context else [])
+    long_sessions = [n for n in sessions if n <= 8]  # a long context for up to 8 sessions: the pool's memory
     for name in switches:
         attention, graphs, block_size = SWITCHES[name]
         result = SwitchResult(attention, graphs and target.device.type == "cuda", block_size)
@@ -210,7 +241,7 @@ def check(model: str, sessions: list[int], context: int, tree_nodes: int, repeat
         try:
             torch._dynamo.reset()  # a switch starts from no compiled frames (nor frames another marked skipped)
             started = time.perf_counter()
-            engine = build(target, attention, graphs, block_size, sessions, context, tree_nodes, kv_bytes)
+            engine = build(target, attention, graphs, block_size, sessions, contexts, tree_nodes, kv_bytes)
             result.start_s = time.perf_counter() - started
             result.block_size = engine.config.block_size
             result.describe = engine.describe()
@@ -226,12 +257,24 @@ def check(model: str, sessions: list[int], context: int, tree_nodes: int, repeat
                      result.layer_ops) = profile_step(engine, kvs, decode)
                 for kv in kvs:
                     kv.close()
+            for n in long_sessions if long_context else []:
+                kvs = held_sessions(engine, n, long_context, vocab, rng)
+                result.long_decode_ms[n] = step_ms(engine, kvs, lambda ks: [Work.chunk([1], len(kv)) for kv in ks],
+                                                   repeats)
+                result.long_tree_ms[n] = step_ms(engine, kvs, lambda ks: [
+                    Work.tree(1, random_tree(rng, tree_nodes, vocab), len(kv), accept=True) for kv in ks], repeats)
+                for kv in kvs:
+                    kv.close()
             del engine
         except Exception as exc:  # noqa: BLE001 - one switch failing is a result; the others still run
             result.error = f"{type(exc).__name__}: {str(exc)[:600]}"
         finally:
             if target.device.type == "cuda":
                 torch.cuda.empty_cache()
+    if start_context:  # last: it captures a whole grid, the longest part of a run
+        left = budget_s - (time.perf_counter() - t0)
+        out["server_start"] = server_start(target, start_context) if left > 120 else {
+            "context": start_context, "error": f"skipped: {left:.0f} s of the budget left"}
     out["seconds"] = round(time.perf_counter() - t0, 1)
     out["switches"] = {k: vars(v) for k, v in out["switches"].items()}
     return out
@@ -239,15 +282,17 @@ def check(model: str, sessions: list[int], context: int, tree_nodes: int, repeat
 
 def table(result: dict) -> str:
     """The JSON's figures as a markdown table (for a README)."""
-    lines = ["| switch | sessions | decode ms | tree ms | kernels | ATen ops / layer | attention kernel |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+    long = result.get("long_context") or 0
+    lines = [f"| switch | sessions | decode ms | tree ms | tree at {long} / at {result['context']} | kernels | "
+             f"ATen ops / layer | attention kernel |", "|---|---:|---:|---:|---:|---:|---:|---|"]
     for name, r in result["switches"].items():
         if r["error"]:
-            lines.append(f"| {name} | – | – | – | – | – | {r['error'][:80]} |")
+            lines.append(f"| {name} | – | – | – | – | – | – | {r['error'][:80]} |")
             continue
         for n in result["sessions"]:
-            lines.append(f"| {name} | {n} | {r['decode_ms'][n]:.2f} | {r['tree_ms'][n]:.2f} | {r['kernels']} | "
-                         f"{r['aten_ops_per_layer']} | {', '.join(r['attention_kernels'])[:60]} |")
+            ratio = f"{r['long_tree_ms'][n] / r['tree_ms'][n]:.2f}" if n in r["long_tree_ms"] else "–"
+            lines.append(f"| {name} | {n} | {r['decode_ms'][n]:.2f} | {r['tree_ms'][n]:.2f} | {ratio} | "
+                         f"{r['kernels']} | {r['aten_ops_per_layer']} | {', '.join(r['attention_kernels'])[:60]} |")
     return "\n".join(lines)
 
 
@@ -257,17 +302,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True, help="a model folder (edgespec models random ...) or registry name")
     p.add_argument("--sessions", nargs="+", type=int, default=[1, 8, 16])
     p.add_argument("--context", type=int, default=512, help="tokens every session holds")
+    p.add_argument("--long-context", type=int, default=4096, help="the same measured again at this context, for up "
+                                                                  "to 8 sessions (0: not)")
     p.add_argument("--tree-nodes", type=int, default=16)
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--server-start", type=int, default=32768, metavar="CONTEXT",
+                   help="last, build the engine as a default server does at this context and time it (0: not)")
     p.add_argument("--budget-s", type=float, default=420.0, help="switches that would start past this are skipped")
     p.add_argument("--switches", nargs="+", default=list(SWITCHES), choices=list(SWITCHES))
-    p.add_argument("--kv-gb", type=float, default=4.0, help="the KV pool's memory")
+    p.add_argument("--kv-gb", type=float, default=8.0, help="the KV pool's memory")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default=None)
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
     result = check(args.model, args.sessions, args.context, args.tree_nodes, args.repeats, args.budget_s,
-                   args.switches, int(args.kv_gb * 2**30), args.device, args.dtype)
+                   args.switches, int(args.kv_gb * 2**30), args.device, args.dtype, args.long_context,
+                   args.server_start)
     text = json.dumps(result, indent=1)
     print(text)
     print(table(result), file=sys.stderr)

@@ -9,14 +9,17 @@ from edgespec.server.gpu_check import SWITCHES, check, table
 
 def test_the_gpu_check_runs_on_a_cpu_and_counts_each_layers_ops(tiny_model_dir):
     result = check(str(tiny_model_dir), sessions=[1, 2], context=24, tree_nodes=5, repeats=2, budget_s=600,
-                   switches=list(SWITCHES), kv_bytes=16 << 20, device="cpu", dtype="float32")
+                   switches=list(SWITCHES), kv_bytes=16 << 20, device="cpu", dtype="float32", long_context=100,
+                   start_context=256)
     print()
     print(table(result))
     for name, r in result["switches"].items():
         print(name, r["aten_ops_per_layer"], "ATen ops a layer:", r["layer_ops"])
         assert r["error"] is None, (name, r["error"])
-        assert set(r["decode_ms"]) == set(r["tree_ms"]) == {1, 2} and r["aten_ops_per_layer"] > 0
+        assert set(r["decode_ms"]) == set(r["tree_ms"]) == set(r["long_tree_ms"]) == {1, 2}
+        assert r["aten_ops_per_layer"] > 0
         assert not r["graphs"] and r["kernels"] is None  # no CUDA here
+    assert result["server_start"]["error"] is None and "batched" in result["server_start"]["describe"]
     sdpa, flex = result["switches"]["sdpa-graphs"]["layer_ops"], result["switches"]["flex-eager"]["layer_ops"]
     assert sdpa.get("aten.scaled_dot_product_attention.default") or any("attention" in k for k in sdpa), sdpa
     assert flex.get("flex_attention") == 1
