@@ -89,7 +89,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "replaying the accepted lengths they reached: the check that the oracle's figures hold")
     p.add_argument("--drafter-model", default=None, help="--check-with independent: its small model (default: the "
                    "default drafter)")
-    p.add_argument("--out", type=Path, default=None, help="also write capacity.jsonl here (one line per N and system)")
+    p.add_argument("--budget-s", type=float, default=0.0,
+                   help="start no further N once this many seconds have gone (0: every N): a GPU check's time box")
+    p.add_argument("--out", type=Path, default=None,
+                   help="also write capacity.jsonl (one line per N and system), report.md and tokens_per_s.png here")
     add_prompt_arguments(p, humaneval=4, mtbench=4, max_tokens=64, drafter_model=False)
 
 
@@ -108,13 +111,37 @@ def run(args: argparse.Namespace) -> int:
         rows = measure(server, model, args, counts)
     finally:
         server.stop(grace=1.0)
-    print(report(rows, args.rate))
+    text = report(rows, args.rate)
+    print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         with (args.out / "capacity.jsonl").open("a") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
+        (args.out / "report.md").write_text(f"`{' '.join(sys.argv)}`\n\n{text}")
+        plot(rows, args.out / "tokens_per_s.png")
     return 0
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Committed tokens/s in all against N, one line per system (log-log)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for system in dict.fromkeys(r["system"] for r in rows):
+        mine = [r for r in rows if r["system"] == system]
+        ax.plot([r["sessions"] for r in mine], [r["tokens_per_s"] for r in mine], marker="o", label=system)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sessions (N)")
+    ax.set_ylabel("committed tokens/s, all sessions")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def measure(server, model: str, args: argparse.Namespace, counts: list[int]) -> list[dict]:
@@ -128,7 +155,11 @@ def measure(server, model: str, args: argparse.Namespace, counts: list[int]) -> 
     conts = [greedy_ids(http, p, args.max_tokens) for p in prompts]
     profile = None if args.profile == "none" else args.profile
     rows = []
+    t0 = time.monotonic()
     for n in counts:
+        if args.budget_s and time.monotonic() - t0 > args.budget_s:
+            print(f"N={n} and above not started: the {args.budget_s:g} s budget is spent", file=sys.stderr)
+            break
         jobs = [SessionJob(i, prompts[i % len(prompts)], conts[i % len(prompts)]) for i in range(n)]
         spec = RunSpec(server.address, http, model, profile, args.accept, args.nodes, args.depth, args.max_tokens,
                        server.core.target.vocab_size, 0.0)

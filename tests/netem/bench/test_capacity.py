@@ -78,7 +78,7 @@ def test_histograms_draw_their_own_mean_and_bad_names_are_refused():
 def test_sessions_and_streams_share_the_server_and_keep_the_text(server, tiny_model_dir):
     args = argparse.Namespace(target=str(tiny_model_dir), humaneval=0, mtbench=2, max_tokens=24, profile="none",
                               accept="fixed2", nodes=6, depth=4, client_processes=1, no_plain=False, rate=1.0,
-                              check_with=None, drafter_model=None)
+                              check_with=None, drafter_model=None, budget_s=0.0)
     rows = capacity.measure(server, str(tiny_model_dir), args, [1, 3])
     assert [(r["sessions"], r["system"]) for r in rows] == [(1, "speculative"), (1, "plain-api"),
                                                              (3, "speculative"), (3, "plain-api")]
@@ -94,10 +94,26 @@ def test_sessions_and_streams_share_the_server_and_keep_the_text(server, tiny_mo
 def test_the_check_with_a_real_drafter_replays_its_acceptance(server, tiny_model_dir):
     args = argparse.Namespace(target=str(tiny_model_dir), humaneval=0, mtbench=2, max_tokens=24, profile="none",
                               accept="fixed2", nodes=6, depth=4, client_processes=1, no_plain=True, rate=1.0,
-                              check_with="ngram", drafter_model=None)
+                              check_with="ngram", drafter_model=None, budget_s=0.0)
     rows = capacity.measure(server, str(tiny_model_dir), args, [2])
     assert [r["system"] for r in rows] == ["ngram", "oracle~ngram", "speculative"]
     real, replay = rows[0], rows[1]
     assert real["tokens"] == replay["tokens"] == 48 and replay["diverged"] == 0
     assert "drafts_by_accepted" not in real
     assert abs(real["accepted_per_tree"] - replay["accepted_per_tree"]) <= 1.0
+
+
+def test_the_command_writes_its_report_and_plot_and_keeps_its_budget(tiny_model_dir, tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "edgespec", "bench", "capacity", "--target", str(tiny_model_dir),
+                           "--device", "cpu", "--dtype", "float32", "--sessions", "1,2,64", "--profile", "5g",
+                           "--humaneval", "0", "--mtbench", "1", "--max-tokens", "8", "--budget-s", "0.001",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "N=2 and above not started" in done.stderr
+    lines = (out / "capacity.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and (out / "tokens_per_s.png").stat().st_size > 0
+    assert "| 1 | speculative |" in (out / "report.md").read_text()
