@@ -51,7 +51,7 @@ def generate(target: TargetModel, scheduler: ModelScheduler, request: Generation
     draws = Draws(request.seed)  # each token drawn by its position: the same text as a session with this seed
     rows = processors(target, request.sampling, request.grammar, request.prompt_ids)
     history = list(request.prompt_ids)  # what the processors see: prompt + output so far
-    kv = scheduler.new_kv()  # a pool slot on the batched engine: given back when the generation ends
+    kv = scheduler.new_kv()  # pool blocks on the batched engine: given back when the generation ends
     prompt = list(request.prompt_ids)
     held: list[int] = []  # the ids whose KV kv holds
     try:

@@ -8,7 +8,7 @@ tree is a tree. A row sees the whole cached past, its ancestors and itself.
 
 The keys the attention reads are a session's KV positions [0, key_len): the
 past first, then the new rows at past[b] + row (what ``KVPool`` writes), then
-whatever is left in the slot. Nothing is computed on the host but the small
+whatever else the session's blocks hold. Nothing is computed on the host but the small
 integer tensors; the mask itself is a few gathers, so it can be captured in a
 CUDA graph.
 

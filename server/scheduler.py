@@ -92,8 +92,8 @@ class ModelScheduler:
     def run_job(self, job: Job[T], kv: SessionKV | None = None) -> T:
         """Run a job on the model thread, its forwards batched with other jobs'; wait for its answer.
 
-        kv: the KV the job feeds, to take its pool slot here first: waiting for a free slot then holds up
-        this caller only, never the model thread.
+        kv: the KV the job feeds, to take what it needs up front here (``SessionKV.reserve``), on this caller's
+        thread rather than the model's.
         """
         if kv is not None:
             kv.reserve()

@@ -6,10 +6,9 @@ speculative-decoding loop needs to ``crop`` it (a rejected tree, a rollback), to
 ``layer_kv`` (MoA's Layer Self-Attention input) and to count its bytes (memory caps).
 
 Two stores implement them: a transformers ``DynamicCache`` (``DynamicKV``, the
-generic path, one growing tensor per layer) and a slot of the server's
-pre-allocated pool (``edgespec.server.engine_kv.SlotKV``). Both keep rows the
-same way (``keep_rows_of``): the rows are gathered, then written back behind
-the past, so a pool slot is never reallocated.
+generic path, one growing tensor per layer) and blocks of the server's paged
+pool (``edgespec.server.engine_kv.PagedKV``). Both keep rows by gathering them,
+then writing them back behind the past, so the pool is never reallocated.
 """
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ def keep_rows_of(t: torch.Tensor, past_len: int, rows: Sequence[int]) -> torch.T
     """t: [..., S, D]. Make positions past_len.. hold the given rows (offsets from past_len), in order.
 
     Returns the tensor to use from now on: a view of t itself when the rows are a prefix
-    (nothing moves), else t with the rows copied into place (in place, so a pool slot stays
+    (nothing moves), else t with the rows copied into place (in place, so the storage stays
     where it is). Positions after past_len + len(rows) are left as they were: callers track the
     length apart.
     """
@@ -113,7 +112,8 @@ class SessionKV(ABC):
         """Memory this session holds (what memory caps count)."""
 
     def reserve(self) -> None:
-        """Take what the next forward needs (a pool slot) now, on the caller's thread, not the model's."""
+        """Take what the next forward needs now, on the caller's thread, not the model's (a paged pool takes
+        blocks as a session grows instead, before its work joins a batch)."""
 
     def close(self) -> None:
         """Give the memory back now rather than when the object is collected."""
