@@ -225,6 +225,7 @@ class DraftPipeline:
             self.estimates.observe_verdict(flight.tree, len(verdict.accepted),
                                            None if flight.queued else arrived - flight.sent,
                                            verdict.timings.total_ns / 1e9, len(verdict.decoded) + 1, flight.scores)
+            self.estimates.observe_load(verdict.timings.row_cost_ns / 1e9, verdict.timings.sharing)
         return verdict, arrived - flight.sent
 
     def open_alone(self, prompt_len: int, wanted: int) -> TreeSize | None:

@@ -165,6 +165,8 @@ class LoopEstimates:
         # prompt token (its prefill dominates; an n-gram drafter's is ~0)
         self.open_nodes = 0  # the size of the last tree drafted from a prompt
         self.largest_tree = 0  # the most nodes a tree drafted had: the drafter's own cap, where it has one
+        self.node_price_s = 0.0  # what a node costs the other sessions of the server's forwards (the server's load
+        # price: row cost x (sharing - 1)); 0 alone, so a lone session plans as before
         self._promised = 0.0  # running sums over verdicts: the tokens the drafter's probabilities promised ...
         self._delivered = 0.0  # ... and the tokens the target accepted (calibration)
 
@@ -215,6 +217,14 @@ class LoopEstimates:
             for i in range(len(self.reached)):
                 self.reached[i] = self.reached[i] * (1 - self.FORGET) + (i < reached)
                 self.accepted[i] = self.accepted[i] * (1 - self.FORGET) + (accepted > i)
+
+    def observe_load(self, row_cost_s: float, sharing: float) -> None:
+        """The server's load price with a verdict: each node a tree holds adds ``row_cost_s`` to forwards that
+        ``sharing`` items wait on; the others' part is what this client's trees cost them."""
+        if sharing <= 0:  # a server that does not say
+            return
+        with self._lock:
+            self.node_price_s = _ema(self.node_price_s, max(0.0, row_cost_s) * max(0.0, sharing - 1.0), self.WEIGHT)
 
     def new_generation(self) -> None:
         """A new prompt may be another kind of text (a chat answer after code, or the reverse): the acceptance
@@ -306,9 +316,11 @@ class LoopEstimates:
             if not curve or self.round_trip_s is None or self.pass_s is None:
                 return None
             sizes = sorted(curve)
+            # Trees are planned at the server's price too: a node costs this client its own time and the other
+            # sessions' (node_price_s each), so trees shrink as the server fills, and not at all alone.
             return PlanInputs(
                 round_trip_s=self.round_trip_s, verify_nodes=tuple(sizes),
-                verify_s=tuple(curve[n] for n in sizes), draft_pass_s=self.pass_s,
+                verify_s=tuple(curve[n] + n * self.node_price_s for n in sizes), draft_pass_s=self.pass_s,
                 acceptance=self.acceptance(), nodes_per_depth=self.nodes_per_depth or 1.0,
                 max_nodes=max_nodes, max_depth=max_depth, hit_rate=self.hit_rate if pipelined else 0.0,
                 max_ahead=max(1, max_ahead), ahead_overhead=ahead_overhead, queue_plain=queue_plain,

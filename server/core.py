@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from edgespec.shared.drafters.lsa import LayerSelfAttention
@@ -21,6 +21,7 @@ from .engine import Engine, GenericEngine
 from .prefix_cache import PrefixCache
 from .prefix_kv import unsupported as prefix_cache_unsupported
 from .scheduler import ModelScheduler
+from .load_price import LoadPrice, Totals
 from .session import ResumePolicy, SessionSettings, StepResult, VerifierSession
 from .session_store import SessionStore, StoreLimits
 from .target import TargetModel
@@ -51,7 +52,8 @@ class VerifierCore:
         self.metrics.watch(target.eos_ids, lambda: len(self.store), self.scheduler.pending,  # read when scraped
                            lambda: self.store.total_kv_bytes() / capacity)
         self.metrics.watch_engine(lambda: self.scheduler.engine.times)
-        self.cost_curve = None  # verification time by tree size (cost_curve.CostCurve), once measured: Info reports it
+        self._cost_curve = None  # verification time by tree size (cost_curve.CostCurve), once measured: Info reports it
+        self.load_price = LoadPrice()  # what a tree node costs the sessions sharing the forwards: sent with Verified
         self.draining = threading.Event()
         self._closed = threading.Event()
         # Idle sessions hold KV memory: drop them on time even when no call comes to trigger it.
@@ -91,7 +93,21 @@ class VerifierCore:
             session.lock.release()
         if not result.skipped:
             self.metrics.verified(session_id, len(tree), result)
+        stats = self.scheduler.stats
+        price = self.load_price.update(Totals(stats.forwards, stats.items, stats.tokens, stats.busy_ns))
+        result.timings = replace(result.timings, row_cost_ns=price.row_cost_ns, sharing=price.sharing)
         return result
+
+    @property
+    def cost_curve(self):
+        return self._cost_curve
+
+    @cost_curve.setter
+    def cost_curve(self, curve) -> None:
+        """The curve measured at start: Info reports it, and the load price starts from it (a lone session)."""
+        self._cost_curve = curve
+        if curve is not None:
+            self.load_price.calibrate(tuple(curve.nodes), tuple(curve.total_ns))
 
     def resume(self, session_id: str, confirmed_len: int, confirmed_hash: bytes, committed_ids: Sequence[int],
                provisional: Sequence[int], policy: ResumePolicy,

@@ -106,6 +106,8 @@ class ServerTimings:
     verify_ns: int = 0  # acceptance decision and KV bookkeeping
     encode_ns: int = 0  # feature extraction and encoding
     total_ns: int = 0  # everything the server spent on the message
+    row_cost_ns: int = 0  # Verified: what one more row adds to the server's forwards now (0: not known)
+    sharing: float = 0.0  # Verified: items per forward lately; a node costs the others row_cost_ns * (sharing - 1)
 
     @classmethod
     def of(cls, message) -> "ServerTimings":

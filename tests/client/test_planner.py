@@ -409,3 +409,20 @@ def test_the_planner_keeps_the_kind_of_step_it_is_on_where_a_switch_would_not_pa
         planner._plain_in_a_row, planner._plain_s = 0, 0.0  # ... and not due a probe (a new planner probes first)
         assert (not planner.size(100).plain) is kept
         assert (not planner.size(100, explore=False).plain) is kept  # drafted ahead while a tree is out
+
+
+def test_the_servers_load_price_shrinks_trees_and_alone_changes_nothing():
+    def planned(row_cost_s: float, sharing: float) -> TreeSize:
+        est = LoopEstimates((0, 16, 64), (0.05, 0.06, 0.09))
+        chain = DraftTree.chain(list(range(8)))
+        for _ in range(30):
+            est.observe_draft(chain, 0.008)
+            est.observe_verdict(chain, 5, round_trip_s=0.1, server_s=0.06)
+            est.observe_load(row_cost_s, sharing)
+        return plan_tree(est.inputs(64, 12, pipelined=False))
+
+    alone, unknown = planned(0.002, 1.0), planned(0.0, 0.0)
+    assert alone == unknown and alone.nodes > 0  # sharing 1 (or a server that does not say): as before
+    busy, full = planned(0.002, 8.0), planned(0.002, 64.0)
+    assert 0 < busy.nodes < alone.nodes and full.nodes < busy.nodes  # the fuller the server, the smaller the trees
+    assert full == PLAIN or full.nodes <= 2

@@ -61,10 +61,13 @@ def test_the_openai_layer_builds_the_same_settings():
 
 
 def test_server_timings_read_from_anything_with_their_fields():
-    class Message:  # the wire's Timings has the same five fields
-        queue_ns, forward_ns, verify_ns, encode_ns, total_ns = 1, 2, 3, 4, 10
+    class Message:  # the wire's Timings has the same fields
+        queue_ns, forward_ns, verify_ns, encode_ns, total_ns, row_cost_ns, sharing = 1, 2, 3, 4, 10, 5, 2.5
 
-    assert ServerTimings.of(Message()) == ServerTimings(1, 2, 3, 4, 10)
+    assert ServerTimings.of(Message()) == ServerTimings(1, 2, 3, 4, 10, 5, 2.5)
+    from edgespec.proto.edgespec.v1 import pb
+
+    assert ServerTimings.of(pb.Timings(total_ns=7, sharing=3.0)) == ServerTimings(total_ns=7, sharing=3.0)
 
 
 # --------------------------------------------------------------------------- one home each, on the source

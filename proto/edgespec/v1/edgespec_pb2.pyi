@@ -336,15 +336,19 @@ class Feature(_message.Message):
     def __init__(self, name: _Optional[str] = ..., frame: _Optional[bytes] = ...) -> None: ...
 
 class Timings(_message.Message):
-    __slots__ = ("queue_ns", "forward_ns", "verify_ns", "encode_ns", "total_ns")
+    __slots__ = ("queue_ns", "forward_ns", "verify_ns", "encode_ns", "total_ns", "row_cost_ns", "sharing")
     QUEUE_NS_FIELD_NUMBER: _ClassVar[int]
     FORWARD_NS_FIELD_NUMBER: _ClassVar[int]
     VERIFY_NS_FIELD_NUMBER: _ClassVar[int]
     ENCODE_NS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_NS_FIELD_NUMBER: _ClassVar[int]
+    ROW_COST_NS_FIELD_NUMBER: _ClassVar[int]
+    SHARING_FIELD_NUMBER: _ClassVar[int]
     queue_ns: int
     forward_ns: int
     verify_ns: int
     encode_ns: int
     total_ns: int
-    def __init__(self, queue_ns: _Optional[int] = ..., forward_ns: _Optional[int] = ..., verify_ns: _Optional[int] = ..., encode_ns: _Optional[int] = ..., total_ns: _Optional[int] = ...) -> None: ...
+    row_cost_ns: int
+    sharing: float
+    def __init__(self, queue_ns: _Optional[int] = ..., forward_ns: _Optional[int] = ..., verify_ns: _Optional[int] = ..., encode_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., row_cost_ns: _Optional[int] = ..., sharing: _Optional[float] = ...) -> None: ...
