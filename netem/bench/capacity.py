@@ -12,7 +12,9 @@ together and generate ``--max-tokens`` tokens (EOS ignored, so every one is as l
 
 Reported per N and system: committed tokens/s in all and per session (mean and the slowest), time per
 token and round trip (median and p99 over sessions), the engine's steps, mean batch and forward time per
-committed token (from the server's /metrics), and the sessions that left the continuation (bf16 ties). The
+committed token (from the server's /metrics), the nodes a tree held (the client's planner shrinks trees as
+the server's published load price rises; the oracle drafts what it is asked, at most ``--nodes``), and
+the sessions that left the continuation (bf16 ties). The
 capacity at a per-session rate (``--rate``) is the largest N whose slowest session keeps it. With sessions
 behind a 5G round trip a server is mostly idle at small N: throughput ratios there are the link's, not the
 server's capacity.
@@ -309,6 +311,7 @@ def spec_sessions(spec: RunSpec, jobs: list[SessionJob]) -> list[dict]:
         return {"session": job.index, "new_tokens": m.new_tokens, "end": end, "wall_s": m.wall_s,
                 "calls": m.calls, "round_trip_s": m.mean_round_trip_s, "tau": m.acceptance_length,
                 "accepted": m.num_accepted_tokens / m.num_drafts if m.num_drafts else 0.0,
+                "tree_nodes": m.num_draft_tokens / m.num_drafts if m.num_drafts else 0.0,
                 "asked": statistics.fmean(drafter.asked) if drafter and drafter.asked else 0.0,
                 "diverged": drafter.diverged if drafter else 0, "drafts_by_accepted": m.drafts_by_accepted(),
                 "exact": list(result.token_ids) == list(job.continuation)}
@@ -337,7 +340,7 @@ def plain_sessions(spec: RunSpec, jobs: list[SessionJob]) -> list[dict]:
             wall = time.perf_counter() - t0
         tokens = usage.get("completion_tokens", 0)
         return {"session": job.index, "new_tokens": tokens, "end": end, "wall_s": wall, "calls": 1,
-                "round_trip_s": statistics.median(gaps) if gaps else 0.0, "tau": 1.0, "accepted": 0.0, "asked": 0.0,
+                "round_trip_s": statistics.median(gaps) if gaps else 0.0, "tau": 1.0, "accepted": 0.0, "asked": 0.0, "tree_nodes": 0.0,
                 "diverged": 0, "exact": None}
 
     return _threads(spec, jobs, one)
@@ -398,6 +401,7 @@ def summary(system: str, n: int, sessions: list[dict], wall: float, engine: Engi
             "time_per_token_p99_ms": 1000 * _pct(per_token, 0.99), "round_trip_p50_ms": 1000 * _pct(trips, 0.5),
             "round_trip_p99_ms": 1000 * _pct(trips, 0.99), "tau": statistics.fmean(s["tau"] for s in sessions),
             "accepted_per_tree": statistics.fmean(s["accepted"] for s in sessions),
+            "tree_nodes": statistics.fmean(s["tree_nodes"] for s in sessions),
             "asked_per_tree": statistics.fmean(s["asked"] for s in sessions),
             "diverged": sum(s["diverged"] for s in sessions),
             "drafts_by_accepted": _summed([s.get("drafts_by_accepted", []) for s in sessions]),
@@ -432,11 +436,11 @@ def report(rows: list[dict], rate: float) -> str:
 
     table = markdown_table(
         ["N", "system", "tokens/s", "per session mean", "slowest", "ms/token p50", "p99", "round trip (plain: chunk gap) p50 ms",
-         "p99", "tau", "accepted a tree (asked)", "steps", "mean batch", "forward ms/token", "host ms/token", "left the text"],
+         "p99", "tau", "accepted a tree (asked)", "nodes a tree", "steps", "mean batch", "forward ms/token", "host ms/token", "left the text"],
         [[r["sessions"], r["system"], fmt(r["tokens_per_s"], ".1f"), fmt(r["per_session_mean"]),
           fmt(r["per_session_min"]), fmt(r["time_per_token_p50_ms"], ".1f"), fmt(r["time_per_token_p99_ms"], ".1f"),
           fmt(r["round_trip_p50_ms"], ".1f"), fmt(r["round_trip_p99_ms"], ".1f"),
-          fmt(r["tau"]), f"{r['accepted_per_tree']:.2f} ({r['asked_per_tree']:.2f})", int(r["engine_steps"]), fmt(r["mean_batch"], ".1f"),
+          fmt(r["tau"]), f"{r['accepted_per_tree']:.2f} ({r['asked_per_tree']:.2f})", fmt(r["tree_nodes"], ".1f"), int(r["engine_steps"]), fmt(r["mean_batch"], ".1f"),
           fmt(r["device_ms_per_token"], ".3f"), fmt(r["host_ms_per_token"], ".3f"), r["diverged"]] for r in rows])
     spec, plain = capacity(rows, "speculative", rate), capacity(rows, "plain-api", rate)
     ratio = f"{spec / plain:.2f}x" if plain else "n/a (the plain API kept the rate at no N measured)"
