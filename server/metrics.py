@@ -29,7 +29,8 @@ as vLLM observes one per engine step), ``request_time_per_output_token`` (decode
 
 And ``edgespec_engine_step_seconds{part}`` (a counter): the engine's steps split into the host's parts
 (``pack``, ``launch``, ``readback``, ``items``) and the forward alone (``device``: CUDA events on a GPU),
-with ``edgespec_engine_steps``, so a change is judged on the part it moves (``engine_timing``).
+with ``edgespec_engine_steps``, so a change is judged on the part it moves (``engine_timing``); and the
+scheduler's ``edgespec_scheduler_forwards``, ``_items`` and ``_rows`` (items / forwards: the mean batch).
 
 Every ``edgespec:`` series carries ``model_name`` (the served name) and ``engine``; no series is ``*_created``.
 """
@@ -142,6 +143,11 @@ class ServerMetrics(VllmMetrics):
     def watch_engine(self, times: Callable[[], "StepTimes"]) -> None:
         """Export the engine's step-time totals (``engine_timing.StepTimes``), read when scraped."""
         self.registry.register(_StepTimesCollector(times))
+
+    def watch_scheduler(self, stats: Callable[[], object]) -> None:
+        """Export the scheduler's batching totals (``SchedulerStats``: forwards, items, rows), read when scraped:
+        items / forwards is the mean batch."""
+        self.registry.register(_SchedulerCollector(stats))
 
     def _started(self, clock: RequestClock) -> None:
         self.prompt_tokens.inc(clock.prompt_tokens)
@@ -276,6 +282,25 @@ class _StepTimesCollector:
             seconds.add_metric([part], getattr(t, part + "_ns") / 1e9)
         yield seconds
         yield CounterMetricFamily("edgespec_engine_steps", "Engine steps run", value=t.steps)
+
+    def describe(self):
+        return []  # no names claimed at registration: collect() runs at scrape time only
+
+
+class _SchedulerCollector:
+    """How the scheduler batched: forwards run, work items in them (sessions' steps, plain-API streams' tokens)
+    and rows fed (padding excluded), read at each scrape."""
+
+    def __init__(self, stats: Callable[[], object]):
+        self._stats = stats
+
+    def collect(self):
+        s = self._stats()
+        yield CounterMetricFamily("edgespec_scheduler_forwards", "Batched forwards the scheduler ran", value=s.forwards)
+        yield CounterMetricFamily("edgespec_scheduler_items", "Work items in those forwards (items / forwards: "
+                                  "the mean batch)", value=s.items)
+        yield CounterMetricFamily("edgespec_scheduler_rows", "Rows fed to those forwards, padding excluded",
+                                  value=s.tokens)
 
     def describe(self):
         return []  # no names claimed at registration: collect() runs at scrape time only

@@ -353,7 +353,8 @@ class EngineTotals:
     steps: float = 0.0
     device_s: float = 0.0  # the forward alone (edgespec_engine_step_seconds{part="device"})
     host_s: float = 0.0  # packing, launch, readback and per-item Python
-    rows: float = 0.0  # items (sessions or streams) summed over steps, where the server exports it
+    rows: float = 0.0  # items (sessions' steps, streams' tokens) summed over the scheduler's forwards
+    forwards: float = 0.0  # the scheduler's batched forwards
 
     def minus(self, other: "EngineTotals") -> "EngineTotals":
         return EngineTotals(*(a - b for a, b in zip(asdict(self).values(), asdict(other).values())))
@@ -363,7 +364,7 @@ def engine_totals(http_address: str) -> EngineTotals:
     import httpx
 
     text = httpx.get(f"http://{http_address}/metrics", timeout=30).text
-    got = {"steps": 0.0, "device_s": 0.0, "host_s": 0.0, "rows": 0.0}
+    got = {"steps": 0.0, "device_s": 0.0, "host_s": 0.0, "rows": 0.0, "forwards": 0.0}
     for line in text.splitlines():
         if line.startswith("#") or " " not in line:
             continue
@@ -372,8 +373,10 @@ def engine_totals(http_address: str) -> EngineTotals:
             got["steps"] = float(value)
         elif name.startswith("edgespec_engine_step_seconds_total"):
             got["device_s" if 'part="device"' in name else "host_s"] += float(value)
-        elif name == "edgespec_engine_step_items_total":
+        elif name == "edgespec_scheduler_items_total":
             got["rows"] = float(value)
+        elif name == "edgespec_scheduler_forwards_total":
+            got["forwards"] = float(value)
     # on a CPU "launch" holds the forward too: the host's share is what is left after the device's
     got["host_s"] -= got["device_s"] if 'part="launch"' in text and got["host_s"] >= got["device_s"] else 0.0
     return EngineTotals(**got)
@@ -405,7 +408,7 @@ def summary(system: str, n: int, sessions: list[dict], wall: float, engine: Engi
             "asked_per_tree": statistics.fmean(s["asked"] for s in sessions),
             "diverged": sum(s["diverged"] for s in sessions),
             "drafts_by_accepted": _summed([s.get("drafts_by_accepted", []) for s in sessions]),
-            "engine_steps": engine.steps, "mean_batch": engine.rows / engine.steps if engine.rows and engine.steps else None,
+            "engine_steps": engine.steps, "mean_batch": engine.rows / engine.forwards if engine.forwards else None,
             "device_ms_per_token": 1000 * engine.device_s / tokens if tokens else 0.0,
             "host_ms_per_token": 1000 * engine.host_s / tokens if tokens else 0.0}
 

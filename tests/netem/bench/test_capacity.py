@@ -87,6 +87,7 @@ def test_sessions_and_streams_share_the_server_and_keep_the_text(server, tiny_mo
     spec3 = rows[2]
     assert spec3["accepted_per_tree"] == pytest.approx(spec3["asked_per_tree"]) and spec3["tau"] > 2.5
     assert rows[3]["engine_steps"] >= 24  # a stream is one step a token, however the streams batch
+    assert all(1.0 <= r["mean_batch"] <= r["sessions"] for r in rows)
     text = capacity.report(rows, rate=1.0)
     assert "capacity at >= 1 tokens/s a session: speculative 3, plain API 3" in text
 
