@@ -365,3 +365,36 @@ def test_a_compiled_engine_lets_dynamo_compile_a_graph_for_every_bucket(target):
     th.start()
     th.join()
     assert seen["after"] >= 256, seen  # "before" is torch's default where its settings are per thread (8)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+def test_the_inductor_compiled_step_writes_the_pool_in_place(target, attention):
+    """Compiled by Inductor (functionalised, then re-inplaced), a step writes the KV pool where it is: the same
+    storage before and after, and no allocation during the compiled step comes near the pool's size (a copy of
+    the pool would be one); tokens and acceptance equal the eager step's."""
+    import torch._dynamo
+    from torch.profiler import ProfilerActivity, profile
+
+    torch._dynamo.reset()
+    config = dict(max_kv_bytes=1 << 40, max_seqs=8, max_context_tokens=2048, shape_buckets=True, attention=attention)
+    eager = BatchedEngine(target, PoolConfig(**config))
+    compiled = BatchedEngine(target, PoolConfig(compile_backend="inductor", **config))
+    tree = DraftTree((5, 6, 7), (ROOT, 0, 0))
+    outs = {}
+    for name, eng in (("eager", eager), ("compiled", compiled)):
+        kvs = [eng.new_kv() for _ in range(2)]
+        for kv in kvs:
+            eng.run([(kv, Work.chunk(list(range(3, 30)), 0))])
+        eng.run([(kv, Work.tree(9, tree, len(kv), accept=True)) for kv in kvs])  # compiles (compiled)
+        for kv in kvs:
+            kv.crop(27)
+        storage = eng.pool.kv.data_ptr()
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            outs[name] = [(o.best, o.accepted, o.next_token)
+                          for o in eng.run([(kv, Work.tree(9, tree, len(kv), accept=True)) for kv in kvs])]
+        largest = max((e.cpu_memory_usage for e in prof.events()), default=0)
+        assert eng.pool.kv.data_ptr() == storage
+        if name == "compiled":  # (a CPU's eager FlexAttention is PyTorch's unfused reference: it copies K and V)
+            assert largest < eng.pool.kv.nbytes // 8, (name, largest, eng.pool.kv.nbytes)
+    assert outs["compiled"] == outs["eager"]
