@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .python_client import AsyncClient, Client
+    from .python_client import AsyncClient, ChatReply, Client, ToolCall
 
-__all__ = ["AsyncClient", "Client"]
+__all__ = ["AsyncClient", "ChatReply", "Client", "ToolCall"]
 
 
 def __getattr__(name: str):

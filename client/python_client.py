@@ -14,6 +14,15 @@
         async for piece in await client.chat(messages, stream=True):
             ...
 
+Tools as the HTTP chat API takes them (the same template rendering, the same constraint and parsing):
+
+    reply = client.chat(messages, tools=[weather_tool], tool_choice="required")
+    messages.append(reply.message)  # the assistant's turn, its calls included
+    for call in reply.tool_calls:  # ToolCall(id, name, arguments): arguments decoded from JSON
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": functions[call.name](**call.arguments)})
+
+With ``tools`` a chat returns a ``ChatReply`` (content, tool_calls, finish_reason), not a string.
+
 Sampling defaults are the HTTP APIs' (OpenAI's and vLLM's): temperature 1, top_p 1, top_k off. Text is what
 the target itself would write: at temperature=0 exactly its greedy output, otherwise distributed as its own
 samples. A keyword that is not a sampling option is refused with a TypeError that names it and the options
@@ -25,8 +34,10 @@ from __future__ import annotations
 import asyncio
 import difflib
 import inspect
+import json
 import os
-from typing import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, AsyncIterator, Iterator, Sequence
 
 from edgespec.shared import defaults
 from edgespec.shared.session_contract import SamplingSettings
@@ -40,6 +51,45 @@ from .step_plan import LoopConfig
 from .text import TextStreamer
 
 Messages = Sequence[dict]
+CHAT_OPTIONS = ("tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs")  # chat's, besides sampling
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One function call the model made: ``arguments`` decoded from the JSON it wrote (a dict for a function whose
+    parameters are an object schema); ``id`` names the call in the tool message that answers it."""
+
+    id: str
+    name: str
+    arguments: Any
+
+    @property
+    def arguments_json(self) -> str:
+        """The arguments as JSON text, as the HTTP APIs and OpenAI's library carry them."""
+        return json.dumps(self.arguments, ensure_ascii=False)
+
+    def to_openai(self) -> dict:
+        """The call as an OpenAI tool_calls entry."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments_json}}
+
+
+@dataclass(frozen=True)
+class ChatReply:
+    """What ``chat`` returns when given tools: ``content`` the text outside the calls (None when nothing is left),
+    ``tool_calls`` the calls parsed out of the answer (empty when the model wrote none, or with tool_choice "none"),
+    ``finish_reason`` "tool_calls" when there are calls, else the generation's ("stop", "length", "link_lost")."""
+
+    content: str | None
+    tool_calls: tuple[ToolCall, ...]
+    finish_reason: str
+
+    @property
+    def message(self) -> dict:
+        """The assistant message to append to the conversation for the next turn (as the HTTP API answers it)."""
+        out: dict = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [call.to_openai() for call in self.tool_calls]
+        return out
 
 
 class Client:
@@ -74,20 +124,68 @@ class Client:
     def model_name(self) -> str:
         return self.edge.model_name
 
-    def chat(self, messages: Messages, stream: bool = False, **sampling) -> str | Iterator[str]:
-        """The assistant's answer to chat messages ({role, content}), under the target's chat template.
+    def chat(self, messages: Messages, stream: bool = False, *, tools: Sequence[dict] | None = None,
+             tool_choice: str | dict | None = None, parallel_tool_calls: bool | None = None,
+             chat_template_kwargs: dict | None = None, **sampling) -> str | Iterator[str] | ChatReply:
+        """The assistant's answer to chat messages, under the target's chat template. Messages are the HTTP chat
+        API's ({role, content}; an assistant's earlier ``tool_calls``, a tool message's ``tool_call_id``), checked
+        and rendered as it does them; a ValueError says what is wrong with one.
+
+        tools: OpenAI's function tools, rendered by the chat template. tool_choice "auto" (the default with tools)
+        lets the model choose and parses the calls it writes; "required" or {"type": "function", "function":
+        {"name": ...}} constrains the answer to calls (of that function, once), whose arguments then follow the
+        function's parameters schema; "none" renders the tools and parses nothing. parallel_tool_calls=False: at
+        most one call. With tools the answer is a ``ChatReply`` (its calls as ``ToolCall``s), not a string, and
+        stream=True is refused: a call is known only once the answer ends. chat_template_kwargs: more variables
+        for the template, as vLLM's (Qwen3's {"enable_thinking": False}).
 
         sampling: max_tokens, temperature (default 1, as the HTTP APIs; 0 = greedy), top_p, top_k, stop (strings),
         seed (unset: a fresh one each call, as the HTTP APIs), vLLM's min_p, presence_penalty, frequency_penalty,
         repetition_penalty, min_tokens and stop_token_ids, response_format (OpenAI's) or structured_outputs
-        (vLLM's: json, regex, choice, grammar), and logprobs (the N most likely alternatives, 0 to 20): then ``last_result.logprobs`` holds the
-        target's log-probability of every token, and no offline token is handed out before the target scored it."""
-        ids = self.edge.encode_chat([{"role": m["role"], "content": m["content"]} for m in messages])
-        return self._run(ids, stream, sampling)
+        (vLLM's: json, regex, choice, grammar), and logprobs (the N most likely alternatives, 0 to 20): then
+        ``last_result.logprobs`` holds the target's log-probability of every token, and no offline token is handed
+        out before the target scored it."""
+        from edgespec.shared.openai.tool_calls import parse_tool_calls
+
+        _check_sampling(sampling, CHAT_OPTIONS)
+        ids, use = self._chat_prompt(messages, tools, tool_choice, parallel_tool_calls, chat_template_kwargs)
+        if use is None:
+            return self._run(ids, stream, sampling)
+        if stream:
+            raise ValueError("stream=True cannot be given with tools: a tool call is known only once the answer "
+                             "ends, so ask without stream (the answer is a ChatReply)")
+        config = self._config(**sampling)
+        if use.grammar:  # "required" or a named function: the answer is calls, tags as this tokenizer writes them
+            config = replace(config, grammar=use.grammar_for(self.edge.tokenizer))
+        text = "".join(self._pieces(ids, config))
+        content, calls = parse_tool_calls(text) if use.parse else (text, [])
+        parsed = tuple(ToolCall(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"]))
+                       for c in calls)
+        return ChatReply(content, parsed, "tool_calls" if parsed else self.last_result.finish_reason)
 
     def complete(self, prompt: str, stream: bool = False, **sampling) -> str | Iterator[str]:
         """The continuation of raw text (no chat template); sampling as for ``chat``."""
         return self._run(self.edge.encode(prompt), stream, sampling)
+
+    def _chat_prompt(self, messages: Messages, tools, tool_choice, parallel_tool_calls, template_kwargs):
+        """(prompt ids, ToolUse or None) of a chat: the messages and tools checked as the HTTP chat API checks them
+        (its request model) and rendered as it renders them (``chat_text``)."""
+        from edgespec.shared.openai.errors import OpenAIError
+        from edgespec.shared.openai.prompts import chat_text, encode_text
+        from edgespec.shared.openai.requests import ChatCompletionRequest, parse_request
+
+        body = {"messages": list(messages), "tools": tools, "tool_choice": tool_choice,
+                "parallel_tool_calls": parallel_tool_calls, "chat_template_kwargs": template_kwargs}
+        limit = self.edge.info.limits.max_context_tokens or DEFAULT_CONTEXT_TOKENS
+        try:
+            request = parse_request(json.dumps({k: v for k, v in body.items() if v is not None}).encode(),
+                                    ChatCompletionRequest)
+            use = request.settings().tools
+            text = chat_text(self.edge.tokenizer, [m.template_message() for m in request.messages], limit,
+                             use.tools if use is not None else None, template_kwargs=request.chat_template_kwargs)
+            return encode_text(text, self.edge.tokenizer, limit, "messages"), use
+        except OpenAIError as err:
+            raise ValueError(err.message) from None
 
     def _run(self, ids: list[int], stream: bool, sampling: dict) -> str | Iterator[str]:
         _check_sampling(sampling)
@@ -137,6 +235,7 @@ class Client:
 
 
 SAMPLING_OPTIONS = tuple(inspect.signature(Client._config).parameters)[1:]  # what chat/complete take besides stream
+DEFAULT_CONTEXT_TOKENS = 32768  # a server too old to say its context (the local API's assumption too)
 
 
 def _grammar(response_format: dict | None, structured_outputs: dict | None) -> str:
@@ -153,14 +252,16 @@ def _grammar(response_format: dict | None, structured_outputs: dict | None) -> s
         raise ValueError(err.message) from None
 
 
-def _check_sampling(sampling: dict) -> None:
-    """Refuse a keyword that is no sampling option, naming it (and the option it looks like)."""
+def _check_sampling(sampling: dict, also: Sequence[str] = ()) -> None:
+    """Refuse a keyword that is no sampling option, naming it (and the option it looks like, among the sampling
+    options and `also`, the call's own)."""
     for name in sampling:
         if name not in SAMPLING_OPTIONS:
-            near = difflib.get_close_matches(name, SAMPLING_OPTIONS, n=1)
+            near = difflib.get_close_matches(name, (*SAMPLING_OPTIONS, *also), n=1)
             raise TypeError(f"{name!r} is not a sampling option of edgespec.Client"
                             + (f" (did you mean {near[0]!r}?)" if near else "")
-                            + f"; chat() and complete() take stream and {', '.join(SAMPLING_OPTIONS)}")
+                            + f"; chat() and complete() take stream and {', '.join(SAMPLING_OPTIONS)}"
+                            + (f"; chat() also {', '.join(also)}" if also else ""))
 
 
 class AsyncClient:
@@ -183,12 +284,13 @@ class AsyncClient:
     def last_result(self) -> GenerationResult | None:
         return self._client.last_result if self._client else None
 
-    async def chat(self, messages: Messages, stream: bool = False, **sampling) -> str | AsyncIterator[str]:
-        """The answer's text, or with stream=True an async iterator of its pieces (as OpenAI's AsyncClient)."""
+    async def chat(self, messages: Messages, stream: bool = False, **options) -> str | AsyncIterator[str] | ChatReply:
+        """The answer's text, or with stream=True an async iterator of its pieces (as OpenAI's AsyncClient); with
+        tools a ChatReply. Options as ``Client.chat``'s."""
         client = await self._ready()
         if stream:
-            return _pieces_off_loop(lambda: client.chat(messages, True, **sampling))
-        return await asyncio.to_thread(client.chat, messages, False, **sampling)
+            return _pieces_off_loop(lambda: client.chat(messages, True, **options))
+        return await asyncio.to_thread(client.chat, messages, False, **options)
 
     async def complete(self, prompt: str, stream: bool = False, **sampling) -> str | AsyncIterator[str]:
         client = await self._ready()
