@@ -1,4 +1,10 @@
-"""Load a model and its tokenizer by registry name, local directory or hub id."""
+"""Load a model and its tokenizer by registry name, local directory or hub id.
+
+A hub id is read from the Hugging Face hub when one short request shows the hub answers (``hub_location``);
+where it does not (no network, a firewall, ``HF_HUB_OFFLINE=1``) a model already in the Hugging Face cache is
+read from there, and any other fails at once with one error that names the ways to a model without the hub,
+rather than after huggingface_hub's retries (about 45 s a file).
+"""
 from __future__ import annotations
 
 import contextlib
@@ -12,7 +18,9 @@ from edgespec.shared.device import parse_dtype, pick_device
 from edgespec.shared.errors import ModelPrepareError
 from edgespec.shared.fingerprint import tokenizer_fingerprint
 from .prepare import is_prepared
-from .registry import HubId, LocalDir, PypiGguf, resolve, prepared_dir
+from .registry import REGISTRY, HubId, LocalDir, PypiGguf, resolve, prepared_dir
+
+HUB_CHECK_TIMEOUT_S = 3.0  # the one request that decides whether the hub can be reached
 
 
 @dataclass
@@ -35,7 +43,44 @@ def model_location(name_or_path: str) -> str:
     if isinstance(spec.source, LocalDir):
         return str(spec.source.path)
     assert isinstance(spec.source, HubId)
-    return spec.source.repo_id
+    return hub_location(spec.source.repo_id)
+
+
+def hub_location(repo_id: str) -> str:
+    """What from_pretrained should read for a hub id: the id itself when the hub answers (transformers fetches
+    it, or finds it cached); its folder in the Hugging Face cache when the hub cannot be reached; otherwise a
+    ModelPrepareError at once, naming the ways to a model without the hub."""
+    from huggingface_hub import constants, snapshot_download
+
+    unreachable = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else _hub_unreachable(constants.ENDPOINT)
+    if unreachable is None:
+        return repo_id
+    try:
+        return snapshot_download(repo_id, local_files_only=True)  # cached earlier: no request at all
+    except (OSError, ValueError):  # huggingface_hub's LocalEntryNotFoundError: not cached
+        raise ModelPrepareError(without_hub(repo_id, f"it is not in the Hugging Face cache and {unreachable}")
+                                ) from None
+
+
+def _hub_unreachable(endpoint: str) -> str | None:
+    """None when the hub at `endpoint` answers one request (any status) within HUB_CHECK_TIMEOUT_S; else why not.
+    The request goes through huggingface_hub's own session, so its proxy settings apply."""
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().head(endpoint, timeout=HUB_CHECK_TIMEOUT_S)
+    except Exception as err:  # noqa: BLE001 - the session's transport errors (connect, DNS, timeout, proxy): no hub
+        return f"the hub at {endpoint} cannot be reached ({str(err).strip() or type(err).__name__})"
+    return None
+
+
+def without_hub(repo_id: str, reason: str) -> str:
+    """One line: model `repo_id` could not be had from the hub (`reason`), and the ways to it without the hub."""
+    return (f"model {repo_id!r} is neither a registry name nor a folder here, and the Hugging Face hub did not give "
+            f"it: {reason}. Without the hub: download it where the hub is reachable (`hf download {repo_id} "
+            f"--local-dir DIR`), copy DIR to this machine and give its path; or use a registry model "
+            f"({', '.join(sorted(REGISTRY))}), which `edgespec models prepare NAME` fetches from PyPI "
+            f"(`edgespec models list`)")
 
 
 @contextlib.contextmanager
@@ -49,11 +94,7 @@ def hub_errors(name_or_path: str) -> Iterator[None]:
         if not isinstance(spec.source, HubId):
             raise
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ModelPrepareError(
-            f"model {spec.source.repo_id!r} is neither a registry name nor a folder here, and the Hugging Face hub "
-            f"did not give it ({reason}). Without the hub: download it where the hub is reachable "
-            f"(`huggingface-cli download {spec.source.repo_id} --local-dir DIR`), copy DIR to this machine and "
-            f"give its path; or use a registry model, which comes from PyPI (`edgespec models list`)") from None
+        raise ModelPrepareError(without_hub(spec.source.repo_id, reason)) from None
 
 
 def load_model(name_or_path: str, device: str | None = None, dtype: str | torch.dtype | None = None,

@@ -160,6 +160,6 @@ def test_a_hub_id_the_hub_cannot_give_is_one_error_naming_the_way_without_it(tmp
         with pytest.raises(ModelPrepareError) as info:
             load()
         message = str(info.value)
-        assert "'nobody-here/no-such-model'" in message and "huggingface-cli download nobody-here/no-such-model" in \
+        assert "'nobody-here/no-such-model'" in message and "hf download nobody-here/no-such-model" in \
             message and "edgespec models list" in message
         assert "\n" not in message
