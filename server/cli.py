@@ -102,6 +102,11 @@ def http_port_of(args: argparse.Namespace) -> int:
     """The HTTP port (--port, vLLM's meaning). `--port 50051` with gRPC on its default is the old spelling, when
     --port was the gRPC port: both would take 50051, so it is refused with the new spelling."""
     given = getattr(args, "http_port_spellings", None) or {}
+    if "--port" in given and "--http-port" in given and args.grpc_port != DEFAULT_GRPC_PORT:
+        # gRPC has its own flag here, so neither is an old gRPC port: the advice below would drop --grpc-port's
+        raise SystemExit(f"--port {given['--port']} --http-port {given['--http-port']}: --http-port is --port's old "
+                         f"name, so the two name one port, the HTTP port; give it once, as --port (gRPC stays on "
+                         f"--grpc-port {args.grpc_port})")
     if "--port" in given and "--http-port" in given:
         raise SystemExit(f"--port {given['--port']} --http-port {given['--http-port']}: the old spelling, when --port "
                          f"was the gRPC port; --port is the HTTP port now, as vLLM's, and --http-port its old name, "
@@ -110,6 +115,9 @@ def http_port_of(args: argparse.Namespace) -> int:
         raise SystemExit(f"--port {args.port}: --port is the HTTP port now, as vLLM's, and {DEFAULT_GRPC_PORT} is "
                          f"the gRPC port (--grpc-port); for gRPC on {args.port} write --grpc-port {args.port} "
                          f"(HTTP stays on {DEFAULT_HTTP_PORT}, or give it as --port)")
+    if args.port > 0 and args.port == args.grpc_port:
+        raise SystemExit(f"--port {args.port} and --grpc-port {args.grpc_port}: the HTTP API and gRPC cannot share "
+                         f"one port; give each its own")
     return args.port
 
 

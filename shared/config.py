@@ -59,11 +59,12 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
         text = action.help or ""
         if action.nargs != 0 and _SECRET.search(action.dest) and action.default not in (None, argparse.SUPPRESS):
             return text + " (default: set, hidden)"
-        # Nothing to add for an unset flag or switch, nor where the help already names the value in force
-        # (a default the environment or config file changed is not named there, so it is still shown).
+        # Nothing to add for an unset flag or a switch left as it is (its help says what giving it does: off for
+        # --metrics-need-key, plots drawn for --no-plots), nor where the help already names the value in force (a
+        # default the environment or config file changed is not named there, so it is still shown).
         shown = shown_default(action.default)
         value = re.escape(str(shown))
-        if shown is None or action.default is False or re.search(
+        if shown is None or (action.nargs == 0 and action.default != action.const) or re.search(
                 rf"default:? {value}\b|(?<![\w.]){value}, the default", text):
             return text
         return f"{text} (default: {str(shown).replace('%', '%%')})"

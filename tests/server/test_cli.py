@@ -123,6 +123,13 @@ def test_port_is_the_http_port_as_in_vllm_and_grpc_has_its_own_flag():
         ports("--port", "50051", "--http-port", "8080")
     with pytest.raises(SystemExit, match="--grpc-port 7000 --port 7001"):
         ports("--http-port=7001", "--port=7000")
+    # With --grpc-port given too, neither is the old gRPC port: the advice keeps --grpc-port's, never drops it.
+    with pytest.raises(SystemExit, match=r"^--port 8080 --http-port 8081: .*give it once, as --port \(gRPC stays on "
+                                         r"--grpc-port 50111\)$"):
+        ports("--grpc-port", "50111", "--port", "8080", "--http-port", "8081")
+    with pytest.raises(SystemExit, match="--port 8080 and --grpc-port 8080: .*cannot share one port"):
+        ports("--grpc-port", "8080", "--port", "8080")  # refused before the model loads, not at bind time
+    assert ports("--grpc-port", "0", "--port", "0") == (0, 0)  # both picked by the system: two ports
     text = build_parser()._subparsers._group_actions[0].choices["server"].format_help()
     assert "None" not in text[text.index("--device"):][:90]
 
