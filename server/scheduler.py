@@ -14,7 +14,11 @@ one's ``ForwardOutput`` back, and returns its answer:
 
 The worker gathers every job waiting on a forward into one batch for the
 engine, oldest first, under a token budget, so no job waits more than one
-batch behind a newer one. A job's next forward queues behind the work that
+batch behind a newer one. Before a forward it waits, at most
+``max_gather_s``, for the sessions it expects back by then (each one's last
+answer plus its own mean cycle): sessions behind a link return about
+together, and without the wait the first to arrive would run alone and the
+rest a forward later, a split that then lasts. A job's next forward queues behind the work that
 arrived meanwhile: a long prompt goes in chunks (``prefill``) and cannot stall
 the other sessions. ``run(fn)`` runs any other function on the worker, in
 arrival order. The wait for the batch is reported as ``queue_ns`` in the wire's
@@ -47,6 +51,13 @@ class SchedulerConfig:
     max_batch_tokens: int = 2048  # tokens one forward computes (padding included); the oldest item always runs
     max_batch_items: int = 64  # jobs in one forward
     prefill_chunk: int = 512  # a prompt goes in chunks of this many tokens, each queued behind newer work
+    # Gathering: N sessions behind a link come back about together, each a round trip after its answer; the
+    # first to arrive would take a forward alone and the rest the next one, and a split once made lasts (the
+    # groups keep their phase). So before a forward the worker waits for the sessions it expects back within
+    # `max_gather_s` (each one's answer time plus its own running mean cycle), then runs them all at once. A
+    # session alone, or one nobody else is due with, never waits; 0 turns gathering off.
+    max_gather_s: float = 0.05
+    active_s: float = 2.0  # a session not back this long after it was due is no longer expected
 
 
 @dataclass
@@ -79,6 +90,8 @@ class ModelScheduler:
         self._queue: deque[_Item] = deque()
         self._cv = threading.Condition()
         self._closed = False
+        self._due: dict[int, list[float]] = {}  # id of a job's KV -> [its last answer, its mean cycle]: when it
+        # is due back (gathering's census)
         self._worker = threading.Thread(target=self._loop, name="edgespec-model", daemon=True)
         self._worker.start()
 
@@ -189,6 +202,7 @@ class ModelScheduler:
                 self._cv.wait_for(lambda: self._queue or self._closed)
                 if not self._queue:
                     return []
+                self._gather()
                 batch: list[_Item] = []
                 while self._queue:
                     item = self._queue[0]
@@ -210,6 +224,48 @@ class ModelScheduler:
                 if batch:
                     return batch
 
+    def _start_queued(self) -> None:
+        """Under the lock: run jobs not started yet to their first forward (a job only builds its first forward
+        before it yields it); one that ended without a forward leaves the queue."""
+        for item in [i for i in self._queue if i.job is not None and i.waiting is None]:
+            if not self._advance(item, None):
+                self._queue.remove(item)
+
+    def _gather(self) -> None:
+        """Under the lock, with work queued: wait for the sessions due back within ``max_gather_s`` (an arrival
+        notifies the condition), so that one forward takes them all."""
+        cap = self.config.max_gather_s
+        if cap <= 0:
+            return
+        self._start_queued()
+        now = time.perf_counter()
+        for key in [k for k, (answer, cycle) in self._due.items() if answer + cycle + self.config.active_s < now]:
+            del self._due[key]  # gone (closed, dropped) or slow: no longer waited for
+        while not self._closed and self._queue and all(i.call is None for i in self._queue):
+            here = {id(i.waiting[0]) for i in self._queue if i.waiting is not None}
+            # each is given a quarter of its cycle past its time (a thread or a link a little late is still due)
+            due = [a + 1.25 * c for k, (a, c) in self._due.items() if k not in here and a + c <= now + cap]
+            if not due or len(here) >= self.config.max_batch_items:
+                return
+            left = min(max(due), now + cap) - time.perf_counter()
+            if left <= 0:
+                return
+            self._cv.wait(left)
+            self._start_queued()
+
+    def _census(self, batch: list[_Item], answered: float) -> None:
+        """Under the lock: each item's session answered now; its cycle (answer to its next arrival) measured."""
+        for item in batch:
+            key = id(item.waiting[0])
+            last = self._due.get(key)
+            arrived = item.since / 1e9  # when it queued for this forward (perf_counter)
+            if last is None:
+                self._due[key] = [answered, 0.0]
+            else:
+                cycle = max(0.0, arrived - last[0])
+                last[1] = cycle if last[1] == 0.0 else 0.8 * last[1] + 0.2 * cycle
+                last[0] = answered
+
     def _loop(self) -> None:
         while batch := self._next():
             started = time.perf_counter_ns()
@@ -230,6 +286,9 @@ class ModelScheduler:
                     item.future.set_exception(exc)
                 continue
             s = self.stats
+            if self.config.max_gather_s > 0:
+                with self._cv:
+                    self._census(batch, time.perf_counter())
             s.forwards, s.items = s.forwards + 1, s.items + len(batch)
             s.tokens += sum(len(i.waiting[1]) for i in batch)
             again = []
