@@ -92,6 +92,7 @@ class ModelScheduler:
         self._closed = False
         self._due: dict[int, list[float]] = {}  # id of a job's KV -> [its last answer, its mean cycle]: when it
         # is due back (gathering's census)
+        self._step_s = 0.0  # running mean of a forward's wall time
         self._worker = threading.Thread(target=self._loop, name="edgespec-model", daemon=True)
         self._worker.start()
 
@@ -247,14 +248,22 @@ class ModelScheduler:
             due = [a + 1.25 * c for k, (a, c) in self._due.items() if k not in here and a + c <= now + cap]
             if not due or len(here) >= self.config.max_batch_items:
                 return
-            left = min(max(due), now + cap) - time.perf_counter()
+            # Jobs that come straight back (plain-API streams, prompt chunks: a cycle under half a forward) would
+            # lose a token's time for each wait: with one of them queued, a wait is bounded by what it saves the
+            # ones due (about a forward each). Sessions behind links wait up to the cap: the phase once merged,
+            # every later forward takes them all.
+            busy = any(self._due.get(k, (0.0, self._step_s))[1] < self._step_s / 2 for k in here)
+            limit = min(cap, self._step_s * len(due) / max(1, len(here))) if busy else cap
+            left = min(max(due), now + limit) - time.perf_counter()
             if left <= 0:
                 return
             self._cv.wait(left)
             self._start_queued()
 
-    def _census(self, batch: list[_Item], answered: float) -> None:
-        """Under the lock: each item's session answered now; its cycle (answer to its next arrival) measured."""
+    def _census(self, batch: list[_Item], answered: float, took: float) -> None:
+        """Under the lock: each item's session answered now; its cycle (answer to its next arrival) measured;
+        the forward took ``took`` seconds (the running mean bounds a wait)."""
+        self._step_s = took if not self._step_s else 0.8 * self._step_s + 0.2 * took
         for item in batch:
             key = id(item.waiting[0])
             last = self._due.get(key)
@@ -288,7 +297,8 @@ class ModelScheduler:
             s = self.stats
             if self.config.max_gather_s > 0:
                 with self._cv:
-                    self._census(batch, time.perf_counter())
+                    now = time.perf_counter()
+                    self._census(batch, now, now - started / 1e9)
             s.forwards, s.items = s.forwards + 1, s.items + len(batch)
             s.tokens += sum(len(i.waiting[1]) for i in batch)
             again = []

@@ -83,3 +83,32 @@ def test_a_session_alone_waits_for_no_one():
     with_gather = statistics.median(sessions(gathered, 1, 20, rtt, 0.0))
     without = statistics.median(sessions(plain, 1, 20, rtt, 0.0))
     assert with_gather < without + 0.005  # nobody else is due: no wait
+
+
+def test_streams_already_queued_are_not_held_for_a_session_far_off():
+    """Four streams decode back to back (each forward re-queues them at once) beside one session due back only
+    every 40 ms: a stream's token must not wait for it (a forward is 5 ms: at most 5 / 4 ms of waiting)."""
+    engine = TimedEngine(0.005)
+    scheduler = ModelScheduler(engine, SchedulerConfig(max_gather_s=0.05))
+    gaps: list[float] = []
+
+    def stream() -> None:
+        kv, last = object(), None
+
+        def job():
+            for _ in range(60):
+                yield kv, Work.chunk([1], 0)
+                nonlocal last
+                now = time.perf_counter()
+                if last is not None:
+                    gaps.append(now - last)
+                last = now
+        scheduler.run_job(job())
+
+    streams = [threading.Thread(target=stream) for _ in range(4)]
+    session = threading.Thread(target=sessions, args=(scheduler, 1, 8, 0.04, 0.0))
+    for t in [*streams, session]:
+        t.start()
+    for t in [*streams, session]:
+        t.join()
+    assert statistics.median(gaps) < 0.009 and max(gaps) < 0.03
