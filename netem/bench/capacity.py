@@ -75,7 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="server device: cpu, cuda:0, ... (default: CUDA when present)")
     p.add_argument("--dtype", default=None, help="server dtype (default: bf16 on a GPU, as the server's own)")
     p.add_argument("--server-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="a further ServerConfig field for the server, e.g. engine=batched (repeatable)")
+                   help="a further `edgespec server` setting as KEY=VALUE, e.g. engine=batched (repeatable)")
     p.add_argument("--sessions", default="1,4,16", help="comma-separated session counts N (default: 1,4,16)")
     p.add_argument("--profile", default="5g", help="network profile of every session's own relay; none: direct")
     p.add_argument("--accept", default="independent-0.5b",

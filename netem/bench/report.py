@@ -13,7 +13,7 @@ from pathlib import Path
 from .activation_codec import Row as CodecRow, markdown as codec_table
 from .plots import draw_plots
 from .records import cell, group_by, markdown_table, read_records
-from .results_index import is_results_tree, write_index
+from .results_index import is_results_tree, portable_command, write_index
 from .specbench import prompts_note, specbench_section, write_answer_files
 
 
@@ -156,7 +156,7 @@ def write_report(out: Path, plots: bool = True) -> Path:
         title, section = SECTIONS[name]
         env = rows[0]["env"]
         s = env["settings"]
-        commands = sorted({r["env"]["settings"].get("command") or "" for r in rows} - {""})
+        commands = sorted({portable_command(r["env"]["settings"]) for r in rows} - {""})
         parts += [f"## {title}", ""] + [f"`{c}`" for c in commands] + ([""] if commands else []) + [
                   f"{_commits(rows)}, {env['machine']['cpu']} ({env['machine']['cores']} cores"
                   f"{', GPU ' + env['machine']['gpu'] if env['machine']['gpu'] else ', no GPU'}){_cpus_note(rows)}, "
@@ -165,7 +165,8 @@ def write_report(out: Path, plots: bool = True) -> Path:
                   f"max {s['max_new_tokens']} new tokens" + _stop_note(name, s) + ".", "", section(rows), ""]
     if "specbench" in data:  # its answer files, from the same records (`report` makes them again)
         write_answer_files(out, data["specbench"])
-    drawn = draw_plots(out, data) if plots else []
+    # Without drawing, the plots already in the folder (a results tree keeps the ones a doc embeds) stay listed.
+    drawn = draw_plots(out, data) if plots else sorted(p.name for p in out.glob("*.png"))
     if drawn:
         parts += ["## Plots", ""] + [f"![{p}]({p})" for p in drawn] + [""]
     path = out / "report.md"

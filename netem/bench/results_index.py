@@ -49,10 +49,7 @@ def describe(folder: Path) -> dict:
         for r in rows:
             env = r["env"]
             m = env["machine"]
-            # The output folder a run was given is where it ran, not where its records now lie.
-            out = env["settings"].get("out") or ""
-            command = env["settings"].get("command") or ""
-            commands.append(_portable(command.replace(out, "OUT") if out else command))
+            commands.append(portable_command(env["settings"]))
             commits.append(env["commit"])
             machines.append(f"{m['cpu']} ({m['cores']} cores{', ' + m['gpu'] if m.get('gpu') else ''})")
             dates.append(env["time"][:10])
@@ -61,8 +58,12 @@ def describe(folder: Path) -> dict:
             "report": "report.md"}
 
 
-def _portable(command: str) -> str:
-    """A command with the paths of the machine it ran on (a question file, say) shown by their file name."""
+def portable_command(settings: dict) -> str:
+    """A run's command as a reader can use it: its output folder (where it ran, not where its records now
+    lie) shown as OUT, and other paths of the machine it ran on (a question file, say) by their file name."""
+    out = settings.get("out") or ""
+    command = settings.get("command") or ""
+    command = command.replace(out, "OUT") if out else command
     return re.sub(r"(?<=[\s=])/\S*/([^/\s]+)", r"\1", command)
 
 
