@@ -74,6 +74,9 @@ class GrpcServer:
             # The server pings too, so a client that vanished (blackhole) frees its stream.
             ("grpc.keepalive_time_ms", 20_000),
             ("grpc.keepalive_timeout_ms", 10_000),
+            # gRPC binds with SO_REUSEPORT on Linux: a second server on a busy port would start without a word and
+            # share the first one's calls. One server a port: the bind fails instead.
+            ("grpc.so_reuseport", 0),
         ]
         server = grpc.aio.server(options=options)
         add_to_server(self._servicer, server)
@@ -82,7 +85,10 @@ class GrpcServer:
             creds = grpc.ssl_server_credentials([(Path(key).read_bytes(), Path(cert).read_bytes())])
             port = server.add_secure_port(where, creds)
         else:
-            port = server.add_insecure_port(where)
+            try:
+                port = server.add_insecure_port(where)
+            except RuntimeError:  # grpcio raises where it once returned 0
+                port = 0
         if port == 0:
             raise OSError(f"could not listen for gRPC on {where} (port in use?)")
         await server.start()

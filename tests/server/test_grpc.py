@@ -187,3 +187,12 @@ def test_clients_may_ping_every_second_on_an_idle_stream(tiny_server, fingerprin
         time.sleep(6)  # idle: only pings cross the link
         v = stream.send(**draft_msg("pinger", 1, 3, DraftTree((1,), (ROOT,)))).verified
         assert v.committed_len >= 4
+
+
+def test_a_second_server_on_a_busy_port_is_refused(tiny_server, tiny_model_dir):
+    from support.servers import running_server
+
+    port = int(tiny_server.address.rsplit(":", 1)[1])
+    with pytest.raises(OSError, match="port in use"):
+        with running_server(tiny_model_dir, port=port, http_port=None):
+            pass
