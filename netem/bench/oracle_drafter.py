@@ -95,7 +95,9 @@ def oracle_tree(truth: Sequence[int], accept: int, nodes: int, depth: int, vocab
 
 
 class OracleDrafter(Drafter):
-    """Drafts ``prompt``'s known greedy ``continuation`` with accepted lengths drawn from ``accept``."""
+    """Drafts ``prompt``'s known greedy ``continuation`` with accepted lengths drawn from ``accept``: trees of at
+    most ``nodes`` nodes and ``depth`` levels, within the depth the client's planner asks for (two nodes a
+    level at most, as an EAGLE-2 tree of branch 2)."""
 
     name = "oracle"
 
@@ -119,7 +121,9 @@ class OracleDrafter(Drafter):
         if not truth:
             return DraftTree((), ())
         want = self.accept.draw(self.rng)
-        depth = max(1, min(self.depth, request.max_depth))
-        tree = oracle_tree(truth, want, min(self.nodes, request.max_nodes), depth, self.vocab_size)
+        depth = max(1, min(self.depth, request.max_depth))  # the client's planner caps the depth (load, costs)
+        # ... and the nodes with it, as an EAGLE-2 tree of branch 2 is at most two nodes a level
+        nodes = min(self.nodes, request.max_nodes, 2 * depth)
+        tree = oracle_tree(truth, want, nodes, depth, self.vocab_size)
         self.asked.append(min(want, len(truth), depth))
         return tree
