@@ -10,7 +10,8 @@ or the eager step) for a decode step (one row a session) and a verification of a
 session, median of --repeats, each session's KV held at the same length; then again at --long-context
 tokens for up to 8 sessions (how the cost grows with the keys). Then, for 8 sessions' decode
 step run eagerly under the profiler: the number of device kernels, the attention kernels' names, and the
-ATen ops one decoder layer dispatches. Last, it builds the engine as a default server does (the whole grid
+ATen ops one decoder layer dispatches (with --inductor, also the kernels Inductor generates for the
+verification step compiled). Last, it builds the engine as a default server does (the whole grid
 captured at a 32,768-token context) and times that start. Each switch's failure is recorded with its error and the run goes
 on; switches past --budget-s are skipped. Random weights in the real shapes time what the real weights
 would (acceptance aside: a verification's cost does not depend on what it accepts).
@@ -55,6 +56,8 @@ class SwitchResult:
     aten_ops_per_layer: int = 0  # ATen ops decoder layer 0 dispatches in that step
     aten_ops_step: int = 0
     layer_ops: dict[str, int] = field(default_factory=dict)  # those ops by name
+    inductor_kernels: int | None = None  # kernels Inductor generates for the verification step compiled (--inductor)
+    inductor_error: str | None = None
     describe: str = ""
     error: str | None = None
 
@@ -214,9 +217,32 @@ def server_start(target, context: int) -> dict:
     return out
 
 
+def inductor_kernels(target, attention: str, block_size: int, context: int, sessions: int, tree_nodes: int) -> int:
+    """Kernels Inductor generates for one compiled verification step of `sessions` sessions (its own engine: the
+    graph compiled once for that bucket). A verification, not a decode step: on a CPU, Inductor's FlexAttention
+    kernel takes no query of under four rows with grouped KV heads."""
+    import torch._inductor.metrics as metrics
+
+    from .engine import Work
+    from .engine_batched import BatchedEngine, PoolConfig
+
+    torch._dynamo.reset()
+    engine = BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_seqs=sessions, max_context_tokens=context + 64,
+                                              max_tree_nodes=16, attention=attention, block_size=block_size,
+                                              shape_buckets=True, compile_backend="inductor"))
+    kvs = held_sessions(engine, sessions, context, min(1000, target.vocab_size), random.Random(0))
+    metrics.reset()
+    rng = random.Random(1)
+    engine.run([(kv, Work.tree(1, random_tree(rng, tree_nodes, 100), len(kv), accept=True)) for kv in kvs])
+    count = metrics.generated_kernel_count
+    for kv in kvs:
+        kv.close()
+    return count
+
+
 def check(model: str, sessions: list[int], context: int, tree_nodes: int, repeats: int, budget_s: float,
           switches: list[str], kv_bytes: int, device: str | None = None, dtype: str | None = None,
-          long_context: int = 0, start_context: int = 0) -> dict:
+          long_context: int = 0, start_context: int = 0, inductor: bool = False) -> dict:
     from edgespec.shared.models.loading import load_model
 
     from .engine import Work
@@ -266,6 +292,12 @@ def check(model: str, sessions: list[int], context: int, tree_nodes: int, repeat
                 for kv in kvs:
                     kv.close()
             del engine
+            if inductor:
+                try:
+                    result.inductor_kernels = inductor_kernels(target, attention, block_size, context,
+                                                               sorted(sessions)[len(sessions) // 2], tree_nodes)
+                except Exception as exc:  # noqa: BLE001 - recorded beside the switch's other figures
+                    result.inductor_error = f"{type(exc).__name__}: {str(exc)[:300]}"
         except Exception as exc:  # noqa: BLE001 - one switch failing is a result; the others still run
             result.error = f"{type(exc).__name__}: {str(exc)[:600]}"
         finally:
@@ -306,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                   "to 8 sessions (0: not)")
     p.add_argument("--tree-nodes", type=int, default=16)
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--inductor", action="store_true",
+                   help="also count the kernels Inductor generates for each switch's verification step (a compile each)")
     p.add_argument("--server-start", type=int, default=32768, metavar="CONTEXT",
                    help="last, build the engine as a default server does at this context and time it (0: not)")
     p.add_argument("--budget-s", type=float, default=420.0, help="switches that would start past this are skipped")
@@ -317,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     result = check(args.model, args.sessions, args.context, args.tree_nodes, args.repeats, args.budget_s,
                    args.switches, int(args.kv_gb * 2**30), args.device, args.dtype, args.long_context,
-                   args.server_start)
+                   args.server_start, args.inductor)
     text = json.dumps(result, indent=1)
     print(text)
     print(table(result), file=sys.stderr)

@@ -4,6 +4,8 @@ Counts and times are printed, never asserted as speed; what is asserted is what 
 attention's layer gathers no keys, repeats no KV heads and builds no dense mask."""
 from __future__ import annotations
 
+import pytest
+
 from edgespec.server.gpu_check import SWITCHES, check, table
 
 
@@ -26,3 +28,14 @@ def test_the_gpu_check_runs_on_a_cpu_and_counts_each_layers_ops(tiny_model_dir):
     assert not any("scaled_dot_product" in k or k.startswith("aten.index.") for k in flex), flex  # no gather
     assert any(k.startswith("aten.index.") for k in sdpa)  # the gather the pool attention removes
     assert not any("repeat" in k or "expand" in k for k in flex), flex  # no repeat_kv
+
+
+@pytest.mark.slow
+def test_the_gpu_check_counts_inductors_kernels_for_each_attention(tiny_model_dir):
+    """--inductor: the verification step compiled by Inductor on the CPU, its generated kernels counted (printed)."""
+    result = check(str(tiny_model_dir), sessions=[2], context=24, tree_nodes=5, repeats=1, budget_s=600,
+                   switches=["sdpa-graphs", "flex-eager"], kv_bytes=16 << 20, device="cpu", dtype="float32",
+                   inductor=True)
+    for name, r in result["switches"].items():
+        print(name, "Inductor kernels for a verification step:", r["inductor_kernels"])
+        assert r["error"] is None and r["inductor_error"] is None and r["inductor_kernels"] > 0, (name, r)
