@@ -120,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
         with (args.out / "capacity.jsonl").open("a") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
-        (args.out / "report.md").write_text(f"`{' '.join(sys.argv)}`\n\n{text}")
+        command = " ".join(["edgespec", *sys.argv[1:]]).replace(str(args.out), "OUT")  # as a reader would type it
+        (args.out / "report.md").write_text(f"`{command}`\n\n{text}")
         plot(rows, args.out / "tokens_per_s.png")
     return 0
 
