@@ -11,7 +11,8 @@ session, median of --repeats, each session's KV held at the same length; then ag
 tokens for up to 8 sessions (how the cost grows with the keys). Then, for 8 sessions' decode
 step run eagerly under the profiler: the number of device kernels, the attention kernels' names, and the
 ATen ops one decoder layer dispatches (with --inductor, also the kernels Inductor generates for the
-verification step compiled). Last, it builds the engine as a default server does (the whole grid
+verification step compiled), and for the pool attention how far a verification's argmax rows and hidden
+states agree with SDPA's from the same KV. Last, it builds the engine as a default server does (the whole grid
 captured at a 32,768-token context) and times that start. Each switch's failure is recorded with its error and the run goes
 on; switches past --budget-s are skipped. Random weights in the real shapes time what the real weights
 would (acceptance aside: a verification's cost does not depend on what it accepts).
@@ -58,6 +59,9 @@ class SwitchResult:
     layer_ops: dict[str, int] = field(default_factory=dict)  # those ops by name
     inductor_kernels: int | None = None  # kernels Inductor generates for the verification step compiled (--inductor)
     inductor_error: str | None = None
+    agreement: float | None = None  # pool attention: share of a verification's argmax rows equal to SDPA's (random
+    # weights give nearly flat logits, so in bf16 a rounding apart can flip a row: read it beside the next one)
+    max_hidden_diff: float | None = None  # and the largest difference of their final hidden states
     describe: str = ""
     error: str | None = None
 
@@ -240,6 +244,30 @@ def inductor_kernels(target, attention: str, block_size: int, context: int, sess
     return count
 
 
+def agreement(engine, kvs, works) -> tuple[float, float]:
+    """The same step run eagerly with the engine's attention and with SDPA over gathered keys, from the same KV:
+    (share of logits rows whose argmax agrees, largest hidden-state difference). The model's attention takes
+    SDPA's path whenever the step passes a dense mask, so switching the step's attention is enough."""
+    from .engine_graphs import EagerRunner
+
+    runner, engine.runner = engine.runner, EagerRunner(engine.step)
+    own = engine.step.attention
+    lengths = [len(kv) for kv in kvs]
+    outs = {}
+    try:
+        for attention in (own, "sdpa"):
+            engine.step.attention = attention
+            got = engine.run(list(zip(kvs, works)))
+            outs[attention] = ([o.best for o in got], torch.cat([o.hidden.float() for o in got]))
+            for kv, n in zip(kvs, lengths):
+                kv.crop(n)
+    finally:
+        engine.step.attention, engine.runner = own, runner
+    (best_a, hidden_a), (best_b, hidden_b) = outs.values()
+    rows = [x == y for a, b in zip(best_a, best_b) for x, y in zip(a, b)]
+    return sum(rows) / max(1, len(rows)), float((hidden_a - hidden_b).abs().max())
+
+
 def check(model: str, sessions: list[int], context: int, tree_nodes: int, repeats: int, budget_s: float,
           switches: list[str], kv_bytes: int, device: str | None = None, dtype: str | None = None,
           long_context: int = 0, start_context: int = 0, inductor: bool = False) -> dict:
@@ -278,6 +306,9 @@ def check(model: str, sessions: list[int], context: int, tree_nodes: int, repeat
                 result.tree_ms[n] = step_ms(engine, kvs, lambda ks: [
                     Work.tree(1, random_tree(rng, tree_nodes, vocab), len(kv), accept=True) for kv in ks], repeats)
                 if n == sorted(sessions)[len(sessions) // 2]:
+                    if attention == "flex":
+                        trees = [Work.tree(1, random_tree(rng, tree_nodes, vocab), len(kv)) for kv in kvs]
+                        result.agreement, result.max_hidden_diff = agreement(engine, kvs, trees)
                     decode = [Work.chunk([1], len(kv)) for kv in kvs]
                     (result.kernels, result.attention_kernels, result.aten_ops_per_layer, result.aten_ops_step,
                      result.layer_ops) = profile_step(engine, kvs, decode)

@@ -21,6 +21,8 @@ def test_the_gpu_check_runs_on_a_cpu_and_counts_each_layers_ops(tiny_model_dir):
         assert set(r["decode_ms"]) == set(r["tree_ms"]) == set(r["long_tree_ms"]) == {1, 2}
         assert r["aten_ops_per_layer"] > 0
         assert not r["graphs"] and r["kernels"] is None  # no CUDA here
+    for name in ("flex-graphs", "flex-eager"):  # float32: the pool attention's tokens are SDPA's
+        assert result["switches"][name]["agreement"] == 1.0 and result["switches"][name]["max_hidden_diff"] < 1e-4
     assert result["server_start"]["error"] is None and "batched" in result["server_start"]["describe"]
     sdpa, flex = result["switches"]["sdpa-graphs"]["layer_ops"], result["switches"]["flex-eager"]["layer_ops"]
     assert sdpa.get("aten.scaled_dot_product_attention.default") or any("attention" in k for k in sdpa), sdpa
