@@ -133,7 +133,9 @@ def curve_points(run_dir: Path) -> list[dict]:
             raise
         return points
     card = json.loads((run_dir / "card.json").read_text()) if (run_dir / "card.json").is_file() else {}
-    seen = card.get("training", {}).get("tokens_seen", 0)
+    training = card.get("training", {})
+    # cards from before tokens were counted: the steps times the tokens a step
+    seen = training.get("tokens_seen") or training.get("steps", 0) * training.get("config", {}).get("batch_tokens", 0)
     if not points or seen > points[-1]["tokens_seen"]:
         points.append({"path": last, "kind": checkpoint_kind(run_dir), "tokens_seen": seen,
                        "train_tokens": card.get("data", {}).get("train_tokens")})

@@ -73,5 +73,7 @@ def test_the_command_prints_one_row_a_point(target, target_dir, store, evaluatio
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| run | eagle |")]
     assert len(rows) == 1 and rows[0].startswith("| run | eagle | 0 | - | ")
+    (run / "card.json").write_text(json.dumps({"training": {"steps": 30, "config": {"batch_tokens": 100}}}))
+    assert curve_points(run)[-1]["tokens_seen"] == 3000  # an older card: steps x tokens a step
     empty = subprocess.run([*command, str(tmp_path / "empty")], capture_output=True, text=True, timeout=300)
     assert empty.returncode != 0 and "expected one drafter checkpoint" in empty.stderr
