@@ -81,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accept", default="independent-0.5b",
                    help="accepted lengths: a shipped histogram (independent-0.5b, ngram) or fixedN")
     p.add_argument("--nodes", type=int, default=16, help="nodes per oracle tree")
-    p.add_argument("--depth", type=int, default=8, help="levels of the oracle tree's chain")
+    p.add_argument("--depth", type=int, default=12, help="levels of the oracle tree's chain (12: the client's default tree)")
     p.add_argument("--rate", type=float, default=20.0, help="per-session tokens/s a session must keep for capacity")
     p.add_argument("--client-processes", type=int, default=0,
                    help="processes the sessions run in (0: one per 16 sessions, at most the cores less one)")
