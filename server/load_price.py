@@ -21,7 +21,7 @@ at most every ``window`` forwards; readers get the last value.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 
 @dataclass(frozen=True)
@@ -73,9 +73,7 @@ class LoadPrice:
     def update(self, totals: Totals) -> Price:
         """Refresh from the scheduler's totals once ``window`` forwards ran since the last refresh."""
         with self._lock:
-            delta = Totals(*(a - b for a, b in zip(
-                (totals.forwards, totals.items, totals.tokens, totals.busy_ns),
-                (self._last.forwards, self._last.items, self._last.tokens, self._last.busy_ns))))
+            delta = Totals(*(a - b for a, b in zip(astuple(totals), astuple(self._last))))
             if delta.forwards >= self.window:
                 self._price = price_of(delta, self.floor_ns, self.slope_ns)
                 self._last = totals

@@ -363,23 +363,21 @@ class EngineTotals:
 
 def engine_totals(http_address: str) -> EngineTotals:
     import httpx
+    from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(f"http://{http_address}/metrics", timeout=30).text
     got = {"steps": 0.0, "device_s": 0.0, "host_s": 0.0, "rows": 0.0, "forwards": 0.0}
-    for line in text.splitlines():
-        if line.startswith("#") or " " not in line:
-            continue
-        name, value = line.rsplit(" ", 1)
-        if name == "edgespec_engine_steps_total":
-            got["steps"] = float(value)
-        elif name.startswith("edgespec_engine_step_seconds_total"):
-            got["device_s" if 'part="device"' in name else "host_s"] += float(value)
-        elif name == "edgespec_scheduler_items_total":
-            got["rows"] = float(value)
-        elif name == "edgespec_scheduler_forwards_total":
-            got["forwards"] = float(value)
+    totals = {"edgespec_engine_steps_total": "steps", "edgespec_scheduler_items_total": "rows",
+              "edgespec_scheduler_forwards_total": "forwards"}
+    text = httpx.get(f"http://{http_address}/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in totals:
+                got[totals[sample.name]] = sample.value
+            elif sample.name == "edgespec_engine_step_seconds_total":
+                got["device_s" if sample.labels.get("part") == "device" else "host_s"] += sample.value
     # on a CPU "launch" holds the forward too: the host's share is what is left after the device's
-    got["host_s"] -= got["device_s"] if 'part="launch"' in text and got["host_s"] >= got["device_s"] else 0.0
+    if got["host_s"] >= got["device_s"]:
+        got["host_s"] -= got["device_s"]
     return EngineTotals(**got)
 
 

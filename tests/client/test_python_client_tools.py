@@ -11,19 +11,13 @@ import json
 
 import pytest
 from support.servers import running_server
+from support.tool_specs import CLOCK, WEATHER
 
 from edgespec.client import AsyncClient, ChatReply, Client, ToolCall
 
 openai = pytest.importorskip("openai")
 
 LINK = {"min_deadline_s": 0.3, "connect_timeout_s": 0.5}
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
-                                                    "unit": {"enum": ["C", "F"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
-CLOCK = {"type": "function", "function": {"name": "now", "parameters": {
-    "type": "object", "properties": {}, "additionalProperties": False}}}
 ASK = [{"role": "user", "content": "weather in Oslo?"}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 

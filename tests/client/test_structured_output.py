@@ -12,6 +12,7 @@ import json
 import pytest
 from support.asgi_server import serving
 from support.servers import running_server
+from support.tool_specs import CLOCK, WEATHER
 
 openai = pytest.importorskip("openai")
 
@@ -20,13 +21,6 @@ SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 10},
     "size": {"enum": ["S", "M", "L"]},
     "in_stock": {"type": "boolean"}}, "required": ["name", "size", "in_stock"], "additionalProperties": False}
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
-                                                    "unit": {"enum": ["C", "F"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
-CLOCK = {"type": "function", "function": {"name": "now", "parameters": {
-    "type": "object", "properties": {}, "additionalProperties": False}}}
 
 
 class Apis:
