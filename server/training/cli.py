@@ -29,7 +29,12 @@ FILE_DATA_FLAGS = {
     "chats": Flag("--chat", metavar="FILE"), "answers": Flag(), "chunk_tokens": Flag(), "chunks_per_file": Flag(),
     "max_tokens": Flag(), "val_first": Flag(),
 }
-PROMPT_DATA_FLAGS = {"n_write": Flag(), "n_explain": Flag(), "n_code": Flag(), "n_complete": Flag(), "n_chat": Flag()}
+PROMPT_DATA_FLAGS = {
+    "n_write": Flag(), "n_explain": Flag(), "n_code": Flag(), "n_complete": Flag(), "n_chat": Flag(),
+    "features_out": Flag(metavar="DIR"), "features_contents": Flag(),
+    "features_tli": Flag(default="0,1", type=str, action="store",
+                         convert=lambda text: tuple(int(x) for x in text.split(",") if x.strip())),
+}
 BOTH_DATA_FLAGS = {
     "seed": Flag(), "max_new_tokens": Flag(), "batch_size": Flag(),
     "val_fraction": Flag(default=None, help="held-out share (default 0.1 for stdlib prompts, 0.02 for files)"),
@@ -39,7 +44,7 @@ EXTRACT_FLAGS = {
     "max_len": Flag(), "tli_depths": Flag("--tli", default="0,1,3", type=str, action="store",
                                           convert=lambda text: tuple(int(x) for x in text.split(",") if x.strip())),
     "batch_tokens": Flag(), "shard_tokens": Flag(), "contents": Flag(),
-    "growing": Flag(),
+    "growing": Flag(), "limit": Flag(),
 }
 # `train fit`'s flags that are the training loop's settings (the others choose the recipe and its features).
 FIT_FLAGS = {
@@ -133,6 +138,9 @@ def _data(args) -> int:
 
     _setup(args)
     if args.text or args.chat:
+        if args.features_out:
+            raise SystemExit("--features-out keeps the features of the target's answers to generated prompts; with "
+                             "--text/--chat run `edgespec train features` on the data folder instead")
         build, cfg = build_from_files, from_args(FileDataConfig, args, {**FILE_DATA_FLAGS, **BOTH_DATA_FLAGS})
     else:
         build, cfg = build_dataset, from_args(DataConfig, args, {**PROMPT_DATA_FLAGS, **BOTH_DATA_FLAGS})

@@ -70,13 +70,29 @@ def build_dataset(target: str, out_dir: str | Path, config: DataConfig = DataCon
         if not chats:
             return path
         loaded = load_model(target, device=device, dtype=dtype)
+        capture = None
+        if config.features_out:
+            from .answer_capture import CaptureSettings, CaptureStore
+
+            capture = CaptureStore(CaptureSettings(Path(config.features_out), config.features_contents,
+                                                   tuple(config.features_tli)), target, loaded, first_row=len(done))
         bar = tqdm(total=len(chats), desc="target responses", mininterval=10)
         for i in range(0, len(chats), config.batch_size):
             batch = chats[i:i + config.batch_size]
             t0 = time.perf_counter()
-            responses = generate_batch(loaded.model, loaded.tokenizer, [s.prompt for s in batch], config.max_new_tokens)
-            for s, r in zip(batch, responses):
-                _append(f, s, r, config)
+            if capture is None:
+                responses = generate_batch(loaded.model, loaded.tokenizer, [s.prompt for s in batch],
+                                           config.max_new_tokens)
+            else:
+                from .answer_capture import generate_captured
+
+                answers = generate_captured(loaded.model, loaded.tokenizer, [[{"role": "user", "content": s.prompt}]
+                                                                             for s in batch],
+                                            config.max_new_tokens, capture.depths, with_kv=capture.full)
+                responses = [a.response for a in answers]
+            rows = [_append(f, s, r, config) for s, r in zip(batch, responses)]
+            if capture is not None:
+                capture.write(rows, answers)
             bar.update(len(batch))
             log.info("batch %d/%d in %.0fs", i // config.batch_size + 1, -(-len(chats) // config.batch_size),
                      time.perf_counter() - t0)
@@ -111,9 +127,11 @@ def batched_by_length(samples: list[Sample], batch_size: int, window: int = 8) -
     return [s for i in range(0, len(samples), span) for s in sorted(samples[i:i + span], key=lambda s: len(s.prompt))]
 
 
-def _append(f, sample: Sample, response: str, config: DataConfig) -> None:
-    _write_row(f, {"id": sample.id, "kind": sample.kind, "split": split_of(sample.id, config.val_fraction),
-                   "prompt": sample.prompt, "response": response})
+def _append(f, sample: Sample, response: str, config: DataConfig) -> dict:
+    row = {"id": sample.id, "kind": sample.kind, "split": split_of(sample.id, config.val_fraction),
+           "prompt": sample.prompt, "response": response}
+    _write_row(f, row)
+    return row
 
 
 def _open_samples(out_dir: str | Path, target: str, config) -> tuple[Path, set]:

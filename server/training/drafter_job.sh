@@ -4,10 +4,11 @@
 # the same command and loses at most one shard or one batch of answers.
 #
 #   server/training/drafter_job.sh text      raw code and docs -> a hidden-only feature store (EAGLE's bulk)
-#   server/training/drafter_job.sh answers   client-form requests answered by the target -> samples.jsonl
-#   server/training/drafter_job.sh answers-features   the answers so far -> a hidden-only store
-#   server/training/drafter_job.sh answers-full       the answers so far -> a full store (all K/V: MoA's)
-#   server/training/drafter_job.sh eagle     fit the EAGLE head on both hidden stores (answers first: validation)
+#   server/training/drafter_job.sh answers   client-form requests answered by the target -> samples.jsonl, and
+#                                            the features of each answer as it is written -> a full store
+#   server/training/drafter_job.sh answers-features   answers written before features were kept -> a hidden store
+#   server/training/drafter_job.sh answers-full       the same answers -> a full store (all K/V: MoA's)
+#   server/training/drafter_job.sh eagle     fit the EAGLE head on the answers' and the text's stores
 #   server/training/drafter_job.sh eagle-hass    the same head and stores with HASS's unrolled, detached steps
 #   server/training/drafter_job.sh moa N     fit MoA with TLI N (0 or 1) on the full store
 #
@@ -31,6 +32,13 @@ SNAPSHOT_TOKENS=${SNAPSHOT_TOKENS:-131072}  # a drafter kept at 131k, 262k, 524k
 AMP=${AMP:-bf16}                  # bf16 autocast: 1.7x float32's training tokens/s on a CPU with AVX512-BF16
 common=(--target "$TARGET" --threads "$THREADS" ${DTYPE:+--dtype "$DTYPE"})
 
+LIVE="$OUT/store-answers-live"  # the answers' features, kept as the target writes them
+# Rows answered before the live store began: the only ones `train features` still needs (empty: no live store).
+before_live() {
+  [ -f "$LIVE/store.json" ] || return 0
+  python -c 'import json, sys; print(json.load(open(sys.argv[1]))["capture"]["first_row"])' "$LIVE/store.json"
+}
+
 text_args=()
 for t in $TEXT; do text_args+=(--text "$t"); done
 
@@ -43,20 +51,22 @@ case "${1:-}" in
   answers)
     edgespec train data "${common[@]}" --out "$OUT/data-answers" --n-write "$N_WRITE" --n-explain "$N_EXPLAIN" \
         --n-code 0 --n-complete "$N_COMPLETE" --n-chat "$N_CHAT" --max-new-tokens "$MAX_NEW" --batch-size "$BATCH" \
-        --val-fraction 0.02 ;;
-  answers-features)
-    # --growing: the answers may still be coming (the `answers` step beside); the last, unfilled shard waits
-    # for a later run. Once `answers` is done, run this step again with GROWING= to write that shard too.
-    edgespec train features "${common[@]}" --data "$OUT/data-answers" --out "$OUT/store-answers-hidden" \
-        --contents hidden --max-len $((2 * MAX_LEN)) --batch-tokens $((2 * MAX_LEN)) --shard-tokens 16384 \
-        ${GROWING---growing} ;;
-  answers-full)
-    edgespec train features "${common[@]}" --data "$OUT/data-answers" --out "$OUT/store-answers-full" \
-        --contents full --tli 0,1 --max-len $((2 * MAX_LEN)) --batch-tokens $((2 * MAX_LEN)) --shard-tokens 16384 \
-        ${GROWING---growing} ;;
+        --val-fraction 0.02 --features-out "$LIVE" --features-contents full --features-tli 0,1 ;;
+  answers-features|answers-full)
+    # Only the rows answered before the live store began. With no live store the answers may still be
+    # coming (the `answers` step beside): --growing, and the last, unfilled shard waits for a later run.
+    first=$(before_live)
+    if [ "$first" = 0 ]; then echo "every answer has its features in $LIVE: nothing to extract"; exit 0; fi
+    if [ "$1" = answers-full ]; then store=(--out "$OUT/store-answers-full" --contents full --tli 0,1)
+    else store=(--out "$OUT/store-answers-hidden" --contents hidden); fi
+    edgespec train features "${common[@]}" --data "$OUT/data-answers" "${store[@]}" --max-len $((2 * MAX_LEN)) \
+        --batch-tokens $((2 * MAX_LEN)) --shard-tokens 16384 \
+        $([ -n "$first" ] && echo --limit "$first" || echo "${GROWING---growing}") ;;
   moa)
     tli=${2:?moa needs the TLI depth: 0 or 1}
-    edgespec train fit "${common[@]}" --kind moa --tli "$tli" --features "$OUT/store-answers-full" \
+    stores=()
+    for s in "$OUT/store-answers-full" "$LIVE"; do [ -f "$s/store.json" ] && stores+=(--features "$s"); done
+    edgespec train fit "${common[@]}" --kind moa --tli "$tli" "${stores[@]}" \
         --out "$OUT/fit/moa-tli$tli-w$WIDTH" --width "$WIDTH" --heads "$HEADS" --vocab "$VOCAB" \
         --batch-tokens "$BATCH_TOKENS" --lr "$LR" --steps "$STEPS" --max-minutes "$MINUTES" \
         --eval-every "$EVAL_EVERY" --eval-sequences "$EVAL_SEQUENCES" --save-every "$SAVE_EVERY" --amp "$AMP" \
@@ -64,7 +74,7 @@ case "${1:-}" in
   eagle|eagle-hass)
     kind=${1/-/+}  # eagle, eagle+hass: the recipe; its run folder keeps the dash
     stores=()
-    for s in "$OUT/store-answers-hidden" "$OUT/store-text-hidden"; do
+    for s in "$OUT/store-answers-hidden" "$LIVE" "$OUT/store-text-hidden"; do
       [ -f "$s/store.json" ] && stores+=(--features "$s")
     done
     edgespec train fit "${common[@]}" --kind "$kind" "${stores[@]}" --out "$OUT/fit/$1-w$WIDTH" \

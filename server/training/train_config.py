@@ -53,6 +53,11 @@ class DataConfig:
     batch_size: int = 8  # prompts generated together (left padding); a CPU is much faster batched
     val_fraction: float = 0.1  # share of samples (by id hash) held out for validation
     source_root: str | None = None  # where prompts come from; None = this interpreter's standard library
+    # The target's features of every answer kept as it is generated (answer_capture.py): the same store
+    # `train features` would write from these rows, without running the target over them a second time.
+    features_out: str | None = None  # feature store folder filled as the answers come (None: no features)
+    features_contents: Literal["full", "hidden"] = "full"  # full: LM-head input, all K/V, TLI activations (MoA); hidden: the LM-head input only (EAGLE)
+    features_tli: tuple[int, ...] = (0, 1)  # TLI depths whose target activations a full store keeps
 
 
 @dataclass(frozen=True)

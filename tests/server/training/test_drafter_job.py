@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from edgespec.server.training.features import FeatureStore
 
 pytestmark = pytest.mark.slow  # four edgespec processes, each loading the tiny target
 
@@ -29,17 +32,29 @@ def test_every_step_runs_and_resumes(target_dir, tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
 
     run("text")
+    # Answers written before features were kept with them (a run of an older release): the answers step
+    # keeps the features of the new ones, and the features steps extract just the earlier rows.
+    run("answers", N_CHAT="1", N_COMPLETE="1")
+    shutil.rmtree(tmp_path / "out" / "store-answers-live")
+    early = [json.loads(line)["id"] for line in (tmp_path / "out" / "data-answers" / "samples.jsonl").open()]
     run("answers")
     rows = [json.loads(line) for line in (tmp_path / "out" / "data-answers" / "samples.jsonl").read_text().splitlines()]
-    assert sorted({r["kind"] for r in rows}) == ["chat", "complete", "explain", "write"]
-    run("answers-features", GROWING="")  # the answers are done: every shard
+    assert sorted({r["kind"] for r in rows}) == ["chat", "complete", "explain", "write"] and len(rows) > len(early)
+    live = FeatureStore(tmp_path / "out" / "store-answers-live")
+    assert live.meta["capture"] == {"first_row": len(early)}
+    assert sorted(FeatureStore.load(f, ()).id for f in live.files) == sorted(r["id"] for r in rows[len(early):])
+    run("answers-features")
+    hidden = FeatureStore(tmp_path / "out" / "store-answers-hidden")
+    assert sorted(FeatureStore.load(f, ()).id for f in hidden.files) == sorted(early)
     run("eagle")
     card = json.loads((tmp_path / "out" / "fit" / "eagle-w32" / "card.json").read_text())
-    assert card["training"]["steps"] == 3 and len(card["data"]["feature_store"].split(",")) == 2
+    stores = card["data"]["feature_store"].split(",")
+    assert card["training"]["steps"] == 3 and [Path(s).name for s in stores] == [
+        "store-answers-hidden", "store-answers-live", "store-text-hidden"]
     run("eagle-hass", STEPS="2")
     card = json.loads((tmp_path / "out" / "fit" / "eagle-hass-w32" / "card.json").read_text())
     assert card["recipe"] == "eagle+hass" and card["training"]["steps"] == 2
-    run("answers-full", GROWING="")
+    run("answers-full")
     run("moa", "1")
     assert (tmp_path / "out" / "fit" / "moa-tli1-w32" / "card.json").is_file()
     run("eagle", STEPS="5")  # resumes: two more steps on the schedule the first run planned

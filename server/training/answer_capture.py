@@ -1,0 +1,149 @@
+"""The target's features captured while it writes its answers, into a sharded store.
+
+Generating an answer already runs the target over every prompt and answer token, so its final-norm
+output, the TLI activations and every layer's K/V are there for the taking: keeping them saves a second
+pass over the same tokens (`train features`), which on a CPU costs about as much as the generation itself
+for the hidden states and twice as much with every layer's K/V. Each generation batch becomes one shard
+of the store (`extraction.write_shard`'s layout), written after its rows are in ``samples.jsonl``; an
+interruption between the two loses that batch's features, never duplicates them.
+
+What is stored per answer is what went through the model: the prompt and the answer without its last
+token (the last token is sampled, never fed back), with the loss mask on the answer's part.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from edgespec.shared.models.cache_arg import output_cache
+from .extraction import Sequence, shard_path, write_shard
+from .features import store_meta
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CapturedAnswer:
+    response: str  # the answer's text, as `generate_chat` returns it
+    ids: list[int]  # prompt + answer tokens that the model read (the answer's last token is not one)
+    mask: list[int]  # 1 on the answer's tokens
+    feats: dict[str, torch.Tensor]  # hidden, act{N}, kv (when asked): float32 [len(ids), ...] on the CPU
+
+
+def answer_length(generated: list[int], eos_ids: set[int]) -> int:
+    """Tokens of one row's generated part that belong to its answer: up to and including the first
+    end-of-sequence token (what follows is padding of a row that finished early), else all of them."""
+    for i, t in enumerate(generated):
+        if t in eos_ids:
+            return i + 1
+    return len(generated)
+
+
+def eos_ids_of(model, tokenizer) -> set[int]:
+    ids = model.generation_config.eos_token_id
+    ids = set(ids if isinstance(ids, (list, tuple)) else [ids] if ids is not None else [])
+    return ids | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+
+
+@torch.inference_mode()
+def generate_captured(model, tokenizer, histories: list[list[dict]], max_new_tokens: int,
+                      tli_depths: tuple[int, ...] = (), with_kv: bool = False) -> list[CapturedAnswer]:
+    """Greedy answers to chat histories (batched, left padding, as `data.generate_chat`) with the features
+    of every token the model read. A row's features are read from the one batched generation: its left
+    padding is masked out, so they are the target's features of that row alone (up to the batch's rounding)."""
+    texts = [tokenizer.apply_chat_template(h, tokenize=False, add_generation_prompt=True) for h in histories]
+    tokenizer.padding_side = "left"
+    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    base, n_layers = model.model, model.config.num_hidden_layers
+    norm_in, norm_out, layer_in = [], [], {n: [] for n in tli_depths if n > 0}
+
+    def on_norm(module, args, output) -> None:  # a hook that returns something replaces the output
+        norm_in.append(args[0])
+        norm_out.append(output)
+
+    def before_layer(module, args, kwargs, store) -> None:
+        store.append(args[0] if args else kwargs["hidden_states"])
+
+    hooks = [base.norm.register_forward_hook(on_norm)]
+    for n, store in layer_in.items():
+        hooks.append(base.layers[n_layers - n].register_forward_pre_hook(
+            lambda m, a, kw, store=store: before_layer(m, a, kw, store), with_kwargs=True))
+    try:
+        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None,
+                             top_k=None, pad_token_id=tokenizer.pad_token_id, return_dict_in_generate=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    timeline = lambda parts: torch.cat(parts, dim=1)  # noqa: E731  prefill [B, P, E] then one [B, 1, E] a step
+    per_name = {"hidden": timeline(norm_out), **({"act0": timeline(norm_in)} if 0 in tli_depths else {}),
+                **{f"act{n}": timeline(parts) for n, parts in layer_in.items()}}
+    prompt_len = enc["input_ids"].shape[1]
+    seen = per_name["hidden"].shape[1]  # tokens the model read: the prompt and all but the last step's token
+    if with_kv:
+        cache = output_cache(out)
+        # [B, kv_heads, T, D] per layer -> [B, T, L, 2 * kv_heads * D], the store's K | V row per layer
+        flat = lambda t: t[:, :, :seen].transpose(1, 2).flatten(2)  # noqa: E731
+        per_name["kv"] = torch.stack([torch.cat([flat(cache.layers[i].keys), flat(cache.layers[i].values)], -1)
+                                      for i in range(n_layers)], dim=2)
+    eos = eos_ids_of(model, tokenizer)
+    pads = (enc["attention_mask"] == 0).sum(1).tolist()
+    answers = []
+    for r, row in enumerate(out.sequences.tolist()):
+        generated = row[prompt_len:]
+        length = answer_length(generated, eos)
+        start, end = pads[r], prompt_len + length - 1  # the last answer token was never read
+        answers.append(CapturedAnswer(
+            response=tokenizer.decode(generated[:length], skip_special_tokens=True), ids=row[start:end],
+            mask=[0] * (prompt_len - start) + [1] * (length - 1),
+            feats={name: t[r, start:end].float().cpu() for name, t in per_name.items()}))
+    return answers
+
+
+@dataclass(frozen=True)
+class CaptureSettings:
+    """What the answers' store holds (``DataConfig``'s capture fields)."""
+
+    out: Path
+    contents: str = "full"  # full: hidden, K/V of every layer, TLI activations (MoA and EAGLE); hidden: EAGLE's only
+    tli_depths: tuple[int, ...] = (0, 1)
+
+
+class CaptureStore:
+    """The write side of a store filled by `build_dataset` as the answers come: one shard per batch."""
+
+    def __init__(self, settings: CaptureSettings, target: str, loaded, first_row: int):
+        if settings.contents not in ("full", "hidden"):
+            raise ValueError(f"capture contents must be 'full' or 'hidden', got {settings.contents!r}")
+        self.path, self.full = Path(settings.out), settings.contents == "full"
+        self.depths = tuple(settings.tli_depths) if self.full else ()
+        (self.path / "shards").mkdir(parents=True, exist_ok=True)
+        meta = store_meta(target, loaded, self.depths, 0, format="sharded", dtype=str(loaded.dtype),
+                          contents=settings.contents, capture={"first_row": first_row})
+        meta_path = self.path / "store.json"
+        if meta_path.exists():
+            old = json.loads(meta_path.read_text())
+            for key in ("fingerprint", "contents", "tli_depths", "dtype"):
+                if old.get(key) != meta[key]:
+                    raise ValueError(f"{self.path} holds features with {key}={old.get(key)!r}, this run asks "
+                                     f"{meta[key]!r}: use the same settings or a new folder")
+            # where capture began stays as first written (the rows before it need `train features`)
+            meta.update(capture=old.get("capture", meta["capture"]), max_len=old.get("max_len", 0))
+        self.meta, self.meta_path = meta, meta_path
+        meta_path.write_text(json.dumps(meta, indent=1))
+        self.next = len([p for p in (self.path / "shards").glob("shard-*.npz") if not p.name.endswith(".tmp.npz")])
+
+    def write(self, rows: list[dict], answers: list[CapturedAnswer]) -> None:
+        keep = [(row, a) for row, a in zip(rows, answers) if len(a.ids) >= 4]
+        if not keep:
+            return
+        seqs = [Sequence(row["id"], row["split"], a.ids, a.mask) for row, a in keep]
+        write_shard(shard_path(self.path, self.next), seqs, [a.feats for _, a in keep])
+        self.meta["max_len"] = max(self.meta["max_len"], *(len(s.ids) for s in seqs))  # the longest stored
+        self.meta_path.write_text(json.dumps(self.meta, indent=1))
+        log.info("features of %d answers (%d tokens) -> shard %d of %s", len(seqs), sum(len(s.ids) for s in seqs),
+                 self.next, self.path)
+        self.next += 1

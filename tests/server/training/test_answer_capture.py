@@ -1,0 +1,86 @@
+"""Features kept while the target answers: the same numbers a second pass would give, in a store the trainer reads."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from edgespec.server.training.answer_capture import answer_length, generate_captured
+from edgespec.server.training.data import generate_chat, read_samples
+from edgespec.server.training.features import FeatureStore, target_features
+
+HISTORIES = [[{"role": "user", "content": "Write a function that adds two numbers."}],
+             [{"role": "user", "content": "hi"}],
+             [{"role": "user", "content": "Explain what a context manager is, briefly, with an example."}]]
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir):
+    from edgespec.shared.models import load_model
+
+    return load_model(str(tiny_model_dir), device="cpu", dtype="float32")
+
+
+def test_answer_length_stops_at_the_first_end_of_sequence():
+    assert answer_length([5, 6, 7], {9}) == 3  # cut by max_new_tokens: all of it
+    assert answer_length([5, 9, 0, 0], {9}) == 2  # the end token belongs to the answer, the padding does not
+    assert answer_length([9, 9], {9, 8}) == 1
+    assert answer_length([], {9}) == 0
+
+
+def test_captured_features_equal_a_second_pass_over_the_same_tokens(loaded):
+    model, tok = loaded.model, loaded.tokenizer
+    answers = generate_captured(model, tok, HISTORIES, max_new_tokens=6, tli_depths=(0, 1), with_kv=True)
+    # The answers are generate_chat's, word for word: capturing changes nothing the data set records.
+    assert [a.response for a in answers] == generate_chat(model, tok, HISTORIES, 6)
+    for history, a in zip(HISTORIES, answers):
+        prompt = tok.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
+        prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        assert a.ids[:len(prompt_ids)] == prompt_ids  # no left padding kept
+        assert a.mask == [0] * len(prompt_ids) + [1] * (len(a.ids) - len(prompt_ids))
+        # The answer's tokens as generated (ids, not the text encoded again), all but the last: the one
+        # token the model never read.
+        alone = model.generate(torch.tensor([prompt_ids]), max_new_tokens=6, do_sample=False,
+                               pad_token_id=tok.pad_token_id)[0, len(prompt_ids):].tolist()
+        assert a.ids[len(prompt_ids):] == alone[:len(a.ids) - len(prompt_ids)] and len(a.ids) - len(prompt_ids) >= 1
+        # The same tokens run alone through the target: every captured feature agrees (float32).
+        exact = target_features(model, a.ids, (0, 1))
+        assert set(a.feats) == {"hidden", "kv", "act0", "act1"}
+        for name, t in a.feats.items():
+            assert t.shape == exact[name].shape, name
+            torch.testing.assert_close(t, exact[name], atol=2e-4, rtol=2e-4, msg=name)
+
+
+def test_hidden_only_capture_keeps_no_cache_features(loaded):
+    answers = generate_captured(loaded.model, loaded.tokenizer, HISTORIES[:2], max_new_tokens=4)
+    assert all(set(a.feats) == {"hidden"} for a in answers)
+
+
+def test_build_dataset_fills_a_store_as_it_answers_and_resumes(tmp_path, tiny_model_dir):
+    from edgespec.server.training.data import DataConfig, build_dataset
+
+    cfg = DataConfig(n_write=0, n_explain=0, n_code=1, n_complete=2, n_chat=2, max_new_tokens=5, batch_size=2,
+                     val_fraction=0.5, features_out=str(tmp_path / "store"), features_tli=(0, 1))
+    path = build_dataset(str(tiny_model_dir), tmp_path / "data", cfg)
+    rows = {r["id"]: r for r in read_samples(path)}
+    store = FeatureStore(tmp_path / "store")
+    meta = json.loads((tmp_path / "store" / "store.json").read_text())
+    assert meta["contents"] == "full" and meta["tli_depths"] == [0, 1] and meta["capture"] == {"first_row": 0}
+    stored = {s.id: s for s in (store.load(ref, ("hidden", "kv", "act0", "act1")) for ref in store.files)}
+    answered = {i for i, r in rows.items() if r["kind"] != "code"}
+    assert set(stored) == answered  # every answer, once; plain code has no answer to capture
+    for sid, seq in stored.items():
+        assert seq.split == rows[sid]["split"] and seq.hidden.shape[0] == seq.kv.shape[0] == len(seq.tokens)
+        assert 1 in seq.acts and seq.loss_mask.any()
+    # A second run with more prompts answers only the new ones and adds their shard beside the first ones.
+    more = DataConfig(**{**cfg.__dict__, "n_chat": 4})
+    now = read_samples(build_dataset(str(tiny_model_dir), tmp_path / "data", more))
+    ids = [s.id for s in (store.load(ref, ()) for ref in FeatureStore(tmp_path / "store").files)]
+    assert len(ids) == len(set(ids)) > len(answered)
+    assert set(ids) == {r["id"] for r in now if r["kind"] != "code"}
+    assert json.loads((tmp_path / "store" / "store.json").read_text())["capture"] == {"first_row": 0}
+    # Different contents into the same store are refused before anything is generated.
+    with pytest.raises(ValueError, match="contents"):
+        build_dataset(str(tiny_model_dir), tmp_path / "data", DataConfig(**{**more.__dict__, "n_chat": 5,
+                                                                             "features_contents": "hidden"}))
