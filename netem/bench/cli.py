@@ -43,6 +43,7 @@ MICRO_BENCHMARKS: dict[str, tuple[str, str]] = {
     "drafting": ("drafting", "every drafter against plain decoding and transformers' assisted generation"),
     "tree-sweep": ("tree_sweep", "EAGLE-2 tree shapes for the independent drafter, through a server"),
     "independent": ("independent", "the independent drafter alone: pass costs, trees against the target's text"),
+    "gpu-projection": ("gpu_projection", "computed: a drafting run's trees against a GPU server's verification times and a profile's link"),
     "drafter-curve": ("drafter_curve", "learned drafters' chain acceptance on the target's own answers, per training snapshot"),
     "router": ("router", "a learned drafter with and without its LM-head router"),
     "beagle": ("beagle", "Beagle's training stages and drafting against EAGLE's, per step"),

@@ -41,6 +41,13 @@ def test_drafting_bench_is_lossless_for_every_method_and_sums_the_clients_metric
     per_position = [sum(x) for x in zip(*(r["metrics"]["accepted_per_position"] or [0] for r in mine))]
     assert summary["independent"]["accept_at"][:1] == [round(per_position[0] / drafts, 3)]
     assert "| independent |" in capsys.readouterr().out
+    # The same run projected against a GPU server: a row per client drafter, tau as the client counted it.
+    bench("gpu-projection", str(out), "--profiles", "5g,4g")
+    rows = {line.split("|")[1].strip(): line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")}
+    assert {"ngram", "independent", "plain API, streamed"} <= set(rows) and "target" not in rows
+    steps = sum(r["metrics"]["num_verifications"] for r in mine)
+    tau = (sum(r["metrics"]["num_accepted_tokens"] for r in mine) + steps) / steps
+    assert rows["independent"].split("|")[2].strip() == f"{tau:.2f}"
 
 
 def test_tree_sweep_prints_a_row_per_shape(model_dir, capsys):
