@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 from edgespec.shared.errors import TokenizerMismatchError
 from edgespec.shared.fingerprint import tokenizer_fingerprint
 from edgespec.shared.grammar import grammar_tokenizer
-from edgespec.shared.tree import MAX_NODES
+from edgespec.shared.wire import MAX_NODES
 
 from .drafters.base import Drafter
 from .drafters.factory import DrafterOptions, make_drafter

@@ -57,8 +57,9 @@ from edgespec.shared.errors import EdgespecError
 from edgespec.shared.logprobs import TokenLogprob
 from edgespec.shared.metrics import GenerationMetrics
 from edgespec.shared.session_contract import SamplingSettings
-from edgespec.shared.tree import MAX_NODES, DraftTree
-from edgespec.shared.wire import MAX_TOP_LOGPROBS, FeatureKind, ResumePolicy
+from edgespec.shared.session_settings import SessionSettings
+from edgespec.shared.tree import DraftTree
+from edgespec.shared.wire import MAX_NODES, MAX_TOP_LOGPROBS, FeatureKind, ResumePolicy
 
 from .commit import (Finish, ProtocolError, StopStrings, accepted_path, check_committed_len, finish_point,
                      resume_commit)
@@ -66,7 +67,7 @@ from .drafters.base import Drafter, DraftRequest, OfflineUnsupportedError, Verif
 from .pipeline import DraftPipeline, Flight
 from .planner import TreeSize
 from .step_plan import LoopConfig, LoopEstimates
-from .verifier import LinkDownError, ServerRefusedError, SessionSpec, Verdict, Verifier
+from .verifier import LinkDownError, ServerRefusedError, Verdict, Verifier
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +273,7 @@ class Generation:
         alone = self.pipe.open_alone(s.prompt_len, wanted) if drafts else None
         try:
             if alone is not None:  # Open goes alone; the drafter reads the prompt and drafts meanwhile
-                opened = self.pipe.submit(lambda: self.verifier.open(self._session_spec()))
+                opened = self.pipe.submit(lambda: self.verifier.open(self._session_settings(), self._prompt()))
                 prepared = self.pipe.draft_from_prompt(s.committed, alone, wanted - 1, opened)
                 self.estimates.observe_open_draft(s.prompt_len, time.perf_counter() - t0,
                                                   len(prepared[0].tree) if prepared else 0)
@@ -284,7 +285,7 @@ class Generation:
                     self.metrics.draft_s += took
                     self.estimates.observe_open_draft(s.prompt_len, took, len(tree))
                     tree = tree if len(tree) else None  # an empty tree asks for the prefill alone
-                verdict = self.verifier.open(self._session_spec(), tree)
+                verdict = self.verifier.open(self._session_settings(), self._prompt(), tree)
         except LinkDownError as err:
             if not self.drafter.can_generate_offline:
                 raise LinkDownError(f"{err}; the {self.drafter.name!r} drafter cannot start without the server") from None
@@ -539,10 +540,12 @@ class Generation:
                                        self._detail, len(s.committed) - s.confirmed,
                                        list(s.logprobs) if self.config.logprobs is not None else [])
 
-    def _session_spec(self) -> SessionSpec:
-        c, s = self.config, self.state
-        return SessionSpec(
-            session_id=self.session_id, prompt_ids=tuple(s.committed[: s.prompt_len]),
-            features=self.drafter.feature_request(), sampling=c.sampling, seed=c.seed, codec=c.codec,
-            max_new_tokens=c.max_new_tokens, tokenizer_fingerprint=self.tok.fingerprint, drafter=self.drafter.name,
-            logprobs=c.logprobs, grammar=c.grammar)
+    def _session_settings(self) -> SessionSettings:
+        c = self.config
+        return SessionSettings(
+            session_id=self.session_id, features=self.drafter.feature_request(), sampling=c.sampling, seed=c.seed,
+            codec=c.codec, max_new_tokens=c.max_new_tokens, tokenizer_fingerprint=self.tok.fingerprint,
+            drafter=self.drafter.name, logprobs=c.logprobs, grammar=c.grammar)
+
+    def _prompt(self) -> tuple[int, ...]:
+        return tuple(self.state.committed[: self.state.prompt_len])

@@ -24,9 +24,8 @@ import grpc
 
 from edgespec.proto.edgespec.v1 import pb, pb_grpc
 from edgespec.shared.errors import EdgespecError
-from edgespec.shared.tree import NODE_BYTES as TREE_NODE_BYTES
-from edgespec.shared.wire import (API_KEY_METADATA_KEY, DEFAULT_MAX_MESSAGE_BYTES, SERVER_STATUS_METADATA_KEY,
-                                  SESSION_METADATA_KEY)
+from edgespec.shared.wire import (API_KEY_METADATA_KEY, DEFAULT_MAX_MESSAGE_BYTES, NODE_BYTES,
+                                  SERVER_STATUS_METADATA_KEY, SESSION_METADATA_KEY)
 
 from .verifier import LinkDownError, ServerRefusedError, SessionLostError
 
@@ -370,7 +369,7 @@ class GrpcTransport:
         elif kind == "resume":  # the link just came back: a silent server must not outlast the offline wait
             timeout_s = link.config.resume_timeout_s
         elif kind == "draft":  # a few times the recent round trips: a blackhole is found in about one
-            nodes = len(message.draft.tree) // TREE_NODE_BYTES
+            nodes = len(message.draft.tree) // NODE_BYTES
             # decoding ahead costs up to `ahead` plain steps; its round trip is kept as one step's share of it
             ahead, queued = max(1, message.draft.decode_ahead), message.draft.queued
             timeout_s = min(link.config.max_deadline_s, link.draft_deadline(nodes) * ahead)

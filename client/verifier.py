@@ -28,17 +28,17 @@ from typing import Callable, Mapping, Protocol, Sequence
 import torch
 
 from edgespec.proto.edgespec.v1 import pb
-from edgespec.shared.codec import MAX_ELEMENTS, ActivationCodec, decode_frame, frame_element_limit, frame_shape
+from edgespec.shared.codec import decode_frame, frame_element_limit, frame_shape
 from edgespec.shared.errors import EdgespecError
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.logprobs import TokenLogprob
 from edgespec.shared.metrics import LinkTraffic
-from edgespec.shared.session_contract import SamplingSettings, ServerTimings
+from edgespec.shared.session_contract import ServerTimings
+from edgespec.shared.session_settings import FeatureRequest, SessionSettings, open_fields
 from edgespec.shared.tree import DraftTree, encode_tree
-from edgespec.shared.wire import FeatureKind, ResumePolicy
+from edgespec.shared.wire import MAX_ELEMENTS, FeatureKind, ResumePolicy
 
 from .commit import ProtocolError
-from .drafters.base import FeatureNeeds
 
 log = logging.getLogger(__name__)
 
@@ -67,31 +67,13 @@ class ServerRefusedError(EdgespecError):
 
 
 @dataclass(frozen=True)
-class SessionSpec:
-    """What Open fixes for the whole session; Resume sends it again so a server that lost the session can
-    rebuild it."""
-
-    session_id: str  # chosen by the client (a UUID)
-    prompt_ids: tuple[int, ...]  # the prompt's token ids
-    features: FeatureNeeds = FeatureNeeds()  # what the drafter needs back per verified token
-    sampling: SamplingSettings = SamplingSettings()  # how the target picks tokens (greedy by default)
-    seed: int = 0  # the server's sampling seed for this session
-    codec: ActivationCodec = ActivationCodec()  # how the server encodes the features
-    max_new_tokens: int = 0  # the most tokens the session will ask for
-    tokenizer_fingerprint: str = ""  # the client's tokenizer: the server refuses one that is not its own
-    drafter: str = ""  # the drafter's name, for the server's logs and metrics
-    logprobs: int | None = None  # None: no logprobs; k: each committed token's and the k most likely
-    grammar: str = ""  # llguidance grammar the output must follow; '' = none
-
-
-@dataclass(frozen=True)
 class FeatureWidths:
     """The target's sizes that fix how many values a feature frame carries per token (from Info)."""
 
     hidden_size: int  # E: HIDDEN's width
     kv_size: int  # E_kv: LSA is 2*E_kv wide; TLI_K and TLI_V carry N*E_kv values per token
 
-    def per_token(self, needs: FeatureNeeds) -> int:
+    def per_token(self, needs: FeatureRequest) -> int:
         """The most values any one feature frame of this session carries per token (0: no frames at all)."""
         kind = FeatureKind(needs.kind)
         if kind is FeatureKind.NONE:
@@ -112,7 +94,7 @@ class Verdict:
     restored: bool = True  # Resume: False when the server had lost the session and re-prefilled it
     features: Mapping[str, torch.Tensor] = field(default_factory=dict)  # decoded, by wire name (``shared.wire``)
     timings: ServerTimings = ServerTimings()  # the server's time on it
-    logprobs: tuple[TokenLogprob, ...] = ()  # with SessionSpec.logprobs: one per token this answer committed
+    logprobs: tuple[TokenLogprob, ...] = ()  # with SessionSettings.logprobs: one per token this answer committed
     decoded: tuple[int, ...] = ()  # a Draft with decode_ahead: the target's tokens before bonus_token
     skipped: bool = False  # a queued Draft the server skipped: the step before it ended short (nothing else set)
 
@@ -149,19 +131,20 @@ class Verifier:
         self.widths = widths
         self.traffic = LinkTraffic()  # every message of the session, failed ones included
         self._open: pb.Open | None = None  # the session's Open without a tree: Resume carries it as reopen
-        self._spec: SessionSpec | None = None  # the session's settings (its feature needs bound its frames)
+        self._settings: SessionSettings | None = None  # the session's (its feature request bounds its frames)
         self._streaming = False  # a stream was started and not dropped since
 
-    def open(self, session: SessionSpec, tree: DraftTree | None = None) -> Verdict:
+    def open(self, settings: SessionSettings, prompt_ids: Sequence[int], tree: DraftTree | None = None) -> Verdict:
         """Prefill the prompt (and verify a tree hung from its last token in the same pass)."""
-        self._open = _open_message(session)  # without the tree: a rebuilt session starts from the prompt
-        self._start(session.session_id)
-        self._spec = session
-        opened = self._call(pb.ClientMessage(open=_open_message(session, tree)), "opened")
+        self._open = pb.Open(**open_fields(settings, prompt_ids))  # no tree: a rebuilt session starts from the prompt
+        self._start(settings.session_id)
+        self._settings = settings
+        message = pb.Open(**open_fields(settings, prompt_ids, encode_tree(tree) if tree is not None else b""))
+        opened = self._call(pb.ClientMessage(open=message), "opened")
         if tree is None and len(opened.accepted):
             raise ProtocolError("Opened lists accepted nodes but the Open carried no tree")
         return self._verdict(opened, opened.first_token, len(opened.accepted) + 1, accepted=opened.accepted,
-                             rows=len(session.prompt_ids) + (len(tree) if tree is not None else 0) + 1)
+                             rows=len(prompt_ids) + (len(tree) if tree is not None else 0) + 1)
 
     def verify(self, step: int, committed_len: int, tree: DraftTree, decode_ahead: int = 1) -> Verdict:
         """Verify a tree hung from the last of committed_len committed tokens; with an empty tree and
@@ -236,7 +219,7 @@ class Verifier:
         `committed`: how many tokens the answer commits, the bonus token included; `rows`: the most tokens its
         features can cover (what the client sent, plus one)."""
         limit = MAX_ELEMENTS if self.widths is None else frame_element_limit(
-            rows, self.widths.per_token(self._spec.features))
+            rows, self.widths.per_token(self._settings.features))
         return Verdict(bonus_token=bonus_token, committed_len=body.committed_len, accepted=tuple(accepted),
                        agreed=agreed, restored=restored, decoded=tuple(decoded),
                        features={f.name: decode_frame(f.frame, limit) for f in body.features},
@@ -269,22 +252,6 @@ class Verifier:
             t.feature_bytes += len(f.frame)
             t.feature_raw_bytes += 2 * math.prod(frame_shape(f.frame))
         return body
-
-
-def _open_message(s: SessionSpec, tree: DraftTree | None = None) -> pb.Open:
-    n, p, c = s.features, s.sampling, s.codec
-    return pb.Open(
-        session_id=s.session_id, prompt_ids=s.prompt_ids,
-        sampling=pb.SamplingParams(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=s.seed,
-                                   min_p=p.min_p, presence_penalty=p.presence_penalty,
-                                   frequency_penalty=p.frequency_penalty, repetition_penalty=p.repetition_penalty,
-                                   logit_bias=dict(p.logit_bias), grammar=s.grammar, min_tokens=p.min_tokens,
-                                   stop_token_ids=list(p.stop_token_ids)),
-        features=pb.FeatureRequest(kind=int(n.kind), moa_server_part=n.moa_server_part, tli_layers=n.tli_layers),
-        codec=pb.CodecChoice(codec=int(c.codec), zstd_level=c.zstd_level, outlier_channels=c.outlier_channels),
-        max_new_tokens=s.max_new_tokens, tokenizer_fingerprint=s.tokenizer_fingerprint, drafter=s.drafter,
-        tree=encode_tree(tree) if tree is not None else b"",
-        logprobs=pb.LogprobRequest(top=s.logprobs) if s.logprobs is not None else None)
 
 
 def _logprobs(body, committed: int, wanted: bool) -> tuple[TokenLogprob, ...]:

@@ -11,18 +11,20 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from edgespec.shared.drafters.lsa import LayerSelfAttention
-from edgespec.shared.tree import MAX_NODES, decode_tree
-from edgespec.shared.wire import DEFAULT_MAX_MESSAGE_BYTES
+from edgespec.shared.session_settings import SessionSettings
+from edgespec.shared.tree import decode_tree
+from edgespec.shared.wire import DEFAULT_MAX_MESSAGE_BYTES, MAX_NODES
 
 from .errors import (DrainingError, InvalidRequestError, SessionBusyError, SessionNotFoundError,
                      StaleStateError, printable)
 from .metrics import ServerMetrics
 from .engine import Engine, GenericEngine
+from .features import lsa_part
 from .prefix_cache import PrefixCache
 from .prefix_kv import unsupported as prefix_cache_unsupported
 from .scheduler import ModelScheduler
 from .load_price import LoadPrice, Totals
-from .session import ResumePolicy, SessionSettings, StepResult, VerifierSession
+from .session import ResumePolicy, StepResult, VerifierSession
 from .session_store import SessionStore, StoreLimits
 from .target import TargetModel
 
@@ -67,8 +69,7 @@ class VerifierCore:
         # Validate first, then swap: the session is built (checked and prefilled) outside the store, so a
         # refused Open never touches a live session of the same id; only a good one replaces it.
         self.store.check_room(settings.session_id)
-        session = VerifierSession(settings, self.target, self.scheduler, self.limits.max_context_tokens,
-                                  self.prefix_cache)
+        session = self._session(settings)
         result = session.open(prompt_ids, tree)
         self.store.add(session)
         self.store.touch(session)
@@ -163,13 +164,16 @@ class VerifierCore:
             raise InvalidRequestError(f"session {session_id!r} is not held here, so Resume must carry reopen "
                                       f"(the Open settings) to rebuild it")
         self.store.check_room(session_id)
-        session = VerifierSession(settings, self.target, self.scheduler, self.limits.max_context_tokens,
-                                  self.prefix_cache)
+        session = self._session(settings)
         session.rebuild(committed_ids, confirmed_hash)
         result = session.resume(confirmed_len, confirmed_hash, provisional, policy)
         self.store.add(session)
         self.store.touch(session)
         return result
+
+    def _session(self, settings: SessionSettings) -> VerifierSession:
+        return VerifierSession(settings, self.target, self.scheduler, self.limits.max_context_tokens,
+                               self.prefix_cache, lsa_part(settings.features, self.lsa_parts))
 
     def _checkout(self, session_id: str) -> VerifierSession:
         session = self.store.get(session_id)

@@ -18,9 +18,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Sequence
 
+from edgespec.shared.session_settings import SessionSettings
 from edgespec.shared.tree import DraftTree, encode_tree
-
-from .session import SessionSettings
 
 log = logging.getLogger("edgespec.server")
 

@@ -5,7 +5,8 @@ error message that quotes one) appears in a log line.
 """
 from __future__ import annotations
 
-from edgespec.shared.errors import EdgespecError
+# InvalidRequestError is the session contract's refusal (``shared.session_settings``); the server raises it too.
+from edgespec.shared.errors import EdgespecError, InvalidRequestError  # noqa: F401
 
 
 def printable(text: str, limit: int = 300) -> str:
@@ -13,10 +14,6 @@ def printable(text: str, limit: int = 300) -> str:
     cut to `limit` characters (a megabyte of name cannot flood the log)."""
     shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:limit])
     return shown + (f"... ({len(text)} characters)" if len(text) > limit else "")
-
-
-class InvalidRequestError(EdgespecError, ValueError, grpc_code="INVALID_ARGUMENT"):
-    """A message the server cannot act on: missing fields, bad sampling settings, too long a prompt."""
 
 
 class SessionNotFoundError(EdgespecError, KeyError, grpc_code="NOT_FOUND"):

@@ -15,6 +15,7 @@ import torch
 
 from edgespec.shared.codec import ActivationCodec
 from edgespec.shared.drafters.lsa import LayerSelfAttention
+from edgespec.shared.session_settings import FeatureRequest
 from edgespec.shared.wire import HIDDEN, LSA, TLI_K, TLI_V, FeatureKind
 
 from .errors import InvalidRequestError
@@ -22,7 +23,7 @@ from .errors import InvalidRequestError
 
 @dataclass(frozen=True)
 class FeatureSpec:
-    """What one session exports."""
+    """What one session exports: its request as the server resolved it (codec, MoA part)."""
 
     kind: FeatureKind = FeatureKind.NONE
     codec: ActivationCodec = ActivationCodec()  # how every payload is encoded
@@ -30,26 +31,28 @@ class FeatureSpec:
     tli_layers: int = 0  # MOA only: K and V of the last N layers are sent too
 
 
-def check_feature_request(kind: int, tli_layers: int, num_layers: int, lsa_name: str,
-                          lsa_parts: dict[str, LayerSelfAttention]) -> LayerSelfAttention | None:
-    """Validate a feature request against what this server has; return the LSA module for MOA."""
-    try:
-        kind = FeatureKind(kind)
-    except ValueError:
-        raise InvalidRequestError(f"unknown feature kind {kind}; known: {[k.value for k in FeatureKind]}") from None
-    if kind is not FeatureKind.MOA:
-        if tli_layers:
+def check_feature_request(request: FeatureRequest, num_layers: int,
+                          lsa_parts: dict[str, LayerSelfAttention]) -> None:
+    """Refuse a feature request this server cannot serve (an unknown kind is refused where Open is read)."""
+    if request.kind is not FeatureKind.MOA:
+        if request.tli_layers:
             raise InvalidRequestError("tli_layers is only meaningful with FEATURE_KIND_MOA")
-        return None
-    if not 0 <= tli_layers <= num_layers:
-        raise InvalidRequestError(f"tli_layers={tli_layers} but the target has {num_layers} layers")
+        return
+    if not 0 <= request.tli_layers <= num_layers:
+        raise InvalidRequestError(f"tli_layers={request.tli_layers} but the target has {num_layers} layers")
     if not lsa_parts:
         raise InvalidRequestError("FEATURE_KIND_MOA needs a MoA server part, and this server has none loaded: "
                                   "start it with --moa-server-part NAME=PATH")
-    name = lsa_name or (next(iter(lsa_parts)) if len(lsa_parts) == 1 else "")
-    if name not in lsa_parts:
-        raise InvalidRequestError(f"unknown MoA server part {lsa_name!r}; this server has {sorted(lsa_parts)}")
-    return lsa_parts[name]
+    if lsa_part(request, lsa_parts) is None:
+        raise InvalidRequestError(f"unknown MoA server part {request.moa_server_part!r}; this server has "
+                                  f"{sorted(lsa_parts)}")
+
+
+def lsa_part(request: FeatureRequest, lsa_parts: dict[str, LayerSelfAttention]) -> LayerSelfAttention | None:
+    """The MoA server part a MOA request names (the only one loaded when it names none); None otherwise."""
+    if request.kind is not FeatureKind.MOA:
+        return None
+    return lsa_parts.get(request.moa_server_part or (next(iter(lsa_parts)) if len(lsa_parts) == 1 else ""))
 
 
 @torch.inference_mode()

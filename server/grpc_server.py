@@ -18,23 +18,12 @@ from pathlib import Path
 
 import grpc
 
+from edgespec.shared.wire import session_message_bytes
+
 from .core import VerifierCore
 from .service import VerifierServicer, add_to_server
 
 log = logging.getLogger("edgespec.server")
-
-ID_BYTES = 5  # a token id as a protobuf varint, at most (uint32)
-# Everything but the id lists (session id, names, fingerprint, settings, hash), with room for a peer's over-long
-# string, which the handler then refuses with a message that says what was wrong (an id over 128 characters).
-MESSAGE_SLACK_BYTES = 2 << 20
-
-
-def session_message_bytes(max_context_tokens: int, max_tree_nodes: int) -> int:
-    """The largest ClientMessage a session can legitimately send: a Resume, whose committed ids, provisional ids
-    and reopen's prompt are each at most a context long, or an Open's prompt and tree. gRPC refuses anything
-    larger (RESOURCE_EXHAUSTED) before it is parsed: a 30 MB Open would otherwise become hundreds of MB of
-    Python objects before its length check refused it."""
-    return 3 * ID_BYTES * max_context_tokens + 4 * max_tree_nodes + MESSAGE_SLACK_BYTES
 
 
 class GrpcServer:

@@ -22,24 +22,19 @@ from google.protobuf.message import DecodeError, Message
 
 from edgespec.proto.edgespec.v1 import pb, pb_grpc
 from edgespec.shared import __version__
-from edgespec.shared.codec import DEFAULT_OUTLIER_CHANNELS, ActivationCodec, Codec
-from edgespec.shared.errors import EdgespecError, FrameError, TokenizerMismatchError
+from edgespec.shared.codec import Codec
+from edgespec.shared.errors import EdgespecError, TokenizerMismatchError
 from edgespec.shared.models.registry import REGISTRY
-from edgespec.shared.session_contract import SamplingSettings
-from edgespec.shared.wire import (MAX_TOP_LOGPROBS, SERVER_STATUS_METADATA_KEY, SESSION_METADATA_KEY, FeatureKind,
-                                  ResumePolicy)
+from edgespec.shared.session_settings import SessionSettings, settings_of
+from edgespec.shared.wire import (MAX_DETAILS_BYTES, MAX_SESSION_ID_CHARS, SERVER_STATUS_METADATA_KEY,
+                                  SESSION_METADATA_KEY, FeatureKind, ResumePolicy)
 
 from .core import VerifierCore
 from .errors import AdmissionTimeoutError, InvalidRequestError, UnauthenticatedError, printable
-from .features import FeatureSpec, check_feature_request
-from .session import SessionSettings, StepResult
+from .features import check_feature_request
+from .session import StepResult
 
 log = logging.getLogger("edgespec.server")
-
-MAX_SESSION_ID_CHARS = 128  # longer ids are refused: an id is echoed in errors, which must stay deliverable
-# Status details travel in a header (grpc-message) that the peer caps at 8 KiB after percent-encoding
-# (3 bytes per non-ASCII byte); past this many UTF-8 bytes a message is cut so the refusal still arrives.
-MAX_DETAILS_BYTES = 2048
 
 
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
@@ -200,36 +195,17 @@ class VerifierServicer(pb_grpc.VerifierServicer):
         raise InvalidRequestError("empty ClientMessage: set one of open, draft, resume, close")
 
     def _settings(self, o: pb.Open, session_id: str) -> SessionSettings:
-        """Open's settings as a domain object; refuses a foreign tokenizer and bad sampling or codec settings."""
+        """Open's settings as a domain object; refuses a foreign tokenizer, bad sampling or codec settings and
+        features this server cannot send."""
         target = self.core.target
         if o.tokenizer_fingerprint != target.fingerprint:
             raise TokenizerMismatchError(
                 f"tokenizer fingerprint {o.tokenizer_fingerprint[:16] or '(empty)'}... is not this server's "
                 f"({target.fingerprint[:16]}..., model {target.name}): the client must use the target's tokenizer "
                 f"(see Info.tokenizer_fingerprint)")
-        try:
-            sp = o.sampling  # proto3 zeros: top_p 0 and repetition_penalty 0 mean off
-            sampling = SamplingSettings(sp.temperature, sp.top_p or 1.0, sp.top_k, sp.min_p, sp.presence_penalty,
-                                        sp.frequency_penalty, sp.repetition_penalty or 1.0,
-                                        tuple(sp.logit_bias.items()), sp.min_tokens, tuple(sp.stop_token_ids))
-        except ValueError as exc:
-            raise InvalidRequestError(f"bad sampling parameters: {exc}") from None
-        lsa = check_feature_request(o.features.kind, o.features.tli_layers, target.num_layers,
-                                    o.features.moa_server_part, self.core.lsa_parts)
-        try:
-            # No CodecChoice: the default frame. Proto3 zeros: codec 0 and outlier_channels 0 mean the defaults.
-            codec = ActivationCodec() if not o.HasField("codec") else ActivationCodec(
-                Codec(o.codec.codec or Codec.INT8_OUTLIER), o.codec.zstd_level,
-                o.codec.outlier_channels or DEFAULT_OUTLIER_CHANNELS)
-        except ValueError as exc:
-            raise FrameError(f"bad codec choice: {exc}") from None
-        features = FeatureSpec(FeatureKind(o.features.kind), codec, lsa, o.features.tli_layers)
-        logprobs = o.logprobs.top if o.HasField("logprobs") else None
-        if logprobs is not None and logprobs > MAX_TOP_LOGPROBS:
-            raise InvalidRequestError(f"Open.logprobs.top is {logprobs}; at most {MAX_TOP_LOGPROBS} alternatives "
-                                      f"per token are sent")
-        return SessionSettings(session_id, sampling, o.sampling.seed, features, o.max_new_tokens, o.drafter,
-                               logprobs, o.sampling.grammar, len(o.prompt_ids))
+        settings = settings_of(o, session_id)
+        check_feature_request(settings.features, target.num_layers, self.core.lsa_parts)
+        return settings
 
     def _authenticate(self, context: grpc.ServicerContext) -> None:
         from edgespec.shared.auth import api_key_problem

@@ -24,7 +24,9 @@ from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.grammar import GrammarError
 from edgespec.shared.logits_processors import RowProcessors
 from edgespec.shared.logprobs import TokenLogprob, token_logprobs
-from edgespec.shared.session_contract import SamplingSettings, ServerTimings
+from edgespec.shared.drafters.lsa import LayerSelfAttention
+from edgespec.shared.session_contract import ServerTimings
+from edgespec.shared.session_settings import SessionSettings
 from edgespec.shared.tree import DraftTree
 from edgespec.shared.verification import Draws, VerifyOutcome, next_token, sample_verify, target_probs, verify_tree
 from edgespec.shared.wire import MAX_DECODE_AHEAD, FeatureKind, ResumePolicy
@@ -35,21 +37,6 @@ from .features import FeatureSpec, export_features
 from .prefix_cache import PrefixCache
 from .scheduler import ModelScheduler
 from .target import TargetModel
-
-
-@dataclass(frozen=True)
-class SessionSettings:
-    """What Open fixes for the whole session."""
-
-    session_id: str
-    sampling: SamplingSettings = SamplingSettings()  # greedy unless temperature > 0; penalties, logit_bias
-    seed: int = 0  # keys the session's sampling draws: same seed, same output, whatever the trees
-    features: FeatureSpec = FeatureSpec()  # what each answer carries back
-    max_new_tokens: int = 0  # the client's budget (informational; the context limit is enforced)
-    drafter: str = ""  # the client's drafter name, for logs and metrics
-    logprobs: int | None = None  # None: no logprobs; k: each committed token's and the k most likely
-    grammar: str = ""  # llguidance grammar (shared.grammar) the output must follow; '' = none
-    prompt_len: int = 0  # Open's prompt length: the output the penalties count starts after it (Resume rebuilds)
 
 
 @dataclass
@@ -93,8 +80,11 @@ def _job_timings(out, t1: int) -> ServerTimings:
 
 class VerifierSession:
     def __init__(self, settings: SessionSettings, target: TargetModel, scheduler: ModelScheduler,
-                 max_context_tokens: int, prefix_cache: PrefixCache | None = None):
+                 max_context_tokens: int, prefix_cache: PrefixCache | None = None,
+                 lsa: LayerSelfAttention | None = None):
         self.settings = settings
+        # What each answer carries back; lsa: the MoA server part the request named (``features.lsa_part``).
+        self.features = FeatureSpec(settings.features.kind, settings.codec, lsa, settings.features.tli_layers)
         self.id = settings.session_id
         self.target = target
         self.scheduler = scheduler
@@ -338,7 +328,7 @@ class VerifierSession:
         start = time.perf_counter_ns()
         step = self.scheduler.run_job(job(*args), self.kv)  # on the model thread, batched with other sessions
         t0 = time.perf_counter_ns()
-        features = export_features(self.settings.features, step.hidden, step.kv)
+        features = export_features(self.features, step.hidden, step.kv)
         encode_ns = time.perf_counter_ns() - t0
         self.kv_bytes = self.kv.nbytes
         self.last_used = time.monotonic()

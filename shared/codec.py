@@ -26,7 +26,7 @@ content size (zstd's one-shot compressor, which the encoder uses, always does).
 Decoding trusts nothing in a frame: frames come off the network. Before
 allocating anything it checks the header against the payload: the claimed
 size (``claimed_elements``: the product of the non-zero dimensions) against
-``max_elements`` (``MAX_ELEMENTS`` by default), and the payload's length, or
+``max_elements`` (``shared.wire.MAX_ELEMENTS`` by default), and the payload's length, or
 the zstd content size, against exactly what the shape needs; only then does it
 inflate, into that many bytes. Its memory is then a small multiple of the
 claimed size (the payload, float32 rows and a temporary of the same size) and
@@ -46,6 +46,7 @@ import torch
 import zstandard
 
 from .errors import FrameError
+from .wire import MAX_ELEMENTS
 
 MAGIC = b"ESAF"
 VERSION = 1
@@ -60,14 +61,6 @@ _ZSTD_WINDOW_FLOOR = 1 << 20
 _ZSTD_WINDOW_MAX = 1 << 31  # zstd's own ceiling (windowLog 31)
 _ZSTD_SIZE_UNKNOWN = -1  # what zstandard.frame_content_size returns (not its CONTENTSIZE_UNKNOWN)
 
-MAX_ELEMENTS = 1 << 27
-"""Default bound on the elements a frame may claim (134M; 512 MiB as float32 while decoding).
-
-A link message is at most 64 MiB by default (``max_message_bytes`` on both sides):
-about 64M int8 elements of real activations, which zstd barely shrinks, so live
-frames fit with room to spare. Pass a larger ``max_elements`` to ``decode_frame``
-for bigger tensors read from a trusted disk.
-"""
 
 
 DEFAULT_ZSTD_LEVEL = 3  # 0 = no zstd; 1..3 are the fast levels worth paying on a live link

@@ -22,6 +22,10 @@ class InvalidTreeError(EdgespecError, ValueError, grpc_code="INVALID_ARGUMENT"):
     """A draft tree that cannot be verified (bad parent, too many nodes, bad token id, truncated bytes)."""
 
 
+class InvalidRequestError(EdgespecError, ValueError, grpc_code="INVALID_ARGUMENT"):
+    """A message the server cannot act on: missing fields, bad sampling settings, too long a prompt."""
+
+
 class FrameError(EdgespecError, ValueError, grpc_code="INVALID_ARGUMENT"):
     """An activation codec frame that is malformed, truncated or of an unknown codec."""
 

@@ -6,8 +6,9 @@
   same message the server would give.
 - ``ServerTimings``: the server's own time on one message, as it measures it and as the client reads it.
 
-The codec choice is ``shared.codec.ActivationCodec`` (validated the same way); the wire's numbers
-(tree and message sizes, logprob alternatives) are in ``shared.wire`` and ``shared.tree``.
+What Open fixes for a session, with its feature request and its wire form, is ``shared.session_settings``
+(apart, as it loads torch with the codec); the codec choice is ``shared.codec.ActivationCodec`` (validated the
+same way); every limit of the wire (tree and message sizes, logprob alternatives) is in ``shared.wire``.
 """
 from __future__ import annotations
 

@@ -18,10 +18,8 @@ from typing import Sequence
 import torch
 
 from .errors import InvalidTreeError
-from .wire import MAX_NODES, ROOT  # noqa: F401 - the tree's wire limits, named where trees are
-
-MAX_TOKEN_ID = (1 << 24) - 1  # token id is three bytes
-NODE_BYTES = 4
+# The tree's wire limits (``shared.wire``), also named where trees are.
+from .wire import MAX_NODES, MAX_TOKEN_ID, NODE_BYTES, ROOT  # noqa: F401
 
 
 @dataclass(frozen=True)

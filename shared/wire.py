@@ -43,9 +43,34 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 # that configs and --help can name it.
 ROOT = 255  # the parent index meaning "the last committed token"
 MAX_NODES = ROOT  # most nodes in a tree
+NODE_BYTES = 4  # a node on the wire: its token id in three bytes, its parent in one
+MAX_TOKEN_ID = (1 << 24) - 1  # the largest id three bytes hold
 # Most tokens one Draft may ask the target to decode on its own (``Draft.decode_ahead``): a step's features stay
 # within what a full tree's answer carries, and the session's stream is not held for long.
 MAX_DECODE_AHEAD = 64
+# Most elements an activation frame may claim (134M; 512 MiB as float32 while decoding) unless the reader passes
+# its own bound: a 64 MiB message holds about 64M int8 elements of real activations, which zstd barely shrinks,
+# so live frames fit with room to spare; a larger bound is for bigger tensors read from a trusted disk.
+MAX_ELEMENTS = 1 << 27
+# The session id: longer ones are refused, as an id is echoed in errors, which must stay deliverable.
+MAX_SESSION_ID_CHARS = 128
+# A refusal's details travel in a header (grpc-message) that the peer caps at 8 KiB after percent-encoding
+# (3 bytes per non-ASCII byte); past this many UTF-8 bytes a message is cut so the refusal still arrives.
+MAX_DETAILS_BYTES = 2048
+ID_BYTES = 5  # a token id as a protobuf varint, at most (uint32)
+# Everything in a Session message but its id lists (session id, names, fingerprint, settings, hash), with room for
+# a peer's over-long string, which the server then refuses with a message that says what was wrong.
+MESSAGE_SLACK_BYTES = 2 << 20
+
+
+def session_message_bytes(max_context_tokens: int, max_tree_nodes: int) -> int:
+    """The largest ClientMessage a session can legitimately send: a Resume, whose committed ids, provisional ids
+    and reopen's prompt are each at most a context long, or an Open's prompt and tree. gRPC refuses anything
+    larger (RESOURCE_EXHAUSTED) before it is parsed: a 30 MB Open would otherwise become hundreds of MB of
+    Python objects before its length check refused it."""
+    return 3 * ID_BYTES * max_context_tokens + NODE_BYTES * max_tree_nodes + MESSAGE_SLACK_BYTES
+
+
 # Largest HTTP request body either API reads by default (413 past it, before it is read): a 32k-token context is
 # a few hundred KB of text; room for long contexts.
 DEFAULT_MAX_BODY_BYTES = 8 << 20

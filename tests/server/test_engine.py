@@ -23,11 +23,12 @@ from edgespec.server.engine_batched import BatchedEngine, PoolConfig
 from edgespec.server.engine_masks import batch_attention_mask
 from edgespec.server.errors import SessionCapError
 from edgespec.server.scheduler import ModelScheduler, SchedulerConfig
-from edgespec.server.session import ResumePolicy, SessionSettings, VerifierSession
+from edgespec.server.session import ResumePolicy, VerifierSession
 from edgespec.server.target import TargetModel
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.models.loading import load_model
 from edgespec.shared.session_contract import SamplingSettings
+from edgespec.shared.session_settings import SessionSettings
 from edgespec.shared.tree import ROOT, DraftTree
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -21,12 +21,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from edgespec.server.engine import Work
 from edgespec.server.engine_batched import BatchedEngine, PoolConfig, grid
 from edgespec.server.engine_step import Bucket, pack_batch
-from edgespec.server.features import FeatureSpec
 from edgespec.server.scheduler import ModelScheduler, SchedulerConfig
-from edgespec.server.session import SessionSettings, VerifierSession
+from edgespec.server.session import VerifierSession
 from edgespec.server.target import TargetModel
 from edgespec.shared.models.loading import load_model
 from edgespec.shared.session_contract import SamplingSettings
+from edgespec.shared.session_settings import FeatureRequest, SessionSettings
 from edgespec.shared.tree import ROOT, DraftTree
 from edgespec.shared.wire import FeatureKind
 
@@ -58,25 +58,36 @@ def packed(eng: BatchedEngine, works: list[Work], pasts: list[int], bucket: Buck
     for kv, p, w in zip(kvs, pasts, works):
         kv.grow_to(p + len(w))
     items = [(kv.blocks, p, w, w.accept) for kv, p, w in zip(kvs, pasts, works)]
-    out = torch.tensor(pack_batch(items, bucket, eng.pool.scratch, list(range(bucket.head))), dtype=torch.long)
+    starts = [sum(len(w) for w in works[:i]) for i in range(len(works))]
+    head = [s + r for s, w in zip(starts, works) for r in range(w.logits_from, len(w))]
+    out = torch.tensor(pack_batch(items, bucket, eng.pool.scratch, head), dtype=torch.long)
     eng.held = kvs  # the blocks stay taken while the test uses them
     return out
 
 
-GRID = [Bucket(1, 1, 256, 1), Bucket(2, 4, 256, 8), Bucket(4, 8, 512, 32)]
+GRID = [Bucket(1, 1, 256), Bucket(8, 2, 256), Bucket(32, 4, 512)]  # rows, sessions, keys
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bucket", GRID, ids=lambda b: f"B{b.batch}-T{b.tokens}-K{b.keys}")
-def test_the_step_of_every_bucket_traces_in_one_graph(target, bucket):
+@pytest.mark.parametrize("bucket", GRID, ids=lambda b: f"N{b.rows}-S{b.seqs}-K{b.keys}")
+@pytest.mark.parametrize("part", ["decode", "finish"])
+def test_the_step_of_every_bucket_traces_in_one_graph(target, bucket, part):
+    """Each bucket part of the step (the decoder; acceptance and compaction) is one graph without a break."""
     import torch._dynamo
 
     eng = engine(target, shape_buckets=True)
-    rng = random.Random(bucket.tokens)
-    works = [tree_work(rng, bucket.tokens - 1, 5 + i) for i in range(bucket.batch)]
+    rng = random.Random(bucket.rows)
+    per = bucket.rows // bucket.seqs
+    works = [tree_work(rng, per - 1, 5 + i) for i in range(bucket.seqs)]
+    flat = packed(eng, works, [5 + i for i in range(bucket.seqs)], bucket)[:bucket.packed]
     torch._dynamo.reset()
     with torch.no_grad():
-        explained = torch._dynamo.explain(eng.step.__call__)(packed(eng, works, [5, 6][:bucket.batch], bucket), bucket)
+        if part == "decode":
+            explained = torch._dynamo.explain(eng.step.decode)(flat, bucket)
+        else:
+            _, sees = eng.step.decode(flat, bucket)
+            best = torch.randint(0, 300, (bucket.rows,))
+            explained = torch._dynamo.explain(eng.step.finish)(flat, bucket, sees, best)
     assert explained.graph_break_count == 0, explained.break_reasons
     assert explained.graph_count == 1
 
@@ -105,27 +116,37 @@ def test_the_compiled_step_is_bitwise_the_eager_step(target, attention):
         assert torch.equal(eager.pool.kv, compiled.pool.kv)
 
 
-def test_logits_written_into_a_shared_buffer_are_the_same(target):
-    """Captured graphs write their logits into one buffer (``GraphRunner``): the same values as the step's own."""
+def test_the_lm_head_runs_on_the_rows_whose_logits_are_used(target):
+    """A batch of a 17-node tree, two decode rows and a prompt chunk without logits, padded to a grid bucket: the
+    LM head (the model's own module, hooked) sees the tree's 18 rows and the 2 decode rows, no prompt row and no
+    padding row; the bucket is the batch's total rows rounded up the grid, not its sessions times its longest."""
     eng = engine(target, shape_buckets=True)
-    rng = random.Random(2)
-    works = [tree_work(rng, 5, 7), tree_work(rng, 2, 3)]
-    bucket, _ = eng.bucket(works, 16)
-    flat = packed(eng, works, [7, 3], bucket)
-    buffer = torch.full((bucket.head + 3, target.vocab_size), float("nan"))
-    with torch.no_grad():
-        own = eng.step(flat, bucket)
-        shared = eng.step(flat, bucket, logits_out=buffer[:bucket.head])
-    assert shared.logits.data_ptr() == buffer.data_ptr()
-    assert torch.equal(own.logits, shared.logits) and torch.equal(own.readback, shared.readback)
-    assert torch.isnan(buffer[bucket.head:]).all()
+    seen: list[int] = []
+    hook = target.model.get_output_embeddings().register_forward_hook(lambda m, args, out: seen.append(args[0].shape[0]))
+    try:
+        kvs = [eng.new_kv() for _ in range(4)]
+        for kv in kvs:
+            eng.run([(kv, Work.chunk(list(range(3, 20)), 0, logits=False))])
+        seen.clear()
+        rng = random.Random(3)
+        works = [tree_work(rng, 17, 17), Work.chunk([5], 17), Work.chunk([6], 17),
+                 Work.chunk(list(range(30, 40)), 17, logits=False)]
+        outs = eng.run(list(zip(kvs, works)))
+    finally:
+        hook.remove()
+    bucket, in_grid = eng.bucket(works, 17 + 18)
+    assert in_grid and bucket.rows == 32 and sum(len(w) for w in works) == 30  # 30 rows: 32, not 4 x 32
+    assert seen == [18 + 1 + 1], seen
+    assert [len(o.logits) for o in outs] == [18, 1, 1, 0]
+    assert outs[0].accepted is not None and len(outs[0].best) == 18
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("attention", ["sdpa", "flex"])
 def test_compiled_graphs_are_the_distinct_buckets_used(target, attention):
     """Mixed sessions (prompts, trees of 0-20 nodes, one to four sessions a batch) on a compiled engine: one graph
-    per distinct bucket, no recompilation within a bucket, with either attention."""
+    of each bucket part per distinct bucket, no recompilation within a bucket (whatever the head rows), with
+    either attention."""
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -162,27 +183,43 @@ def test_compiled_graphs_are_the_distinct_buckets_used(target, attention):
     finally:
         scheduler.close()
     assert len(set(used)) > 3, ("the run should span several buckets", sorted(set(used), key=str))
-    assert len(graphs) == len(set(used)), (len(graphs), sorted(set(used), key=str))
+    # a graph of each bucket part (the decoder; acceptance and compaction) per bucket, and no other
+    assert len(graphs) == 2 * len(set(used)), (len(graphs), sorted(set(used), key=str))
 
 
 def test_every_batch_the_scheduler_forms_has_a_captured_bucket(target):
-    """The grid a server captures (64 sessions + 8 API slots, 4k context, trees up to 255 nodes): every batch
-    within the scheduler's budget (padded rows <= 2,048) whose items are no longer than the largest tree and its
-    root row lands on one of its buckets."""
-    config = PoolConfig(max_kv_bytes=1 << 40, max_seqs=72, max_context_tokens=4096, shape_buckets=True)
+    """The grid a server captures (64 sessions + 8 API slots, 4k context) with the pool attention: row counts
+    1, 2, 3, 4, 6, ... 2,048 times 4 key lengths, and every batch within the scheduler's budget (padded rows <=
+    2,048) lands on one of its buckets, prompt chunks included; the padding is at most a third of a bucket."""
+    config = PoolConfig(max_kv_bytes=1 << 40, max_seqs=72, max_context_tokens=4096, shape_buckets=True,
+                        attention="flex")
     eng = BatchedEngine(target, config)
     config = eng.config  # auto's choices made (the block size)
     buckets = set(grid(config))
-    # rows of a session: 1..256 for up to 8 sessions, 128 for 16, 64 for 32, 32 for 64: 57 shapes, 4 key lengths
-    assert len(buckets) == 228 and {b.keys for b in buckets} == {256, 1024, 4096, config.session_tokens}
-    assert eng.bucket([Work.chunk([1] * 256, 0)], 300) == (Bucket(1, 256, 1024, 256), True)
+    assert len(buckets) == 22 * 4 and {b.keys for b in buckets} == {256, 1024, 4096, config.session_tokens}
+    assert eng.bucket([Work.chunk([1] * 256, 0)], 300) == (Bucket(256, 64, 1024, 64), True)
+    assert eng.bucket([Work.chunk([1] * 18, 0)] + [Work.chunk([1], 0)] * 15, 300)[0].rows == 48  # not 16 x 32
     rng = random.Random(0)
     for _ in range(300):
-        works = [Work.chunk([1] * rng.randint(1, 256), 0) for _ in range(rng.randint(1, 64))]
+        works = [Work.chunk([1] * rng.randint(1, 512), 0) for _ in range(rng.randint(1, 64))]
         if eng.cost(works) > 2048:
             continue
         bucket, in_grid = eng.bucket(works, rng.randint(1, config.session_tokens))
         assert in_grid and bucket in buckets, bucket
+        assert bucket.rows <= 1.5 * sum(len(w) for w in works) or bucket.rows <= 2, bucket
+
+
+def test_sdpa_leaves_its_largest_masks_out_of_the_grid(target):
+    """With SDPA a bucket's dense mask is rows x sessions x keys: past ``sdpa_grid_limit`` a bucket is not captured
+    and its batches run at their own shape."""
+    config = PoolConfig(max_kv_bytes=1 << 40, max_seqs=72, max_context_tokens=4096, shape_buckets=True,
+                        attention="sdpa")
+    eng = BatchedEngine(target, config)
+    buckets = grid(eng.config)
+    assert buckets and all(b.rows * b.seqs * b.keys <= config.sdpa_grid_limit for b in buckets)
+    big = [Work.chunk([1] * 32, 0)] * 64
+    bucket, in_grid = eng.bucket(big, 4000)
+    assert not in_grid and (bucket.rows, bucket.seqs) == (2048, 64)
 
 
 class TransferCounter(TorchDispatchMode):
@@ -310,7 +347,7 @@ def test_a_greedy_verification_makes_one_upload_and_one_readback(target):
 
 @pytest.mark.parametrize("what", ["hidden", "logprobs", "sampling"])
 def test_features_logprobs_and_sampling_add_only_their_own_transfers(target, what):
-    settings = {"hidden": SessionSettings("h", features=FeatureSpec(FeatureKind.LAST_HIDDEN)),
+    settings = {"hidden": SessionSettings("h", features=FeatureRequest(FeatureKind.LAST_HIDDEN)),
                 "logprobs": SessionSettings("l", logprobs=2),
                 "sampling": SessionSettings("s", SamplingSettings(temperature=0.8), seed=3)}[what]
     counts, batches = count_verifications(target, settings)
@@ -329,7 +366,7 @@ def test_features_logprobs_and_sampling_add_only_their_own_transfers(target, wha
 def test_a_step_launches_without_synchronising_on_cuda(tiny_model_dir, graphs):
     cuda = TargetModel(load_model(str(tiny_model_dir), device="cuda", dtype="float32"))
     eng = BatchedEngine(cuda, PoolConfig(max_kv_bytes=1 << 30, max_seqs=4, max_context_tokens=256, shape_buckets=True,
-                                         graphs=graphs, max_batch=2, bucket_tokens=8))
+                                         graphs=graphs, max_batch=2, max_batch_rows=16))
     rng = random.Random(0)
     works = [tree_work(rng, 6, 4), tree_work(rng, 3, 9)]
     bucket, _ = eng.bucket(works, 16)
@@ -343,7 +380,7 @@ def test_a_step_launches_without_synchronising_on_cuda(tiny_model_dir, graphs):
             out = eng.runner(flat, bucket)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    assert out.readback.shape == (bucket.batch, 2, bucket.tokens)
+    assert out.readback.shape == (2, bucket.rows)
 
 
 def test_a_compiled_engine_lets_dynamo_compile_a_graph_for_every_bucket(target):

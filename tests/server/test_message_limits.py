@@ -5,7 +5,7 @@ import grpc
 import pytest
 
 from edgespec.proto.edgespec.v1 import pb
-from edgespec.server.grpc_server import session_message_bytes
+from edgespec.shared.wire import session_message_bytes
 
 
 def _varint(n: int) -> bytes:

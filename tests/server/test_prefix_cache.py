@@ -17,10 +17,9 @@ from edgespec.server.core import CoreLimits, VerifierCore
 from edgespec.server.decoder import GenerationRequest, generate
 from edgespec.server.engine import GenericEngine
 from edgespec.server.engine_batched import BatchedEngine, PoolConfig
-from edgespec.server.features import FeatureKind, FeatureSpec
 from edgespec.server.prefix_cache import PrefixCache
 from edgespec.server.scheduler import ModelScheduler
-from edgespec.server.session import ResumePolicy, SessionSettings, VerifierSession
+from edgespec.server.session import ResumePolicy, VerifierSession
 from edgespec.server.session_store import SessionStore, StoreLimits
 from edgespec.server.target import TargetModel
 from edgespec.shared.codec import decode_frame
@@ -28,8 +27,9 @@ from edgespec.shared.drafters.lsa import LayerSelfAttention, LSAConfig
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.models.loading import load_model
 from edgespec.shared.session_contract import SamplingSettings
+from edgespec.shared.session_settings import FeatureRequest, SessionSettings
 from edgespec.shared.tree import ROOT, DraftTree, encode_tree
-from edgespec.shared.wire import LSA
+from edgespec.shared.wire import LSA, FeatureKind
 
 CONTEXT = 1024
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -67,8 +67,9 @@ def greedy(target):
     return lambda ids, n: recomputed_greedy(target.model, ids, n)
 
 
-def session(target, scheduler, cache, sampling=SamplingSettings(), seed=0, features=FeatureSpec()) -> VerifierSession:
-    return VerifierSession(SessionSettings("s", sampling, seed, features), target, scheduler, CONTEXT, cache)
+def session(target, scheduler, cache, sampling=SamplingSettings(), seed=0, features=FeatureRequest(),
+            lsa=None) -> VerifierSession:
+    return VerifierSession(SessionSettings("s", sampling, seed, features), target, scheduler, CONTEXT, cache, lsa)
 
 
 def guess_chain(truth: list[int], rng: random.Random) -> DraftTree:
@@ -146,13 +147,13 @@ def test_seeded_sampling_draws_the_same_tokens_with_and_without_a_hit(target, sc
 
 def test_moa_features_of_a_hit_cover_the_whole_prompt(target, scheduler, cache):
     lsa = LayerSelfAttention(LSAConfig(target.num_layers, target.kv_size)).eval()
-    features = FeatureSpec(FeatureKind.MOA, lsa=lsa, tli_layers=1)
+    features = FeatureRequest(FeatureKind.MOA, tli_layers=1)
     prompt = list(range(10, 50))
-    s = session(target, scheduler, cache, features=features)
+    s = session(target, scheduler, cache, features=features, lsa=lsa)
     s.open(prompt[:32])
     s.keep_prefix()
-    hit = session(target, scheduler, cache, features=features).open(prompt)
-    miss = session(target, scheduler, None, features=features).open(prompt)
+    hit = session(target, scheduler, cache, features=features, lsa=lsa).open(prompt)
+    miss = session(target, scheduler, None, features=features, lsa=lsa).open(prompt)
     assert hit.cached_tokens == 32 and miss.cached_tokens == 0
     a, b = dict(hit.features), dict(miss.features)
     assert a.keys() == b.keys()
@@ -162,7 +163,7 @@ def test_moa_features_of_a_hit_cover_the_whole_prompt(target, scheduler, cache):
 
 
 def test_last_hidden_sessions_neither_read_nor_feed_the_cache(target, scheduler, cache):
-    hidden = FeatureSpec(FeatureKind.LAST_HIDDEN)
+    hidden = FeatureRequest(FeatureKind.LAST_HIDDEN)
     prompt = list(range(60, 90))
     plain = session(target, scheduler, cache)
     plain.open(prompt)

@@ -11,15 +11,16 @@ import pytest
 import torch
 from support.greedy import recomputed_greedy
 
-from edgespec.server.features import FeatureKind, FeatureSpec
-from edgespec.server.session import ResumePolicy, SessionSettings, VerifierSession
+from edgespec.server.session import ResumePolicy, VerifierSession
 from edgespec.server.target import TargetModel
 from edgespec.shared.codec import decode_frame
 from edgespec.shared.drafters.lsa import LayerSelfAttention, LSAConfig
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.models.loading import load_model
 from edgespec.shared.session_contract import SamplingSettings
+from edgespec.shared.session_settings import FeatureRequest, SessionSettings
 from edgespec.shared.tree import ROOT, DraftTree
+from edgespec.shared.wire import FeatureKind
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -35,9 +36,9 @@ def greedy_reference(target):
     return lambda ids, n: recomputed_greedy(target.model, ids, n)
 
 
-def make_session(target, scheduler, sampling=SamplingSettings(), features=FeatureSpec(), seed=0):
+def make_session(target, scheduler, sampling=SamplingSettings(), features=FeatureRequest(), seed=0, lsa=None):
     settings = SessionSettings("test", sampling, seed, features)
-    return VerifierSession(settings, target, scheduler, max_context_tokens=1024)
+    return VerifierSession(settings, target, scheduler, max_context_tokens=1024, lsa=lsa)
 
 
 def random_tree(rng: random.Random, truth: list[int], vocab: int = 300) -> DraftTree:
@@ -107,7 +108,7 @@ def test_open_with_a_tree_verifies_it_in_the_prefill_pass(target, scheduler, gre
     prompt = [rng.randrange(256) for _ in range(rng.randint(1, 12))]
     truth = greedy_reference(prompt, 20)
     tree = random_tree(rng, truth)
-    session = make_session(target, scheduler, features=FeatureSpec(FeatureKind.LAST_HIDDEN))
+    session = make_session(target, scheduler, features=FeatureRequest(FeatureKind.LAST_HIDDEN))
     opened = session.open(prompt, tree)
     accepted = [tree.tokens[i] for i in opened.accepted]
     assert accepted + [opened.next_token] == truth[:len(accepted) + 1]
@@ -190,8 +191,7 @@ def test_repeated_step_is_answered_from_the_record(target, scheduler):
 
 def test_features_of_prompt_and_of_root_plus_accepted(target, scheduler, greedy_reference):
     lsa = LayerSelfAttention(LSAConfig(target.num_layers, target.kv_size)).to(target.device).eval()
-    spec = FeatureSpec(FeatureKind.MOA, lsa=lsa, tli_layers=1)
-    session = make_session(target, scheduler, features=spec)
+    session = make_session(target, scheduler, features=FeatureRequest(FeatureKind.MOA, tli_layers=1), lsa=lsa)
     prompt = [10, 20, 30, 40]
     opened = session.open(prompt)
     frames = {name: decode_frame(frame) for name, frame in opened.features}
@@ -210,7 +210,7 @@ def test_features_of_prompt_and_of_root_plus_accepted(target, scheduler, greedy_
 
 
 def test_hidden_features_equal_the_final_norm_output(target, scheduler):
-    session = make_session(target, scheduler, features=FeatureSpec(FeatureKind.LAST_HIDDEN))
+    session = make_session(target, scheduler, features=FeatureRequest(FeatureKind.LAST_HIDDEN))
     prompt = [5, 6, 7, 8, 9]
     opened = session.open(prompt)
     (name, frame), = opened.features
@@ -268,7 +268,7 @@ def test_decoding_ahead_commits_what_as_many_plain_steps_would(target, scheduler
     position), with the same cache, features and logprobs."""
     rng = random.Random(11)
     prompt = [rng.randrange(256) for _ in range(7)]
-    features = FeatureSpec(FeatureKind.LAST_HIDDEN)
+    features = FeatureRequest(FeatureKind.LAST_HIDDEN)
     ahead, plain = (VerifierSession(SessionSettings("test", sampling, 4, features, logprobs=2), target, scheduler,
                                     max_context_tokens=1024) for _ in range(2))
     for s in (ahead, plain):

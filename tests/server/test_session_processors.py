@@ -17,12 +17,13 @@ from support.constrained import Controls, constrained_greedy
 from support.trees import tree_along
 
 from edgespec.server.errors import InvalidRequestError
-from edgespec.server.session import ResumePolicy, SessionSettings, VerifierSession
+from edgespec.server.session import ResumePolicy, VerifierSession
 from edgespec.server.target import TargetModel
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.grammar import grammar_tokenizer, json_schema_grammar
 from edgespec.shared.models.loading import load_model
 from edgespec.shared.session_contract import SamplingSettings
+from edgespec.shared.session_settings import SessionSettings
 from edgespec.shared.tree import ROOT, DraftTree
 
 

@@ -17,7 +17,8 @@ from edgespec.client.drafters.base import DraftRequest
 from edgespec.client.drafters.independent import IndependentConfig, IndependentDrafter
 from edgespec.server.engine_choice import build_engine
 from edgespec.server.scheduler import ModelScheduler
-from edgespec.server.session import SessionSettings, VerifierSession
+from edgespec.server.session import VerifierSession
+from edgespec.shared.session_settings import SessionSettings
 from edgespec.server.target import TargetModel
 from edgespec.shared.drafters.masks import causal_mask
 from edgespec.shared.drafters.target_parts import TargetParts

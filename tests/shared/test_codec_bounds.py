@@ -16,8 +16,9 @@ import pytest
 import torch
 import zstandard
 
-from edgespec.shared.codec import MAX_ELEMENTS, Codec, decode_frame, encode_frame
+from edgespec.shared.codec import Codec, decode_frame, encode_frame
 from edgespec.shared.errors import FrameError
+from edgespec.shared.wire import MAX_ELEMENTS
 
 F32 = 0  # dtype id of torch.float32 on the wire
 

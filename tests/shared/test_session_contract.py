@@ -91,11 +91,13 @@ def definitions(sources: dict[Path, ast.Module], marks: set[str]) -> list[str]:
 SAMPLING_MARKS = {"temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
                   "repetition_penalty", "logit_bias"}
 TIMING_MARKS = {"verify_ns", "encode_ns", "total_ns"}  # a forward's own output carries queue_ns and forward_ns
+SESSION_MARKS = {"session_id", "sampling", "features", "tokenizer_fingerprint", "prompt_len"}
 
 
 @pytest.mark.parametrize("marks,home", [(SAMPLING_MARKS, "shared/session_contract.py:SamplingSettings"),
-                                        (TIMING_MARKS, "shared/session_contract.py:ServerTimings")],
-                         ids=["sampling settings", "server timings"])
+                                        (TIMING_MARKS, "shared/session_contract.py:ServerTimings"),
+                                        (SESSION_MARKS, "shared/session_settings.py:SessionSettings")],
+                         ids=["sampling settings", "server timings", "session settings"])
 def test_each_concept_has_one_class(marks, home):
     assert definitions(SOURCES, marks) == [home]
 
@@ -119,6 +121,19 @@ def test_the_wires_numbers_are_written_out_only_where_they_are_named():
     assert [p.split(":")[0] for p in literal_places(SOURCES, is_64_mib)] == ["shared/wire.py"]
 
 
+WIRE_LIMITS = {"ROOT", "MAX_NODES", "NODE_BYTES", "MAX_TOKEN_ID", "MAX_ELEMENTS", "MAX_SESSION_ID_CHARS",
+               "MAX_DETAILS_BYTES", "ID_BYTES", "MESSAGE_SLACK_BYTES", "MAX_TOP_LOGPROBS", "MAX_DECODE_AHEAD",
+               "DEFAULT_MAX_MESSAGE_BYTES", "DEFAULT_MAX_BODY_BYTES"}
+
+
+def assigns_a_limit(node: ast.AST) -> bool:
+    return isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in WIRE_LIMITS for t in node.targets)
+
+
+def test_every_wire_limit_is_set_in_one_module():
+    assert {p.split(":")[0] for p in literal_places(SOURCES, assigns_a_limit)} == {"shared/wire.py"}
+
+
 def test_the_checks_see_copies():
     """The scans find what they look for: a second settings class and the literals, as the tree had them."""
     copy = ast.parse("from dataclasses import dataclass\n@dataclass(frozen=True)\nclass Sampling:\n"
@@ -130,3 +145,5 @@ def test_the_checks_see_copies():
     assert definitions(sources, TIMING_MARKS) == ["server/copy.py:Timings"]
     assert literal_places(sources, is_255) == ["server/copy.py:10"]
     assert literal_places(sources, is_64_mib) == ["server/copy.py:11"]
+    assert literal_places({Path("server/copy.py"): ast.parse("MAX_NODES = 255\n")}, assigns_a_limit) == \
+        ["server/copy.py:1"]

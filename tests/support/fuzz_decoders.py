@@ -49,9 +49,10 @@ from typing import Callable, Sequence
 import torch
 import zstandard
 
-from edgespec.shared.codec import MAGIC, MAX_ELEMENTS, Codec, claimed_elements, decode_frame, encode_frame
+from edgespec.shared.codec import MAGIC, Codec, claimed_elements, decode_frame, encode_frame
 from edgespec.shared.errors import FrameError, InvalidTreeError
-from edgespec.shared.tree import MAX_NODES, MAX_TOKEN_ID, ROOT, DraftTree, decode_tree, encode_tree
+from edgespec.shared.tree import DraftTree, decode_tree, encode_tree
+from edgespec.shared.wire import MAX_ELEMENTS, MAX_NODES, MAX_TOKEN_ID, ROOT
 
 Mutator = Callable[[bytes, random.Random], bytes]
 
