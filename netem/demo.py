@@ -23,7 +23,7 @@ DEFAULT_PROMPT = "Write a Python function that returns the n-th Fibonacci number
 
 
 def register(subparsers) -> None:
-    from edgespec.client.cli import add_client_options
+    from edgespec.client import add_client_options
     from edgespec.shared import defaults
 
     p = subparsers.add_parser("demo", help="run a server and a client here, one prompt end to end",
@@ -75,7 +75,7 @@ def _serving(args, split) -> Iterator[str]:
     """The server's gRPC address while the block runs: in this process, or (pinned) a child process on
     the server's cores."""
     if not split.pinned:
-        from edgespec.server.app import ServerConfig, start_server
+        from edgespec.server import ServerConfig, start_server
 
         server = start_server(ServerConfig(model=args.target, http_port=None, moa_server_parts=moa_server_parts(args)))
         try:
@@ -93,8 +93,8 @@ def _serving(args, split) -> Iterator[str]:
 
 def _generate(args, address: str) -> None:
     """One prompt through the client, printed as it comes."""
-    from edgespec.client.cli import LOOP_GENERATION_FLAGS, client_from_args, generation_config_from_args, link_config
-    from edgespec.client.render import TerminalPrinter, use_color
+    from edgespec.client import (LOOP_GENERATION_FLAGS, TerminalPrinter, client_from_args, generation_config_from_args,
+                                 link_config, use_color)
 
     with client_from_args(args, link_config(args, address)) as client:
         ids = client.encode_chat([{"role": "user", "content": args.prompt}])
@@ -115,7 +115,7 @@ def moa_server_parts(args) -> dict[str, str]:
     stands for its default shipped checkpoint); nothing for other drafters."""
     if not args.drafter.startswith("moa"):
         return {}
-    from edgespec.client.drafters.factory import LEARNED
+    from edgespec.client import LEARNED
 
     moa = args.checkpoint or LEARNED.get(args.drafter, args.drafter)
     return {args.moa_server_part or Path(moa).name: moa}

@@ -22,4 +22,35 @@ Modules, from the model outwards:
 
 (The verification maths itself lives in ``edgespec.shared.verification``; the benchmark in
 ``edgespec.netem.bench.server_engines``.)
+
+The public face (``__all__``): what a benchmark or a user's program may build, imported from here
+(``from edgespec.server import VerifierCore``) rather than from the modules, which may move; netem names
+nothing else of the server (tests/shared/test_layering.py). Each name loads its module on first use, so
+`import edgespec.server.cli` (and `edgespec --help`) stays light.
 """
+from __future__ import annotations
+
+import importlib
+
+_FACE = {  # name -> the module (under edgespec.server) that defines it
+    # a server process
+    "ServerConfig": "config", "ServerHandle": "app", "start_server": "app",
+    # the verifier without gRPC, and the servicer that answers its messages in process
+    "TargetModel": "target", "VerifierCore": "core", "CoreLimits": "core", "VerifierServicer": "service",
+    # an engine, the one thread its forwards run on, one session, and one step of the plain decoder
+    "build_engine": "engine_choice", "PoolConfig": "engine_batched", "ModelScheduler": "scheduler",
+    "VerifierSession": "session", "decode_step": "decoder",
+    # training: feature extraction and the recipes' acceptance, which the drafter benchmarks run
+    "ExtractConfig": "training.train_config", "extract_sharded": "training.extraction",
+    "FeatureStore": "training.features", "extract_features": "training.features", "generate_batch": "training.data",
+    "TrainConfig": "training.trainer", "Trainer": "training.trainer", "build_recipe": "training.fit",
+    "Acceptance": "training.losses", "eagle_acceptance": "training.eagle_recipe",
+    "moa_acceptance": "training.moa_recipe", "WIRE_CODECS": "training.moa_recipe",
+}
+__all__ = sorted(_FACE)
+
+
+def __getattr__(name: str):
+    if name in _FACE:
+        return getattr(importlib.import_module(f"{__name__}.{_FACE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

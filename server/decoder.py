@@ -62,8 +62,8 @@ def generate(target: TargetModel, scheduler: ModelScheduler, request: Generation
         cached = len(held)
         ids: Sequence[int] = prompt[cached:]
         for _ in range(request.max_new_tokens):
-            token, logits = scheduler.run_job(_step(scheduler, kv, ids, request.sampling, draws, rows, history),
-                                              kv)
+            token, logits = scheduler.run_job(
+                decode_step(scheduler, kv, ids, request.sampling, draws, rows, history), kv)
             held += ids
             yield DecodedToken(token, logits, cached)
             if request.stop_at_eos and token in target.eos_ids:
@@ -92,8 +92,8 @@ def processors(target: TargetModel, sampling: SamplingSettings, grammar: str,
     return RowProcessors(sampling, prompt, target.vocab_size, constraint, eos_ids=sorted(target.eos_ids))
 
 
-def _step(scheduler: ModelScheduler, kv, ids: Sequence[int], sampling: SamplingSettings, draws: Draws,
-          rows: RowProcessors | None = None, history: Sequence[int] = ()):
+def decode_step(scheduler: ModelScheduler, kv, ids: Sequence[int], sampling: SamplingSettings, draws: Draws,
+                rows: RowProcessors | None = None, history: Sequence[int] = ()):
     """One step as a scheduler job: the forward batched with every other session's work, the draw on the
     model thread too; (token, its raw logits [V])."""
     out = yield from scheduler.prefill(kv, ids)

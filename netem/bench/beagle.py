@@ -25,8 +25,7 @@ RECIPES = (("eagle", {}), ("eagle unroll=k", {}), ("beagle early", {"stage": "ea
 
 def tiny_store(where: Path):
     """A 4-layer tiny target and a feature store of its own greedy responses (as the tests make)."""
-    from edgespec.server.training.data import generate_batch
-    from edgespec.server.training.features import FeatureStore, extract_features
+    from edgespec.server import FeatureStore, extract_features, generate_batch
     from edgespec.shared.models import load_model
     from edgespec.shared.models.tiny import TinyConfig, save_tiny_model
 
@@ -46,7 +45,7 @@ def tiny_store(where: Path):
 
 def time_training(recipe, store, run_dir: Path, steps: int, batch_tokens: int, window: int) -> float:
     """Median seconds per optimizer step."""
-    from edgespec.server.training.trainer import TrainConfig, Trainer
+    from edgespec.server import TrainConfig, Trainer
 
     trainer = Trainer(recipe, store, run_dir, TrainConfig(steps=steps + 2, lr=1e-3, warmup=1,
                                                           batch_tokens=batch_tokens, window=window, seed=0))
@@ -103,9 +102,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from edgespec.client.drafters.learned_loading import open_runtime
-    from edgespec.server.training.features import FeatureStore
-    from edgespec.server.training.fit import build_recipe
+    from edgespec.client import open_runtime
+    from edgespec.server import FeatureStore, build_recipe
 
     p = args.parser
     with tempfile.TemporaryDirectory() as tmp:

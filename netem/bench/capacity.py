@@ -100,7 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from edgespec.netem.bench.oracle_drafter import histogram
-    from edgespec.server.app import ServerConfig, start_server
+    from edgespec.server import ServerConfig, start_server
 
     histogram(args.accept)  # refuse a bad name before loading anything
     counts = [int(n) for n in args.sessions.split(",") if n.strip()]
@@ -150,7 +150,7 @@ def plot(rows: list[dict], path: Path) -> None:
 def measure(server, model: str, args: argparse.Namespace, counts: list[int]) -> list[dict]:
     """One line per (N, system): the figures of the module's docstring."""
     http = server.http_url.removeprefix("http://")
-    from edgespec.client.edge_client import chat_prompt_ids
+    from edgespec.client import chat_prompt_ids
 
     prompts = [tuple(chat_prompt_ids(server.core.target.tokenizer, p.messages())) for p in chosen_prompts(args)]
     if not prompts:
@@ -280,9 +280,7 @@ def _wait(spec: RunSpec, ready: Barrier) -> None:
 
 def spec_sessions(spec: RunSpec, jobs: list[SessionJob]) -> list[dict]:
     """A client process's speculative sessions: one EdgespecClient and relay each, the oracle drafting."""
-    from edgespec.client.drafters.factory import DrafterOptions
-    from edgespec.client.edge_client import ClientConfig, EdgespecClient, load_tokenizer
-    from edgespec.client.generation import GenerationConfig
+    from edgespec.client import ClientConfig, DrafterOptions, EdgespecClient, GenerationConfig, load_tokenizer
     from edgespec.netem.bench.oracle_drafter import AcceptHistogram, OracleDrafter, histogram
     from .loopback import patient_link
 

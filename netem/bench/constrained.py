@@ -100,13 +100,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from edgespec.client.drafters.factory import DrafterOptions, make_drafter
-    from edgespec.client.generation import Generation, GenerationConfig, TokenizerInfo
-    from edgespec.client.in_process import InProcessTransport
-    from edgespec.client.verifier import Verifier
-    from edgespec.server.core import CoreLimits, VerifierCore
-    from edgespec.server.service import VerifierServicer
-    from edgespec.server.target import TargetModel
+    from edgespec.client import (DrafterOptions, Generation, GenerationConfig, InProcessTransport, TokenizerInfo,
+                                 Verifier, make_drafter)
+    from edgespec.server import CoreLimits, TargetModel, VerifierCore, VerifierServicer
     from edgespec.shared.grammar import grammar_tokenizer
     from edgespec.shared.models import load_model
 

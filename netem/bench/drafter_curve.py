@@ -63,9 +63,7 @@ def eval_store(target: str, folder: Path, prompts: list, max_new_tokens: int, ba
                dtype: str | None = None):
     """The target's answers to ``prompts`` (``folder/samples.jsonl``, kept) and their features, all kinds
     (``folder/store``), made where missing; the FeatureStore."""
-    from edgespec.server.training.extraction import extract_sharded
-    from edgespec.server.training.features import FeatureStore
-    from edgespec.server.training.train_config import ExtractConfig
+    from edgespec.server import ExtractConfig, FeatureStore, extract_sharded
 
     folder.mkdir(parents=True, exist_ok=True)
     samples = folder / "samples.jsonl"
@@ -148,7 +146,7 @@ class Scorer:
     def __init__(self, target: str, store, draft_vocab: int, depth: int):
         from transformers import AutoTokenizer
 
-        from edgespec.client.drafters.independent_vocab import draft_vocab_ids
+        from edgespec.client import draft_vocab_ids
         from edgespec.shared.fingerprint import tokenizer_fingerprint
         from edgespec.shared.models.loading import model_location
 
@@ -173,9 +171,7 @@ class Scorer:
         """{"humaneval"|"mtbench": Acceptance} of the drafter at ``path``."""
         import torch
 
-        from edgespec.server.training.eagle_recipe import eagle_acceptance
-        from edgespec.server.training.losses import Acceptance
-        from edgespec.server.training.moa_recipe import WIRE_CODECS, moa_acceptance
+        from edgespec.server import WIRE_CODECS, Acceptance, eagle_acceptance, moa_acceptance
         from edgespec.shared.codec import ActivationCodec
         from edgespec.shared.drafters.checkpoint import checkpoint_kind
         from edgespec.shared.drafters.eagle import load_eagle

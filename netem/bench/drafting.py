@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from edgespec.client.cli import add_tree_arguments, tree_shape
+from edgespec.client import add_tree_arguments, tree_shape
 from edgespec.shared.metrics import GenerationMetrics
 from .prompt_sets import add_prompt_arguments, chosen_prompts
 from .records import markdown_table
@@ -198,7 +198,7 @@ def method_options(method: str, target: str, drafter_model: str, tree, checkpoin
                    learned: dict[str, tuple[str, bool]]):
     """The DrafterOptions of an edgespec method: a drafter's name (a learned one from ``--checkpoints`` when
     given) or a ``--learned`` NAME=PATH of its kind; a MoA drafter's server part is named after the method."""
-    from edgespec.client.drafters.factory import BUILTIN, DrafterOptions
+    from edgespec.client import BUILTIN, DrafterOptions
     from edgespec.shared.drafters.checkpoint import checkpoint_kind, resolve_checkpoint
 
     if method in BUILTIN:
@@ -213,7 +213,7 @@ def edgespec_clients(stack: contextlib.ExitStack, target: str, options: dict, sm
     """{method: EdgespecClient} for {method: DrafterOptions}, each drafter built by the factory (the
     independent one on the already loaded ``small`` model), against a loopback server holding their MoA
     server parts; closed with ``stack``."""
-    from edgespec.client.edge_client import ClientConfig, EdgespecClient
+    from edgespec.client import ClientConfig, EdgespecClient
     from .loopback import loopback_server, patient_link
 
     if not options:
@@ -231,8 +231,7 @@ def edgespec_clients(stack: contextlib.ExitStack, target: str, options: dict, sm
 def run_benchmark(target_name: str, drafter_name: str, prompts: list, max_new: int,
                   methods: list[str], tree, lookup_tokens: int, checkpoints: str | None = None,
                   learned: dict[str, tuple[str, bool]] | None = None, partial=None) -> list[Run]:
-    from edgespec.client.edge_client import chat_prompt_ids, eos_ids
-    from edgespec.client.generation import GenerationConfig
+    from edgespec.client import GenerationConfig, chat_prompt_ids, eos_ids
     from edgespec.shared.models import load_model
 
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
@@ -277,7 +276,7 @@ def prompt_runs(prompt, ids: list[int], max_new: int, with_target: bool, greedy:
                 clients: dict) -> list[Run]:
     """One prompt through every method back to back; the target's own greedy output (``greedy``: hf_generate
     of the target) is the reference."""
-    from edgespec.client.generation import GenerationConfig
+    from edgespec.client import GenerationConfig
 
     ref, secs, fw = greedy(ids, max_new)
     runs = [Run("target", prompt.id, len(ref), secs, fw, True)] if with_target else []

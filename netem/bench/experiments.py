@@ -159,7 +159,7 @@ def start_server_log(log: Path, done: int, command: str) -> Path:
 def _generate(client, prompt: Prompt, config: BenchConfig, on_token: Callable[[int], None] | None = None,
               stop: tuple[str, ...] = (), offline_wait_s: float = 30.0):
     """One generation through the client; on_token(n) after the n-th output token."""
-    from edgespec.client.generation import GenerationConfig, RetractEvent, TokenEvent
+    from edgespec.client import GenerationConfig, RetractEvent, TokenEvent
 
     ids = client.encode_chat(prompt.messages())
     gen = client.generation(ids, GenerationConfig(max_new_tokens=config.max_new_tokens, stop=stop,
@@ -260,13 +260,13 @@ def _link(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sin
 
 
 def _chat_ids(tokenizer, prompt: Prompt) -> list[int]:
-    from edgespec.client.edge_client import chat_prompt_ids
+    from edgespec.client import chat_prompt_ids
 
     return chat_prompt_ids(tokenizer, prompt.messages())
 
 
 def _disconnect(config: BenchConfig, server: ServerProcess, prompts: list[Prompt], sink: JsonLines) -> None:
-    from edgespec.client.edge_client import load_tokenizer
+    from edgespec.client import load_tokenizer
     from .sandbox import score_response
 
     stop = tuple(config.humaneval_stop)

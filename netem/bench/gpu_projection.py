@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgespec.client.planner import verify_time
+from edgespec.client import verify_time
 from edgespec.netem.profile import load_profile
 
 

@@ -109,7 +109,7 @@ def pass_costs(model, ids: list[int], vocab_ids, repeats: int = 5) -> dict[str, 
 
     from edgespec.shared.models.cache_arg import with_cache
 
-    from edgespec.client.drafters.int8_linear import head_rows
+    from edgespec.client import head_rows
 
     with torch.inference_mode():
         body, head = model.get_decoder(), model.get_output_embeddings()
@@ -141,7 +141,7 @@ QUANTIZED = ("int8", "int4-mlp")  # IndependentConfig.weights names this benchma
 
 def quantized_model(model, weights: str):
     """A copy of model with the weight-only low-bit Linear layers `weights` names (as from_pretrained makes)."""
-    from edgespec.client.drafters.independent import IndependentConfig, quantize, weights_config
+    from edgespec.client import IndependentConfig, quantize, weights_config
 
     copied = copy.deepcopy(model)
     quantize(copied, IndependentConfig(prefill_float=False, **weights_config(weights)))
@@ -150,8 +150,8 @@ def quantized_model(model, weights: str):
 
 def run_trees(drafter, prompt: list[int], continuation: list[int], tally: Tally) -> None:
     """Draft against the target's greedy continuation until it is used up."""
-    from edgespec.client.drafters.base import DraftRequest
-    from edgespec.shared.tree import MAX_NODES
+    from edgespec.client import DraftRequest
+    from edgespec.shared.wire import MAX_NODES
 
     calls = [0]
     inner = drafter._hidden
@@ -193,9 +193,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from edgespec.client.drafters.independent import IndependentConfig, IndependentDrafter
-    from edgespec.client.drafters.independent_vocab import draft_vocab_ids
-    from edgespec.client.edge_client import chat_prompt_ids, eos_ids
+    from edgespec.client import IndependentConfig, IndependentDrafter, chat_prompt_ids, draft_vocab_ids, eos_ids
     from edgespec.shared.models import load_model
     configs = [parse_config(c) for c in args.configs.split(",") if c]
     small = load_model(args.drafter_model, device="cpu")

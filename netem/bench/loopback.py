@@ -10,7 +10,7 @@ from typing import Iterator
 def loopback_server(model: str, **settings) -> Iterator:
     """A verification server in this process on loopback (gRPC only, on the CPU), stopped on exit;
     `settings` are further ServerConfig fields."""
-    from edgespec.server.app import ServerConfig, start_server
+    from edgespec.server import ServerConfig, start_server
 
     handle = start_server(ServerConfig(model=model, http_port=None, device="cpu", **settings))
     try:
@@ -21,7 +21,7 @@ def loopback_server(model: str, **settings) -> Iterator:
 
 def patient_link(address: str):
     """The link of a benchmark's clients: deadlines long enough that a busy CPU does not look like a dead link."""
-    from edgespec.client.link import LinkConfig
+    from edgespec.client import LinkConfig
 
     return LinkConfig(address, max_deadline_s=600, min_deadline_s=60)
 

@@ -80,7 +80,7 @@ def chat_plain(http: str, messages: list[dict], max_tokens: int) -> tuple[float,
 
 def chat_speculative(client, messages: list[dict], max_tokens: int) -> tuple[float, float, str, int]:
     """One generation through the speculative client: (TTFT, wall, text, prompt tokens)."""
-    from edgespec.client.generation import GenerationConfig, TokenEvent
+    from edgespec.client import GenerationConfig, TokenEvent
 
     start = time.perf_counter()
     ids = client.encode_chat(messages)  # as `client serve` does per request: tokenizing counts
@@ -130,8 +130,7 @@ def run_system(args, system: str, cache: str, questions: list[dict]) -> list[Tur
 
 
 def _client(drafter: str, address: str, args):
-    from edgespec.client.drafters.factory import DrafterOptions
-    from edgespec.client.edge_client import ClientConfig, EdgespecClient
+    from edgespec.client import ClientConfig, DrafterOptions, EdgespecClient
 
     options = DrafterOptions(name=drafter, model=args.drafter_model, target=args.model)
     return EdgespecClient(ClientConfig(patient_link(address), options, tokenizer=args.model))

@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from edgespec.client.edge_client import chat_prompt_ids
+    from edgespec.client import chat_prompt_ids
     from edgespec.shared.models.loading import load_model
     from .prompt_sets import humaneval_prompts
     from .records import read_jsonl

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgespec.client.drafters.base import Drafter, DraftRequest
+from edgespec.client import Drafter, DraftRequest
 from edgespec.shared.tree import ROOT, DraftTree
 
 HISTOGRAMS = Path(__file__).parent / "data" / "accept_lengths.json"

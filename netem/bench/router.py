@@ -21,7 +21,7 @@ import sys
 import timeit
 from pathlib import Path
 
-from edgespec.client.cli import add_tree_arguments, tree_shape
+from edgespec.client import add_tree_arguments, tree_shape
 from .prompt_sets import add_prompt_arguments, chosen_prompts
 from .records import markdown_table
 
@@ -88,7 +88,7 @@ def table(s: dict[str, dict], heads: dict[int, tuple], same: str) -> str:
 
 def open_routed_drafter(checkpoint: str, target: str, tree):
     """(LearnedDrafter, RoutedHead, checkpoint path, MoA server part or None) for a checkpoint with a router."""
-    from edgespec.client.drafters.factory import DrafterOptions, make_drafter
+    from edgespec.client import DrafterOptions, make_drafter
     from edgespec.shared.drafters.checkpoint import (DrafterCheckpointError, checkpoint_kind, find_checkpoint,
                                                resolve_checkpoint)
     from edgespec.shared.drafters.router import router_path
@@ -107,9 +107,8 @@ def measure(args: argparse.Namespace) -> dict:
     """Every prompt both ways, then the LM head alone; the figures as run() prints and writes them."""
     import torch
 
-    from edgespec.client.drafters.factory import DrafterOptions
-    from edgespec.client.edge_client import ClientConfig, EdgespecClient, chat_prompt_ids, load_tokenizer
-    from edgespec.client.generation import GenerationConfig
+    from edgespec.client import (ClientConfig, DrafterOptions, EdgespecClient, GenerationConfig, chat_prompt_ids,
+                                 load_tokenizer)
     from edgespec.shared.metrics import GenerationMetrics
     from .loopback import loopback_server, patient_link
     tree = tree_shape(args)

@@ -92,7 +92,7 @@ class Bench:
     """One target, one engine, its scheduler, and sessions held at a fixed context."""
 
     def __init__(self, target, engine, context: int, seed: int = 0, name: str | None = None):
-        from edgespec.server.scheduler import ModelScheduler
+        from edgespec.server import ModelScheduler
 
         self.target, self.engine, self.context = target, engine, context
         self.name = name or engine.name  # the row label: two benches may share an engine class
@@ -100,7 +100,8 @@ class Bench:
         self.rng = random.Random(seed)
 
     def session(self, name: str):
-        from edgespec.server.session import SessionSettings, VerifierSession
+        from edgespec.server import VerifierSession
+        from edgespec.shared.session_settings import SessionSettings
 
         s = VerifierSession(SessionSettings(name), self.target, self.scheduler, max_context_tokens=1 << 20)
         s.open([self.rng.randrange(min(1000, self.target.vocab_size)) for _ in range(self.context)])
@@ -163,17 +164,17 @@ class Bench:
 
     def _generate(self, i: int, stop: threading.Event, counts: list[int], ready: list[bool]) -> None:
         """A plain-API generation (the server decoding alone) until stopped, its context held."""
-        from edgespec.server.decoder import _step
+        from edgespec.server import decode_step
         from edgespec.shared.session_contract import SamplingSettings
         from edgespec.shared.verification import Draws
 
         rng = random.Random(1000 + i)
         kv, greedy, draws = self.scheduler.new_kv(), SamplingSettings(), Draws(0)
-        token, _ = self.scheduler.run_job(_step(self.scheduler, kv, [rng.randrange(min(1000, self.target.vocab_size))
-                                                                     for _ in range(self.context)], greedy, draws), kv)
+        prompt = [rng.randrange(min(1000, self.target.vocab_size)) for _ in range(self.context)]
+        token, _ = self.scheduler.run_job(decode_step(self.scheduler, kv, prompt, greedy, draws), kv)
         ready[i] = True
         while not stop.is_set():
-            token, _ = self.scheduler.run_job(_step(self.scheduler, kv, [token], greedy, draws), kv)
+            token, _ = self.scheduler.run_job(decode_step(self.scheduler, kv, [token], greedy, draws), kv)
             kv.crop(self.context)  # hold the context
             counts[i] += 1
         kv.close()
@@ -289,9 +290,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from edgespec.server.engine_choice import build_engine
-    from edgespec.server.engine_batched import PoolConfig
-    from edgespec.server.target import TargetModel
+    from edgespec.server import PoolConfig, TargetModel, build_engine
     from edgespec.shared.models.loading import load_model
 
     for name in args.models:

@@ -47,7 +47,7 @@ def model_id(model: str, system: str, profile: str) -> str:
 
 
 def _client_turn(client, ids: list[int], max_new_tokens: int) -> TurnAnswer:
-    from edgespec.client.generation import GenerationConfig
+    from edgespec.client import GenerationConfig
 
     start = time.perf_counter()
     result = client.generate(ids, GenerationConfig(max_new_tokens=max_new_tokens))
@@ -68,7 +68,7 @@ def _baseline_turn(http_address: str, relay, ids: list[int], config) -> TurnAnsw
 def _ask(question: Question, tokenizer, answer_turn) -> list[TurnAnswer]:
     """Every turn of a question as one conversation: each turn's prompt holds the earlier turns'
     questions and this system's own answers to them."""
-    from edgespec.client.edge_client import chat_prompt_ids
+    from edgespec.client import chat_prompt_ids
 
     messages, answers = [], []
     for turn in question.turns:
@@ -98,7 +98,7 @@ def questions_of(config) -> list[Question]:
 def run_specbench(config, server, sink: JsonLines, links: list[tuple[str, str]] | None = None) -> None:
     """Every question of the run, per link: the baseline, then each drafter (experiments.run calls it). `links`:
     (the profile the records name, the local relay's profile) each; by default each of config.profiles."""
-    from edgespec.client.edge_client import load_tokenizer
+    from edgespec.client import load_tokenizer
 
     questions = questions_of(config)
     tokenizer = load_tokenizer(config.model)  # the target's own chat template

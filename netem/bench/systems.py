@@ -7,7 +7,7 @@ import time
 
 from tqdm import tqdm
 
-from edgespec.client.cli import vocab_count
+from edgespec.client import vocab_count
 from .records import sse_chunks
 from .tree_sweep import parse_shape
 
@@ -29,10 +29,7 @@ class ProgressBar:
 def drafter_client(address: str, drafter: str, config, tokenizer=None, instance=None):
     """A client of `drafter` for the experiment's BenchConfig `config`; `instance`: an already loaded drafter of
     that name to reuse."""
-    from edgespec.client.drafters.factory import DrafterOptions
-    from edgespec.client.edge_client import ClientConfig, EdgespecClient
-    from edgespec.client.link import LinkConfig
-    from edgespec.client.step_plan import loop_mode
+    from edgespec.client import ClientConfig, DrafterOptions, EdgespecClient, LinkConfig, loop_mode
 
     drafter, loop = loop_mode(drafter)  # "independent@serial": the serial loop (client/step_plan.py LOOP_MODES)
     options = DrafterOptions(**drafter_shape(drafter), model=config.drafter_model, target=config.model)
@@ -46,7 +43,7 @@ def drafter_shape(drafter: str) -> dict:
     "full", then "+ctx" or "+noctx" for IndependentConfig.context_vocab) and its EAGLE-2 tree shape after ":"
     (BxDxM[@min_prob], as tree-sweep's --shapes), so weights, vocabularies, fixed shapes and --tree auto compare
     in one run; a name alone keeps the defaults."""
-    from edgespec.client.drafters.independent import WEIGHTS
+    from edgespec.client import WEIGHTS
 
     named, _, shape = drafter.partition(":")
     named, tilde, vocab = named.partition("~")

@@ -15,7 +15,7 @@ from .prompt_sets import add_prompt_arguments, chosen_prompts
 
 
 def parse_shape(text: str):
-    from edgespec.client.drafters.tree_builder import TreeShape
+    from edgespec.client import TreeShape
 
     try:
         text, slash, feed = text.partition("/")
@@ -36,9 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from edgespec.client.drafters.factory import DrafterOptions
-    from edgespec.client.edge_client import ClientConfig, EdgespecClient, chat_prompt_ids
-    from edgespec.client.generation import GenerationConfig
+    from edgespec.client import ClientConfig, DrafterOptions, EdgespecClient, GenerationConfig, chat_prompt_ids
     from edgespec.shared.metrics import GenerationMetrics
     from edgespec.shared.models import load_model
     from .loopback import loopback_server, patient_link

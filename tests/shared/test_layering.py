@@ -5,7 +5,9 @@ modules named in strings (``importlib.import_module("...")``, a registry of modu
   netem/ (network emulation, demos, benchmarks) above both; the top package (``edgespec``: the Python client's
   front and the `edgespec` command) above all. Nothing names a floor above its own;
 - the server's assembly has no import circle (the engines, the core and its metrics, the app and its gRPC side);
-- the generation loop and the drafters never touch protobuf: the verifier (``client/verifier.py``) converts."""
+- the generation loop and the drafters never touch protobuf: the verifier (``client/verifier.py``) converts;
+- netem builds the server's and the client's parts only through their public faces (the names in
+  ``edgespec.server.__all__`` and ``edgespec.client.__all__``), so their modules can move under it."""
 from __future__ import annotations
 
 import ast
@@ -16,6 +18,7 @@ import pytest
 
 import edgespec
 import edgespec.client as client
+import edgespec.server as server
 
 TOP = Path(edgespec.__file__).parent  # client/root: the `edgespec` package has no folder of its own
 PACKAGES = {"edgespec": TOP, **{f"edgespec.{name}": Path(client.__file__).parents[1] / name
@@ -200,3 +203,43 @@ def test_one_import_style_across_packages():
                 for package, path in MODULES for node in ast.walk(ast.parse(path.read_text()))
                 if isinstance(node, ast.ImportFrom) and node.level > 1]
     assert not climbing, f"relative imports that climb out of their package: {climbing}"
+
+
+# ------------------------------------------------------------------ netem through the public faces
+FACES = {"edgespec.client": client, "edgespec.server": server}
+NETEM = [path for package, path in MODULES if package == "edgespec.netem"]
+
+
+def past_the_faces(found: list[str]) -> list[str]:
+    """The names in `found` (from ``imported_modules``) of the client's or the server's that are not their
+    face's: one of their modules, or a name their ``__all__`` does not list."""
+    def listed(name: str) -> bool:
+        face, _, attr = name.rpartition(".")
+        return name in FACES or (face in FACES and attr in FACES[face].__all__)
+
+    return sorted({m for m in found if floor_of(m) in FACES and not listed(m)})
+
+
+@pytest.mark.parametrize("path", NETEM, ids=lambda p: p.relative_to(PACKAGES["edgespec.netem"]).as_posix())
+def test_netem_uses_only_the_public_faces(path):
+    bad = past_the_faces(imported_modules(path, PACKAGES["edgespec.netem"], "edgespec.netem"))
+    assert not bad, (f"netem/{path.relative_to(PACKAGES['edgespec.netem'])} names {bad}: import from "
+                     f"edgespec.client or edgespec.server what their __all__ lists (add a name there when a benchmark "
+                     f"needs one)")
+
+
+def test_the_face_check_sees_a_reach_past_it(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("from edgespec.client import Generation\nfrom edgespec.server.decoder import decode_step\n"
+                      "import edgespec.client.cli\nfrom edgespec.server import _FACE\n"
+                      "import importlib\nimportlib.import_module('edgespec.client.render')\n")
+    assert past_the_faces(imported_modules(sample, tmp_path, "edgespec.netem")) == [
+        "edgespec.client.cli", "edgespec.client.render", "edgespec.server._FACE", "edgespec.server.decoder",
+        "edgespec.server.decoder.decode_step"]
+
+
+@pytest.mark.parametrize("face", sorted(FACES))
+def test_every_name_of_a_face_loads(face):
+    """The faces load their names on first use: each must still be where the face says, as modules move."""
+    missing = [name for name in FACES[face].__all__ if getattr(FACES[face], name, None) is None]
+    assert not missing, f"{face} lists {missing}, which its modules no longer define"
