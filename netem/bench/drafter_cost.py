@@ -20,6 +20,7 @@ import torch
 
 from edgespec.shared.drafters.blocks import KV
 from edgespec.shared.drafters.eagle import EagleConfig, EagleHead
+from edgespec.shared.drafters.int8_head import int8_logits, kept_channels, quantize_head
 from edgespec.shared.models.registry import DEFAULT_DRAFTER
 
 
@@ -56,10 +57,17 @@ def small_lm_ms(name: str, rows: list[int], context: int, dtype: str, repeats: i
 @torch.inference_mode()
 def eagle_level_ms(hidden: int, width: int, vocab: int, k: int, context: int, head_dtype: torch.dtype,
                    repeats: int) -> tuple[float, float]:
-    """(the whole level, the head's body alone) in ms for one EAGLE level of k nodes."""
+    """(the whole level, the head's body alone) in ms for one EAGLE level of k nodes; ``head_dtype``
+    torch.int8: the client's int8 LM head (shared/drafters/int8_head.py)."""
     heads = max(1, width // 64)
     head = EagleHead(EagleConfig(hidden, width=width, heads=heads, mlp_hidden=2 * width)).eval()
-    lm = torch.randn(vocab, hidden).to(head_dtype)
+    weight = torch.randn(vocab, hidden)
+    if head_dtype == torch.int8:
+        q = quantize_head(weight, kept_channels(torch.rand(hidden)))
+        logits = lambda h: int8_logits(h, q)  # noqa: E731
+    else:
+        lm = weight.to(head_dtype)
+        logits = lambda h: (h.to(head_dtype) @ lm.T).float()  # noqa: E731
     emb, feat = torch.randn(k, hidden), torch.randn(k, hidden)
     pos = torch.arange(context, context + k)
     past = KV(torch.randn(heads, context, width // heads), torch.randn(heads, context, width // heads))
@@ -67,7 +75,7 @@ def eagle_level_ms(hidden: int, width: int, vocab: int, k: int, context: int, he
 
     def level():
         h, _ = head(emb, feat, pos, mask, past)
-        return torch.log_softmax((h.to(head_dtype) @ lm.T).float(), -1)
+        return torch.log_softmax(logits(h), -1)
     return median_ms(level, repeats), median_ms(lambda: head(emb, feat, pos, mask, past), repeats)
 
 
@@ -95,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         for vocab in args.vocabs:
             for k in args.rows:
                 cells = []
-                for dtype in (torch.float32, torch.bfloat16):
+                for dtype in (torch.float32, torch.bfloat16, torch.int8):
                     total, body = eagle_level_ms(args.hidden, width, vocab, k, args.context, dtype, args.repeats)
                     cells.append(f"{str(dtype).removeprefix('torch.')} head {total:.1f} ms")
                 print(f"eagle W={width} V={vocab} k={k}: {' | '.join(cells)} (body {body:.1f} ms)", flush=True)

@@ -11,5 +11,5 @@ def test_a_level_is_timed_for_every_size_and_dtype(tiny_model_dir, capsys):
     assert [line.split(":")[0] for line in out] == [f"small LM {tiny_model_dir} (float32) k=1",
                                                      f"small LM {tiny_model_dir} (float32) k=2",
                                                      "eagle W=64 V=300 k=1", "eagle W=64 V=300 k=2"]
-    assert all("float32 head" in line and "bfloat16 head" in line for line in out[2:])
+    assert all("float32 head" in line and "bfloat16 head" in line and "int8 head" in line for line in out[2:])
 
