@@ -88,46 +88,70 @@ def _quiet_flex(*args, **kwargs):
         return flex_attention(*args, **kwargs)
 
 
-def pool_block_mask(blocks: torch.Tensor, past: torch.Tensor, n_rows: torch.Tensor, sees: torch.Tensor,
-                    block_pos: torch.Tensor, block_size: int, pool_positions: int,
-                    pad_indices: int | None = None) -> BlockMask:
-    """The block mask of one step over the pool.
+def pool_block_mask(rows, sees: torch.Tensor, block_pos: torch.Tensor, block_size: int,
+                    pool_positions: int) -> BlockMask:
+    """The block mask of one step over the pool, for a batch as one run of N rows (``engine_rows.Rows``).
 
-    blocks: [B, MB] long block tables (padded with the scratch block); past, n_rows: [B] long; sees: [B, T, T]
-    bool, row i sees new row j (``engine_masks.ancestor_mask``); block_pos: [blocks + 1] long, the pool's
+    sees: [N, N] bool, row i sees row j (``engine_rows.sees_rows``); block_pos: [pool blocks] long, the pool's
     persistent logical-index-of-each-block buffer, written here for the batch's blocks; pool_positions: P.
-    pad_indices: pad the block lists to this many entries (the CPU's compiled kernel wants them to cover the
-    whole pool).
+
+    The query rows are cut in tiles of ``Q_BLOCK``; a tile lists the distinct blocks any of its sessions reads
+    (a block two sessions share is listed once: listed twice, its keys would count twice in the softmax). A
+    tile of one session's rows (a prompt chunk, a long tree) gets the blocks wholly in that session's past as
+    full blocks, where the kernel applies no mask; a tile of several sessions reads every block through the
+    mask function (each row sees its own session's keys only). The lists are as long as the pool has blocks,
+    whatever the batch: one static shape per bucket.
     """
-    b, mb = blocks.shape
-    t = sees.shape[1]
-    device = blocks.device
+    s, mb = rows.blocks.shape
+    n = rows.seq.shape[0]
+    pool_blocks = pool_positions // block_size
+    device = rows.blocks.device
     index = torch.arange(mb, device=device)
-    block_pos.index_put_((blocks,), index.expand(b, mb))  # scratch entries collide: it is never a real key
-    full = torch.div(past, block_size, rounding_mode="floor")  # [B] blocks every row sees whole
-    used = torch.div(past + n_rows + block_size - 1, block_size, rounding_mode="floor")  # [B] blocks read at all
-    partial = blocks.gather(1, (index.view(1, mb) + full.view(b, 1)).clamp(max=mb - 1))  # [B, MB] from `full` on
-    full_idx, partial_idx = blocks, partial
-    if pad_indices is not None and pad_indices > mb:
-        pad = blocks[:, -1:].expand(b, pad_indices - mb)
-        full_idx, partial_idx = torch.cat([blocks, pad], 1), torch.cat([partial, pad], 1)
-    q_blocks = -(-t // Q_BLOCK)
+    block_pos.index_put_((rows.blocks,), index.expand(s, mb))  # scratch entries collide: it is never a real key
+    tiles = -(-n // Q_BLOCK)
+    tile = torch.arange(n, device=device) // Q_BLOCK
+    holds = torch.zeros(tiles, s + 1, dtype=torch.bool, device=device)  # tile holds a row of session s
+    holds.index_put_((tile, torch.where(rows.real, rows.seq, s)), torch.ones((), dtype=torch.bool, device=device))
+    holds = holds[:, :s]
+    alone = holds.sum(1) == 1  # [tiles]: a tile of one session's rows
+    full = torch.div(rows.past, block_size, rounding_mode="floor")  # [S] blocks every row of a session sees whole
+    used = torch.div(rows.past + rows.n_rows + block_size - 1, block_size, rounding_mode="floor")  # [S] read at all
+    reads = holds.view(tiles, s, 1) & (index.view(1, 1, mb) < used.view(1, s, 1))  # [tiles, S, MB]
+    whole = reads & alone.view(tiles, 1, 1) & (index.view(1, 1, mb) < full.view(1, s, 1))
+    full_count, full_idx = _distinct_blocks(whole, rows.blocks, pool_blocks)
+    part_count, part_idx = _distinct_blocks(reads & ~whole, rows.blocks, pool_blocks)
+    seq, start, past, n_rows, blocks = rows.seq, rows.start, rows.past, rows.n_rows, rows.blocks
 
-    def per_q(x: torch.Tensor) -> torch.Tensor:  # [B, N] -> [B, 1, Q blocks, N] int32, the same for each q block
-        return x.to(torch.int32).view(b, 1, 1, -1).expand(b, 1, q_blocks, x.shape[-1]).contiguous()
-
-    def counts(x: torch.Tensor) -> torch.Tensor:  # [B] -> [B, 1, Q blocks] int32
-        return x.to(torch.int32).view(b, 1, 1).expand(b, 1, q_blocks).contiguous()
-
-    def mask_mod(bi, h, q, kv):
+    def mask_mod(b, h, q, kv):
+        # the row's session and whether it is one are found here from ``seq`` (an input), not read from tensors
+        # computed from it: Inductor's CPU kernel takes no captured buffer that is an unrealised pointwise result
+        sq = seq[q].clamp(min=0)
         blk = kv // block_size
         j = block_pos[blk]
-        mine = blocks[bi, j.clamp(0, mb - 1)] == blk  # the block is this row's session's, at index j
-        logical = j * block_size + kv % block_size
-        new = logical - past[bi]
-        is_new = (new >= 0) & (new < n_rows[bi])
-        return mine & ((new < 0) | (is_new & sees[bi, q, new.clamp(0, t - 1)]))
+        mine = blocks[sq, j.clamp(0, mb - 1)] == blk  # the block is the row's session's, at index j
+        new = j * block_size + kv % block_size - past[sq]
+        is_new = (new >= 0) & (new < n_rows[sq])
+        key_row = (start[sq] + new).clamp(0, n - 1)
+        return (seq[q] >= 0) & mine & ((new < 0) | (is_new & sees[q, key_row]))
 
-    return BlockMask.from_kv_blocks(counts(used - full), per_q(partial_idx), counts(full), per_q(full_idx),
-                                    BLOCK_SIZE=(Q_BLOCK, block_size), mask_mod=mask_mod,
-                                    seq_lengths=(t, pool_positions), compute_q_blocks=False)
+    return BlockMask.from_kv_blocks(part_count, part_idx, full_count, full_idx, BLOCK_SIZE=(Q_BLOCK, block_size),
+                                    mask_mod=mask_mod, seq_lengths=(n, pool_positions), compute_q_blocks=False)
+
+
+def _distinct_blocks(chosen: torch.Tensor, blocks: torch.Tensor, pool_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """chosen: [tiles, S, MB] bool over the sessions' block tables [S, MB]. Returns each tile's count of distinct
+    chosen blocks [1, 1, tiles] and their indices first in a [1, 1, tiles, pool_blocks] list (int32, as
+    ``BlockMask`` takes them): a presence map over the pool's blocks, then each present block's place in the
+    list from a running count, all static shapes."""
+    tiles = chosen.shape[0]
+    device = blocks.device
+    tile = torch.arange(tiles, device=device).view(tiles, 1, 1).expand_as(chosen)
+    present = torch.zeros(tiles, pool_blocks + 1, dtype=torch.bool, device=device)  # the last column: not chosen
+    present.index_put_((tile, torch.where(chosen, blocks.expand_as(chosen), pool_blocks)),
+                       torch.ones((), dtype=torch.bool, device=device))
+    present = present[:, :pool_blocks]
+    place = torch.where(present, present.long().cumsum(1) - 1, pool_blocks)
+    listed = torch.zeros(tiles, pool_blocks + 1, dtype=torch.long, device=device)
+    listed.scatter_(1, place, torch.arange(pool_blocks, device=device).expand(tiles, pool_blocks))
+    count = present.sum(1)
+    return count.to(torch.int32).view(1, 1, tiles), listed[:, :pool_blocks].to(torch.int32).view(1, 1, tiles, -1)

@@ -11,9 +11,11 @@ length. Each item gets its own rows back: the hidden states of all its rows,
 logits of the rows it asked for, their argmax, and with ``Work.accept`` the
 accepted path (its KV already kept).
 
-With ``shape_buckets`` a batch is padded to a grid bucket (powers of two of
-sessions and rows, coarse key lengths), so a few static shapes serve every
-batch and each can be captured once as a CUDA graph (``engine_graphs``).
+The batch is one run of rows (``engine_rows``): sessions' rows one after another, so the step's shape
+is the batch's total row count, not its sessions times its longest item. With ``shape_buckets`` the rows
+are padded to a grid of row counts (powers of two and the halves between them: at most a third padding)
+and coarse key lengths, so a few static shapes serve every batch and each can be captured once as CUDA
+graphs (``engine_graphs``). The LM head runs on the rows whose logits are used and no others.
 
 Results do not depend on what else is in the batch: a row attends only its
 own session's keys, and masked keys weigh exactly zero.
@@ -67,13 +69,14 @@ class PoolConfig:
     compile_backend: str | Callable | None = None  # run the step through torch.compile with this backend instead (tests,
     # and a CPU where it measures faster); None = eager or graphs
     max_batch: int = 64  # most sessions a bucket holds (SchedulerConfig.max_batch_items)
-    max_batch_rows: int = 2048  # most rows (sessions x tokens) a bucket holds (SchedulerConfig.max_batch_tokens)
-    bucket_tokens: int = 0  # most rows per session a bucket holds; longer work (prefill chunks) runs eagerly
-    # at its own shape. 0: the largest tree with its root row, as a power of two, so every verification a
-    # session can send replays a graph (a fixed 64 left 64-node trees eager: 35 ms against 6 on an H200)
+    max_batch_rows: int = 2048  # most rows (every session's together) a bucket holds
+    # (SchedulerConfig.max_batch_tokens): prompt chunks replay graphs too
     first_key_bucket: int = 256  # the smallest key bucket
     key_growth: int = 4  # each key bucket this many times the last (coarse: few shapes, at most 4x the keys)
     prefix_cache_bytes: int = 0  # KV the prefix cache may keep in the pool (its blocks are the pool's)
+    bf16_argmax: bool = False  # the argmax of the LM head's own output (bf16 on a GPU), not of its float32 copy
+    sdpa_grid_limit: int = 1 << 26  # with SDPA, a bucket whose dense mask (rows x sessions x keys) is larger runs
+    # eagerly rather than being captured (the pool attention has no such mask)
     attention: str = "auto"  # "flex": the pool read in place through a block mask (``engine_attention``);
     # "sdpa": each row's keys gathered with a dense mask; auto: flex on CUDA (a fused kernel), sdpa elsewhere
     # (a CPU's eager flex is the unfused reference, which reads the whole pool)
@@ -111,7 +114,7 @@ class BatchedEngine(Engine):
         self.attention = config.attention
         if self.attention == "flex":
             use_pool_attention(target)
-        self.step = DeviceStep(target, self.pool, self.cache, self.attention)
+        self.step = DeviceStep(target, self.pool, self.cache, self.attention, config.bf16_argmax)
         self.timer = ForwardTimer(target.device)
         if config.compile_backend:
             self.runner = CompiledRunner(self.step, config.compile_backend)
@@ -136,7 +139,7 @@ class BatchedEngine(Engine):
         p = self.pool
         shapes = "shape buckets" if self.config.shape_buckets else "exact shapes"
         if isinstance(self.runner, GraphRunner):
-            shapes += f", {len(self.runner.graphs)} graphs captured in {self.runner.capture_s:.1f} s"
+            shapes += f", {len(self.runner.graphs)} graph pairs captured in {self.runner.capture_s:.1f} s"
         return (f"batched (paged KV: {p.blocks} blocks of {p.block_size} tokens, "
                 f"{p.kv.nbytes / 2**30:.2f} GiB on {p.kv.device}; attention: {self.attention}; "
                 f"step: {self.runner.kind}, {shapes})")
@@ -163,22 +166,22 @@ class BatchedEngine(Engine):
         kv.grow_to(end)
 
     def cost(self, items: Sequence[Work]) -> int:
-        b, t = len(items), max((len(w) for w in items), default=0)
-        if self.config.shape_buckets and t <= bucket_rows(self.config):
-            b, t = _pow2(b), _pow2(t)
-        return b * t  # padded rows are computed too
+        rows = sum(len(w) for w in items)
+        if self.config.shape_buckets and rows <= self.config.max_batch_rows:
+            return row_bucket(rows, self.config.max_batch_rows)
+        return rows  # padded rows are computed too
 
     def bucket(self, works: Sequence[Work], end: int) -> tuple[Bucket, bool]:
         """The step's shape for these items, and whether it is a grid bucket (else: the batch's own shape).
         end: the longest logical length the batch reaches (keys to read)."""
-        b, t = len(works), max(len(w) for w in works)
-        cfg = self.config
-        if cfg.shape_buckets and t <= bucket_rows(cfg) and _pow2(b) <= cfg.max_batch:
-            b, t = _pow2(b), _pow2(t)
-            keys = next(k for k in self.key_buckets if k >= end)
-            return Bucket(b, t, keys, b * t, cfg.block_size), True
+        rows, cfg = sum(len(w) for w in works), self.config
+        if cfg.shape_buckets and rows <= cfg.max_batch_rows:
+            n = row_bucket(rows, cfg.max_batch_rows)
+            bucket = Bucket(n, grid_seqs(cfg, n), next(k for k in self.key_buckets if k >= end), cfg.block_size)
+            if len(works) <= bucket.seqs and in_grid(cfg, bucket):
+                return bucket, True
         keys = min(round_up(round_up(end, cfg.key_bucket), cfg.block_size), cfg.session_tokens)
-        return Bucket(b, t, keys, sum(len(w) - w.logits_from for w in works), cfg.block_size), False
+        return Bucket(rows, len(works), keys, cfg.block_size), False
 
     @torch.no_grad()  # not inference_mode: a compiled step cannot take inference tensors (aot_autograd)
     def run(self, items: Sequence[tuple[SessionKV, Work]]) -> list[ForwardOutput]:
@@ -190,14 +193,10 @@ class BatchedEngine(Engine):
         for kv, p, w in zip(kvs, past, works):
             kv.grow_to(p + len(w))  # done by ``check`` for the scheduler's items already
         end = max(p + len(w) for p, w in zip(past, works))  # items were checked (``check``) before they queued
-        bucket, in_grid = self.bucket(works, end)
-        t = bucket.tokens
-        if in_grid:  # the head over every row of the bucket: one static index
-            head = list(range(bucket.head))
-            offsets = [i * t + w.logits_from for i, w in enumerate(works)]
-        else:
-            head = [i * t + r for i, w in enumerate(works) for r in range(w.logits_from, len(w))]
-            offsets = list(itertools.accumulate((len(w) - w.logits_from for w in works[:-1]), initial=0))
+        bucket, _ = self.bucket(works, end)
+        starts = list(itertools.accumulate((len(w) for w in works[:-1]), initial=0))
+        head = [s + r for s, w in zip(starts, works) for r in range(w.logits_from, len(w))]
+        offsets = list(itertools.accumulate((len(w) - w.logits_from for w in works[:-1]), initial=0))
         flat = pack_batch([(kv.blocks, p, w, w.accept) for kv, p, w in zip(kvs, past, works)], bucket,
                           self.pool.scratch, head)
         t1 = time.perf_counter_ns()
@@ -205,17 +204,18 @@ class BatchedEngine(Engine):
         out = self.runner(flat, bucket)
         launch_ns = self.timer.stop()
         t2 = time.perf_counter_ns()
-        readback = out.readback.tolist()  # the batch's one device-to-host copy: [B][2][T]
+        best_rows, flag_rows = out.readback.tolist()  # the batch's one device-to-host copy: [2][N]
         t3 = time.perf_counter_ns()
 
         results = []
         for i, (kv, p, w) in enumerate(zip(kvs, past, works)):
-            best, flags = readback[i]
+            s = starts[i]
+            best, flags = best_rows[s:s + len(w)], flag_rows[s:s + len(w)]
             n, lf = len(w), w.logits_from
             accepted = accepted_nodes(flags, w.positions, lf) if w.accept else None
             kv.length = p + (lf + 1 + len(accepted) if accepted is not None else n)
             last = lf + 1 + accepted[-1] if accepted else lf
-            results.append(ForwardOutput(out.hidden[i, :n], out.logits[offsets[i]:offsets[i] + n - lf], 0,
+            results.append(ForwardOutput(out.hidden[s:s + n], out.logits[offsets[i]:offsets[i] + n - lf], 0,
                                          best=best[lf:n], accepted=accepted,
                                          next_token=best[last] if accepted is not None else None))
         t4 = time.perf_counter_ns()
@@ -255,24 +255,36 @@ def key_buckets(session_tokens: int, first: int, growth: int, block: int = 1) ->
 
 
 def grid(config: PoolConfig) -> list[Bucket]:
-    """Every grid bucket: powers of two of sessions and rows within the limits, times the key buckets."""
-    out = []
-    for b in _powers(min(config.max_batch, config.max_seqs)):
-        for t in _powers(min(bucket_rows(config), config.max_batch_rows // b)):
-            out += [Bucket(b, t, k, b * t, config.block_size)
-                    for k in key_buckets(config.session_tokens, config.first_key_bucket, config.key_growth,
-                                         config.block_size)]
-    return out
+    """Every grid bucket: each row count of ``row_sizes`` within the limit, times the key buckets (SDPA's
+    largest dense masks left out: ``in_grid``)."""
+    keys = key_buckets(config.session_tokens, config.first_key_bucket, config.key_growth, config.block_size)
+    buckets = [Bucket(n, grid_seqs(config, n), k, config.block_size)
+               for n in row_sizes(config.max_batch_rows) for k in keys]
+    return [b for b in buckets if in_grid(config, b)]
 
 
-def bucket_rows(config: PoolConfig) -> int:
-    """Most rows of one session a grid bucket holds."""
-    return config.bucket_tokens or _pow2(config.max_tree_nodes + 1)
+def row_sizes(limit: int) -> list[int]:
+    """Row counts of the grid: 1, 2, 3, 4, 6, 8, 12, ... (powers of two and the halves between, so a batch pads by
+    at most a third) up to limit, and limit itself."""
+    sizes = {1 << k for k in range(limit.bit_length())} | {3 << k for k in range(limit.bit_length())}
+    return sorted({n for n in sizes if n < limit} | {limit})
 
 
-def _powers(limit: int) -> list[int]:
-    """1, 2, 4, ... up to the power of two that holds limit."""
-    return [1 << k for k in range(_pow2(limit).bit_length())]
+def row_bucket(rows: int, limit: int) -> int:
+    """The grid's row count for a batch of `rows` rows (at most limit)."""
+    return next(n for n in row_sizes(limit) if n >= rows)
+
+
+def grid_seqs(config: PoolConfig, rows: int) -> int:
+    """Sessions a grid bucket of `rows` rows holds: each session has a row at least, and a batch holds at most
+    max_batch sessions (and no more than the pool's sequences)."""
+    return min(rows, config.max_batch, config.max_seqs)
+
+
+def in_grid(config: PoolConfig, bucket: Bucket) -> bool:
+    """Whether a bucket is part of the grid: always with the pool attention; with SDPA unless its dense mask
+    over every session's keys is past ``sdpa_grid_limit`` (such a batch runs eagerly at its own shape)."""
+    return config.attention != "sdpa" or bucket.rows * bucket.seqs * bucket.keys <= config.sdpa_grid_limit
 
 
 def _pow2(n: int) -> int:

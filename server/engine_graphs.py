@@ -3,12 +3,20 @@
 - ``EagerRunner``: the step as Python calls it (a CPU's path: there is no launch
   overhead to save, and shapes follow the batch exactly).
 - ``CompiledRunner``: ``torch.compile(fullgraph=True, dynamic=False)`` of the
-  step, one graph per bucket (tests prove graph readiness with it on a CPU).
-- ``GraphRunner``: on CUDA, one ``torch.cuda.CUDAGraph`` per bucket of a grid,
-  captured at start into one shared memory pool (the graphs never run at once),
-  largest first as vLLM does; a batch of a captured bucket is a copy into the
-  bucket's static input and one replay. Other shapes (long prefill chunks) run
-  eagerly.
+  step's two bucket parts (``DeviceStep.decode``, ``DeviceStep.finish``), one
+  graph each per bucket (tests prove graph readiness with it on a CPU).
+- ``GraphRunner``: on CUDA, a pair of ``torch.cuda.CUDAGraph`` per bucket of a
+  grid (the decoder; acceptance and compaction), captured at start into one
+  shared memory pool (the graphs never run at once), largest first as vLLM
+  does; a batch of a captured bucket is a copy into the bucket's static input,
+  a replay, the LM head at the batch's own head rows, a replay. Other shapes
+  run eagerly.
+
+The LM head runs between the two graphs, uncaptured, so that it computes the
+rows whose logits are used and no others (padding rows, prompt rows): a
+captured head would need the head-row count as one more bucket dimension.
+It is three kernels (the matmul, the float32 copy, the argmax), so launching
+them costs about what a third graph's replay would.
 
 Why graphs by hand rather than ``torch.compile(mode="reduce-overhead")``: the
 grid holds a couple of hundred buckets and Inductor compiles each shape anew
@@ -31,11 +39,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 import torch
 
-from .engine_step import Bucket, DeviceStep, StepOutput, padding_rows
+from .engine_step import Bucket, DeviceStep, StepOutput, padding_batch
 
 log = logging.getLogger("edgespec.server")
 
@@ -60,7 +68,9 @@ class EagerRunner:
 
 
 class CompiledRunner(EagerRunner):
-    """torch.compile of the step, one graph per bucket (``backend``: "inductor", "aot_eager", ...)."""
+    """torch.compile of the step's two bucket parts, one graph each per bucket (``backend``: "inductor",
+    "aot_eager", ...); the LM head between them runs as it is, at the batch's own head rows (compiled, every
+    head-row count would be a graph of its own)."""
 
     kind = "compiled"
 
@@ -69,7 +79,8 @@ class CompiledRunner(EagerRunner):
         self.max_buckets = max_buckets
         self._threads_raised: set[int] = set()
         self.raise_limits()
-        self.compiled = torch.compile(step.__call__, backend=backend, fullgraph=True, dynamic=False)
+        self.decode = torch.compile(step.decode, backend=backend, fullgraph=True, dynamic=False)
+        self.finish = torch.compile(step.finish, backend=backend, fullgraph=True, dynamic=False)
 
     def raise_limits(self) -> None:
         """Every bucket is its own graph: dynamo must not give up (a hard error under fullgraph) after 8 shapes.
@@ -87,57 +98,75 @@ class CompiledRunner(EagerRunner):
     def __call__(self, flat: list[int], bucket: Bucket) -> StepOutput:
         if threading.get_ident() not in self._threads_raised:
             self.raise_limits()
-        return self.compiled(upload(flat, self.step.target.device), bucket)
+        packed = upload(flat, self.step.target.device)
+        inputs = packed[:bucket.packed]  # the bucket's shape: the head rows after it vary with the batch
+        hidden, sees = self.decode(inputs, bucket)
+        logits, best = self.step.head(hidden, packed[bucket.packed:])
+        return StepOutput(hidden, logits, self.finish(inputs, bucket, sees, best))
+
+
+class Captured(NamedTuple):
+    """One bucket's two graphs and the static tensors they read and write."""
+
+    decode: torch.cuda.CUDAGraph
+    finish: torch.cuda.CUDAGraph
+    static: torch.Tensor  # [bucket.packed + N] long: the packed input, room for the head rows after it
+    hidden: torch.Tensor  # decode's outputs
+    sees: torch.Tensor
+    best: torch.Tensor  # [N] long: the head's argmax, finish's input
+    readback: torch.Tensor  # finish's output
 
 
 class GraphRunner(EagerRunner):
-    """CUDA graphs, one per bucket, captured at construction."""
+    """CUDA graphs, two per bucket (the decoder; acceptance and compaction), captured at construction; the LM
+    head runs between their replays at the batch's own head rows."""
 
     kind = "cuda-graphs"
 
     def __init__(self, step: DeviceStep, buckets: Iterable[Bucket]):
         super().__init__(step)
-        self.graphs: dict[Bucket, tuple[torch.cuda.CUDAGraph, torch.Tensor, StepOutput]] = {}
+        self.graphs: dict[Bucket, Captured] = {}
         self.capture_s = 0.0
         self._pool = None
-        buckets = sorted(buckets, key=lambda b: (b.batch * b.tokens, b.keys), reverse=True)
-        # Every graph's outputs stay allocated (they are read after its replay), so the big one, the logits
-        # [R, V] float32, goes to one buffer all graphs write into: one graph's would be 1.2 GB at 2,048 rows
-        # of a 152k vocabulary, and a grid holds a couple of hundred graphs. hidden [B, T, E] stays per graph.
-        target = step.target
-        self.logits = torch.empty(max((b.head for b in buckets), default=0), target.vocab_size, dtype=torch.float32,
-                                  device=target.device)
+        buckets = sorted(buckets, key=lambda b: (b.rows, b.keys), reverse=True)
         t0 = time.perf_counter()
         for bucket in buckets:
             self.graphs[bucket] = self._capture(bucket)
         self.capture_s = time.perf_counter() - t0
-        log.info("captured %d CUDA graphs in %.1f s: batch %s x tokens %s x keys %s", len(self.graphs),
-                 self.capture_s, *(sorted({getattr(b, f) for b in self.graphs}) for f in ("batch", "tokens", "keys")))
+        log.info("captured %d CUDA graph pairs in %.1f s: rows %s x keys %s", len(self.graphs), self.capture_s,
+                 *(sorted({getattr(b, f) for b in self.graphs}) for f in ("rows", "keys")))
 
     @torch.no_grad()
-    def _capture(self, bucket: Bucket) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, StepOutput]:
+    def _capture(self, bucket: Bucket) -> Captured:
         step, device = self.step, self.step.target.device
         # a batch of padding only: it reads and writes the scratch block, never a session's
-        rows = bucket.batch * bucket.tokens
-        flat = padding_rows(bucket, step.pool.scratch) * bucket.batch
-        static = torch.tensor(flat + [i % rows for i in range(bucket.head)], dtype=torch.long, device=device)
+        static = torch.tensor(padding_batch(bucket, step.pool.scratch) + [0] * bucket.rows, dtype=torch.long,
+                              device=device)
+        inputs = static[:bucket.packed]
+        best = torch.full((bucket.rows,), -1, dtype=torch.long, device=device)
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):  # warm-up off the capture (cuBLAS workspaces, lazy inits)
             for _ in range(2):
-                step(static, bucket, logits_out=self.logits[:bucket.head])
+                _, sees = step.decode(inputs, bucket)
+                step.finish(inputs, bucket, sees, best)
         torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = step(static, bucket, logits_out=self.logits[:bucket.head])
-        self._pool = graph.pool()  # one pool for every graph: they never run at once
-        return graph, static, out
+        decode = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(decode, pool=self._pool):
+            hidden, sees = step.decode(inputs, bucket)
+        self._pool = decode.pool()  # one pool for every graph: they never run at once
+        finish = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(finish, pool=self._pool):
+            readback = step.finish(inputs, bucket, sees, best)
+        return Captured(decode, finish, static, hidden, sees, best, readback)
 
     def __call__(self, flat: list[int], bucket: Bucket) -> StepOutput:
         captured = self.graphs.get(bucket)
         if captured is None:
             return super().__call__(flat, bucket)
-        graph, static, out = captured
-        static.copy_(torch.tensor(flat, dtype=torch.long).pin_memory(), non_blocking=True)
-        graph.replay()
-        return out  # static buffers: valid until the next step
+        c = captured
+        c.static[:len(flat)].copy_(torch.tensor(flat, dtype=torch.long).pin_memory(), non_blocking=True)
+        c.decode.replay()
+        logits, _ = self.step.head(c.hidden, c.static[bucket.packed:len(flat)], c.best)
+        c.finish.replay()
+        return StepOutput(c.hidden, logits, c.readback)  # static buffers: valid until the next step

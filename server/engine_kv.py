@@ -227,7 +227,8 @@ class _PoolLayer(CacheLayerMixin):
         return self._cache.plan.key_len, 0
 
     def get_seq_length(self) -> int:
-        return self._cache.plan.key_len - self._cache.plan.write_pos.shape[1]
+        return max(0, self._cache.plan.key_len - self._cache.plan.write_pos.shape[1])  # a batch's rows may
+        # outnumber one session's keys
 
     def get_max_length(self) -> int:
         return self.keys.shape[1]

@@ -1,25 +1,27 @@
-"""The batched engine's device step: one function, static shapes per bucket, one input, one readback.
+"""The batched engine's device step: static shapes per bucket, one input, one readback.
 
-A batch is packed on the host into one flat long tensor (``pack_batch``), the
-only upload of the batch:
+A batch is one run of rows (``engine_rows``): every session's new tokens one after another, padded to the
+bucket's row count N, and a table of the bucket's S sessions. The host packs it into one flat long tensor
+(``pack_batch``), the only upload of the batch:
 
-    table [B, W], W = 3T + 4 + K / block, one row per batch row (a session's work, or padding):
-        ids [T] | positions [T] | parents [T] | past | rows | logits_from | accept | blocks [K / block]
-    head [R]: flat row indices (b * T + r) the LM head runs on
+    rows [4, N]: ids | positions | parents (flat row index, -1: from the past) | session (-1: padding)
+    sessions [S, W], W = FIELDS + K / block: past | rows | logits_from | accept | first row | blocks [K / block]
+    head [R]: the flat rows whose logits are used (not part of the bucket: R follows the batch exactly)
 
-blocks is the session's block table (``engine_kv``) up to the bucket's key
-length, padded with the scratch block.
+blocks is the session's block table (``engine_kv``) up to the bucket's key length, padded with the scratch
+block.
 
-``DeviceStep`` turns it into everything the host needs, on the device: the
-mask (``engine_masks``), the KV writes (``engine_kv.PoolCache``), the decoder,
-the LM head over ``head``, the argmax of every head row, greedy acceptance and
-KV compaction for the items that ask (``device_accept``), and a small
-``readback`` tensor [B, 2, T] (argmax per row, accepted flag per row): the
-one device-to-host copy of the batch.
+``DeviceStep`` runs in three parts, so that the LM head sees only the rows whose logits are used:
 
-The shapes depend only on the ``Bucket`` (B, T, key length, R), so the step can
-be captured once per bucket (``engine_graphs``) or compiled; nothing in it reads
-a tensor's value on the host.
+- ``decode`` (bucket shape): the mask (``engine_rows``, or the pool attention's block mask), the KV writes
+  (``engine_kv.PoolCache``) and the decoder over the N rows;
+- ``head`` (exact shape): the LM head, its float32 copy and the argmax over the R head rows alone: a matmul
+  and two elementwise kernels, no padded row and no prompt row without logits;
+- ``finish`` (bucket shape): greedy acceptance and KV compaction for the sessions that ask, and a small
+  ``readback`` tensor [2, N] (argmax per row, accepted flag per row): the one device-to-host copy.
+
+The bucket parts depend only on the ``Bucket`` (N, S, key length), so each can be captured once per bucket
+(``engine_graphs``) or compiled; nothing in the step reads a tensor's value on the host.
 """
 from __future__ import annotations
 
@@ -28,114 +30,150 @@ from typing import Sequence
 
 import torch
 
-from .device_accept import compact_kv, greedy_accept, physical
 from .engine import Work
 from .engine_attention import pool_block_mask
 from .engine_kv import BLOCK_SIZE, BatchPlan, KVPool, PoolCache
-from .engine_masks import ancestor_mask, mask_from_ancestors
+from .engine_rows import (Rows, accept_rows, compact_rows, key_positions, rows_sdpa_mask, sees_rows,
+                          write_positions)
 from .target import TargetModel
 
-FIELDS = 4  # past, rows, logits_from, accept: the per-row scalars after ids | positions | parents
+FIELDS = 5  # past, rows, logits_from, accept, first row: the per-session scalars before the block table
 
 
 @dataclass(frozen=True)
 class Bucket:
     """The static shape of one step."""
 
-    batch: int  # B: batch rows (sessions' work and padding)
-    tokens: int  # T: rows per batch row
-    keys: int  # K: logical key positions each row's attention may read (a multiple of the block size)
-    head: int  # R: rows the LM head runs on
+    rows: int  # N: rows of every session's work together, padding included
+    seqs: int  # S: sessions the table holds (sessions' work and padding)
+    keys: int  # K: logical key positions a session's rows may read (a multiple of the block size)
     block: int = BLOCK_SIZE  # the pool's block size (K is a multiple of it)
 
     @property
     def blocks(self) -> int:
-        """Block-table entries per batch row."""
+        """Block-table entries per session."""
         return self.keys // self.block
 
     @property
     def width(self) -> int:
-        return 3 * self.tokens + FIELDS + self.blocks
+        """Entries of one session's table row."""
+        return FIELDS + self.blocks
 
     @property
     def packed(self) -> int:
-        """Length of the packed input."""
-        return self.batch * self.width + self.head
+        """Length of the packed input the bucket's parts read (the head rows follow it)."""
+        return 4 * self.rows + self.seqs * self.width
 
 
 @dataclass
 class StepOutput:
-    hidden: torch.Tensor  # [B, T, E] final-norm output of every row
+    hidden: torch.Tensor  # [N, E] final-norm output of every row
     logits: torch.Tensor  # [R, V] float32, the head rows in order
-    readback: torch.Tensor  # [B, 2, T] long: argmax of each row (-1 without logits) | 1 where accepted
+    readback: torch.Tensor  # [2, N] long: argmax of each row (-1 without logits) | 1 where accepted
 
 
 def pack_batch(items: Sequence[tuple[Sequence[int], int, Work, bool]], bucket: Bucket, scratch: int,
                head: Sequence[int]) -> list[int]:
     """The flat input of one step. items: (blocks, past, work, accept) per session, blocks its block table
-    (at least the blocks its rows reach); padding rows read and write the scratch block and have no rows.
-    head: flat head-row indices, already padded to bucket.head."""
-    t, mb = bucket.tokens, bucket.blocks
-    out: list[int] = []
-    for blocks, past, work, accept in items:
-        n = len(work)
-        table = list(blocks[:mb])
-        out += [*work.ids, *[0] * (t - n), *work.positions, *[0] * (t - n), *work.parents, *[-1] * (t - n),
-                past, n, work.logits_from, int(accept), *table, *[scratch] * (mb - len(table))]
-    out += padding_rows(bucket, scratch) * (bucket.batch - len(items))
-    out += head
-    return out
+    (at least the blocks its rows reach); rows past the items' are padding, and so are sessions past them (no
+    rows, every block the scratch block). head: the flat rows whose logits are used."""
+    mb, pad = bucket.blocks, bucket.rows - sum(len(w) for _, _, w, _ in items)
+    ids: list[int] = []
+    positions: list[int] = []
+    parents: list[int] = []
+    seq: list[int] = []
+    table: list[int] = []
+    for s, (blocks, past, work, accept) in enumerate(items):
+        start = len(ids)
+        ids += work.ids
+        positions += work.positions
+        parents += [start + p if p >= 0 else -1 for p in work.parents]
+        seq += [s] * len(work)
+        own = list(blocks[:mb])
+        table += [past, len(work), work.logits_from, int(accept), start, *own, *[scratch] * (mb - len(own))]
+    table += padding_session(bucket, scratch) * (bucket.seqs - len(items))
+    return [*ids, *[0] * pad, *positions, *[0] * pad, *parents, *[-1] * pad, *seq, *[-1] * pad, *table, *head]
 
 
-def padding_rows(bucket: Bucket, scratch: int) -> list[int]:
-    """One batch row of padding: no rows, every block the scratch block."""
-    t = bucket.tokens
-    return [0] * (2 * t) + [-1] * t + [0] * FIELDS + [scratch] * bucket.blocks
+def padding_session(bucket: Bucket, scratch: int) -> list[int]:
+    """One table row of a session that is not there: no rows, every block the scratch block."""
+    return [0] * FIELDS + [scratch] * bucket.blocks
+
+
+def padding_batch(bucket: Bucket, scratch: int) -> list[int]:
+    """A packed input of padding only (what a graph is captured on: it reads and writes the scratch block)."""
+    return pack_batch([], bucket, scratch, [])
+
+
+def unpack(packed: torch.Tensor, bucket: Bucket) -> Rows:
+    """The step's tensors: views of the packed input."""
+    n, s = bucket.rows, bucket.seqs
+    ids, positions, parents, seq = packed[:4 * n].view(4, n)
+    table = packed[4 * n:bucket.packed].view(s, bucket.width)
+    past, n_rows, logits_from, accept, start = table[:, :FIELDS].unbind(1)
+    return Rows(ids, positions, parents, seq, past, n_rows, logits_from, accept.bool(), start, table[:, FIELDS:])
 
 
 class DeviceStep:
-    """The step for one target and KV pool. Call it on a packed input of a bucket's length."""
+    """The step for one target and KV pool. Call it on a packed input of a bucket's length and its head rows."""
 
-    def __init__(self, target: TargetModel, pool: KVPool, cache: PoolCache, attention: str = "sdpa"):
-        """attention: "sdpa" (each row's keys gathered, a dense mask) or "flex" (``engine_attention``: the pool
-        read in place through a block mask; the model must have been switched to it)."""
+    def __init__(self, target: TargetModel, pool: KVPool, cache: PoolCache, attention: str = "sdpa",
+                 bf16_argmax: bool = False):
+        """attention: "sdpa" (each session's keys gathered, a dense mask) or "flex" (``engine_attention``: the pool
+        read in place through a block mask; the model must have been switched to it). bf16_argmax: take the
+        argmax of the head's own output (bf16 on a GPU) rather than of its float32 copy: half the bytes read; the
+        float32 copy is still made, for whoever reads the logits."""
         self.target, self.pool, self.cache, self.attention = target, pool, cache, attention
+        self.bf16_argmax = bf16_argmax
+        self.lm_head = target.model.get_output_embeddings()
         # the logical index of each block in the tables that hold it (``engine_attention``), kept on the device
         self.block_pos = torch.zeros(pool.blocks + 1, dtype=torch.long, device=pool.kv.device)
 
-    def __call__(self, packed: torch.Tensor, bucket: Bucket, logits_out: torch.Tensor | None = None) -> StepOutput:
-        """packed: [bucket.packed] long on the device. logits_out: a float32 [R, V] buffer for the logits (see
-        ``GraphRunner``)."""
-        b, t, k, bs = bucket.batch, bucket.tokens, bucket.keys, bucket.block
-        pool, target = self.pool, self.target
-        table = packed[:b * bucket.width].view(b, bucket.width)
-        ids, positions, parents = table[:, :t], table[:, t:2 * t], table[:, 2 * t:3 * t]  # [B, T] each
-        past, n_rows, logits_from, accept = table[:, 3 * t:3 * t + FIELDS].unbind(1)  # [B] each
-        blocks = table[:, 3 * t + FIELDS:]  # [B, K / block]
-        head = packed[b * bucket.width:]  # [R]
+    def __call__(self, packed: torch.Tensor, bucket: Bucket) -> StepOutput:
+        """The three parts in a row: packed is [bucket.packed + R] long on the device, the head rows last."""
+        hidden, sees = self.decode(packed, bucket)
+        logits, best = self.head(hidden, packed[bucket.packed:])
+        return StepOutput(hidden, logits, self.finish(packed, bucket, sees, best))
 
-        sees = ancestor_mask(parents, positions)  # [B, T, T]
-        row = torch.arange(t, device=packed.device).view(1, t)
-        real = row < n_rows.view(b, 1)  # [B, T]: not padding
-        write_pos = torch.where(real, physical(blocks, (past.view(b, 1) + row).clamp(max=k - 1), bs),
-                                pool.scratch * bs + row % bs)  # [B, T]
+    def decode(self, packed: torch.Tensor, bucket: Bucket) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder over the bucket's rows, each row's K/V written to its session's blocks: (hidden [N, E],
+        the rows' ancestor mask [N, N], which acceptance reuses). packed: at least bucket.packed long."""
+        k, bs, pool = bucket.keys, bucket.block, self.pool
+        rows = unpack(packed, bucket)
+        sees = sees_rows(rows)
+        write_pos = write_positions(rows, k, pool.scratch, bs).view(1, -1)
         if self.attention == "flex":  # the pool read in place: a block mask, no gather, no dense mask
-            positions_p = pool.kv.shape[3]
-            pad = positions_p // bs if packed.device.type == "cpu" else None
-            mask = pool_block_mask(blocks, past, n_rows, sees, self.block_pos, bs, positions_p, pad)
+            mask = pool_block_mask(rows, sees, self.block_pos, bs, pool.kv.shape[3])
             self.cache.plan = BatchPlan(write_pos, None, k)
-        else:
-            mask = mask_from_ancestors(sees, past, n_rows, k, target.dtype)  # [B, 1, T, K]
-            key_pos = physical(blocks, torch.arange(k, device=packed.device).expand(b, k), bs)  # [B, K]
-            self.cache.plan = BatchPlan(write_pos, key_pos, k)
+        else:  # every session's keys gathered one after another, a dense mask over them
+            mask = rows_sdpa_mask(rows, sees, k, self.target.dtype)
+            self.cache.plan = BatchPlan(write_pos, key_positions(rows, k, bs), bucket.seqs * k)
         try:
-            hidden = target.decode(ids, positions, mask, self.cache)  # [B, T, E]
+            hidden = self.target.decode(rows.ids.view(1, -1), rows.positions.view(1, -1), mask, self.cache)
         finally:
             self.cache.plan = None
+        return hidden[0], sees
 
-        logits = target.logits(hidden.reshape(b * t, -1).index_select(0, head), logits_out)  # [R, V]
-        best = torch.full((b * t,), -1, dtype=torch.long, device=packed.device)
-        best = best.index_copy(0, head, logits.argmax(-1)).view(b, t)  # [B, T]
-        accepted = greedy_accept(ids, parents, best, logits_from, n_rows, accept.bool(), sees)  # [B, T]
-        compact_kv(pool.kv, blocks, past, logits_from, positions, accepted, pool.scratch, bs)
-        return StepOutput(hidden, logits, torch.stack([best, accepted.long()], 1))
+    def head(self, hidden: torch.Tensor, head: torch.Tensor,
+             best: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The LM head on the head rows alone: (float32 logits [R, V], best [N] with -1 off the head rows).
+        best: a [N] long buffer to write the argmax into (a captured ``finish`` reads it from there)."""
+        picked = hidden.index_select(0, head)
+        if self.bf16_argmax:  # softcapping (tanh) keeps the order, so the raw output's argmax is the logits'
+            raw = self.lm_head(picked)
+            best_head, logits = raw.argmax(-1), raw.float()
+            if self.target.logit_softcap is not None:
+                logits = torch.tanh(logits / self.target.logit_softcap) * self.target.logit_softcap
+        else:
+            logits = self.target.logits(picked)
+            best_head = logits.argmax(-1)
+        if best is None:
+            best = torch.empty(hidden.shape[0], dtype=torch.long, device=hidden.device)
+        return logits, best.fill_(-1).index_copy_(0, head, best_head)
+
+    def finish(self, packed: torch.Tensor, bucket: Bucket, sees: torch.Tensor, best: torch.Tensor) -> torch.Tensor:
+        """Greedy acceptance and KV compaction for the sessions that ask; the readback [2, N]."""
+        rows = unpack(packed, bucket)
+        accepted = accept_rows(rows, best, sees)
+        compact_rows(self.pool.kv, rows, accepted, self.pool.scratch, bucket.block)
+        return torch.stack([best, accepted.long()])

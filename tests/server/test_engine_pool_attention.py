@@ -6,6 +6,7 @@ tokens identical to SDPA's and to the generic engine's, and the compiled step to
 from __future__ import annotations
 
 import random
+from dataclasses import fields
 
 import pytest
 import torch
@@ -14,6 +15,8 @@ from edgespec.server.device_accept import physical
 from edgespec.server.engine import Work
 from edgespec.server.engine_attention import pool_attention_forward, pool_block_mask
 from edgespec.server.engine_masks import ancestor_mask, mask_from_ancestors
+from edgespec.server.engine_rows import Rows, sees_rows
+from edgespec.server.engine_step import Bucket, pack_batch, unpack
 from edgespec.shared.tree import ROOT, DraftTree
 
 H_Q, H_KV, D, BS = 6, 1, 16, 4  # 6 query heads on one KV head; blocks of 4 positions
@@ -38,10 +41,10 @@ def batch_of(rng: random.Random, kind: str) -> list[tuple[int, Work]]:
     return [one(k) for k in kinds]
 
 
-def setup(rng: random.Random, items: list[tuple[int, Work]], batch: int):
+def setup(rng: random.Random, items: list[tuple[int, Work]], seqs: int, pad_rows: int):
     """A pool of random K/V, block tables out of order (sessions 0 and 1 sharing their first block, as a
-    restored prefix does), and the step's tensors for `batch` batch rows (rows past the items are padding)."""
-    t = max(len(w) for _, w in items)
+    restored prefix does), and the step's rows (``engine_rows.Rows``) for `seqs` table rows (past the items:
+    padding sessions) and `pad_rows` padding rows after the items' rows."""
     ends = [p + len(w) for p, w in items]
     mb = -(-max(ends) // BS)
     n_blocks = sum(-(-e // BS) for e in ends) + 1
@@ -55,14 +58,14 @@ def setup(rng: random.Random, items: list[tuple[int, Work]], batch: int):
         if i == 1 and tables and items[0][0] >= BS and items[1][0] >= BS:
             own[0] = tables[0][0]  # a shared full block of the past, at the same logical index
         tables.append(own + [scratch] * (mb - need))
-    tables += [[scratch] * mb] * (batch - len(items))
-    pad = lambda v, fill: list(v) + [fill] * (t - len(v))  # noqa: E731
     works = [w for _, w in items]
-    parents = torch.tensor([pad(w.parents, -1) for w in works] + [[-1] * t] * (batch - len(items)))
-    positions = torch.tensor([pad(w.positions, 0) for w in works] + [[0] * t] * (batch - len(items)))
-    past = torch.tensor([p for p, _ in items] + [0] * (batch - len(items)))
-    n_rows = torch.tensor([len(w) for w in works] + [0] * (batch - len(items)))
-    return kv, torch.tensor(tables), parents, positions, past, n_rows, scratch
+    rows = sum(len(w) for w in works) + pad_rows
+    bucket = Bucket(rows, seqs, mb * BS, BS)
+    flat = pack_batch([(t, p, w, False) for t, (p, w) in zip(tables, items)], bucket, scratch, [])
+    rows = unpack(torch.tensor(flat), bucket)  # views of one packed tensor, as in the step; compiled apart from the
+    # step, each field is its own input (views of one base passed as inputs get a synthetic base, which the CPU's
+    # FlexAttention kernel does not take as a buffer)
+    return kv, Rows(**{f.name: getattr(rows, f.name).clone() for f in fields(Rows)}), scratch
 
 
 class Heads(torch.nn.Module):
@@ -70,27 +73,33 @@ class Heads(torch.nn.Module):
 
 
 def pool_and_sdpa(rng: random.Random, kind: str, compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """The pool attention over one run of rows (3 padding rows, a padding session), and per session SDPA over its
+    own keys gathered in logical order with the dense tree mask, as a batch of one: [N, H_q, D] each."""
     items = batch_of(rng, kind)
-    batch = len(items) + 1  # a batch row of padding too
-    kv, tables, parents, positions, past, n_rows, scratch = setup(rng, items, batch)
-    t, k = parents.shape[1], tables.shape[1] * BS
-    query = torch.randn(batch, H_Q, t, D)
-    sees = ancestor_mask(parents, positions)
+    kv, rows, scratch = setup(rng, items, len(items) + 1, 3)
+    n = rows.ids.shape[0]
+    query = torch.randn(1, H_Q, n, D)
+    sees = sees_rows(rows)
     block_pos = torch.zeros(scratch + 1, dtype=torch.long)
 
-    def pool_path(query, keys, values, tables, past, n_rows, sees, block_pos):
-        mask = pool_block_mask(tables, past, n_rows, sees, block_pos, BS, keys.shape[2], keys.shape[2] // BS)
+    def pool_path(query, keys, values, rows, sees, block_pos):
+        mask = pool_block_mask(rows, sees, block_pos, BS, keys.shape[2])
         return pool_attention_forward(Heads(), query, keys, values, mask, scaling=D ** -0.5)[0]
 
     run = torch.compile(pool_path, fullgraph=True, dynamic=False) if compiled else pool_path
-    got = run(query, kv[0][None], kv[1][None], tables, past, n_rows, sees, block_pos)  # [B, T, H_q, D]
-    key_pos = physical(tables, torch.arange(k).expand(batch, k), BS)  # [B, K]
-    keys = kv[0][:, key_pos].transpose(0, 1)  # [B, H_kv, K, D]: gathered, the SDPA path's read
-    values = kv[1][:, key_pos].transpose(0, 1)
-    dense = mask_from_ancestors(sees, past, n_rows, k, torch.float32)
+    got = run(query, kv[0][None], kv[1][None], rows, sees, block_pos)[0]  # [N, H_q, D]
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    want = sdpa_attention_forward(Heads(), query, keys, values, dense, scaling=D ** -0.5)[0]
+    want = torch.zeros_like(got)
+    k = rows.blocks.shape[1] * BS
+    for i, (past, w) in enumerate(items):
+        start, t = int(rows.start[i]), len(w)
+        key_pos = physical(rows.blocks[i:i + 1], torch.arange(k).view(1, k), BS)  # [1, K]
+        keys, values = kv[0][:, key_pos].transpose(0, 1), kv[1][:, key_pos].transpose(0, 1)  # [1, H_kv, K, D]
+        own = ancestor_mask(torch.tensor([w.parents]), torch.tensor([w.positions]))
+        dense = mask_from_ancestors(own, torch.tensor([past]), torch.tensor([t]), k, torch.float32)
+        want[start:start + t] = sdpa_attention_forward(Heads(), query[:, :, start:start + t], keys, values, dense,
+                                                       scaling=D ** -0.5)[0][0]
     return got, want, items
 
 
@@ -98,9 +107,9 @@ def pool_and_sdpa(rng: random.Random, kind: str, compiled: bool = False) -> tupl
 @pytest.mark.parametrize("seed", range(3))
 def test_pool_attention_equals_sdpa_over_gathered_keys(kind, seed):
     got, want, items = pool_and_sdpa(random.Random(seed), kind)
-    for i, (_, w) in enumerate(items):  # real rows only: padding rows' outputs are never read
-        torch.testing.assert_close(got[i, :len(w)], want[i, :len(w)], rtol=1e-5, atol=1e-5)
-    assert torch.equal(got[len(items)], torch.zeros_like(got[len(items)]))  # a padding batch row sees no key
+    real = sum(len(w) for _, w in items)  # padding rows' outputs are never read
+    torch.testing.assert_close(got[:real], want[:real], rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[real:], torch.zeros_like(got[real:]))  # a padding row sees no key
 
 
 @pytest.mark.slow
@@ -110,5 +119,5 @@ def test_compiled_pool_attention_equals_sdpa():
 
     torch._dynamo.reset()
     got, want, items = pool_and_sdpa(random.Random(7), "mixed", compiled=True)
-    for i, (_, w) in enumerate(items):
-        torch.testing.assert_close(got[i, :len(w)], want[i, :len(w)], rtol=1e-5, atol=1e-5)
+    real = sum(len(w) for _, w in items)
+    torch.testing.assert_close(got[:real], want[:real], rtol=1e-5, atol=1e-5)
