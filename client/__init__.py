@@ -21,10 +21,10 @@ _FACE = {  # name -> the module (under edgespec.client) that defines it
     # a client of a running server: its link, the target's tokenizer, chat prompts
     "EdgespecClient": "edge_client", "ClientConfig": "edge_client", "LinkConfig": "link",
     "load_tokenizer": "edge_client", "chat_prompt_ids": "edge_client", "eos_ids": "edge_client",
-    # one generation, on any verifier (a server's, or a VerifierCore's in this process), and its loop's modes
+    # one generation, on any verifier (a server's, or a VerifierCore's in this process), and its loop
     "Generation": "generation", "GenerationConfig": "generation", "TokenizerInfo": "generation",
     "TokenEvent": "generation", "RetractEvent": "generation", "Verifier": "verifier",
-    "InProcessTransport": "in_process", "loop_mode": "step_plan",
+    "InProcessTransport": "in_process", "LoopConfig": "step_plan",
     "verify_time": "planner",  # the server's verification time at a tree size, from its cost curve
     # a drafter by name, or one's own
     "DrafterOptions": "drafters.factory", "make_drafter": "drafters.factory", "BUILTIN": "drafters.factory",

@@ -29,9 +29,11 @@ class ProgressBar:
 def drafter_client(address: str, drafter: str, config, tokenizer=None, instance=None):
     """A client of `drafter` for the experiment's BenchConfig `config`; `instance`: an already loaded drafter of
     that name to reuse."""
-    from edgespec.client import ClientConfig, DrafterOptions, EdgespecClient, LinkConfig, loop_mode
+    from edgespec.client import ClientConfig, DrafterOptions, EdgespecClient, LinkConfig
 
-    drafter, loop = loop_mode(drafter)  # "independent@serial": the serial loop (client/step_plan.py LOOP_MODES)
+    from .loop_modes import loop_mode
+
+    drafter, loop = loop_mode(drafter)  # "independent@serial": the serial loop (loop_modes.LOOP_MODES)
     options = DrafterOptions(**drafter_shape(drafter), model=config.drafter_model, target=config.model)
     return EdgespecClient(ClientConfig(LinkConfig(address), options, tokenizer=config.drafter_model, loop=loop),
                           tokenizer=tokenizer, drafter=instance)

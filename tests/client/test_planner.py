@@ -219,23 +219,11 @@ def test_loop_config_says_what_is_wrong():
         LoopConfig(explore_share=-0.1)
 
 
-def test_loops_by_name_and_by_flag(capsys):
+def test_loops_by_flag(capsys):
     import argparse
 
     from edgespec.client.cli import add_loop_arguments, loop_config
-    from edgespec.client.step_plan import LOOP_MODES, loop_mode
 
-    assert loop_mode("independent") == ("independent", LoopConfig())
-    assert loop_mode("ngram@serial") == ("ngram", LoopConfig(pipeline=False, tree="fixed"))
-    assert set(LOOP_MODES) == {"serial", "pipelined", "auto-serial", "auto", "auto-1", "auto-unqueued",
-                               "auto-finish-missed", "auto-by-path", "auto-no-overlap", "auto-unsettled"}
-    assert loop_mode("independent@auto-finish-missed") == ("independent", LoopConfig(stop_missed=False))
-    assert loop_mode("independent@auto-by-path") == ("independent", LoopConfig(depth_by_path=True))
-    assert loop_mode("ngram@auto-1") == ("ngram", LoopConfig(decode_ahead=1, queue_plain=False))
-    assert loop_mode("independent:2x6x8@0.1@pipelined") == ("independent:2x6x8@0.1", LoopConfig(tree="fixed"))
-    assert loop_mode("independent:2x6x8@0.1") == ("independent:2x6x8@0.1", LoopConfig())
-    with pytest.raises(ValueError, match="unknown loop 'fast'"):
-        loop_mode("ngram@fast")
     p = argparse.ArgumentParser()
     add_loop_arguments(p)
     assert loop_config(p.parse_args([])) == LoopConfig()  # the CLI's default: auto, pipelined

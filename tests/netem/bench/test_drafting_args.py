@@ -92,7 +92,7 @@ def test_a_systems_drafter_weights_ride_in_its_name():
     import argparse
 
     from edgespec.client.drafters.tree_builder import TreeShape
-    from edgespec.client.step_plan import loop_mode
+    from edgespec.netem.bench.loop_modes import loop_mode
     from edgespec.netem.bench.systems import drafter_shape
 
     name, _ = loop_mode("independent+int8:2x6x8@0.1@serial")
