@@ -7,7 +7,8 @@ seen (``snapshots/tokens-*/``); this scores each of them, and the run's last dra
 target's greedy answers (``--max-tokens``) to the first HumanEval prompts and MT-Bench first turns, which no
 training set holds (the data builder refuses them). From every answer position a greedy chain of ``--depth``
 tokens is drafted as the client drafts it (the target's features of the verified text, the draft
-vocabulary the client opens with: ``--draft-vocab`` most frequent ids plus the prompt's) and scored by the
+vocabulary the client opens with: ``--draft-vocab`` most frequent ids plus the prompt's; the LM head in
+int8, ``--head``) and scored by the
 trainer's acceptance: the tokens accepted before the first miss, where the answer follows the target.
 Mean accepted + 1 is the tau of a one-chain tree (a tree's is higher).
 
@@ -35,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=8, help="prompts the target answers together")
     p.add_argument("--dtype", default=None, help="the target's dtype for the answers and their features (default: "
                    "bf16 where the CPU has it, as the server runs it); an evaluation folder keeps its first one")
+    p.add_argument("--head", choices=("int8", "bfloat16", "float32"), default="int8",
+                   help="the LM head's precision (default int8, as the client drafts on a CPU)")
     add_prompt_arguments(p, humaneval=20, mtbench=20, max_tokens=128, drafter_model=False)
 
 
@@ -44,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     eval_dir = args.eval_dir or Path(os.environ.get("EDGESPEC_HOME", Path.home() / ".cache" / "edgespec")) \
         / "train" / "eval-answers"
     store = eval_store(args.target, eval_dir, chosen_prompts(args), args.max_tokens, args.batch_size, args.dtype)
-    scorer = Scorer(args.target, store, args.draft_vocab, args.depth)
+    scorer = Scorer(args.target, store, args.draft_vocab, args.depth, args.head)
     rows = []
     for run_dir in args.runs:
         for point in curve_points(run_dir):
@@ -143,14 +146,14 @@ def curve_points(run_dir: Path) -> list[dict]:
 class Scorer:
     """Scores drafters on the evaluation store, with the target's parts loaded once per TLI depth."""
 
-    def __init__(self, target: str, store, draft_vocab: int, depth: int):
+    def __init__(self, target: str, store, draft_vocab: int, depth: int, head: str = "int8"):
         from transformers import AutoTokenizer
 
         from edgespec.client import draft_vocab_ids
         from edgespec.shared.fingerprint import tokenizer_fingerprint
         from edgespec.shared.models.loading import model_location
 
-        self.target, self.store, self.depth = target, store, depth
+        self.target, self.store, self.depth, self.head = target, store, depth, head
         tok = AutoTokenizer.from_pretrained(model_location(target))
         self.vocab_ids = draft_vocab_ids(tok, tokenizer_fingerprint(tok), draft_vocab, len(tok)) if draft_vocab else None
         self._parts: dict[int, object] = {}
@@ -159,12 +162,11 @@ class Scorer:
     def parts(self, tli: int):
         import torch
 
-        from edgespec.shared.device import cpu_has_native_bf16
         from edgespec.shared.drafters.target_parts import load_target_parts
 
-        if tli not in self._parts:  # the LM head in bf16 where the CPU has it, as the client runs it
+        if tli not in self._parts:  # the LM head as asked (int8 by default, as the client runs it on a CPU)
             self._parts[tli] = load_target_parts(self.target, tli, self.vocab_ids, torch.float32,
-                                                 torch.bfloat16 if cpu_has_native_bf16() else None)
+                                                 getattr(torch, self.head))
         return self._parts[tli]
 
     def score(self, path: Path) -> dict:
