@@ -23,7 +23,9 @@ own session's keys, and masked keys weigh exactly zero.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
+import weakref
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
@@ -35,6 +37,7 @@ from edgespec.shared.tree import MAX_NODES
 from .device_accept import accepted_nodes
 from .engine import Engine, ForwardOutput, Work
 from .engine_graphs import CompiledRunner, EagerRunner, GraphRunner
+from .engine_fusion import Fusion, set_fusion
 from .engine_kv import BLOCK_SIZE, KVPool, PagedKV, PoolCache, session_tokens
 from .engine_masks import round_up
 from .engine_step import Bucket, DeviceStep, pack_batch
@@ -43,7 +46,10 @@ from .errors import InvalidRequestError
 from .target import TargetModel
 
 
+log = logging.getLogger("edgespec.server")
+
 FLEX_BLOCK_SIZE = 64  # the pool's block with the pool attention (``PoolConfig.block_size``)
+RECOMPUTE_CHUNK = 512  # rows of one forward re-prefilling a preempted session (the scheduler's prompt chunk)
 API_SEQS = 8  # sequences a server adds to max_sessions for plain-API generations running at once
 
 
@@ -75,6 +81,7 @@ class PoolConfig:
     key_growth: int = 4  # each key bucket this many times the last (coarse: few shapes, at most 4x the keys)
     prefix_cache_bytes: int = 0  # KV the prefix cache may keep in the pool (its blocks are the pool's)
     bf16_argmax: bool = False  # the argmax of the LM head's own output (bf16 on a GPU), not of its float32 copy
+    fusion: Fusion = Fusion()  # merged projections and fused norms in the target's decoder (``engine_fusion``)
     sdpa_grid_limit: int = 1 << 26  # with SDPA, a bucket whose dense mask (rows x sessions x keys) is larger runs
     # eagerly rather than being captured (the pool attention has no such mask)
     attention: str = "auto"  # "flex": the pool read in place through a block mask (``engine_attention``);
@@ -109,11 +116,16 @@ class BatchedEngine(Engine):
         self.pool = KVPool(target.num_layers, target.num_kv_heads, target.head_dim, blocks, config.block_size,
                            target.dtype, target.device)
         self.cache = PoolCache(self.pool, target.num_layers)
+        self._kvs: weakref.WeakSet[PagedKV] = weakref.WeakSet()  # every live session's KV: preemption's candidates
+        self.preemptions = 0  # sessions preempted so far (their blocks given back, recomputed later)
+        self.pool.preemptors.append(self._preempt_one)
         self.key_buckets = key_buckets(config.session_tokens, config.first_key_bucket, config.key_growth,
                                        config.block_size)
         self.attention = config.attention
         if self.attention == "flex":
             use_pool_attention(target)
+        # the model is shared (one target a process): every batched engine sets its fusions, on or off
+        self.fusion = set_fusion(target.model, config.fusion)
         self.step = DeviceStep(target, self.pool, self.cache, self.attention, config.bf16_argmax)
         self.timer = ForwardTimer(target.device)
         if config.compile_backend:
@@ -140,9 +152,11 @@ class BatchedEngine(Engine):
         shapes = "shape buckets" if self.config.shape_buckets else "exact shapes"
         if isinstance(self.runner, GraphRunner):
             shapes += f", {len(self.runner.graphs)} graph pairs captured in {self.runner.capture_s:.1f} s"
+        fused = [name for name, on in vars(self.fusion).items() if on] + (["bf16 argmax"] if self.config.bf16_argmax
+                                                                           else [])
         return (f"batched (paged KV: {p.blocks} blocks of {p.block_size} tokens, "
                 f"{p.kv.nbytes / 2**30:.2f} GiB on {p.kv.device}; attention: {self.attention}; "
-                f"step: {self.runner.kind}, {shapes})")
+                f"step: {self.runner.kind}, {shapes}; fused: {', '.join(fused) or 'none'})")
 
     def session_kv_bytes(self, budget: int) -> int:
         """Sessions report the blocks they hold; the store evicts the least recently used past the pool less
@@ -154,7 +168,22 @@ class BatchedEngine(Engine):
         return max(self.pool.blocks // 2, self.pool.blocks - headroom, 1) * self.pool.block_bytes
 
     def new_kv(self) -> PagedKV:
-        return PagedKV(self.pool)
+        kv = PagedKV(self.pool)
+        self._kvs.add(kv)
+        return kv
+
+    def _preempt_one(self) -> bool:
+        """The pool is short of blocks: give back the blocks of the session that ran least recently among those
+        that hold blocks, wait for no forward and know their tokens; it is re-prefilled before its next forward
+        (vLLM's recompute preemption). False when no session can be preempted."""
+        victim = min((kv for kv in list(self._kvs) if kv.preemptible), key=lambda kv: kv.last_used, default=None)
+        if victim is None:
+            return False
+        log.info("KV pool short of blocks: preempting a session of %d tokens (%d blocks), recomputed at its next "
+                 "forward", len(victim), len(victim.blocks))
+        victim.preempt()
+        self.preemptions += 1
+        return True
 
     def check(self, kv: SessionKV, work: Work) -> None:
         """Refuse work past a session's reach, and take the blocks its rows need now: a short pool fails this
@@ -163,7 +192,12 @@ class BatchedEngine(Engine):
         if end > self.config.session_tokens:
             raise InvalidRequestError(f"a session would hold {end} tokens of KV; one session holds at most "
                                       f"{self.config.session_tokens}")
-        kv.grow_to(end)
+        kv.pinned = True  # from now until its forward: another session's shortage must not preempt it
+        try:
+            kv.grow_to(end)
+        except BaseException:
+            kv.pinned = False
+            raise
 
     def cost(self, items: Sequence[Work]) -> int:
         rows = sum(len(w) for w in items)
@@ -183,8 +217,31 @@ class BatchedEngine(Engine):
         keys = min(round_up(round_up(end, cfg.key_bucket), cfg.block_size), cfg.session_tokens)
         return Bucket(rows, len(works), keys, cfg.block_size), False
 
-    @torch.no_grad()  # not inference_mode: a compiled step cannot take inference tensors (aot_autograd)
     def run(self, items: Sequence[tuple[SessionKV, Work]]) -> list[ForwardOutput]:
+        """The batch's forward, after recomputing the KV of any of its sessions that was preempted."""
+        for kv, _ in items:
+            kv.pinned = True  # a recompute below may need blocks: not from this batch's sessions
+        try:
+            for kv, _ in items:
+                if kv.preempted:
+                    self._recompute(kv)
+            return self._forward(items)
+        finally:
+            for kv, _ in items:
+                kv.pinned = False
+                kv.last_used = self.times.steps
+
+    def _recompute(self, kv: PagedKV) -> None:
+        """Re-prefill a preempted session's tokens into blocks of its own (``check`` took them back already for
+        a scheduler's item), in chunks of RECOMPUTE_CHUNK rows."""
+        tokens = list(kv.tokens)
+        kv.preempted, kv.length, kv.tokens = False, 0, []
+        kv.grow_to(len(tokens))
+        for start in range(0, len(tokens), RECOMPUTE_CHUNK):
+            self._forward([(kv, Work.chunk(tokens[start:start + RECOMPUTE_CHUNK], start, logits=False))])
+
+    @torch.no_grad()  # not inference_mode: a compiled step cannot take inference tensors (aot_autograd)
+    def _forward(self, items: Sequence[tuple[SessionKV, Work]]) -> list[ForwardOutput]:
         t0 = time.perf_counter_ns()
         kvs = [kv for kv, _ in items]
         works = [w for _, w in items]
@@ -214,6 +271,7 @@ class BatchedEngine(Engine):
             n, lf = len(w), w.logits_from
             accepted = accepted_nodes(flags, w.positions, lf) if w.accept else None
             kv.length = p + (lf + 1 + len(accepted) if accepted is not None else n)
+            kv.record(p, w.ids if accepted is None else w.ids[:lf + 1] + tuple(w.ids[lf + 1 + a] for a in accepted))
             last = lf + 1 + accepted[-1] if accepted else lf
             results.append(ForwardOutput(out.hidden[s:s + n], out.logits[offsets[i]:offsets[i] + n - lf], 0,
                                          best=best[lf:n], accepted=accepted,

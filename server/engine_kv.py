@@ -62,6 +62,8 @@ class KVPool:
         self._lock = threading.RLock()  # re-entrant: a finaliser may run while this thread holds it
         self.reclaimers: list[Callable[[], bool]] = []  # called when short of blocks: each frees what it can
         # spare (the prefix cache's least recently used prefix) and says whether it freed anything
+        self.preemptors: list[Callable[[], bool]] = []  # called when the reclaimers could not free enough: each
+        # preempts a session whose KV can be recomputed (``PagedKV.preempt``) and says whether it did
 
     @staticmethod
     def bytes_per_block(num_layers: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype) -> int:
@@ -79,8 +81,9 @@ class KVPool:
 
     def acquire(self, n: int) -> list[int]:
         """n free blocks (reference count 1). Short of them, the reclaimers free what they can spare, then a
-        collection frees dropped sessions caught in reference cycles; still short, a SessionCapError."""
-        for attempt in range(3):
+        collection frees dropped sessions caught in reference cycles, then the preemptors free idle sessions'
+        blocks (recomputed later); still short, a SessionCapError."""
+        for attempt in range(4):
             with self._lock:
                 if len(self._free) >= n:
                     out = [self._free.pop() for _ in range(n)]
@@ -91,8 +94,11 @@ class KVPool:
             if attempt == 0:
                 while self.free < n and any(reclaim() for reclaim in self.reclaimers):
                     pass
-            else:
+            elif attempt == 1:
                 gc.collect()
+            elif attempt == 2:
+                while self.free < n and any(preempt() for preempt in self.preemptors):
+                    pass
         raise SessionCapError(f"the KV pool has {self.free} free blocks of {self.blocks} and {n} are needed; close "
                               f"finished sessions, retry later, or give the server more KV memory "
                               f"(--gpu-memory-utilization, --max-kv-gb)")
@@ -129,6 +135,13 @@ class PagedKV(SessionKV):
         self.pool = pool
         self.blocks: list[int] = []  # mutated in place: the finaliser holds this list
         self.length = 0
+        # the token at each position, while known (None: restored from a prefix snapshot, whose tokens the KV does
+        # not see): what a preempted session is recomputed from. A position's RoPE position is its index (kept
+        # rows are compacted to their depth), so the tokens alone rebuild the KV.
+        self.tokens: list[int] | None = []
+        self.preempted = False  # its blocks were given back; the engine re-prefills ``tokens`` before its next forward
+        self.pinned = False  # work of it is checked and waits for a forward: not to be preempted
+        self.last_used = 0  # the engine's step count at its last forward (preemption takes the least recent)
         # the blocks go back to the pool when the session is dropped with it, whoever drops it
         self._release = weakref.finalize(self, pool.release, self.blocks)
 
@@ -136,7 +149,8 @@ class PagedKV(SessionKV):
         pass  # blocks are taken as the session grows (``grow_to``), not up front
 
     def grow_to(self, tokens: int) -> None:
-        """Hold blocks for `tokens` positions (what the next forward writes reaches)."""
+        """Hold blocks for `tokens` positions (what the next forward writes reaches; a preempted KV takes its whole
+        length's again, which its recompute writes)."""
         need = -(-tokens // self.pool.block_size) - len(self.blocks)
         if need > 0:
             self.blocks.extend(self.pool.acquire(need))
@@ -144,8 +158,37 @@ class PagedKV(SessionKV):
     def __len__(self) -> int:
         return self.length
 
+    @property
+    def preemptible(self) -> bool:
+        """Holds blocks it could give back and knows the tokens to recompute them from."""
+        return (bool(self.blocks) and not self.pinned and not self.preempted and self.tokens is not None
+                and len(self.tokens) == self.length)
+
+    def preempt(self) -> None:
+        """Give every block back and keep the length and tokens: vLLM's recompute preemption."""
+        self.pool.release(self.blocks)
+        self.blocks.clear()
+        self.preempted = True
+
+    def require_blocks(self) -> None:
+        """Refuse to hand out positions a preempted KV does not hold (a prefix snapshot of it) until recomputed."""
+        if self.preempted:
+            raise SessionCapError("the session's KV was preempted for other sessions and is recomputed at its next "
+                                  "forward")
+
+    def record(self, past: int, ids: Sequence[int]) -> None:
+        """The tokens at positions past.. are ids (what a forward wrote there)."""
+        if self.tokens is not None and len(self.tokens) >= past:
+            self.tokens[past:] = ids
+        else:  # positions before these were filled without their tokens (a restored prefix): unknown from now on
+            self.tokens = None
+
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
+        if self.tokens is not None:
+            del self.tokens[self.length:]
+        if self.preempted:  # no blocks to give back or to make private
+            return
         bs, pool = self.pool.block_size, self.pool
         keep = -(-self.length // bs)
         if len(self.blocks) > keep:
@@ -160,6 +203,9 @@ class PagedKV(SessionKV):
 
     def keep_rows(self, past_len: int, rows: Sequence[int]) -> None:
         rows = list(rows)
+        self.require_blocks()
+        if self.tokens is not None:
+            self.tokens[past_len:] = [self.tokens[past_len + r] for r in rows]
         if rows and rows != list(range(len(rows))):
             pool = self.pool
             src = torch.tensor(pool.positions(self.blocks, past_len, past_len + max(rows) + 1), dtype=torch.long,
@@ -171,6 +217,7 @@ class PagedKV(SessionKV):
         self.length = past_len + len(rows)
 
     def layer_kv(self, start: int, end: int) -> torch.Tensor:
+        self.require_blocks()
         index = torch.tensor(self.pool.positions(self.blocks, start, end), dtype=torch.long,
                              device=self.pool.kv.device)
         kv = self.pool.kv[:, :, :, index]  # [L, 2, H_kv, T, D]
@@ -184,6 +231,7 @@ class PagedKV(SessionKV):
         self.pool.release(self.blocks)
         self.blocks.clear()
         self.length = 0
+        self.tokens, self.preempted, self.pinned = [], False, False
 
 
 @dataclass

@@ -4,7 +4,8 @@
     python -m edgespec.server.gpu_check --model /tmp/rnd-1.5b --out gpu_check.json
 
 For each switch of the step (``SWITCHES``: the attention, SDPA over gathered keys against FlexAttention
-over the pool in place, with or without CUDA graphs) it builds the engine, opens 1, 8 and 16 sessions at
+over the pool in place, with or without CUDA graphs; then the decoder's fusions, ``engine_fusion``, and the
+argmax on the head's own output, each alone and all together) it builds the engine, opens 1, 8 and 16 sessions at
 --context tokens, and times the step alone (``StepTimes.device_ns``: CUDA events around the graph replay
 or the eager step) for a decode step (one row a session) and a verification of a --tree-nodes tree a
 session, median of --repeats, each session's KV held at the same length; then again at --long-context
@@ -34,11 +35,30 @@ from dataclasses import dataclass, field
 import torch
 import torch._dynamo
 
-SWITCHES = {  # name -> (attention, CUDA graphs, KV block size; 0: the engine's default for that attention)
-    "sdpa-graphs": ("sdpa", True, 0),  # before: keys gathered per session, a dense mask, a graph per bucket
-    "flex-graphs": ("flex", True, 0),  # after: the pool read in place through a block mask, a graph per bucket
-    "flex-graphs-block128": ("flex", True, 128),  # the same with FlexAttention's default tile as the block
-    "flex-eager": ("flex", False, 0),  # without graphs (launch overhead shows)
+from .engine_fusion import Fusion
+
+@dataclass(frozen=True)
+class Switch:
+    """One way of running the step that the check measures."""
+
+    attention: str  # "sdpa" or "flex" (``PoolConfig.attention``)
+    graphs: bool  # CUDA graphs per bucket (on a GPU)
+    block_size: int = 0  # KV block size; 0: the engine's default for that attention
+    fusion: Fusion = Fusion()  # merged projections, fused norms (``engine_fusion``)
+    bf16_argmax: bool = False  # the argmax of the head's own output, not of its float32 copy
+
+
+ALL_FUSED = Fusion(qkv=True, gate_up=True, norm=True)
+SWITCHES = {
+    "sdpa-graphs": Switch("sdpa", True),  # before: keys gathered per session, a dense mask, graphs per bucket
+    "flex-graphs": Switch("flex", True),  # after: the pool read in place through a block mask, graphs per bucket
+    "flex-graphs-block128": Switch("flex", True, 128),  # the same with FlexAttention's default tile as the block
+    "flex-eager": Switch("flex", False),  # without graphs (launch overhead shows)
+    # each fusion alone on flex-graphs, then all of them: before (flex-graphs) and after
+    "flex-graphs-qkv-gate-up": Switch("flex", True, fusion=Fusion(qkv=True, gate_up=True)),
+    "flex-graphs-rmsnorm": Switch("flex", True, fusion=Fusion(norm=True)),
+    "flex-graphs-bf16-argmax": Switch("flex", True, bf16_argmax=True),
+    "flex-graphs-fused": Switch("flex", True, fusion=ALL_FUSED, bf16_argmax=True),
 }
 
 
@@ -47,6 +67,7 @@ class SwitchResult:
     attention: str
     graphs: bool
     block_size: int = 0
+    fused: list[str] = field(default_factory=list)  # the fusions the engine runs with (what applied)
     start_s: float = 0.0  # engine build (and graph capture)
     decode_ms: dict[int, float] = field(default_factory=dict)  # sessions -> median step alone
     tree_ms: dict[int, float] = field(default_factory=dict)
@@ -62,6 +83,8 @@ class SwitchResult:
     agreement: float | None = None  # pool attention: share of a verification's argmax rows equal to SDPA's (random
     # weights give nearly flat logits, so in bf16 a rounding apart can flip a row: read it beside the next one)
     max_hidden_diff: float | None = None  # and the largest difference of their final hidden states
+    fused_agreement: float | None = None  # with fusions: the same two figures against the unfused step
+    fused_max_hidden_diff: float | None = None
     describe: str = ""
     error: str | None = None
 
@@ -73,8 +96,7 @@ def random_tree(rng: random.Random, nodes: int, vocab: int):
     return DraftTree(tuple(rng.randrange(vocab) for _ in range(nodes)), parents)
 
 
-def build(target, attention: str, graphs: bool, block_size: int, sessions: list[int], contexts: list[int],
-          tree_nodes: int, kv_bytes: int):
+def build(target, switch: Switch, sessions: list[int], contexts: list[int], tree_nodes: int, kv_bytes: int):
     """The engine for one switch; with graphs (CUDA only), captured for the measured buckets alone, so start-up
     stays short (the server captures a whole grid)."""
     from .engine import Work
@@ -83,11 +105,12 @@ def build(target, attention: str, graphs: bool, block_size: int, sessions: list[
 
     cuda = target.device.type == "cuda"
     config = PoolConfig(max_kv_bytes=kv_bytes, max_seqs=max(sessions), max_context_tokens=max(contexts) + 64,
-                        max_tree_nodes=tree_nodes, shape_buckets=cuda, graphs=False, attention=attention,
-                        block_size=block_size, max_batch=_pow2(max(sessions)),
-                        first_key_bucket=_pow2(min(contexts) + tree_nodes + 1))
+                        max_tree_nodes=tree_nodes, shape_buckets=cuda, graphs=False, attention=switch.attention,
+                        block_size=switch.block_size, max_batch=_pow2(max(sessions)),
+                        first_key_bucket=_pow2(min(contexts) + tree_nodes + 1), fusion=switch.fusion,
+                        bf16_argmax=switch.bf16_argmax)
     engine = BatchedEngine(target, config)
-    if graphs and cuda:  # the buckets the measured steps fall in, as the engine picks them
+    if switch.graphs and cuda:  # the buckets the measured steps fall in, as the engine picks them
         buckets = {engine.bucket([Work.chunk([1] * rows, 0)] * n, context + rows)[0]
                    for n in sessions for rows in (1, tree_nodes + 1) for context in contexts}
         engine.runner = GraphRunner(engine.step, buckets)
@@ -221,7 +244,7 @@ def server_start(target, context: int) -> dict:
     return out
 
 
-def inductor_kernels(target, attention: str, block_size: int, context: int, sessions: int, tree_nodes: int) -> int:
+def inductor_kernels(target, switch: Switch, context: int, sessions: int, tree_nodes: int) -> int:
     """Kernels Inductor generates for one compiled verification step of `sessions` sessions (its own engine: the
     graph compiled once for that bucket). A verification, not a decode step: on a CPU, Inductor's FlexAttention
     kernel takes no query of under four rows with grouped KV heads."""
@@ -232,8 +255,10 @@ def inductor_kernels(target, attention: str, block_size: int, context: int, sess
 
     torch._dynamo.reset()
     engine = BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_seqs=sessions, max_context_tokens=context + 64,
-                                              max_tree_nodes=16, attention=attention, block_size=block_size,
-                                              shape_buckets=True, compile_backend="inductor"))
+                                              max_tree_nodes=16, attention=switch.attention,
+                                              block_size=switch.block_size, shape_buckets=True,
+                                              compile_backend="inductor", fusion=switch.fusion,
+                                              bf16_argmax=switch.bf16_argmax))
     kvs = held_sessions(engine, sessions, context, min(1000, target.vocab_size), random.Random(0))
     metrics.reset()
     rng = random.Random(1)
@@ -268,6 +293,32 @@ def agreement(engine, kvs, works) -> tuple[float, float]:
     return sum(rows) / max(1, len(rows)), float((hidden_a - hidden_b).abs().max())
 
 
+def fused_agreement(engine, kvs, works) -> tuple[float, float]:
+    """The same step run eagerly with the engine's fusions and without any, from the same KV: (share of logits
+    rows whose argmax agrees, largest hidden-state difference)."""
+    from .engine_fusion import Fusion, set_fusion
+    from .engine_graphs import EagerRunner
+
+    runner, engine.runner = engine.runner, EagerRunner(engine.step)
+    own, own_argmax = engine.config.fusion, engine.step.bf16_argmax
+    lengths = [len(kv) for kv in kvs]
+    outs = []
+    try:
+        for fusion, bf16_argmax in ((own, own_argmax), (Fusion(), False)):
+            set_fusion(engine.target.model, fusion)
+            engine.step.bf16_argmax = bf16_argmax
+            got = engine.run(list(zip(kvs, works)))
+            outs.append(([o.best for o in got], torch.cat([o.hidden.float() for o in got])))
+            for kv, n in zip(kvs, lengths):
+                kv.crop(n)
+    finally:
+        set_fusion(engine.target.model, own)
+        engine.step.bf16_argmax, engine.runner = own_argmax, runner
+    (best_a, hidden_a), (best_b, hidden_b) = outs
+    rows = [x == y for a, b in zip(best_a, best_b) for x, y in zip(a, b)]
+    return sum(rows) / max(1, len(rows)), float((hidden_a - hidden_b).abs().max())
+
+
 def check(model: str, sessions: list[int], context: int, tree_nodes: int, repeats: int, budget_s: float,
           switches: list[str], kv_bytes: int, device: str | None = None, dtype: str | None = None,
           long_context: int = 0, start_context: int = 0, inductor: bool = False) -> dict:
@@ -286,8 +337,9 @@ def check(model: str, sessions: list[int], context: int, tree_nodes: int, repeat
     contexts = [context] + ([long_context] if long_context else [])
     long_sessions = [n for n in sessions if n <= 8]  # a long context for up to 8 sessions: the pool's memory
     for name in switches:
-        attention, graphs, block_size = SWITCHES[name]
-        result = SwitchResult(attention, graphs and target.device.type == "cuda", block_size)
+        switch = SWITCHES[name]
+        attention = switch.attention
+        result = SwitchResult(attention, switch.graphs and target.device.type == "cuda", switch.block_size)
         out["switches"][name] = result
         if time.perf_counter() - t0 > budget_s:
             result.error = f"skipped: past the {budget_s:.0f} s budget"
@@ -295,9 +347,10 @@ def check(model: str, sessions: list[int], context: int, tree_nodes: int, repeat
         try:
             torch._dynamo.reset()  # a switch starts from no compiled frames (nor frames another marked skipped)
             started = time.perf_counter()
-            engine = build(target, attention, graphs, block_size, sessions, contexts, tree_nodes, kv_bytes)
+            engine = build(target, switch, sessions, contexts, tree_nodes, kv_bytes)
             result.start_s = time.perf_counter() - started
             result.block_size = engine.config.block_size
+            result.fused = [k for k, on in vars(engine.fusion).items() if on] + (["bf16_argmax"] * switch.bf16_argmax)
             result.describe = engine.describe()
             rng = random.Random(0)
             for n in sessions:
@@ -306,9 +359,11 @@ def check(model: str, sessions: list[int], context: int, tree_nodes: int, repeat
                 result.tree_ms[n] = step_ms(engine, kvs, lambda ks: [
                     Work.tree(1, random_tree(rng, tree_nodes, vocab), len(kv), accept=True) for kv in ks], repeats)
                 if n == sorted(sessions)[len(sessions) // 2]:
+                    trees = [Work.tree(1, random_tree(rng, tree_nodes, vocab), len(kv)) for kv in kvs]
                     if attention == "flex":
-                        trees = [Work.tree(1, random_tree(rng, tree_nodes, vocab), len(kv)) for kv in kvs]
                         result.agreement, result.max_hidden_diff = agreement(engine, kvs, trees)
+                    if result.fused:
+                        result.fused_agreement, result.fused_max_hidden_diff = fused_agreement(engine, kvs, trees)
                     decode = [Work.chunk([1], len(kv)) for kv in kvs]
                     (result.kernels, result.attention_kernels, result.aten_ops_per_layer, result.aten_ops_step,
                      result.layer_ops) = profile_step(engine, kvs, decode)
@@ -325,7 +380,7 @@ def check(model: str, sessions: list[int], context: int, tree_nodes: int, repeat
             del engine
             if inductor:
                 try:
-                    result.inductor_kernels = inductor_kernels(target, attention, block_size, context,
+                    result.inductor_kernels = inductor_kernels(target, switch, context,
                                                                sorted(sessions)[len(sessions) // 2], tree_nodes)
                 except Exception as exc:  # noqa: BLE001 - recorded beside the switch's other figures
                     result.inductor_error = f"{type(exc).__name__}: {str(exc)[:300]}"

@@ -70,6 +70,7 @@ def take_snapshot(kv: SessionKV, length: int) -> KVSnapshot | BlockSnapshot:
     if not 0 < length <= len(kv):
         raise ValueError(f"a snapshot of {length} positions from a KV holding {len(kv)}")
     if isinstance(kv, PagedKV):
+        kv.require_blocks()  # a preempted session's positions are recomputed at its next forward, not held now
         return BlockSnapshot(kv.pool, _share_prefix(kv.pool, kv.blocks, length), length)
     assert isinstance(kv, DynamicKV)
     layers = kv.cache.layers

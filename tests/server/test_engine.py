@@ -21,7 +21,6 @@ from edgespec.server.engine import GenericEngine, Work
 from edgespec.server.engine_choice import batched_unsupported, build_engine, choose_engine
 from edgespec.server.engine_batched import BatchedEngine, PoolConfig
 from edgespec.server.engine_masks import batch_attention_mask
-from edgespec.server.errors import SessionCapError
 from edgespec.server.scheduler import ModelScheduler, SchedulerConfig
 from edgespec.server.session import ResumePolicy, VerifierSession
 from edgespec.server.target import TargetModel
@@ -210,8 +209,8 @@ def test_a_long_prefill_goes_in_chunks_behind_newer_work(target):
 
 
 def test_pool_keeps_rows_in_place_and_blocks_come_back(target):
-    """Blocks are taken as a session grows and given back when it ends; a short pool refuses the work of the
-    session that cannot grow, not a batch; nothing is reallocated."""
+    """Blocks are taken as a session grows and given back when it ends; a short pool preempts the idle session
+    (recomputed at its next forward) rather than refuse; nothing is reallocated."""
     engine = BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_seqs=1, max_context_tokens=40,
                                               max_tree_nodes=7))  # one session's reach: 48 tokens, 3 blocks
     scheduler = ModelScheduler(engine)
@@ -226,10 +225,13 @@ def test_pool_keeps_rows_in_place_and_blocks_come_back(target):
         assert engine.pool.kv.data_ptr() == address  # nothing reallocated
         assert first.kv_bytes == len(first.kv.blocks) * engine.pool.block_bytes
         second = VerifierSession(SessionSettings("b"), target, scheduler, 400)
-        with pytest.raises(SessionCapError, match="free blocks"):
-            second.open(list(range(30)))  # 2 blocks; the first holds 2 of 3
+        second.open(list(range(30)))  # 2 blocks; the first holds 2 of 3 and waits for nothing: it is preempted
+        assert engine.preemptions == 1 and first.kv.preempted and not first.kv.blocks
+        committed = list(first.committed)
+        first.verify(6, len(first.committed), DraftTree((1, 2, 3), (ROOT, 0, ROOT)))  # recomputed; b preempted
+        assert engine.preemptions == 2 and not first.kv.preempted and second.kv.preempted
+        assert first.committed[:len(committed)] == committed
         del first  # a dropped session's blocks come back to the pool
-        second.open(list(range(30)))
         second.kv.close()
         assert engine.pool.free == 3
     finally:
