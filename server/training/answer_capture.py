@@ -22,6 +22,7 @@ import torch
 from edgespec.shared.models.cache_arg import output_cache
 from .extraction import Sequence, shard_path, write_shard
 from .features import store_meta
+from .train_config import CaptureConfig
 
 log = logging.getLogger(__name__)
 
@@ -103,26 +104,26 @@ def generate_captured(model, tokenizer, histories: list[list[dict]], max_new_tok
     return answers
 
 
-@dataclass(frozen=True)
-class CaptureSettings:
-    """What the answers' store holds (``DataConfig``'s capture fields)."""
-
-    out: Path
-    contents: str = "full"  # full: hidden, K/V of every layer, TLI activations (MoA and EAGLE); hidden: EAGLE's only
-    tli_depths: tuple[int, ...] = (0, 1)
+def capture_into(config: CaptureConfig):
+    """`build_dataset`'s ``capture``: opens the store once the target is loaded (None without a folder)."""
+    if not config.features_out:
+        return None
+    return lambda target, loaded, first_row: CaptureStore(config, target, loaded, first_row)
 
 
 class CaptureStore:
-    """The write side of a store filled by `build_dataset` as the answers come: one shard per batch."""
+    """The store `build_dataset` fills as the answers come: it answers each batch (``answer``), then writes
+    that batch's features as one shard once the rows are in ``samples.jsonl`` (``write``)."""
 
-    def __init__(self, settings: CaptureSettings, target: str, loaded, first_row: int):
-        if settings.contents not in ("full", "hidden"):
-            raise ValueError(f"capture contents must be 'full' or 'hidden', got {settings.contents!r}")
-        self.path, self.full = Path(settings.out), settings.contents == "full"
-        self.depths = tuple(settings.tli_depths) if self.full else ()
+    def __init__(self, config: CaptureConfig, target: str, loaded, first_row: int):
+        if config.features_contents not in ("full", "hidden"):
+            raise ValueError(f"capture contents must be 'full' or 'hidden', got {config.features_contents!r}")
+        self.path, self.full = Path(config.features_out), config.features_contents == "full"
+        self.depths = tuple(config.features_tli) if self.full else ()
+        self._pending: list[CapturedAnswer] = []
         (self.path / "shards").mkdir(parents=True, exist_ok=True)
         meta = store_meta(target, loaded, self.depths, 0, format="sharded", dtype=str(loaded.dtype),
-                          contents=settings.contents, capture={"first_row": first_row})
+                          contents=config.features_contents, capture={"first_row": first_row})
         meta_path = self.path / "store.json"
         if meta_path.exists():
             old = json.loads(meta_path.read_text())
@@ -136,7 +137,15 @@ class CaptureStore:
         meta_path.write_text(json.dumps(meta, indent=1))
         self.next = len([p for p in (self.path / "shards").glob("shard-*.npz") if not p.name.endswith(".tmp.npz")])
 
-    def write(self, rows: list[dict], answers: list[CapturedAnswer]) -> None:
+    def answer(self, model, tokenizer, prompts: list[str], max_new_tokens: int) -> list[str]:
+        """`data.generate_batch`'s answers, their features kept for ``write``."""
+        self._pending = generate_captured(model, tokenizer, [[{"role": "user", "content": p}] for p in prompts],
+                                          max_new_tokens, self.depths, with_kv=self.full)
+        return [a.response for a in self._pending]
+
+    def write(self, rows: list[dict]) -> None:
+        """The last batch's features as one shard; ``rows``: its data rows (ids and splits), in order."""
+        answers, self._pending = self._pending, []
         keep = [(row, a) for row, a in zip(rows, answers) if len(a.ids) >= 4]
         if not keep:
             return

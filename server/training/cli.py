@@ -11,13 +11,14 @@
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 
 from edgespec.shared.config_flags import Flag, add_flags, from_args
 
-from .train_config import DataConfig, ExtractConfig, FileDataConfig, TrainConfig
+from .train_config import CaptureConfig, DataConfig, ExtractConfig, FileDataConfig, TrainConfig
 
 # `train data`'s flags: those of the files' data set, those of the stdlib prompts', those of both (where
 # --val-fraction is left out, the chosen config's default).
@@ -29,8 +30,8 @@ FILE_DATA_FLAGS = {
     "chats": Flag("--chat", metavar="FILE"), "answers": Flag(), "chunk_tokens": Flag(), "chunks_per_file": Flag(),
     "max_tokens": Flag(), "val_first": Flag(),
 }
-PROMPT_DATA_FLAGS = {
-    "n_write": Flag(), "n_explain": Flag(), "n_code": Flag(), "n_complete": Flag(), "n_chat": Flag(),
+PROMPT_DATA_FLAGS = {"n_write": Flag(), "n_explain": Flag(), "n_code": Flag(), "n_complete": Flag(), "n_chat": Flag()}
+CAPTURE_FLAGS = {
     "features_out": Flag(metavar="DIR"), "features_contents": Flag(),
     "features_tli": Flag(default="0,1", type=str, action="store",
                          convert=lambda text: tuple(int(x) for x in text.split(",") if x.strip())),
@@ -67,6 +68,7 @@ def register(subparsers) -> None:
     d.add_argument("--out", required=True, help="folder for samples.jsonl (use runs/..., it is git-ignored)")
     add_flags(d, FileDataConfig, FILE_DATA_FLAGS)
     add_flags(d, DataConfig, {**PROMPT_DATA_FLAGS, **BOTH_DATA_FLAGS})
+    add_flags(d, CaptureConfig, CAPTURE_FLAGS)
     _common(d)
     d.set_defaults(func=_data)
 
@@ -143,7 +145,10 @@ def _data(args) -> int:
                              "--text/--chat run `edgespec train features` on the data folder instead")
         build, cfg = build_from_files, from_args(FileDataConfig, args, {**FILE_DATA_FLAGS, **BOTH_DATA_FLAGS})
     else:
-        build, cfg = build_dataset, from_args(DataConfig, args, {**PROMPT_DATA_FLAGS, **BOTH_DATA_FLAGS})
+        from .answer_capture import capture_into
+
+        cfg = from_args(DataConfig, args, {**PROMPT_DATA_FLAGS, **BOTH_DATA_FLAGS})
+        build = functools.partial(build_dataset, capture=capture_into(from_args(CaptureConfig, args, CAPTURE_FLAGS)))
     print(build(args.target, args.out, cfg, device=args.device, dtype=args.dtype))
     return 0
 

@@ -51,8 +51,10 @@ def generate_batch(model, tokenizer, prompts: list[str], max_new_tokens: int) ->
 
 
 def build_dataset(target: str, out_dir: str | Path, config: DataConfig = DataConfig(),
-                  device: str | None = None, dtype: str | None = None) -> Path:
-    """Write (or finish) ``out_dir/samples.jsonl``; returns its path."""
+                  device: str | None = None, dtype: str | None = None, capture=None) -> Path:
+    """Write (or finish) ``out_dir/samples.jsonl``; returns its path. ``capture``: called once the target is
+    loaded, as ``capture(target, loaded, first_row)``, it returns what answers each batch and keeps the
+    answers' features (``answer_capture.capture_into``); None: the answers alone."""
     from tqdm import tqdm
 
     from edgespec.shared.models import load_model
@@ -70,29 +72,16 @@ def build_dataset(target: str, out_dir: str | Path, config: DataConfig = DataCon
         if not chats:
             return path
         loaded = load_model(target, device=device, dtype=dtype)
-        capture = None
-        if config.features_out:
-            from .answer_capture import CaptureSettings, CaptureStore
-
-            capture = CaptureStore(CaptureSettings(Path(config.features_out), config.features_contents,
-                                                   tuple(config.features_tli)), target, loaded, first_row=len(done))
+        store = capture(target, loaded, len(done)) if capture is not None else None
         bar = tqdm(total=len(chats), desc="target responses", mininterval=10)
         for i in range(0, len(chats), config.batch_size):
             batch = chats[i:i + config.batch_size]
             t0 = time.perf_counter()
-            if capture is None:
-                responses = generate_batch(loaded.model, loaded.tokenizer, [s.prompt for s in batch],
-                                           config.max_new_tokens)
-            else:
-                from .answer_capture import generate_captured
-
-                answers = generate_captured(loaded.model, loaded.tokenizer, [[{"role": "user", "content": s.prompt}]
-                                                                             for s in batch],
-                                            config.max_new_tokens, capture.depths, with_kv=capture.full)
-                responses = [a.response for a in answers]
+            answer = generate_batch if store is None else store.answer
+            responses = answer(loaded.model, loaded.tokenizer, [s.prompt for s in batch], config.max_new_tokens)
             rows = [_append(f, s, r, config) for s, r in zip(batch, responses)]
-            if capture is not None:
-                capture.write(rows, answers)
+            if store is not None:
+                store.write(rows)
             bar.update(len(batch))
             log.info("batch %d/%d in %.0fs", i // config.batch_size + 1, -(-len(chats) // config.batch_size),
                      time.perf_counter() - t0)

@@ -53,9 +53,14 @@ class DataConfig:
     batch_size: int = 8  # prompts generated together (left padding); a CPU is much faster batched
     val_fraction: float = 0.1  # share of samples (by id hash) held out for validation
     source_root: str | None = None  # where prompts come from; None = this interpreter's standard library
-    # The target's features of every answer kept as it is generated (answer_capture.py): the same store
-    # `train features` would write from these rows, without running the target over them a second time.
-    features_out: str | None = None  # feature store folder filled as the answers come (None: no features)
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """The target's features of every answer `train data` generates, kept as it writes them (answer_capture.py):
+    the store `train features` would write from these rows, without running the target over them again."""
+
+    features_out: str | None = None  # feature store folder filled as the answers come (unset: no features)
     features_contents: Literal["full", "hidden"] = "full"  # full: LM-head input, all K/V, TLI activations (MoA); hidden: the LM-head input only (EAGLE)
     features_tli: tuple[int, ...] = (0, 1)  # TLI depths whose target activations a full store keeps
 

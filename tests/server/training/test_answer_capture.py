@@ -58,11 +58,15 @@ def test_hidden_only_capture_keeps_no_cache_features(loaded):
 
 
 def test_build_dataset_fills_a_store_as_it_answers_and_resumes(tmp_path, tiny_model_dir):
+    from edgespec.server.training.answer_capture import capture_into
     from edgespec.server.training.data import DataConfig, build_dataset
+    from edgespec.server.training.train_config import CaptureConfig
 
     cfg = DataConfig(n_write=0, n_explain=0, n_code=1, n_complete=2, n_chat=2, max_new_tokens=5, batch_size=2,
-                     val_fraction=0.5, features_out=str(tmp_path / "store"), features_tli=(0, 1))
-    path = build_dataset(str(tiny_model_dir), tmp_path / "data", cfg)
+                     val_fraction=0.5)
+    capture = capture_into(CaptureConfig(str(tmp_path / "store"), "full", (0, 1)))
+    assert capture_into(CaptureConfig()) is None
+    path = build_dataset(str(tiny_model_dir), tmp_path / "data", cfg, capture=capture)
     rows = {r["id"]: r for r in read_samples(path)}
     store = FeatureStore(tmp_path / "store")
     meta = json.loads((tmp_path / "store" / "store.json").read_text())
@@ -75,12 +79,12 @@ def test_build_dataset_fills_a_store_as_it_answers_and_resumes(tmp_path, tiny_mo
         assert 1 in seq.acts and seq.loss_mask.any()
     # A second run with more prompts answers only the new ones and adds their shard beside the first ones.
     more = DataConfig(**{**cfg.__dict__, "n_chat": 4})
-    now = read_samples(build_dataset(str(tiny_model_dir), tmp_path / "data", more))
+    now = read_samples(build_dataset(str(tiny_model_dir), tmp_path / "data", more, capture=capture))
     ids = [s.id for s in (store.load(ref, ()) for ref in FeatureStore(tmp_path / "store").files)]
     assert len(ids) == len(set(ids)) > len(answered)
     assert set(ids) == {r["id"] for r in now if r["kind"] != "code"}
     assert json.loads((tmp_path / "store" / "store.json").read_text())["capture"] == {"first_row": 0}
     # Different contents into the same store are refused before anything is generated.
     with pytest.raises(ValueError, match="contents"):
-        build_dataset(str(tiny_model_dir), tmp_path / "data", DataConfig(**{**more.__dict__, "n_chat": 5,
-                                                                             "features_contents": "hidden"}))
+        build_dataset(str(tiny_model_dir), tmp_path / "data", DataConfig(**{**more.__dict__, "n_chat": 5}),
+                      capture=capture_into(CaptureConfig(str(tmp_path / "store"), "hidden")))
