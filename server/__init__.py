@@ -8,7 +8,9 @@ Modules, from the model outwards:
   session) and the batched one (one pre-allocated KV pool, one forward for every session's ready work,
   masks built on the device); ``engine_choice`` (which of the two: ``--engine``); ``engine_step`` (the batched
   step: one packed upload, one readback), ``device_accept`` (greedy acceptance and KV compaction for the whole batch on the device),
-  ``engine_graphs`` (the step eager, compiled, or a CUDA graph per shape bucket).
+  ``engine_graphs`` (the step eager, compiled, or CUDA graphs per shape bucket), ``engine_rows`` (a batch as one
+  run of rows), ``engine_attention`` (attention straight from the paged pool), ``engine_fusion`` (merged
+  projections, fused norms).
 - ``scheduler``: ModelScheduler, the one thread every forward pass runs on; jobs yield their forwards.
 - ``features``: what each answer carries back (hidden state, MoA's LSA output, TLI K/V), codec-encoded.
 - ``session``: VerifierSession, one session's open / verify / resume as jobs.

@@ -106,8 +106,9 @@ def tree_rows(rows: Rows) -> torch.Tensor:
 
 
 def accept_rows(rows: Rows, best: torch.Tensor, sees: torch.Tensor) -> torch.Tensor:
-    """[N] bool: the tree rows greedy verification accepts (``device_accept.greedy_accept`` over one run of
-    rows). best: [N] argmax at each row, -1 where none was taken."""
+    """[N] bool: the tree rows greedy verification accepts (``device_accept``'s rules: a row matches when its
+    token is its parent's argmax and no earlier sibling has its token; accepted when it and all its tree
+    ancestors match). best: [N] argmax at each row, -1 where none was taken."""
     n = rows.ids.shape[0]
     tree = tree_rows(rows)
     match = tree & (rows.ids == best[rows.parents.clamp(min=0)])
@@ -121,8 +122,8 @@ def accept_rows(rows: Rows, best: torch.Tensor, sees: torch.Tensor) -> torch.Ten
 
 
 def compact_rows(kv: torch.Tensor, rows: Rows, accepted: torch.Tensor, scratch: int, block_size: int) -> None:
-    """Move every accepted row's K/V behind its root, in place, all layers and sessions in one copy
-    (``device_accept.compact_kv`` over one run of rows). Rows that stay put copy the scratch block onto
+    """Move every accepted row's K/V behind its root (to the position its depth gives), in place, all layers and
+    sessions in one copy. Rows that stay put copy the scratch block onto
     itself, so the copy has the bucket's shape whatever was accepted."""
     n = rows.ids.shape[0]
     owner = rows.owner
