@@ -182,3 +182,32 @@ def test_fusions_undo_and_redo_on_the_same_weights(target):
         set_fusion(target.model, Fusion())
     torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
     assert torch.equal(again, plain)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "phi3", "mistral"])
+def test_fusions_across_the_architecture_matrix(arch, tmp_path):
+    """Each family the batched engine takes, all switches on: what applies (Phi-3 has its QKV and gate-up merged
+    already), and greedy tokens identical to the unfused engine's."""
+    import transformers
+
+    from edgespec.server.architectures import adapt_for_tree_verification
+    from edgespec.shared.models.tiny import tiny_tokenizer
+
+    names = {"llama": "Llama", "qwen3": "Qwen3", "phi3": "Phi3", "mistral": "Mistral"}
+    cfg = getattr(transformers, f"{names[arch]}Config")(
+        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.25, pad_token_id=256,
+        bos_token_id=256, eos_token_id=258)
+    torch.manual_seed(0)
+    getattr(transformers, f"{names[arch]}ForCausalLM")(cfg).save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path), device="cpu", dtype="float32")
+    adapt_for_tree_verification(loaded.model, 256)
+    target = TargetModel(loaded)
+    want_tokens, want_hidden = verify_run(engine(target))
+    eng = engine(target, Fusion(qkv=True, gate_up=True, norm=True), True)
+    expected = Fusion(qkv=arch != "phi3", gate_up=arch != "phi3", norm=True)
+    assert eng.fusion == expected, eng.describe()
+    got_tokens, got_hidden = verify_run(eng)
+    assert got_tokens == want_tokens
+    torch.testing.assert_close(got_hidden, want_hidden, rtol=1e-5, atol=1e-5)
