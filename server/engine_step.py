@@ -121,8 +121,9 @@ class DeviceStep:
                  bf16_argmax: bool = False):
         """attention: "sdpa" (each session's keys gathered, a dense mask) or "flex" (``engine_attention``: the pool
         read in place through a block mask; the model must have been switched to it). bf16_argmax: take the
-        argmax of the head's own output (bf16 on a GPU) rather than of its float32 copy: half the bytes read; the
-        float32 copy is still made, for whoever reads the logits."""
+        argmax of the head's own output (bf16 on a GPU) rather than of its float32 copy: half the bytes read, and
+        the same answer (the copy holds the bf16 values exactly; with a softcap, the larger raw value where the
+        capped float32 values would tie). The float32 copy is still made, for whoever reads the logits."""
         self.target, self.pool, self.cache, self.attention = target, pool, cache, attention
         self.bf16_argmax = bf16_argmax
         self.lm_head = target.model.get_output_embeddings()
