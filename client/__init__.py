@@ -19,13 +19,13 @@ _FACE = {  # name -> the module (under edgespec.client) that defines it
     "AsyncClient": "python_client", "ChatReply": "python_client", "Client": "python_client",
     "ToolCall": "python_client",
     # a client of a running server: its link, the target's tokenizer, chat prompts
-    "EdgespecClient": "edge_client", "ClientConfig": "edge_client", "LinkConfig": "link",
+    "EdgespecClient": "edge_client", "ClientConfig": "edge_client", "LinkConfig": "link.grpc_transport",
     "load_tokenizer": "edge_client", "chat_prompt_ids": "edge_client", "eos_ids": "edge_client",
     # one generation, on any verifier (a server's, or a VerifierCore's in this process), and its loop
-    "Generation": "generation", "GenerationConfig": "generation", "TokenizerInfo": "generation",
-    "TokenEvent": "generation", "RetractEvent": "generation", "Verifier": "verifier",
-    "InProcessTransport": "in_process", "LoopConfig": "step_plan",
-    "verify_time": "planner",  # the server's verification time at a tree size, from its cost curve
+    "Generation": "loop.generation", "GenerationConfig": "loop.generation", "TokenizerInfo": "loop.generation",
+    "TokenEvent": "loop.generation", "RetractEvent": "loop.generation", "Verifier": "link.verifier",
+    "InProcessTransport": "link.in_process", "LoopConfig": "loop.planner",
+    "verify_time": "loop.tree_size",  # the server's verification time at a tree size, from its cost curve
     # a drafter by name, or one's own
     "DrafterOptions": "drafters.factory", "make_drafter": "drafters.factory", "BUILTIN": "drafters.factory",
     "LEARNED": "drafters.factory", "Drafter": "drafters.base", "DraftRequest": "drafters.base",

@@ -64,8 +64,8 @@ def add_client_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_client_options(p: argparse.ArgumentParser) -> None:
-    from .generation import GenerationConfig
-    from .link import LinkConfig
+    from .link.grpc_transport import LinkConfig
+    from .loop.generation import GenerationConfig
 
     # Tree and ngram defaults stay None here and come from TreeShape / NgramConfig when the client is built.
     p.add_argument("--drafter", default=defaults.DRAFTER,
@@ -127,7 +127,7 @@ def decode_ahead_count(text: str) -> int:
 
 
 def loop_config(args: argparse.Namespace):
-    from .step_plan import LoopConfig
+    from .loop.planner import LoopConfig
 
     ahead = LoopConfig.decode_ahead if args.decode_ahead is None else args.decode_ahead
     return LoopConfig(pipeline=not args.no_pipeline, tree=args.tree, decode_ahead=ahead)
@@ -157,7 +157,7 @@ def tree_shape(args: argparse.Namespace):
 
 def link_config(args, address: str):
     """The LinkConfig the link flags give, for the server at `address`."""
-    from .link import LinkConfig
+    from .link.grpc_transport import LinkConfig
 
     return from_args(LinkConfig, args, LINK_FLAGS, address=address,
                      max_deadline_s=max(LinkConfig.max_deadline_s, args.min_deadline))
@@ -187,7 +187,7 @@ def client_from_args(args, link):
 
 def generation_config_from_args(args, flags=None, **given):
     """GenerationConfig from the generation flags (a run's and the loop's unless `flags` says which)."""
-    from .generation import GenerationConfig
+    from .loop.generation import GenerationConfig
 
     flags = flags or {**LOOP_GENERATION_FLAGS, **RUN_GENERATION_FLAGS}
     if "seed" in flags and getattr(args, "seed", None) is None:
@@ -247,7 +247,7 @@ def _add_command_options(p: argparse.ArgumentParser) -> None:
 
 def _add_common_options(p: argparse.ArgumentParser) -> None:
     """What `client` and `client serve` both read: the server, the drafter, trees, the loop, the link, logs."""
-    from .link import LinkConfig
+    from .link.grpc_transport import LinkConfig
 
     add_flags(p, LinkConfig, {"address": Flag("--server", default=DEFAULT_SERVER)})
     _add_client_options(p)
@@ -259,7 +259,7 @@ def _add_common_options(p: argparse.ArgumentParser) -> None:
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
     """What only `client` (run) reads: the prompt, its sampling, the terminal."""
-    from .generation import GenerationConfig
+    from .loop.generation import GenerationConfig
 
     p.add_argument("--prompt", default=None, help="the prompt (unset: read stdin)")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
@@ -319,8 +319,8 @@ def main(args) -> int:
 def local_api(args):
     """(the slot the client loads into in the background, the local API's app); the client and /health's probe of
     the server share one LinkConfig."""
-    from .api import build_app
-    from .client_health import ClientSlot
+    from .http_api import build_app
+    from .http_health import ClientSlot
     from .metrics import ClientMetrics
 
     metrics = ClientMetrics()  # /metrics; every generation feeds it once the client has loaded

@@ -18,11 +18,11 @@ from edgespec.shared.wire import MAX_NODES
 
 from .drafters.base import Drafter
 from .drafters.factory import DrafterOptions, make_drafter
-from .generation import Event, Generation, GenerationConfig, GenerationResult, TokenizerInfo
-from .link import GrpcTransport, Link, LinkConfig
+from .link.grpc_transport import GrpcTransport, Link, LinkConfig
+from .link.verifier import FeatureWidths, Verifier
+from .loop.generation import Event, Generation, GenerationConfig, GenerationResult, TokenizerInfo
+from .loop.planner import LoopConfig, LoopEstimates
 from .metrics import NO_WATCH, ClientMetrics
-from .step_plan import LoopConfig, LoopEstimates
-from .verifier import FeatureWidths, Verifier
 
 # Token strings that end a Qwen-style chat turn or text, besides tokenizer.eos_token
 # (Qwen's generation_config lists both <|im_end|> and <|endoftext|>).

@@ -10,7 +10,7 @@ with each verification: a token drafted offline is held back until a Resume
 has scored it, and one the target never saw (the link did not come back) goes
 out with ``"logprob": null``.
 
-/health is for deployments (``client_health``): 200 once the client is ready, 503 while it is still loading
+/health is for deployments (``http_health``): 200 once the client is ready, 503 while it is still loading
 or when loading failed. /metrics is served when a metrics page is given (``metrics``).
 """
 from __future__ import annotations
@@ -30,10 +30,10 @@ from edgespec.shared.openai.errors import OpenAIError
 from edgespec.shared.openai.gate import DEFAULT_MAX_BODY_BYTES
 from edgespec.shared.openai.routes import ApiSettings, build_openai_app
 
-from .client_health import ClientNotReadyError, ClientSlot, LinkProbe
-from .commit import ResumePolicy
 from .edge_client import EdgespecClient
-from .generation import GenerationConfig, GenerationResult, LinkEvent, TokenEvent, TokenOrigin
+from .http_health import ClientNotReadyError, ClientSlot, LinkProbe
+from .loop.commit import ResumePolicy
+from .loop.generation import GenerationConfig, GenerationResult, LinkEvent, TokenEvent, TokenOrigin
 from .metrics import ClientMetrics
 from .text import SettledTokens
 

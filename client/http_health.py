@@ -20,7 +20,7 @@ from typing import Callable
 
 from edgespec.shared.errors import EdgespecError
 
-from .link import LinkConfig, LinkDownError, make_channel, server_info
+from .link.grpc_transport import LinkConfig, LinkDownError, make_channel, server_info
 
 log = logging.getLogger(__name__)
 

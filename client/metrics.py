@@ -20,10 +20,10 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from edgespec.shared.prom import CLIENT_PREFIX, REQUEST_BUCKETS, STEP_BUCKETS, VllmMetrics
 
-from .generation import GenerationResult, TokenEvent
+from .loop.generation import GenerationResult, TokenEvent
 
 
-LINK_STATES = ("up", "down", "offline", "unknown")  # as /health reports them (client_health.LinkProbe.state)
+LINK_STATES = ("up", "down", "offline", "unknown")  # as /health reports them (http_health.LinkProbe.state)
 
 
 class ClientMetrics(VllmMetrics):

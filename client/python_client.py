@@ -42,12 +42,12 @@ from typing import Any, AsyncIterator, Iterator, Sequence
 from edgespec.shared import defaults
 from edgespec.shared.session_contract import SamplingSettings
 
-from .commit import ResumePolicy
 from .drafters.factory import DrafterOptions
 from .edge_client import ClientConfig, EdgespecClient
-from .generation import GenerationConfig, GenerationResult
-from .link import LinkConfig
-from .step_plan import LoopConfig
+from .link.grpc_transport import LinkConfig
+from .loop.commit import ResumePolicy
+from .loop.generation import GenerationConfig, GenerationResult
+from .loop.planner import LoopConfig
 from .text import TextStreamer
 
 Messages = Sequence[dict]

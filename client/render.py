@@ -6,7 +6,7 @@ from typing import Callable, Iterable, Sequence, TextIO
 
 from edgespec.shared.text_stream import IncrementalDecoder
 
-from .generation import GenerationResult, LinkEvent, RetractEvent, TokenEvent, TokenOrigin
+from .loop.generation import GenerationResult, LinkEvent, RetractEvent, TokenEvent, TokenOrigin
 
 COLORS = {TokenOrigin.ACCEPTED: "\033[32m", TokenOrigin.BONUS: "", TokenOrigin.OFFLINE: "\033[33m"}
 RESET = "\033[0m"

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from edgespec.shared.text_stream import TextStream
 
-from .generation import LogprobsEvent, RetractEvent, TokenEvent, TokenOrigin
+from .loop.generation import LogprobsEvent, RetractEvent, TokenEvent, TokenOrigin
 
 
 class SettledTokens:

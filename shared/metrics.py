@@ -116,7 +116,7 @@ class GenerationMetrics(SpecDecodeStats, LinkTraffic):
     disconnects: int = 0  # times the link was found dead
     resumes: int = 0  # successful Resumes
     rolled_back_tokens: int = 0  # provisional tokens dropped by `rollback`
-    # The pipelined loop (client/generation.py: drafting while a verification is out) and the tree planner:
+    # The pipelined loop (client/loop/generation.py: drafting while a verification is out) and the tree planner:
     guesses: int = 0  # verdicts a tree had been drafted ahead for (guessed) before they came
     guess_hits: int = 0  # of them, the verdicts a guess matched: its tree went out at once
     stopped_ahead: int = 0  # trees drafted ahead whose drafting stopped early: their verdict came and ruled them

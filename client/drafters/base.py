@@ -13,7 +13,7 @@ made of it; the loop never needs to know which drafter it drives. Words:
 Learned drafters (EAGLE, MoA) declare the features they need with
 ``feature_request()`` and read them in ``start`` / ``observe`` / ``resync``.
 
-Drafting ahead (``generation.py``, proto/README.md): while a tree is out for verification the loop may call
+Drafting ahead (``loop/generation.py``, proto/README.md): while a tree is out for verification the loop may call
 ``propose`` again on a *guessed* committed text (the tree's likely accepted path), using ``tree_scores`` to
 guess. A drafter that returns scores promises that this is safe: its state follows the committed text each
 call gives it, and ``rewind`` drops whatever the guess left behind.

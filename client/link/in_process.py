@@ -20,7 +20,7 @@ from typing import Callable
 
 from edgespec.proto.edgespec.v1 import pb
 
-from .link import classify_status
+from .grpc_transport import classify_status
 from .verifier import LinkDownError
 
 

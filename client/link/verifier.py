@@ -4,7 +4,7 @@ This is the client's mirror of ``edgespec.server.service``: the one place where 
 session's requests become protobuf messages and the answers come back as
 dataclasses (features decoded by name, the server's timings), and where what
 crosses the link is counted. How a message reaches the server is a
-``Transport``'s business: ``GrpcTransport`` (``link.py``) sends it on a gRPC
+``Transport``'s business: ``GrpcTransport`` (``grpc_transport.py``) sends it on a gRPC
 Session stream; ``InProcessTransport`` (``in_process.py``) hands it to the
 servicer of a ``VerifierCore`` in this process, with no sockets.
 
@@ -15,7 +15,7 @@ Both transports fail the same way, and the loop acts on the kind of error:
   session: Resume rebuilds it.
 - ``ServerRefusedError``: the server's answer to the request itself (a refusal,
   a server-side bug): retrying would get it again.
-- ``ProtocolError`` (``commit.py``): an answer that contradicts the request.
+- ``ProtocolError`` (also raised by ``loop/commit.py``'s rules): an answer that contradicts the request.
 """
 from __future__ import annotations
 
@@ -37,8 +37,6 @@ from edgespec.shared.session_contract import ServerTimings
 from edgespec.shared.session_settings import FeatureRequest, SessionSettings, open_fields
 from edgespec.shared.tree import DraftTree, encode_tree
 from edgespec.shared.wire import MAX_ELEMENTS, FeatureKind, ResumePolicy
-
-from .commit import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +62,12 @@ class ServerRefusedError(EdgespecError):
     def __init__(self, message: str, code: str = "FAILED_PRECONDITION"):
         super().__init__(message)
         self.grpc_code = code
+
+
+class ProtocolError(EdgespecError):
+    """The server's answer contradicts the request (wrong step, accepted nodes not a path, lengths off)."""
+
+    grpc_code = "INTERNAL"
 
 
 @dataclass(frozen=True)

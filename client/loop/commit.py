@@ -10,16 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from edgespec.shared.errors import EdgespecError
 from edgespec.shared.text_stream import Decode, TextStream
 from edgespec.shared.tree import ROOT, DraftTree
 from edgespec.shared.wire import ResumePolicy
 
-
-class ProtocolError(EdgespecError):
-    """The server's answer contradicts the request (wrong step, accepted nodes not a path, lengths off)."""
-
-    grpc_code = "INTERNAL"
+from edgespec.client.link.verifier import ProtocolError
 
 
 def accepted_path(tree: DraftTree, accepted: Sequence[int]) -> list[int]:

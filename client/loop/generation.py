@@ -1,8 +1,8 @@
 """The generation loop: Open, then draft / verify / commit until EOS, max tokens or a stop string.
 
-The loop talks to the target through a ``Verifier`` (``verifier.py``) in domain
+The loop talks to the target through a ``Verifier`` (``link/verifier.py``) in domain
 types only: it never sees a protobuf message or a socket, so the same loop runs
-over gRPC and against a verifier in this process (``in_process.py``).
+over gRPC and against a verifier in this process (``link/in_process.py``).
 
 Iterating a ``Generation`` yields events as they happen: ``TokenEvent`` (a new
 output token and where it came from), ``RetractEvent`` (a rollback withdrew the
@@ -30,8 +30,8 @@ torch releases the GIL), so the client drafts while the server verifies. A
 verdict no guess matched drops the trees drafted ahead, and the drafter rewinds
 what they left (``Drafter.rewind``). Trees drafted ahead only change which trees
 are sent, never what the target accepts: the output is the serial loop's.
-``LoopConfig`` (``step_plan.py``) turns the pipeline off and picks ``auto`` or
-``fixed`` tree sizes (``planner.py``).
+``LoopConfig`` (``planner.py``) turns the pipeline off and picks ``auto`` or
+``fixed`` tree sizes (``tree_size.py``).
 When the link dies (deadline passed, stream broken, UNAVAILABLE) the loop goes
 offline (proto/README.md, "Offline and resume"): a drafter that can generate alone continues and its
 tokens are provisional; a background reconnector retries with backoff; once a
@@ -61,13 +61,13 @@ from edgespec.shared.session_settings import SessionSettings
 from edgespec.shared.tree import DraftTree
 from edgespec.shared.wire import MAX_NODES, MAX_TOP_LOGPROBS, FeatureKind, ResumePolicy
 
-from .commit import (Finish, ProtocolError, StopStrings, accepted_path, check_committed_len, finish_point,
-                     resume_commit)
-from .drafters.base import Drafter, DraftRequest, OfflineUnsupportedError, Verification
+from edgespec.client.drafters.base import Drafter, DraftRequest, OfflineUnsupportedError, Verification
+from edgespec.client.link.verifier import LinkDownError, ProtocolError, ServerRefusedError, Verdict, Verifier
+
+from .commit import Finish, StopStrings, accepted_path, check_committed_len, finish_point, resume_commit
 from .pipeline import DraftPipeline, Flight
-from .planner import TreeSize
-from .step_plan import LoopConfig, LoopEstimates
-from .verifier import LinkDownError, ServerRefusedError, Verdict, Verifier
+from .planner import LoopConfig, LoopEstimates
+from .tree_size import TreeSize
 
 log = logging.getLogger(__name__)
 

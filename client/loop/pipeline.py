@@ -29,11 +29,12 @@ from typing import Callable, Sequence
 from edgespec.shared.metrics import GenerationMetrics
 from edgespec.shared.tree import DraftTree
 
-from .drafters.base import Drafter, DraftRequest
+from edgespec.client.drafters.base import Drafter, DraftRequest
+from edgespec.client.link.verifier import Verdict, Verifier
+
 from .guess import Outcome, likely_outcomes, may_still_hit, tree_after
-from .planner import TreeSize
-from .step_plan import LoopConfig, LoopEstimates, TreePlanner
-from .verifier import Verdict, Verifier
+from .planner import LoopConfig, LoopEstimates, TreePlanner
+from .tree_size import TreeSize
 
 log = logging.getLogger(__name__)
 

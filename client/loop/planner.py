@@ -1,7 +1,7 @@
 """What the loop measures to size its trees and to decide whether drafting ahead pays.
 
 ``LoopEstimates`` keeps, across one client's generations, the figures the planner
-(``planner.py``) weighs: the link's round trip (each Draft's round trip less the
+(``tree_size.py``) weighs: the link's round trip (each Draft's round trip less the
 server's own time), the server's verification time by tree size (the curve Info
 reports, scaled by what Verified timings show), the drafter's time per level of
 depth, its acceptance by depth, its nodes per level and the share of guesses
@@ -25,8 +25,8 @@ from edgespec.shared.tree import DraftTree
 
 from edgespec.shared.wire import MAX_DECODE_AHEAD
 
-from .planner import (PLAIN, PlanInputs, TreeSize, best_tree, expected_tokens, path_floors, plain_step, plan_tree,
-                      probe_tree, step_time, switch_pays, tree_nodes, verify_time)
+from .tree_size import (PLAIN, PlanInputs, TreeSize, best_tree, expected_tokens, path_floors, plain_step, plan_tree,
+                        probe_tree, step_time, switch_pays, tree_nodes, verify_time)
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ trees (tau, nodes and drafting time per tree, the share of trees drafted ahead t
 the client's, measured in the run; the verification is the server's, taken from a cost curve measured on
 the GPU (milliseconds per tree size; the default is the 1.5B's on an H200 with CUDA graphs, the README's);
 the link is a profile's mean round trip and its rate. A step then costs what the planner charges it
-(``client/planner.py``): serially drafting + round trip + verification; drafted ahead, the longer of the
+(``client/loop/tree_size.py``): serially drafting + round trip + verification; drafted ahead, the longer of the
 drafting and the flight plus the misses' drafting again. The plain API streams: one round trip, then a
 decode step a token. Each figure is printed as computed, beside the CPU run it comes from.
 

@@ -13,7 +13,7 @@ from support.servers import running_server
 def edge(tiny_server, tiny_model_dir, tiny_drafter_dir):
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
-    from edgespec.client.link import LinkConfig
+    from edgespec.client.link.grpc_transport import LinkConfig
 
     client = EdgespecClient(ClientConfig(LinkConfig(tiny_server.address),
                                          DrafterOptions("independent", model=str(tiny_drafter_dir), dtype="float32"),
@@ -24,7 +24,7 @@ def edge(tiny_server, tiny_model_dir, tiny_drafter_dir):
 
 @pytest.fixture(scope="module")
 def api(edge):
-    from edgespec.client.api import build_app
+    from edgespec.client.http_api import build_app
 
     with serving(build_app(edge, default_max_tokens=40)) as url:
         yield edge, f"{url}/v1"
@@ -123,7 +123,7 @@ def test_an_unknown_model_name_is_404(api):
 def test_the_key_is_checked_before_anything_else_and_metrics_can_ask_for_it(edge):
     from prometheus_client import CollectorRegistry, Counter
 
-    from edgespec.client.api import build_app
+    from edgespec.client.http_api import build_app
 
     registry = CollectorRegistry()
     Counter("edgespec_test_requests", "a series of the test's own", registry=registry).inc()
@@ -142,7 +142,7 @@ def test_the_key_is_checked_before_anything_else_and_metrics_can_ask_for_it(edge
 
 
 def test_a_body_over_the_limit_is_413(edge):
-    from edgespec.client.api import build_app
+    from edgespec.client.http_api import build_app
 
     with serving(build_app(edge, max_body_bytes=1000)) as url:
         reply = httpx.post(f"{url}/v1/completions", json={"prompt": "x" * 2000})
@@ -168,10 +168,10 @@ def test_a_server_at_capacity_is_429(tiny_model_dir):
 
     import grpc
 
-    from edgespec.client.api import build_app
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
-    from edgespec.client.link import LinkConfig
+    from edgespec.client.http_api import build_app
+    from edgespec.client.link.grpc_transport import LinkConfig
     from edgespec.proto.edgespec.v1 import pb, pb_grpc
 
     with running_server(tiny_model_dir, http_port=None, max_sessions=1) as server:

@@ -80,10 +80,10 @@ class Both:
 
 @pytest.fixture(scope="module")
 def both(tiny_model_dir):
-    from edgespec.client.api import build_app
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
-    from edgespec.client.link import LinkConfig
+    from edgespec.client.http_api import build_app
+    from edgespec.client.link.grpc_transport import LinkConfig
 
     with running_server(tiny_model_dir, max_context_tokens=256) as server:
         client = EdgespecClient(ClientConfig(LinkConfig(server.address), DrafterOptions("ngram"),

@@ -8,9 +8,9 @@ import time
 import httpx
 import pytest
 
-from edgespec.client.client_health import ClientSlot, LinkProbe
-from edgespec.client.generation import GenerationConfig
-from edgespec.client.link import LinkConfig, LinkDownError
+from edgespec.client.http_health import ClientSlot, LinkProbe
+from edgespec.client.link.grpc_transport import LinkConfig, LinkDownError
+from edgespec.client.loop.generation import GenerationConfig
 from edgespec.shared.errors import TokenizerMismatchError
 
 
@@ -20,7 +20,7 @@ class Served:
     def __init__(self, slot: ClientSlot, probe: LinkProbe | None = None):
         import uvicorn
 
-        from edgespec.client.api import build_app
+        from edgespec.client.http_api import build_app
 
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))

@@ -31,10 +31,10 @@ class Apis:
 
 @pytest.fixture(scope="module")
 def apis(tiny_model_dir, tiny_drafter_dir):
-    from edgespec.client.api import build_app
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
-    from edgespec.client.link import LinkConfig
+    from edgespec.client.http_api import build_app
+    from edgespec.client.link.grpc_transport import LinkConfig
 
     # No prefix cache: the plain API's usage would report prompt_tokens_details, which the client's has not (and
     # which side asked first would decide its count); tests/server/test_prefix_cache_api.py covers it.
@@ -279,7 +279,7 @@ def test_nan_wrong_types_and_bad_json_get_400_on_both(apis):
 def test_stop_token_ids_end_both_answers_at_the_same_token(apis):
     whole = apis.both(lambda sdk: sdk.completions.create(model=apis.model, prompt="def add(a, b):", max_tokens=24,
                                                          temperature=0, extra_body={"ignore_eos": True}))
-    from edgespec.client.generation import GenerationConfig
+    from edgespec.client.loop.generation import GenerationConfig
 
     # the target's greedy ids of that answer (text does not tokenize back to the same ids)
     ids = apis.client.generate(apis.client.encode("def add(a, b):"),

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from edgespec.client.drafters.tree_builder import TreeShape
-from edgespec.client.generation import GenerationConfig
+from edgespec.client.loop.generation import GenerationConfig
 from edgespec.server.app import start_server
 from edgespec.server.architectures import UnsupportedModelError, adapt_for_tree_verification
 from edgespec.shared.models.tiny import ARCHITECTURES, TinyConfig, tiny_model, tiny_tokenizer

@@ -6,7 +6,7 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from edgespec.client.generation import GenerationConfig
+from edgespec.client.loop.generation import GenerationConfig
 from edgespec.client.metrics import ClientMetrics
 
 P = "edgespec_client:"  # the client's series; the server's are edgespec:
@@ -86,7 +86,7 @@ def test_plain_and_queued_steps_are_counted(tiny_server, make_client):
 
     from support.estimates import TreesNeverPay
 
-    from edgespec.client.step_plan import LoopConfig
+    from edgespec.client.loop.planner import LoopConfig
 
     client = make_client(tiny_server.address, "ngram")
     client.config = dataclasses.replace(client.config, loop=LoopConfig())  # trees sized each step, or none
@@ -114,10 +114,10 @@ def test_client_serve_exports_the_link_series(tiny_server, relay, make_client, t
     serve's /metrics over real HTTP, through a relay that really cuts the link."""
     import httpx
 
-    from edgespec.client.api import build_app
-    from edgespec.client.client_health import LinkProbe
-    from edgespec.client.commit import ResumePolicy
-    from edgespec.client.generation import TokenEvent, TokenOrigin
+    from edgespec.client.http_api import build_app
+    from edgespec.client.http_health import LinkProbe
+    from edgespec.client.loop.commit import ResumePolicy
+    from edgespec.client.loop.generation import TokenEvent, TokenOrigin
     from support.asgi_server import serving
 
     client = make_client(relay.target, "independent", drafter_dir=tiny_model_dir)  # can go on offline

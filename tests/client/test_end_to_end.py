@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from edgespec.client.drafters.tree_builder import TreeShape
-from edgespec.client.generation import GenerationConfig, TokenEvent, TokenOrigin
+from edgespec.client.loop.generation import GenerationConfig, TokenEvent, TokenOrigin
 
 PROMPTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n", "hello hello hello world, hello hello", "x"]
 
@@ -90,7 +90,7 @@ def test_max_tokens_is_exact(tiny_server, make_client, tiny_model_dir):
 def test_wrong_tokenizer_is_refused(tiny_server, tmp_path):
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
-    from edgespec.client.link import LinkConfig
+    from edgespec.client.link.grpc_transport import LinkConfig
     from edgespec.shared.errors import TokenizerMismatchError
     from edgespec.shared.models.tiny import tiny_tokenizer
 
@@ -103,7 +103,7 @@ def test_wrong_tokenizer_is_refused(tiny_server, tmp_path):
 def test_unreachable_server_says_where(tmp_path):
     import socket
 
-    from edgespec.client.link import LinkConfig, LinkDownError, connect
+    from edgespec.client.link.grpc_transport import LinkConfig, LinkDownError, connect
 
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edgespec.client.verifier import FeatureWidths, Verifier
+from edgespec.client.link.verifier import FeatureWidths, Verifier
 from edgespec.shared.session_settings import FeatureRequest, SessionSettings
 from edgespec.proto.edgespec.v1 import pb
 from edgespec.shared.codec import Codec, encode_frame, frame_element_limit

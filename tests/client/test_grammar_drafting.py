@@ -11,9 +11,9 @@ from support.constrained import Controls, constrained_greedy
 
 from edgespec.client.drafters.factory import DrafterOptions, make_drafter
 from edgespec.client.drafters.tree_builder import TreeShape, build_tree
-from edgespec.client.generation import Generation, GenerationConfig, TokenizerInfo
-from edgespec.client.in_process import InProcessTransport
-from edgespec.client.verifier import Verifier
+from edgespec.client.link.in_process import InProcessTransport
+from edgespec.client.link.verifier import Verifier
+from edgespec.client.loop.generation import Generation, GenerationConfig, TokenizerInfo
 from edgespec.shared.grammar import GrammarConstraint, grammar_tokenizer, json_schema_grammar
 from edgespec.shared.session_contract import SamplingSettings
 from edgespec.shared.tree import DraftTree

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from edgespec.client.guess import likely_outcomes, tree_after
+from edgespec.client.loop.guess import likely_outcomes, tree_after
 from edgespec.shared.tree import ROOT, DraftTree
 
 
@@ -61,7 +61,7 @@ def test_ngram_scores_are_its_match_shares():
 
 
 def test_may_still_hit_follows_the_verdict_through_the_candidates():
-    from edgespec.client.guess import may_still_hit
+    from edgespec.client.loop.guess import may_still_hit
 
     flight = DraftTree((5, 6, 3), (ROOT, 0, 1))  # 5 -> 6 -> 3
     # drafted ahead after the guessed path (0,) = [5]: bonus guesses 6 and 7; 6 expanded into 8 and 9; 7 not yet

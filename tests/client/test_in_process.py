@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from edgespec.client.drafters.factory import DrafterOptions, make_drafter
-from edgespec.client.generation import (Generation, GenerationConfig, GenerationFailedError, LinkEvent,
-                                        LogprobsEvent, RetractEvent, TokenEvent, TokenizerInfo, TokenOrigin)
-from edgespec.client.in_process import InProcessTransport
+from edgespec.client.loop.generation import (Generation, GenerationConfig, GenerationFailedError, LinkEvent,
+                                             LogprobsEvent, RetractEvent, TokenEvent, TokenizerInfo, TokenOrigin)
+from edgespec.client.link.in_process import InProcessTransport
+from edgespec.client.link.verifier import LinkDownError, Verifier
 from edgespec.client.text import SettledTokens
-from edgespec.client.verifier import LinkDownError, Verifier
 from edgespec.shared.wire import ResumePolicy
 
 PROMPT = "def add(a, b):\n    return a + b\n"

@@ -36,7 +36,7 @@ def stream_entries(url: str, on_first) -> tuple[list[dict], dict]:
 
 
 def test_tokens_the_target_never_saw_come_last_with_null_logprobs(tiny_server, make_client):
-    from edgespec.client.api import build_app
+    from edgespec.client.http_api import build_app
 
     with relay_to(tiny_server, "3g") as relay:
         client = make_client(relay.target, "independent")
@@ -52,7 +52,7 @@ def test_tokens_the_target_never_saw_come_last_with_null_logprobs(tiny_server, m
 
 def test_the_server_refuses_more_alternatives_than_the_wire_carries(tiny_server, make_client):
     """The API layer caps top_logprobs at 20 and so does the server (a client of its own may ask for more)."""
-    from edgespec.client.generation import GenerationConfig, GenerationFailedError
+    from edgespec.client.loop.generation import GenerationConfig, GenerationFailedError
 
     client = make_client(tiny_server.address, "ngram")
     with pytest.raises(ValueError, match="between 0 and 20"):  # this client's own check

@@ -7,7 +7,7 @@ from __future__ import annotations
 from support.greedy import greedy_continuation
 from support.servers import running_server
 
-from edgespec.client.generation import GenerationConfig
+from edgespec.client.loop.generation import GenerationConfig
 
 
 def test_turn_two_reuses_the_servers_and_the_drafters_kv(tiny_model_dir, make_client, monkeypatch):

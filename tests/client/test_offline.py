@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from edgespec.client.commit import ResumePolicy
-from edgespec.client.generation import GenerationConfig, LinkEvent, RetractEvent, TokenEvent, TokenOrigin
+from edgespec.client.loop.commit import ResumePolicy
+from edgespec.client.loop.generation import GenerationConfig, LinkEvent, RetractEvent, TokenEvent, TokenOrigin
 
 PROMPT = "def add(a, b):\n    return a + b\n"
 

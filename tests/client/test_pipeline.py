@@ -21,10 +21,10 @@ from support.relays import relay_to
 from support.stats import chi_square_critical
 
 from edgespec.client.drafters.factory import DrafterOptions, make_drafter
-from edgespec.client.generation import Generation, GenerationConfig, TokenEvent, TokenizerInfo, TokenOrigin
-from edgespec.client.in_process import InProcessTransport
-from edgespec.client.step_plan import LoopConfig, LoopEstimates
-from edgespec.client.verifier import Verifier
+from edgespec.client.link.in_process import InProcessTransport
+from edgespec.client.link.verifier import Verifier
+from edgespec.client.loop.generation import Generation, GenerationConfig, TokenEvent, TokenizerInfo, TokenOrigin
+from edgespec.client.loop.planner import LoopConfig, LoopEstimates
 from edgespec.shared.session_contract import SamplingSettings
 from edgespec.shared.verification import target_probs
 from edgespec.shared.wire import ResumePolicy
@@ -160,10 +160,10 @@ def test_a_tree_too_deep_to_draft_during_the_flight_is_drafted_shallower(start, 
 def test_a_verdict_that_accepts_past_the_guess_still_hits(drafters):
     """The guess was the path to node 0; the target accepted nodes 0 and 1 and picked 8: the tree drafted ahead
     from after node 0 holds 6 -> 8, so what lies below them goes out."""
-    from edgespec.client.guess import Outcome
-    from edgespec.client.pipeline import DraftPipeline, Prepared
-    from edgespec.client.planner import TreeSize
-    from edgespec.client.verifier import Verdict
+    from edgespec.client.link.verifier import Verdict
+    from edgespec.client.loop.guess import Outcome
+    from edgespec.client.loop.pipeline import DraftPipeline, Prepared
+    from edgespec.client.loop.tree_size import TreeSize
     from edgespec.shared.metrics import GenerationMetrics
     from edgespec.shared.tree import ROOT, DraftTree
 
@@ -185,10 +185,10 @@ def test_a_tree_drafted_ahead_stops_once_its_verdict_rules_it_out(start, tiny_ta
     from edgespec.client.drafters.base import DraftRequest
     from edgespec.client.drafters.independent import IndependentConfig, IndependentDrafter
     from edgespec.client.drafters.tree_builder import TreeShape
-    from edgespec.client.guess import Outcome
-    from edgespec.client.pipeline import DraftPipeline, StopWhenMissed
-    from edgespec.client.planner import TreeSize
-    from edgespec.client.verifier import Verdict
+    from edgespec.client.link.verifier import Verdict
+    from edgespec.client.loop.guess import Outcome
+    from edgespec.client.loop.pipeline import DraftPipeline, StopWhenMissed
+    from edgespec.client.loop.tree_size import TreeSize
     from edgespec.shared.metrics import GenerationMetrics
     from edgespec.shared.tree import DraftTree
 

@@ -16,8 +16,8 @@ import random
 import sys
 from dataclasses import dataclass
 
-from edgespec.client.planner import TreeSize, verify_time
-from edgespec.client.step_plan import LoopConfig, LoopEstimates, TreePlanner
+from edgespec.client.loop.planner import LoopConfig, LoopEstimates, TreePlanner
+from edgespec.client.loop.tree_size import TreeSize, verify_time
 from edgespec.shared.tree import ROOT, DraftTree
 
 CURVE = ((0, 4, 16, 32), (0.59, 2.19, 3.02, 3.85))  # the server's log at 15:50:29 of that run
@@ -141,7 +141,7 @@ def test_code_prompts_keep_their_trees():
 def test_each_generation_the_pipeline_runs_starts_from_the_carried_acceptance():
     """The replay above calls new_generation as DraftPipeline does: a pipeline (one per generation) must."""
     from edgespec.client.drafters.ngram import NgramDrafter
-    from edgespec.client.pipeline import DraftPipeline
+    from edgespec.client.loop.pipeline import DraftPipeline
     from edgespec.shared.metrics import GenerationMetrics
 
     est = LoopEstimates(*CURVE)

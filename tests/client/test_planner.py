@@ -5,10 +5,10 @@ import math
 
 import pytest
 
-from edgespec.client.planner import (PLAIN, PlanInputs, TreeSize, best_tree, expected_tokens, path_floors, plain_step,
-                                     plan_tree, probe_tree, step_time, switch_cost, switch_pays, tokens_per_s,
-                                     verify_time)
-from edgespec.client.step_plan import LoopConfig, LoopEstimates, TreePlanner
+from edgespec.client.loop.tree_size import (PLAIN, PlanInputs, TreeSize, best_tree, expected_tokens, path_floors,
+                                            plain_step, plan_tree, probe_tree, step_time, switch_cost, switch_pays,
+                                            tokens_per_s, verify_time)
+from edgespec.client.loop.planner import LoopConfig, LoopEstimates, TreePlanner
 from edgespec.shared.tree import ROOT, DraftTree
 
 

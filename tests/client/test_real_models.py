@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edgespec.client.generation import GenerationConfig
+from edgespec.client.loop.generation import GenerationConfig
 from support.greedy import greedy_continuation
 from support.servers import running_server
 
@@ -26,7 +26,7 @@ def real_server():
 def test_real_models_greedy_equals_target(real_server, drafter):
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
-    from edgespec.client.link import LinkConfig
+    from edgespec.client.link.grpc_transport import LinkConfig
 
     link = LinkConfig(real_server.address, min_deadline_s=120, max_deadline_s=600)  # a busy CPU is not a dead link
     with EdgespecClient(ClientConfig(link, DrafterOptions(drafter))) as client:
@@ -43,7 +43,7 @@ def test_a_served_alias_still_names_the_tokenizer(real_server, tiny_drafter_dir)
     tokenizer beside it would be refused, if the client did not load the registry name Info gives."""
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
-    from edgespec.client.link import LinkConfig
+    from edgespec.client.link.grpc_transport import LinkConfig
     from edgespec.shared.fingerprint import tokenizer_fingerprint
 
     link = LinkConfig(real_server.address, min_deadline_s=120, max_deadline_s=600)

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from edgespec.client.generation import RetractEvent, TokenEvent, TokenOrigin
+from edgespec.client.loop.generation import RetractEvent, TokenEvent, TokenOrigin
 from edgespec.client.render import COLORS, RESET, TerminalPrinter
 
 ORIGINS = list(TokenOrigin)

@@ -9,8 +9,8 @@ from concurrent import futures
 import grpc
 import pytest
 
-from edgespec.client.generation import GenerationConfig
-from edgespec.client.link import GrpcTransport, Link, LinkConfig, LinkDownError
+from edgespec.client.link.grpc_transport import GrpcTransport, Link, LinkConfig, LinkDownError
+from edgespec.client.loop.generation import GenerationConfig
 from edgespec.proto.edgespec.v1 import pb
 
 

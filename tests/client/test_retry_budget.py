@@ -19,9 +19,9 @@ from concurrent import futures
 import grpc
 import pytest
 
-from edgespec.client.commit import ResumePolicy
-from edgespec.client.generation import GenerationConfig, GenerationFailedError, LinkEvent, TokenEvent
-from edgespec.client.link import LinkDownError, ServerRefusedError, SessionLostError, classify_rpc_error
+from edgespec.client.link.grpc_transport import LinkDownError, ServerRefusedError, SessionLostError, classify_rpc_error
+from edgespec.client.loop.commit import ResumePolicy
+from edgespec.client.loop.generation import GenerationConfig, GenerationFailedError, LinkEvent, TokenEvent
 from edgespec.shared.wire import SERVER_STATUS_METADATA_KEY
 from edgespec.proto.edgespec.v1 import pb_grpc
 from support.servers import running_server

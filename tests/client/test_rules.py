@@ -6,10 +6,10 @@ import random
 import grpc
 import pytest
 
-from edgespec.client.commit import (Finish, ProtocolError, ResumePolicy, StopStrings, accepted_path, finish_point,
-                                    resume_commit)
-from edgespec.client.link import (LinkConfig, LinkDownError, ServerRefusedError, SessionLostError, backoff_delay,
-                                  call_metadata, classify_rpc_error, draft_deadline)
+from edgespec.client.loop.commit import (Finish, ProtocolError, ResumePolicy, StopStrings, accepted_path, finish_point,
+                                         resume_commit)
+from edgespec.client.link.grpc_transport import (LinkConfig, LinkDownError, ServerRefusedError, SessionLostError,
+                                                 backoff_delay, call_metadata, classify_rpc_error, draft_deadline)
 from edgespec.shared.metrics import GenerationMetrics
 from edgespec.shared.tree import ROOT, DraftTree
 

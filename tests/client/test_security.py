@@ -8,8 +8,8 @@ import pytest
 
 from edgespec.client.drafters.factory import DrafterOptions
 from edgespec.client.edge_client import ClientConfig, EdgespecClient
-from edgespec.client.generation import GenerationConfig
-from edgespec.client.link import LinkConfig, LinkDownError, ServerRefusedError
+from edgespec.client.link.grpc_transport import LinkConfig, LinkDownError, ServerRefusedError
+from edgespec.client.loop.generation import GenerationConfig
 from support.servers import running_server
 
 

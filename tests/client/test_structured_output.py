@@ -35,10 +35,10 @@ class Apis:
 
 @pytest.fixture(scope="module")
 def apis(tiny_model_dir, tiny_drafter_dir):
-    from edgespec.client.api import build_app
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
-    from edgespec.client.link import LinkConfig
+    from edgespec.client.http_api import build_app
+    from edgespec.client.link.grpc_transport import LinkConfig
 
     with running_server(tiny_model_dir, max_context_tokens=1024) as server:
         drafter = DrafterOptions("independent", model=str(tiny_drafter_dir), dtype="float32")

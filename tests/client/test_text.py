@@ -1,7 +1,7 @@
 """SettledTokens and TextStreamer: streamed text never has to be taken back."""
 from __future__ import annotations
 
-from edgespec.client.generation import LinkEvent, RetractEvent, TokenEvent, TokenOrigin
+from edgespec.client.loop.generation import LinkEvent, RetractEvent, TokenEvent, TokenOrigin
 from edgespec.client.text import SettledTokens, TextStreamer
 
 A, B, O = TokenOrigin.ACCEPTED, TokenOrigin.BONUS, TokenOrigin.OFFLINE

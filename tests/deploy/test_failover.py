@@ -100,7 +100,7 @@ def client(nginx_proxy, tiny_model_dir, tiny_drafter_dir):
     """A client with the tiny drafter (independent: it can go on offline), connected to nginx."""
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
-    from edgespec.client.link import LinkConfig
+    from edgespec.client.link.grpc_transport import LinkConfig
 
     config = ClientConfig(LinkConfig(address=nginx_proxy[0], min_deadline_s=2.0, backoff_max_s=0.5),
                           DrafterOptions(name="independent", model=str(tiny_drafter_dir), dtype="float32"),
@@ -139,7 +139,7 @@ def _holder(replicas: list[Replica]) -> Replica:
 def generate_losing_the_holder(client, prompt_ids, replicas, take_away):
     """Generate greedily; after KILL_AFTER_TOKENS tokens, with the generation paused, call
     take_away(replica holding the session). Returns (result, emitted ids, link events, that replica)."""
-    from edgespec.client.generation import GenerationConfig, LinkEvent, RetractEvent, TokenEvent
+    from edgespec.client.loop.generation import GenerationConfig, LinkEvent, RetractEvent, TokenEvent
 
     emitted: list[int] = []
     link_events: list[LinkEvent] = []
@@ -158,7 +158,7 @@ def generate_losing_the_holder(client, prompt_ids, replicas, take_away):
 
 
 def assert_resumed_elsewhere_exactly(result, emitted, link_events, survivors, expected_ids, client):
-    from edgespec.client.generation import TokenOrigin
+    from edgespec.client.loop.generation import TokenOrigin
 
     # The link went down and came back on a replica that never saw the session.
     assert [e.online for e in link_events] == [False, True], [e.detail for e in link_events]

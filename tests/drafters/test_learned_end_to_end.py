@@ -45,7 +45,7 @@ def learned_client(address, target_dir, checkpoint, kind):
 
 @pytest.mark.parametrize("kind,tli", KINDS)
 def test_drafted_generation_equals_the_targets_greedy_output(target_greedy, kind, tli, server, target, target_dir, checkpoints):
-    from edgespec.client.generation import GenerationConfig
+    from edgespec.client.loop.generation import GenerationConfig
 
     client = learned_client(server.address, target_dir, checkpoints[f"{kind}-tli{tli}"], kind)
     try:
@@ -68,8 +68,8 @@ def test_plain_steps_decoding_ahead_hand_the_drafter_every_tokens_features(targe
     its runtime) as a chain it took whole: the output stays the target's and the drafter holds the text."""
     import dataclasses
 
-    from edgespec.client.generation import GenerationConfig, TokenOrigin
-    from edgespec.client.step_plan import LoopConfig
+    from edgespec.client.loop.generation import GenerationConfig, TokenOrigin
+    from edgespec.client.loop.planner import LoopConfig
 
     client = learned_client(server.address, target_dir, checkpoints[f"{kind}-tli{tli}"], kind)
     try:
@@ -96,8 +96,8 @@ def relay(server):
 @pytest.mark.parametrize("kind,tli", KINDS)
 def test_cut_link_completes_offline_and_rollback_resume_is_exact(target_greedy, kind, tli, server, relay, target, target_dir,
                                                                  checkpoints):
-    from edgespec.client.commit import ResumePolicy
-    from edgespec.client.generation import GenerationConfig, TokenOrigin
+    from edgespec.client.loop.commit import ResumePolicy
+    from edgespec.client.loop.generation import GenerationConfig, TokenOrigin
 
     ckpt = checkpoints[f"{kind}-tli{tli}"]
     client = learned_client(relay.target, target_dir, ckpt, kind)

@@ -68,7 +68,7 @@ def test_checkpoint_vocab_is_the_trained_list(target, eagle):
 @pytest.mark.parametrize("draft_vocab,context_vocab", [(64, True), (64, False)])
 def test_a_reduced_list_with_context_ids_stays_lossless(target_greedy, target, target_dir, eagle, draft_vocab,
                                                         context_vocab):
-    from edgespec.client.generation import GenerationConfig
+    from edgespec.client.loop.generation import GenerationConfig
 
     with running_server(target_dir, http_port=None) as server:
         options = learned_options("eagle", eagle, target_dir, draft_vocab=draft_vocab, context_vocab=context_vocab)

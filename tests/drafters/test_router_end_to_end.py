@@ -33,8 +33,8 @@ def test_drafting_with_the_router_is_token_exact(target_greedy, kind, server, ta
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.drafters.tree_builder import TreeShape
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
-    from edgespec.client.generation import GenerationConfig
-    from edgespec.client.link import LinkConfig
+    from edgespec.client.link.grpc_transport import LinkConfig
+    from edgespec.client.loop.generation import GenerationConfig
     from edgespec.netem.bench.router import open_routed_drafter
 
     drafter, routed, _, _ = open_routed_drafter(str(checkpoints[kind]), str(target_dir), TreeShape())

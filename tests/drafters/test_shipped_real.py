@@ -26,8 +26,8 @@ def server():
 def test_shipped_drafter_by_name_is_exact_with_the_real_target(server, name):
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
-    from edgespec.client.generation import GenerationConfig
-    from edgespec.client.link import LinkConfig
+    from edgespec.client.link.grpc_transport import LinkConfig
+    from edgespec.client.loop.generation import GenerationConfig
 
     link = LinkConfig(server.address, min_deadline_s=120, max_deadline_s=600)
     with EdgespecClient(ClientConfig(link, DrafterOptions(name))) as client:

@@ -60,8 +60,8 @@ def delta(before: dict, after: dict, name: str, **labels) -> float:
 def test_names_labels_and_counts_follow_a_real_generation(server, tiny_model_dir):
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
-    from edgespec.client.generation import GenerationConfig
-    from edgespec.client.link import LinkConfig
+    from edgespec.client.link.grpc_transport import LinkConfig
+    from edgespec.client.loop.generation import GenerationConfig
 
     _, before = scrape(server)
     # The target's own weights as the drafter: long accepted paths, so per-position counters move.

@@ -226,7 +226,7 @@ def test_the_defaults_the_client_help_names_are_the_classes_own():
     defaults of the classes that apply them when the flag is unset."""
     from edgespec.client.drafters.independent import IndependentConfig
     from edgespec.client.drafters.tree_builder import TreeShape
-    from edgespec.client.step_plan import LoopConfig
+    from edgespec.client.loop.planner import LoopConfig
 
     helps = {a.dest: a.help for a in parser_of("client")._actions}
     shape = TreeShape()

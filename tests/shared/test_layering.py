@@ -5,7 +5,10 @@ modules named in strings (``importlib.import_module("...")``, a registry of modu
   netem/ (network emulation, demos, benchmarks) above both; the top package (``edgespec``: the Python client's
   front and the `edgespec` command) above all. Nothing names a floor above its own;
 - the server's assembly has no import circle (the engines, the core and its metrics, the app and its gRPC side);
-- the generation loop and the drafters never touch protobuf: the verifier (``client/verifier.py``) converts;
+- inside the client, the drafters (``client/drafters/``) and the link (``client/link/``) on the ground, neither
+  naming the other; the loop (``client/loop/``) above them; the front (the modules beside them: the commands, the
+  APIs, the assembly, the face) above all;
+- the generation loop and the drafters never touch protobuf: the verifier (``client/link/verifier.py``) converts;
 - netem builds the server's and the client's parts only through their public faces (the names in
   ``edgespec.server.__all__`` and ``edgespec.client.__all__``), so their modules can move under it."""
 from __future__ import annotations
@@ -178,7 +181,49 @@ def test_the_circle_check_sees_a_circle():
     assert reaches(graph, "engine", "engine_batched") and reaches(graph, "engine_batched", "engine")
 
 
-BOUNDARY = [PACKAGES["edgespec.client"] / "generation.py",
+# ------------------------------------------------------------------ the client's floors
+CLIENT = PACKAGES["edgespec.client"]
+CLIENT_FLOORS = {"drafters": 0, "link": 0, "loop": 1}  # a sub-package's floor; the front (anything else) is 2
+
+
+def client_part(module: str) -> str | None:
+    """The part of the client (a key of CLIENT_FLOORS, or "front") a module name belongs to; None outside it."""
+    if module != "edgespec.client" and not module.startswith("edgespec.client."):
+        return None
+    part = module.split(".")[2] if module.count(".") >= 2 else ""
+    return part if part in CLIENT_FLOORS else "front"
+
+
+def client_floor(part: str) -> int:
+    return CLIENT_FLOORS.get(part, 2)
+
+
+CLIENT_MODULES = [path for package, path in MODULES if package == "edgespec.client"]
+
+
+@pytest.mark.parametrize("path", CLIENT_MODULES, ids=lambda p: p.relative_to(CLIENT).as_posix())
+def test_no_import_from_a_higher_floor_of_the_client(path):
+    own = client_part(".".join(("edgespec.client", *path.relative_to(CLIENT).with_suffix("").parts)))
+    named = {m: client_part(m) for m in imported_modules(path, CLIENT, "edgespec.client")}
+    bad = sorted(m for m, part in named.items()
+                 if part and part != own and client_floor(part) >= client_floor(own))
+    assert not bad, f"client/{path.relative_to(CLIENT)} ({own}) names {bad}, on a floor of the client not below its own"
+
+
+def test_the_client_floor_check_sees_an_upward_import(tmp_path):
+    loop = tmp_path / "loop"
+    loop.mkdir()
+    sample = loop / "sample.py"
+    sample.write_text("from .generation import Generation\nfrom edgespec.client.link.verifier import Verifier\n"
+                      "from edgespec.client.edge_client import EdgespecClient\nfrom edgespec.client import Client\n")
+    named = {m: client_part(m) for m in imported_modules(sample, tmp_path, "edgespec.client")}
+    upward = sorted(m for m, part in named.items() if part and part != "loop" and client_floor(part) >= 1)
+    assert upward == ["edgespec.client", "edgespec.client.Client", "edgespec.client.edge_client",
+                      "edgespec.client.edge_client.EdgespecClient"]
+    assert client_part("edgespec.client.link.verifier") == "link" and client_part("edgespec.server") is None
+
+
+BOUNDARY = [*sorted((PACKAGES["edgespec.client"] / "loop").glob("*.py")),
             *sorted((PACKAGES["edgespec.client"] / "drafters").glob("*.py"))]
 
 
@@ -186,7 +231,7 @@ BOUNDARY = [PACKAGES["edgespec.client"] / "generation.py",
 def test_no_protobuf_import_in_the_loop_or_the_drafters(path):
     found = imported_modules(path, PACKAGES["edgespec.client"], "edgespec.client")
     bad = [m for m in found if m.startswith(("edgespec.proto", "google.protobuf", "grpc"))]
-    assert not bad, f"{path.name} imports {bad}: go through client/verifier.py's domain types"
+    assert not bad, f"{path.name} imports {bad}: go through client/link/verifier.py's domain types"
 
 
 def test_the_check_sees_a_protobuf_import(tmp_path):

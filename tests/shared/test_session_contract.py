@@ -12,7 +12,7 @@ import edgespec.client
 import edgespec.netem
 import edgespec.server
 import edgespec.shared
-from edgespec.client.generation import GenerationConfig
+from edgespec.client.loop.generation import GenerationConfig
 from edgespec.shared.openai.requests import CompletionRequest
 from edgespec.shared.session_contract import SamplingSettings, ServerTimings
 

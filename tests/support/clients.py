@@ -11,7 +11,7 @@ QUICK_LINK = {"min_deadline_s": 0.3, "connect_timeout_s": 0.5, "backoff_initial_
 def edge_client(address: str, options, tokenizer, **link):
     """An EdgespecClient of the DrafterOptions `options` to `address`, over a QUICK_LINK with `link` on top."""
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
-    from edgespec.client.link import LinkConfig
+    from edgespec.client.link.grpc_transport import LinkConfig
 
     return EdgespecClient(ClientConfig(LinkConfig(address, **{**QUICK_LINK, **link}), options, tokenizer=str(tokenizer)))
 
@@ -21,8 +21,8 @@ def generate_exactly(drafter, address: str, tokenizer, target, greedy, prompt: s
     they are the target's greedy tokens (`greedy`, the fixture) and returns the GenerationResult."""
     from edgespec.client.drafters.factory import DrafterOptions
     from edgespec.client.edge_client import ClientConfig, EdgespecClient
-    from edgespec.client.generation import GenerationConfig
-    from edgespec.client.link import LinkConfig
+    from edgespec.client.link.grpc_transport import LinkConfig
+    from edgespec.client.loop.generation import GenerationConfig
 
     client = EdgespecClient(ClientConfig(LinkConfig(address), DrafterOptions("independent"), tokenizer=str(tokenizer)),
                             drafter=drafter)

@@ -1,7 +1,7 @@
 """Loop estimates for tests that need the planner to choose plain steps whatever the tiny server's timings show."""
 from __future__ import annotations
 
-from edgespec.client.step_plan import LoopEstimates
+from edgespec.client.loop.planner import LoopEstimates
 
 
 class TreesNeverPay(LoopEstimates):

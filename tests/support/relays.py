@@ -25,7 +25,7 @@ def relay_to(server, profile: str = "ideal") -> Iterator:
 def drive(gen, relay, cut_at: int, restore_after: int | None):
     """Consume a generation; blackhole the relay after `cut_at` tokens, restore it after `restore_after`
     offline tokens (None: never). Returns the generation's result."""
-    from edgespec.client.generation import TokenEvent, TokenOrigin
+    from edgespec.client.loop.generation import TokenEvent, TokenOrigin
 
     offline = 0
     for e in gen:

@@ -1,6 +1,6 @@
 """One Session stream to a server, message by message, for the tests of the server's side of the wire.
 
-It is the client's own SessionStream (client/link.py): the same stream, call metadata and answer
+It is the client's own SessionStream (client/link/grpc_transport.py): the same stream, call metadata and answer
 handling as a real client's. Where the client turns a refusal into its own error, this gives back the
 grpc.RpcError the server ended the stream with, so a test reads the status code and details it sent.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import grpc
 
-from edgespec.client.link import LinkConfig, SessionStream
+from edgespec.client.link.grpc_transport import LinkConfig, SessionStream
 from edgespec.proto.edgespec.v1 import pb
 from edgespec.shared.errors import EdgespecError
 

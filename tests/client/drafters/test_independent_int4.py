@@ -13,7 +13,7 @@ from edgespec.client.drafters.int4_linear import (Int4Linear, dequantize_groups,
 from edgespec.client.drafters.int8_linear import FLOAT_ROWS_FROM, Int8Linear, int8_matmul_available
 from edgespec.client.drafters.quantize import quantize_linears
 from edgespec.client.drafters.tree_builder import TreeShape
-from edgespec.client.generation import TokenOrigin
+from edgespec.client.loop.generation import TokenOrigin
 
 pytestmark = pytest.mark.skipif(not (int4_matmul_available() and int8_matmul_available()),
                                 reason="this torch has no CPU int4 / int8 weight kernels")

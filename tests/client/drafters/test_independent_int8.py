@@ -10,7 +10,7 @@ from edgespec.client.drafters.independent import IndependentConfig, IndependentD
 from edgespec.client.drafters.int8_linear import Int8Linear, head_rows, int8_matmul_available
 from edgespec.client.drafters.quantize import quantize_linears
 from edgespec.client.drafters.tree_builder import TreeShape
-from edgespec.client.generation import TokenOrigin
+from edgespec.client.loop.generation import TokenOrigin
 
 pytestmark = pytest.mark.skipif(not int8_matmul_available(), reason="this torch has no _weight_int8pack_mm")
 

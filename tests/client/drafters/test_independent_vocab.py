@@ -10,7 +10,7 @@ from edgespec.client.drafters.independent import IndependentConfig, IndependentD
 from edgespec.client.drafters.independent_vocab import (SHIPPED_DIR, count_vocab, draft_vocab_ids, load_vocab,
                                                         save_vocab, special_ids, vocab_file_name)
 from edgespec.client.drafters.tree_builder import TreeShape
-from edgespec.client.generation import TokenOrigin
+from edgespec.client.loop.generation import TokenOrigin
 from edgespec.netem.bench.independent import accepted_length
 from edgespec.shared.tree import DraftTree
 

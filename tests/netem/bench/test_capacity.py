@@ -10,7 +10,7 @@ from support.servers import running_server
 
 from edgespec.client.drafters.factory import DrafterOptions
 from edgespec.client.edge_client import ClientConfig, EdgespecClient, load_tokenizer
-from edgespec.client.generation import GenerationConfig
+from edgespec.client.loop.generation import GenerationConfig
 from edgespec.netem.bench import capacity
 from edgespec.netem.bench.oracle_drafter import AcceptHistogram, OracleDrafter, histogram, load_histograms, oracle_tree
 from edgespec.netem.bench.loopback import patient_link

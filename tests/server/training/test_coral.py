@@ -92,7 +92,7 @@ def test_trained_drafter_opens_and_drafts_token_exact_over_grpc(target_greedy, c
     from edgespec.client.drafters.eagle_runtime import EagleRuntime
     from edgespec.client.drafters.learned_loading import open_runtime
     from edgespec.client.drafters.tree_builder import TreeShape
-    from edgespec.client.generation import GenerationConfig
+    from edgespec.client.loop.generation import GenerationConfig
 
     assert isinstance(open_runtime(checkpoint, target.model), EagleRuntime)
     options = learned_options("eagle", checkpoint, target_dir, tree=TreeShape(**TREE_KW))

@@ -267,7 +267,7 @@ def server(target_dir, checkpoints):
 def test_trained_drafter_opens_and_drafts_token_exact_over_grpc(target_greedy, kind, tli, server, target, target_dir, checkpoints):
     from edgespec.client.drafters.learned_loading import open_runtime
     from edgespec.client.drafters.tree_builder import TreeShape
-    from edgespec.client.generation import GenerationConfig
+    from edgespec.client.loop.generation import GenerationConfig
 
     base = kind.split("+")[0]
     assert type(open_runtime(checkpoints[kind], target.model)).__name__ == ("EagleRuntime" if base == "eagle"
