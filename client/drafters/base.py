@@ -57,7 +57,7 @@ class DraftRequest:
     stop: Callable[[DraftTree], bool] | None = None  # drafting ahead: asked before each further pass with every
     # candidate so far (target ids, the ones left out of the tree too); True: the verdict came and no candidate
     # can match it, so the drafter returns what it has at once (its time is the next tree's now)
-    path_floors: tuple[float, ...] = ()  # where to stop deepening, from the loop's costs (planner.path_floors):
+    path_floors: tuple[float, ...] = ()  # where to stop deepening, from the loop's costs (tree_size.path_floors):
     # [i] is the least probability the best path of depth i + 1 must have to be drafted a level deeper, in place
     # of a drafter's own min_prob; (): the drafter's own
 

@@ -16,7 +16,7 @@ LOOP_MODES = {
     "auto-finish-missed": LoopConfig(stop_missed=False),  # before a tree drafted ahead stopped at a verdict that
     # ruled it out: it was drafted to its end, then the next one
     "auto-by-path": LoopConfig(depth_by_path=True),  # trees stopped by their own paths' probabilities and the
-    # loop's costs (planner.path_floors), not capped at the planner's depth
+    # loop's costs (tree_size.path_floors), not capped at the planner's depth
     "auto-unsettled": LoopConfig(settle=False),  # before a switch between plain steps and trees was charged its
     # cost: the steady rates alone picked each step's kind
     "auto-no-overlap": LoopConfig(overlap_open=False),  # before Open overlapped the drafter's prefill: the tree
