@@ -27,21 +27,17 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from edgespec.shared.errors import EdgespecError
+from edgespec.shared.session_settings import FeatureRequest
 from edgespec.shared.tree import DraftTree
-from edgespec.shared.wire import FeatureKind
 
 
 class OfflineUnsupportedError(EdgespecError, grpc_code="UNAVAILABLE"):
     """The drafter cannot generate without the server (it only proposes, e.g. ngram lookup)."""
 
 
-@dataclass(frozen=True)
-class FeatureNeeds:
-    """What the drafter asks the server to send back per verified token (the wire's FeatureRequest)."""
-
-    kind: FeatureKind = FeatureKind.NONE  # which features, if any
-    moa_server_part: str = ""  # MoA: name of the Layer Self-Attention weights on the server
-    tli_layers: int = 0  # MoA: Target Layer Inference depth N
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading ids `a` and `b` share: how much of a drafter's state still follows the committed text."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 @dataclass(frozen=True)
@@ -85,9 +81,9 @@ class Drafter(abc.ABC):
     stops_by_path: bool = False  # True when propose honours DraftRequest.path_floors (a tree grown by its paths'
     # probabilities, tree_builder.build_tree); the loop caps the others' depth by the planner's alone
 
-    def feature_request(self) -> FeatureNeeds:
+    def feature_request(self) -> FeatureRequest:
         """The features this drafter needs from the target (none by default)."""
-        return FeatureNeeds()
+        return FeatureRequest()
 
     def start(self, prompt_ids: Sequence[int], first_token: int, features: Mapping[str, torch.Tensor]) -> None:
         """A session opened: committed is prompt + first_token; features cover the prompt."""

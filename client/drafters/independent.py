@@ -30,17 +30,13 @@ from edgespec.shared import kv
 from edgespec.shared.models.cache_arg import with_cache
 from edgespec.shared.tree import ROOT, DraftTree
 
-from .base import Drafter, DraftRequest
+from .base import Drafter, DraftRequest, common_prefix
 from .int8_linear import head_rows, int8_matmul_available
 from .quantize import quantize_linears
 from .tree_builder import Candidates, TreeShape, build_tree
 
 log = logging.getLogger(__name__)
 MLP_MODULE = "mlp"  # the decoder layers' MLP, as Hugging Face's Llama-family models (Qwen2 among them) name it
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def accepted_slots(suffix: Sequence[int], cands: Candidates, slot: dict[int, int]) -> list[int]:

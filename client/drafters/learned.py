@@ -23,10 +23,10 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from edgespec.shared.errors import EdgespecError
+from edgespec.shared.session_settings import FeatureRequest
 from edgespec.shared.tree import DraftTree
 
-from .base import Drafter, DraftRequest, FeatureNeeds, Verification
-from .independent import common_prefix
+from .base import Drafter, DraftRequest, Verification, common_prefix
 from .runtime import LearnedRuntime
 from .tree_builder import Candidates, TreeShape, build_tree
 
@@ -39,7 +39,7 @@ class LearnedDrafter(Drafter):
     can_generate_offline = True
     stops_by_path = True
 
-    def __init__(self, name: str, runtime: LearnedRuntime, needs: FeatureNeeds, tree: TreeShape = TreeShape(),
+    def __init__(self, name: str, runtime: LearnedRuntime, needs: FeatureRequest, tree: TreeShape = TreeShape(),
                  context_vocab: bool = True):
         self.name = name
         self.rt = runtime
@@ -55,7 +55,7 @@ class LearnedDrafter(Drafter):
         if self.context_vocab and self.rt.routed is None and self.rt.parts.set_context_ids(committed):
             self._to_target = self.rt.parts.draft_to_target()
 
-    def feature_request(self) -> FeatureNeeds:
+    def feature_request(self) -> FeatureRequest:
         return self.needs
 
     # -- keeping the runtime in step ------------------------------------------------------------

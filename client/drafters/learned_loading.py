@@ -16,9 +16,9 @@ from edgespec.shared.drafters.eagle import load_eagle
 from edgespec.shared.drafters.moa import load_moa_client
 from edgespec.shared.drafters.router import attach_router_if_present
 from edgespec.shared.drafters.target_parts import TargetParts, load_target_parts
+from edgespec.shared.session_settings import FeatureRequest
 from edgespec.shared.wire import FeatureKind
 
-from .base import FeatureNeeds
 from .beagle_runtime import BeagleRuntime
 from .eagle_runtime import EagleRuntime
 from .learned import LearnedDrafter
@@ -92,6 +92,6 @@ def learned_drafter(runtime: LearnedRuntime, tree: TreeShape, moa_server_part: s
     ``context_vocab``: with a reduced list, the committed text's ids are drafted too."""
     if isinstance(runtime, MoARuntime):
         tli = runtime.parts.tli
-        return LearnedDrafter(f"moa-tli{tli}", runtime, FeatureNeeds(FeatureKind.MOA, moa_server_part, tli), tree,
+        return LearnedDrafter(f"moa-tli{tli}", runtime, FeatureRequest(FeatureKind.MOA, moa_server_part, tli), tree,
                               context_vocab)
-    return LearnedDrafter(runtime.name.lower(), runtime, FeatureNeeds(FeatureKind.LAST_HIDDEN), tree, context_vocab)
+    return LearnedDrafter(runtime.name.lower(), runtime, FeatureRequest(FeatureKind.LAST_HIDDEN), tree, context_vocab)

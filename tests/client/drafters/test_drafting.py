@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from edgespec.client.drafters.base import DraftRequest, OfflineUnsupportedError
-from edgespec.client.drafters.independent import IndependentConfig, IndependentDrafter, common_prefix
+from edgespec.client.drafters.base import DraftRequest, OfflineUnsupportedError, common_prefix
+from edgespec.client.drafters.independent import IndependentConfig, IndependentDrafter
 from edgespec.client.drafters.ngram import NgramConfig, NgramDrafter, continuations, match_starts, trie_tree
 from edgespec.client.drafters.tree_builder import Candidates, TreeShape, build_tree, select_tree
 from edgespec.shared.models.cache_arg import with_cache
