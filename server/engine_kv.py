@@ -204,8 +204,10 @@ class PagedKV(SessionKV):
     def keep_rows(self, past_len: int, rows: Sequence[int]) -> None:
         rows = list(rows)
         self.require_blocks()
-        if self.tokens is not None:
+        if self.tokens is not None and len(self.tokens) > past_len + max(rows, default=-1):
             self.tokens[past_len:] = [self.tokens[past_len + r] for r in rows]
+        else:  # rows written without their tokens (the KV filled from elsewhere): no longer recomputable
+            self.tokens = None
         if rows and rows != list(range(len(rows))):
             pool = self.pool
             src = torch.tensor(pool.positions(self.blocks, past_len, past_len + max(rows) + 1), dtype=torch.long,
