@@ -35,6 +35,9 @@ def ship(run_dir: str | Path, name: str, command: str = "", measured: dict | Non
     dest.mkdir(parents=True, exist_ok=True)
     for f in files:
         shutil.copy2(f, dest / f.name)
+    data = card.get("data", {})
+    if "feature_store" in data:  # the card is read elsewhere: the stores by their place under the home folder
+        data["feature_store"] = data["feature_store"].replace(str(Path.home()), "~")
     card["files"] = {f.name: f.stat().st_size for f in files}
     card["name"] = name
     if command:

@@ -84,7 +84,7 @@ class TargetParts(nn.Module):
         self.norm = copy.deepcopy(base.norm).to(dtype)
         # A drafting step is mostly the LM head: reading [V', E] weights for a few rows. ``head_dtype`` (bf16 on
         # a CPU with native bf16: ~3.5x fp32 for 4 rows of a 65,536-row head) may differ from the layers'.
-        # torch.int8: int8 rows with the outlier channels apart (int8_head.py), ~3x bf16's speed; the float
+        # torch.int8: int8 rows with the outlier channels apart (int8_head.py), faster than bf16; the float
         # rows then stay in bf16, for an LM-head router and for the context ids' rows.
         self.dtype = dtype  # the TLI layers' and the norm's (head_weight may be in head_dtype)
         head_dtype = head_dtype or dtype

@@ -166,6 +166,20 @@ def test_ship_copies_parts_apart_writes_the_card_and_enforces_the_size_limit(che
                                                       "server.safetensors"]
     assert checkpoint_kind(dest) == "moa" and read_card(dest)["measured"] == {"tau": 1.5}
     assert "moa-tli1" in (dest / "CARD.md").read_text()
+    # A store under the home folder is named from it: the card travels to other machines.
+    import json
+    from pathlib import Path
+
+    import shutil
+
+    run = Path(shutil.copytree(run, tmp_path / "run"))  # the fixture's run stays as it was for other tests
+    card_file = run / "card.json"
+    card = json.loads(card_file.read_text()) if card_file.is_file() else {}
+    card.setdefault("data", {})["feature_store"] = f"{Path.home()}/stores/a,{Path.home()}/stores/b"
+    card_file.write_text(json.dumps(card))
+    dest = shipping.ship(run, "moa-tli1", dest_root=tmp_path)
+    assert read_card(dest)["data"]["feature_store"] == "~/stores/a,~/stores/b"
+    assert str(Path.home()) not in (dest / "CARD.md").read_text()
     small = shipping.MAX_BYTES
     try:
         shipping.MAX_BYTES = 10
