@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from edgespec.shared.models.cache_arg import cache_kwarg
-from edgespec.shared.models.loading import LoadedModel
+from edgespec.shared.models.loading import LoadedModel, model_eos_ids
 
 
 class TargetModel:
@@ -46,7 +46,7 @@ class TargetModel:
         # Gemma2 caps its logits with tanh inside ForCausalLM.forward, which the server does not call.
         softcap = getattr(cfg, "final_logit_softcapping", None)
         self.logit_softcap: float | None = float(softcap) if softcap else None
-        self.eos_ids: frozenset[int] = frozenset(_eos_ids(self.model, self.tokenizer))
+        self.eos_ids: frozenset[int] = frozenset(model_eos_ids(self.model, self.tokenizer))
 
     @torch.no_grad()  # not inference_mode: the batched engine's step may be compiled, and aot_autograd refuses
     # inference tensors
@@ -76,14 +76,3 @@ class TargetModel:
         return logits
 
 
-def _eos_ids(model, tokenizer) -> set[int]:
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config):
-        value = getattr(source, "eos_token_id", None) if source is not None else None
-        if isinstance(value, int):
-            ids.add(value)
-        elif value:
-            ids.update(int(v) for v in value)
-    if getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return ids

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from edgespec.shared.models.cache_arg import output_cache
+from edgespec.shared.models.loading import model_eos_ids
 from .extraction import Sequence, shard_path, write_shard
 from .features import store_meta
 from .train_config import CaptureConfig
@@ -42,12 +43,6 @@ def answer_length(generated: list[int], eos_ids: set[int]) -> int:
         if t in eos_ids:
             return i + 1
     return len(generated)
-
-
-def eos_ids_of(model, tokenizer) -> set[int]:
-    ids = model.generation_config.eos_token_id
-    ids = set(ids if isinstance(ids, (list, tuple)) else [ids] if ids is not None else [])
-    return ids | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
 
 
 @torch.inference_mode()
@@ -90,7 +85,7 @@ def generate_captured(model, tokenizer, histories: list[list[dict]], max_new_tok
         flat = lambda t: t[:, :, :seen].transpose(1, 2).flatten(2)  # noqa: E731
         per_name["kv"] = torch.stack([torch.cat([flat(cache.layers[i].keys), flat(cache.layers[i].values)], -1)
                                       for i in range(n_layers)], dim=2)
-    eos = eos_ids_of(model, tokenizer)
+    eos = model_eos_ids(model, tokenizer)
     pads = (enc["attention_mask"] == 0).sum(1).tolist()
     answers = []
     for r, row in enumerate(out.sequences.tolist()):

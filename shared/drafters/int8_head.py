@@ -41,11 +41,10 @@ def kept_channels(norm_weight: torch.Tensor, k: int = KEPT_CHANNELS) -> torch.Te
 def quantize_head(weight: torch.Tensor, channels: torch.Tensor, chunk: int = 16384) -> Int8Head:
     """[V, E] LM-head rows (any float dtype) -> int8 rows with one scale each, ``channels`` kept in float.
     Rows go ``chunk`` at a time, so the float copies stay small beside a 151,936-row head."""
-    parts = [_quantize_rows(weight[i:i + chunk].detach().float(), channels) for i in range(0, weight.shape[0], chunk)]
-    if not parts:
-        parts = [_quantize_rows(weight.detach().float(), channels)]
-    return Int8Head(*(torch.cat(x) for x in zip(*parts)), channels=channels) if len(parts) > 1 else \
-        Int8Head(*parts[0], channels=channels)
+    parts = [_quantize_rows(weight[i:i + chunk].detach().float(), channels)
+             for i in range(0, max(1, weight.shape[0]), chunk)]
+    q, scale, kept = (torch.cat(x) for x in zip(*parts))
+    return Int8Head(q, scale, kept, channels)
 
 
 def _quantize_rows(w: torch.Tensor, channels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

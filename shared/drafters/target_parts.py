@@ -152,7 +152,7 @@ class TargetParts(nn.Module):
             logits = int8_logits(hidden, self._int8)
             if self._context_int8 is not None:
                 logits = torch.cat([logits, int8_logits(hidden, self._context_int8)], dim=-1)
-            return logits if logits.dtype == hidden.dtype else logits.to(hidden.dtype)
+            return logits.to(hidden.dtype)
         h = hidden.to(self.head_weight.dtype)
         if self._context_weight is None:
             logits = h @ self.head_weight.T

@@ -125,6 +125,21 @@ def load_model(name_or_path: str, device: str | None = None, dtype: str | torch.
     return LoadedModel(name, model, tokenizer, dev, dt, tokenizer_fingerprint(tokenizer))
 
 
+def model_eos_ids(model, tokenizer) -> set[int]:
+    """Every id a generation of ``model`` ends on: its generation config's, its config's and the tokenizer's
+    (Qwen's generation config lists both <|im_end|> and <|endoftext|>)."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(int(v) for v in value)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
 def checkpoint_dtype(config) -> torch.dtype:
     """The dtype a checkpoint's config records (``dtype``, formerly ``torch_dtype``); float32 when it records none,
     which is what transformers itself assumes."""
