@@ -53,7 +53,7 @@ class VerifierCore:
         capacity = max(1, limits.store.max_kv_bytes)
         self.metrics.watch(target.eos_ids, lambda: len(self.store), self.scheduler.pending,  # read when scraped
                            lambda: self.store.total_kv_bytes() / capacity)
-        self.metrics.watch_engine(lambda: self.scheduler.engine.times)
+        self.metrics.watch_engine(lambda: self.scheduler.engine.times, lambda: self.scheduler.engine.preemptions)
         self.metrics.watch_scheduler(lambda: self.scheduler.stats)
         self._cost_curve = None  # verification time by tree size (cost_curve.CostCurve), once measured: Info reports it
         self.load_price = LoadPrice()  # what a tree node costs the sessions sharing the forwards: sent with Verified

@@ -96,6 +96,7 @@ class Engine(ABC):
     def __init__(self, target: TargetModel):
         self.target = target
         self.times = StepTimes()  # host and device parts of every step so far (``engine_timing``)
+        self.preemptions = 0  # sessions whose KV was given back for others and recomputed later (paged engines)
 
     @abstractmethod
     def new_kv(self) -> SessionKV:
@@ -107,6 +108,10 @@ class Engine(ABC):
 
     def check(self, kv: SessionKV, work: Work) -> None:
         """Refuse a work item that cannot run (before it joins a batch, so it fails alone)."""
+
+    def release_batch(self) -> None:
+        """The last forward's jobs have run on past it (accepted, exported their features, queued their next
+        work): their sessions' KV may be taken for others again. The scheduler calls it after each batch."""
 
     def cost(self, items: Sequence[Work]) -> int:
         """Tokens a forward over these items computes (what the scheduler's budget counts)."""

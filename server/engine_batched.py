@@ -117,7 +117,10 @@ class BatchedEngine(Engine):
                            target.dtype, target.device)
         self.cache = PoolCache(self.pool, target.num_layers)
         self._kvs: weakref.WeakSet[PagedKV] = weakref.WeakSet()  # every live session's KV: preemption's candidates
-        self.preemptions = 0  # sessions preempted so far (their blocks given back, recomputed later)
+        # The last forward's sessions, until their jobs have run on (``release_batch``): a job reads its KV after
+        # the forward (accepted rows kept, K/V features exported), so an earlier item's next work in the same
+        # batch must not preempt it in between.
+        self._finishing: list[PagedKV] = []
         self.pool.preemptors.append(self._preempt_one)
         self.key_buckets = key_buckets(config.session_tokens, config.first_key_bucket, config.key_growth,
                                        config.block_size)
@@ -176,7 +179,9 @@ class BatchedEngine(Engine):
         """The pool is short of blocks: give back the blocks of the session that ran least recently among those
         that hold blocks, wait for no forward and know their tokens; it is re-prefilled before its next forward
         (vLLM's recompute preemption). False when no session can be preempted."""
-        victim = min((kv for kv in list(self._kvs) if kv.preemptible), key=lambda kv: kv.last_used, default=None)
+        finishing = {id(kv) for kv in self._finishing}
+        victim = min((kv for kv in list(self._kvs) if kv.preemptible and id(kv) not in finishing),
+                     key=lambda kv: kv.last_used, default=None)
         if victim is None:
             return False
         log.info("KV pool short of blocks: preempting a session of %d tokens (%d blocks), recomputed at its next "
@@ -218,7 +223,9 @@ class BatchedEngine(Engine):
         return Bucket(rows, len(works), keys, cfg.block_size), False
 
     def run(self, items: Sequence[tuple[SessionKV, Work]]) -> list[ForwardOutput]:
-        """The batch's forward, after recomputing the KV of any of its sessions that was preempted."""
+        """The batch's forward, after recomputing the KV of any of its sessions that was preempted. Its sessions
+        are not preempted until ``release_batch`` (or the next forward): their jobs still read their KV."""
+        self._finishing = [kv for kv, _ in items]
         for kv, _ in items:
             kv.pinned = True  # a recompute below may need blocks: not from this batch's sessions
         try:
@@ -230,6 +237,9 @@ class BatchedEngine(Engine):
             for kv, _ in items:
                 kv.pinned = False
                 kv.last_used = self.times.steps
+
+    def release_batch(self) -> None:
+        self._finishing = []
 
     def _recompute(self, kv: PagedKV) -> None:
         """Re-prefill a preempted session's tokens into blocks of its own (``check`` took them back already for

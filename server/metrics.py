@@ -140,9 +140,10 @@ class ServerMetrics(VllmMetrics):
         self.waiting.set_function(waiting)
         self.kv_usage.set_function(kv_usage)
 
-    def watch_engine(self, times: Callable[[], "StepTimes"]) -> None:
-        """Export the engine's step-time totals (``engine_timing.StepTimes``), read when scraped."""
-        self.registry.register(_StepTimesCollector(times))
+    def watch_engine(self, times: Callable[[], "StepTimes"], preemptions: Callable[[], int] = lambda: 0) -> None:
+        """Export the engine's step-time totals (``engine_timing.StepTimes``) and its preemptions so far (sessions
+        whose KV blocks went to others, recomputed at their next forward), read when scraped."""
+        self.registry.register(_StepTimesCollector(times, preemptions))
 
     def watch_scheduler(self, stats: Callable[[], object]) -> None:
         """Export the scheduler's batching totals (``SchedulerStats``: forwards, items, rows), read when scraped:
@@ -270,8 +271,8 @@ class _StepTimesCollector:
 
     PARTS = ("pack", "launch", "device", "readback", "items")
 
-    def __init__(self, times: Callable[[], "StepTimes"]):
-        self._times = times
+    def __init__(self, times: Callable[[], "StepTimes"], preemptions: Callable[[], int]):
+        self._times, self._preemptions = times, preemptions
 
     def collect(self):
         t = self._times()
@@ -282,6 +283,9 @@ class _StepTimesCollector:
             seconds.add_metric([part], getattr(t, part + "_ns") / 1e9)
         yield seconds
         yield CounterMetricFamily("edgespec_engine_steps", "Engine steps run", value=t.steps)
+        yield CounterMetricFamily("edgespec_engine_preemptions", "Sessions whose KV blocks were given to others "
+                                  "when the pool ran short (vLLM's recompute preemption): recomputed at their next "
+                                  "forward", value=self._preemptions())
 
     def describe(self):
         return []  # no names claimed at registration: collect() runs at scrape time only

@@ -306,6 +306,7 @@ class ModelScheduler:
                 out.queue_ns = started - item.since
                 if self._advance(item, out):
                     again.append(item)  # its next forward queues behind what arrived meanwhile
+            self.engine.release_batch()  # every job of the batch has run on: their KV may be preempted again
             if again:
                 with self._cv:
                     self._queue.extend(again)

@@ -30,6 +30,7 @@ STEPS=${STEPS:-20000} BATCH_TOKENS=${BATCH_TOKENS:-4096} LR=${LR:-1e-3} MINUTES=
 EVAL_EVERY=${EVAL_EVERY:-100} EVAL_SEQUENCES=${EVAL_SEQUENCES:-8} SAVE_EVERY=${SAVE_EVERY:-10}
 SNAPSHOT_TOKENS=${SNAPSHOT_TOKENS:-131072}  # a drafter kept at 131k, 262k, 524k, ... tokens seen: the scaling curve
 AMP=${AMP:-bf16}                  # bf16 autocast: 1.7x float32's training tokens/s on a CPU with AVX512-BF16
+CACHE_MB=${CACHE_MB:-4096}        # decoded sequences kept in memory; MoA's K/V make 4 GiB about 10 GB resident
 common=(--target "$TARGET" --threads "$THREADS" ${DTYPE:+--dtype "$DTYPE"})
 
 LIVE="$OUT/store-answers-live"  # the answers' features, kept as the target writes them
@@ -70,7 +71,7 @@ case "${1:-}" in
         --out "$OUT/fit/moa-tli$tli-w$WIDTH" --width "$WIDTH" --heads "$HEADS" --vocab "$VOCAB" \
         --batch-tokens "$BATCH_TOKENS" --lr "$LR" --steps "$STEPS" --max-minutes "$MINUTES" \
         --eval-every "$EVAL_EVERY" --eval-sequences "$EVAL_SEQUENCES" --save-every "$SAVE_EVERY" --amp "$AMP" \
-        --snapshot-tokens "$SNAPSHOT_TOKENS" ;;
+        --snapshot-tokens "$SNAPSHOT_TOKENS" --cache-mb "$CACHE_MB" ;;
   eagle|eagle-hass)
     kind=${1/-/+}  # eagle, eagle+hass: the recipe; its run folder keeps the dash
     stores=()
@@ -80,7 +81,7 @@ case "${1:-}" in
     edgespec train fit "${common[@]}" --kind "$kind" "${stores[@]}" --out "$OUT/fit/$1-w$WIDTH" \
         --width "$WIDTH" --heads "$HEADS" --vocab "$VOCAB" --batch-tokens "$BATCH_TOKENS" --lr "$LR" \
         --steps "$STEPS" --max-minutes "$MINUTES" --eval-every "$EVAL_EVERY" --eval-sequences "$EVAL_SEQUENCES" \
-        --save-every "$SAVE_EVERY" --amp "$AMP" --snapshot-tokens "$SNAPSHOT_TOKENS" ;;
+        --save-every "$SAVE_EVERY" --amp "$AMP" --snapshot-tokens "$SNAPSHOT_TOKENS" --cache-mb "$CACHE_MB" ;;
   *)
     sed -n '2,15p' "$0"; exit 2 ;;
 esac

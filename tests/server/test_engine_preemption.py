@@ -107,3 +107,39 @@ def test_a_session_waiting_for_its_forward_is_not_preempted(target):
     for kv in (a, b, c, d, e):
         kv.close()
     assert eng.pool.free == eng.pool.blocks
+
+
+def test_the_last_forwards_sessions_are_kept_until_their_jobs_have_run_on(target):
+    """The scheduler resumes a batch's jobs one by one after the forward: the first one's next work must not take
+    the blocks of a later one whose job still reads its KV (keeps its accepted rows, exports its K/V features).
+    Until ``release_batch`` that work is refused instead; after it, the later session is preempted as usual."""
+    eng = engine(target, 12)
+    kvs = a, b, c = [eng.new_kv() for _ in range(3)]
+    works = [Work.chunk(list(range(3, 60)), 0) for _ in kvs]  # 4 blocks each: the pool's 12 all taken
+    for kv, work in zip(kvs, works):
+        eng.check(kv, work)
+    eng.run(list(zip(kvs, works)))
+    more = Work.chunk(list(range(3, 23)), len(a))  # a's next work: to 77 tokens, a fifth block
+    with pytest.raises(SessionCapError):
+        eng.check(a, more)
+    for kv in (b, c):  # their jobs can still read their K/V
+        assert not kv.preempted and kv.layer_kv(0, len(kv)).shape[0] == len(kv)  # [T, L, 2*E_kv]
+    eng.release_batch()
+    eng.check(a, more)
+    assert (b.preempted or c.preempted) and eng.preemptions == 1
+    eng.run([(a, more)])
+    for kv in kvs:
+        kv.close()
+    assert eng.pool.free == eng.pool.blocks
+
+
+def test_preemptions_are_exported_as_a_counter(target):
+    from edgespec.server.metrics import ServerMetrics
+
+    tight = engine(target, 11)
+    metrics = ServerMetrics("tiny", CONTEXT)
+    metrics.watch_engine(lambda: tight.times, lambda: tight.preemptions)
+    assert metrics.registry.get_sample_value("edgespec_engine_preemptions_total") == 0
+    session_steps(tight, steps=2)
+    assert tight.preemptions > 0
+    assert metrics.registry.get_sample_value("edgespec_engine_preemptions_total") == tight.preemptions
