@@ -25,7 +25,8 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from edgespec.shared.tree import MAX_NODES, ROOT, DraftTree
+from edgespec.shared.tree import ROOT, DraftTree
+from edgespec.shared.wire import MAX_NODES
 
 
 @dataclass(frozen=True)
