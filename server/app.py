@@ -16,9 +16,9 @@ import time
 
 from edgespec.shared.wire import MAX_NODES
 
-from .config import ServerConfig
 from .core import CoreLimits, VerifierCore
-from .grpc_server import GrpcServer
+from .rpc.grpc_server import GrpcServer
+from .server_config import ServerConfig
 from .session_store import StoreLimits
 
 log = logging.getLogger("edgespec.server")
@@ -121,10 +121,10 @@ def _limits(config: ServerConfig, context: int, engine) -> CoreLimits:
 
 def _engine(config: ServerConfig, target, context: int):
     """The engine (logged: which path runs); the batched one's KV pool is sized by --gpu-memory-utilization on a
-    GPU, --max-kv-gb elsewhere (``engine_memory``)."""
-    from .engine_batched import API_SEQS, PoolConfig
-    from .engine_choice import build_engine
-    from .engine_memory import kv_pool_bytes
+    GPU, --max-kv-gb elsewhere (``engine.memory``)."""
+    from .engine.batched import API_SEQS, PoolConfig
+    from .engine.choice import build_engine
+    from .engine.memory import kv_pool_bytes
 
     buckets = target.device.type == "cuda" if config.shape_buckets is None else config.shape_buckets
     rows = PoolConfig.max_batch_rows

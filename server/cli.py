@@ -19,7 +19,7 @@ from edgespec.shared.config import comma_list, enable_layers
 from edgespec.shared.config_flags import Flag, add_flags, from_args
 from edgespec.shared.logging_setup import LEVELS
 
-from .config import ServerConfig
+from .server_config import ServerConfig
 
 DEFAULT_GRPC_PORT = defaults.GRPC_PORT
 DEFAULT_HTTP_PORT = defaults.HTTP_PORT  # the images, compose, k8s and the docs use it; `client serve` takes 8000

@@ -17,13 +17,14 @@ from edgespec.shared.wire import DEFAULT_MAX_MESSAGE_BYTES, MAX_NODES
 
 from .errors import (DrainingError, InvalidRequestError, SessionBusyError, SessionNotFoundError,
                      StaleStateError, printable)
-from .metrics import ServerMetrics
-from .engine import Engine, GenericEngine
+from .engine.base import Engine
+from .engine.generic import GenericEngine
 from .features import lsa_part
-from .prefix_cache import PrefixCache
-from .prefix_kv import unsupported as prefix_cache_unsupported
-from .scheduler import ModelScheduler
 from .load_price import LoadPrice, Totals
+from .metrics import ServerMetrics
+from .prefix.cache import PrefixCache
+from .prefix.kv import unsupported as prefix_cache_unsupported
+from .scheduler import ModelScheduler
 from .session import ResumePolicy, StepResult, VerifierSession
 from .session_store import SessionStore, StoreLimits
 from .target import TargetModel

@@ -21,7 +21,7 @@ from edgespec.shared.logits_processors import RowProcessors
 from edgespec.shared.session_contract import SamplingSettings
 from edgespec.shared.verification import Draws, next_token
 
-from .prefix_cache import PrefixCache
+from .prefix.cache import PrefixCache
 from .scheduler import ModelScheduler
 from .target import TargetModel
 

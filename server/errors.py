@@ -1,4 +1,4 @@
-"""Server-side errors; each maps to one gRPC status through ``grpc_code`` (see ``service.py``).
+"""Server-side errors; each maps to one gRPC status through ``grpc_code`` (see ``rpc/service.py``).
 
 ``printable`` is how a peer-given string (a session id, a drafter name, an
 error message that quotes one) appears in a log line.

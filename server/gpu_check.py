@@ -4,7 +4,7 @@
     python -m edgespec.server.gpu_check --model /tmp/rnd-1.5b --out gpu_check.json
 
 For each switch of the step (``SWITCHES``: the attention, SDPA over gathered keys against FlexAttention
-over the pool in place, with or without CUDA graphs; then the decoder's fusions, ``engine_fusion``, and the
+over the pool in place, with or without CUDA graphs; then the decoder's fusions, ``engine.fusion``, and the
 argmax on the head's own output, each alone and all together) it builds the engine, opens 1, 8 and 16 sessions at
 --context tokens, and times the step alone (``StepTimes.device_ns``: CUDA events around the graph replay
 or the eager step) for a decode step (one row a session) and a verification of a --tree-nodes tree a
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 import torch._dynamo
 
-from .engine_fusion import Fusion
+from .engine.fusion import Fusion
 
 @dataclass(frozen=True)
 class Switch:
@@ -44,7 +44,7 @@ class Switch:
     attention: str  # "sdpa" or "flex" (``PoolConfig.attention``)
     graphs: bool  # CUDA graphs per bucket (on a GPU)
     block_size: int = 0  # KV block size; 0: the engine's default for that attention
-    fusion: Fusion = Fusion()  # merged projections, fused norms (``engine_fusion``)
+    fusion: Fusion = Fusion()  # merged projections, fused norms (``engine.fusion``)
     bf16_argmax: bool = False  # the argmax of the head's own output, not of its float32 copy
 
 
@@ -99,9 +99,9 @@ def random_tree(rng: random.Random, nodes: int, vocab: int):
 def build(target, switch: Switch, sessions: list[int], contexts: list[int], tree_nodes: int, kv_bytes: int):
     """The engine for one switch; with graphs (CUDA only), captured for the measured buckets alone, so start-up
     stays short (the server captures a whole grid)."""
-    from .engine import Work
-    from .engine_batched import BatchedEngine, PoolConfig, _pow2
-    from .engine_graphs import GraphRunner
+    from .engine.base import Work
+    from .engine.batched import BatchedEngine, PoolConfig, _pow2
+    from .engine.graphs import GraphRunner
 
     cuda = target.device.type == "cuda"
     config = PoolConfig(max_kv_bytes=kv_bytes, max_seqs=max(sessions), max_context_tokens=max(contexts) + 64,
@@ -118,7 +118,7 @@ def build(target, switch: Switch, sessions: list[int], contexts: list[int], tree
 
 
 def held_sessions(engine, n: int, context: int, vocab: int, rng: random.Random):
-    from .engine import Work
+    from .engine.base import Work
 
     kvs = [engine.new_kv() for _ in range(n)]
     for kv in kvs:  # prefill one session at a time: a long chunk runs eagerly at its own shape
@@ -145,7 +145,7 @@ def profile_step(engine, kvs, works) -> tuple[int | None, list[str], int, int, d
     from torch.profiler import ProfilerActivity, profile
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from .engine_graphs import EagerRunner
+    from .engine.graphs import EagerRunner
 
     from torch.utils._python_dispatch import _disable_current_modes
 
@@ -168,12 +168,12 @@ def profile_step(engine, kvs, works) -> tuple[int | None, list[str], int, int, d
                     return func(*args, **(kwargs or {}))
             return func(*args, **(kwargs or {}))
 
-    from . import engine_attention
+    from .engine import attention
 
     layer = engine.target.model.get_decoder().layers[0]
     runner, engine.runner = engine.runner, EagerRunner(engine.step)
     counter = Ops()
-    eager_flex = engine_attention._quiet_flex
+    eager_flex = attention._quiet_flex
 
     def counted_flex(*args, **kwargs):  # eager FlexAttention compiles its own call, which no dispatch mode may
         # watch: one op, run with the counter set aside
@@ -191,12 +191,12 @@ def profile_step(engine, kvs, works) -> tuple[int | None, list[str], int, int, d
         engine.run(list(zip(kvs, works)))  # warm (a first compile of a new shape is not the step)
         for kv, n in zip(kvs, lengths):
             kv.crop(n)
-        engine_attention._quiet_flex = counted_flex
+        attention._quiet_flex = counted_flex
         try:
             with counter:
                 engine.run(list(zip(kvs, works)))
         finally:
-            engine_attention._quiet_flex = eager_flex
+            attention._quiet_flex = eager_flex
         for kv, n in zip(kvs, lengths):
             kv.crop(n)
         cuda = engine.target.device.type == "cuda"
@@ -222,10 +222,10 @@ def profile_step(engine, kvs, works) -> tuple[int | None, list[str], int, int, d
 def server_start(target, context: int) -> dict:
     """The engine as a default server builds it (``app``: --gpu-memory-utilization 0.9, 64 sessions, the whole grid
     captured at `context` tokens): seconds to build, and what it says of itself."""
-    from edgespec.shared.tree import MAX_NODES
+    from edgespec.shared.wire import MAX_NODES
 
-    from .engine_batched import API_SEQS, BatchedEngine, PoolConfig
-    from .engine_memory import kv_pool_bytes
+    from .engine.batched import API_SEQS, BatchedEngine, PoolConfig
+    from .engine.memory import kv_pool_bytes
 
     cuda = target.device.type == "cuda"
     started = time.perf_counter()
@@ -250,8 +250,8 @@ def inductor_kernels(target, switch: Switch, context: int, sessions: int, tree_n
     kernel takes no query of under four rows with grouped KV heads."""
     import torch._inductor.metrics as metrics
 
-    from .engine import Work
-    from .engine_batched import BatchedEngine, PoolConfig
+    from .engine.base import Work
+    from .engine.batched import BatchedEngine, PoolConfig
 
     torch._dynamo.reset()
     engine = BatchedEngine(target, PoolConfig(max_kv_bytes=1 << 40, max_seqs=sessions, max_context_tokens=context + 64,
@@ -273,7 +273,7 @@ def agreement(engine, kvs, works) -> tuple[float, float]:
     """The same step run eagerly with the engine's attention and with SDPA over gathered keys, from the same KV:
     (share of logits rows whose argmax agrees, largest hidden-state difference). The model's attention takes
     SDPA's path whenever the step passes a dense mask, so switching the step's attention is enough."""
-    from .engine_graphs import EagerRunner
+    from .engine.graphs import EagerRunner
 
     runner, engine.runner = engine.runner, EagerRunner(engine.step)
     own = engine.step.attention
@@ -296,8 +296,8 @@ def agreement(engine, kvs, works) -> tuple[float, float]:
 def fused_agreement(engine, kvs, works) -> tuple[float, float]:
     """The same step run eagerly with the engine's fusions and without any, from the same KV: (share of logits
     rows whose argmax agrees, largest hidden-state difference)."""
-    from .engine_fusion import Fusion, set_fusion
-    from .engine_graphs import EagerRunner
+    from .engine.fusion import Fusion, set_fusion
+    from .engine.graphs import EagerRunner
 
     runner, engine.runner = engine.runner, EagerRunner(engine.step)
     own, own_argmax = engine.config.fusion, engine.step.bf16_argmax
@@ -324,7 +324,7 @@ def check(model: str, sessions: list[int], context: int, tree_nodes: int, repeat
           long_context: int = 0, start_context: int = 0, inductor: bool = False) -> dict:
     from edgespec.shared.models.loading import load_model
 
-    from .engine import Work
+    from .engine.base import Work
     from .target import TargetModel
 
     t0 = time.perf_counter()

@@ -10,7 +10,7 @@ falls below a plain API's. So the server publishes, with every answer (``Timings
 - ``sharing``: how many items (sessions, plain-API streams) those forwards held on average;
 
 and a client counts each node it drafts at ``row_cost_ns * (sharing - 1)`` beside its own time
-(``client/step_plan.py``): nothing changes alone (sharing 1), and trees shrink, down to plain steps,
+(``client/loop/planner.py``): nothing changes alone (sharing 1), and trees shrink, down to plain steps,
 as the server fills.
 
 The row cost comes from the scheduler's running totals over the last ``window`` forwards: the step time

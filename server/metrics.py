@@ -29,7 +29,7 @@ as vLLM observes one per engine step), ``request_time_per_output_token`` (decode
 
 And ``edgespec_engine_step_seconds{part}`` (a counter): the engine's steps split into the host's parts
 (``pack``, ``launch``, ``readback``, ``items``) and the forward alone (``device``: CUDA events on a GPU),
-with ``edgespec_engine_steps``, so a change is judged on the part it moves (``engine_timing``); and the
+with ``edgespec_engine_steps``, so a change is judged on the part it moves (``engine.timing``); and the
 scheduler's ``edgespec_scheduler_forwards``, ``_items`` and ``_rows`` (items / forwards: the mean batch).
 
 Every ``edgespec:`` series carries ``model_name`` (the served name) and ``engine``; no series is ``*_created``.
@@ -49,7 +49,7 @@ from edgespec.shared.prom import (PREFIX, REQUEST_BUCKETS, STEP_BUCKETS, TOKEN_L
                                   size_buckets)
 
 if TYPE_CHECKING:
-    from .engine_timing import StepTimes
+    from .engine.timing import StepTimes
     from .session import StepResult
 
 T = TypeVar("T")
@@ -141,7 +141,7 @@ class ServerMetrics(VllmMetrics):
         self.kv_usage.set_function(kv_usage)
 
     def watch_engine(self, times: Callable[[], "StepTimes"], preemptions: Callable[[], int] = lambda: 0) -> None:
-        """Export the engine's step-time totals (``engine_timing.StepTimes``) and its preemptions so far (sessions
+        """Export the engine's step-time totals (``engine.timing.StepTimes``) and its preemptions so far (sessions
         whose KV blocks went to others, recomputed at their next forward), read when scraped."""
         self.registry.register(_StepTimesCollector(times, preemptions))
 

@@ -38,7 +38,7 @@ import torch
 from edgespec.shared.kv import SessionKV
 from edgespec.shared.tree import DraftTree
 
-from .engine import Engine, ForwardOutput, Work
+from .engine.base import Engine, ForwardOutput, Work
 
 T = TypeVar("T")
 Job = Generator[tuple[SessionKV, Work], ForwardOutput, T]  # yields forwards, returns its answer

@@ -34,7 +34,7 @@ from edgespec.shared.wire import MAX_DECODE_AHEAD, FeatureKind, ResumePolicy
 from .decoder import processors
 from .errors import InvalidRequestError, StaleStateError
 from .features import FeatureSpec, export_features
-from .prefix_cache import PrefixCache
+from .prefix.cache import PrefixCache
 from .scheduler import ModelScheduler
 from .target import TargetModel
 

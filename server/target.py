@@ -11,7 +11,7 @@ explicit ``position_ids`` with any ``Cache``. The model is called through its
 decoder (``get_decoder()``) so the final-norm output (EAGLE's feature) comes out
 without collecting every layer's hidden states, then its LM head on the rows
 that are read. Which cache, mask and batch a forward uses is the engine's
-business (``engine``).
+business (``engine/``).
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ class TargetModel:
         """The decoder over ids [B, T] at positions [B, T] after what `cache` holds; hidden [B, T, E].
 
         mask: additive [B, 1, T, keys] (keys = what the cache's update returns), the pool attention's
-        ``BlockMask`` (``engine_attention``), or None for a causal chunk, which transformers masks itself.
+        ``BlockMask`` (``engine.attention``), or None for a causal chunk, which transformers masks itself.
         """
         kwargs = {} if mask is None else {"attention_mask": mask}
         out = self._decoder(input_ids=ids, position_ids=positions, use_cache=True, **{self._cache_kwarg: cache},

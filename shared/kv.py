@@ -7,7 +7,7 @@ speculative-decoding loop needs to ``crop`` it (a rejected tree, a rollback), to
 
 Two stores implement them: a transformers ``DynamicCache`` (``DynamicKV``, the
 generic path, one growing tensor per layer) and blocks of the server's paged
-pool (``edgespec.server.engine_kv.PagedKV``). Both keep rows by gathering them,
+pool (``edgespec.server.engine.kv.PagedKV``). Both keep rows by gathering them,
 then writing them back behind the past, so the pool is never reallocated.
 """
 from __future__ import annotations

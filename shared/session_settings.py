@@ -6,7 +6,7 @@ session can rebuild it); the server reads the same type back and its session kee
 reads as 0, so where 0 is no valid value (top_p, repetition_penalty, the codec and its outlier channels) it
 means the default. They touch no protobuf class: ``open_fields`` gives the keyword arguments of ``pb.Open``
 (sub-messages as dicts, which its constructor takes), ``settings_of`` reads any object with Open's fields, so
-protobuf stays in the two adapters (``client/link/verifier.py``, ``server/service.py``).
+protobuf stays in the two adapters (``client/link/verifier.py``, ``server/rpc/service.py``).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The verifier as the generation loop sees it: open, verify, resume, close, on domain types.
 
-This is the client's mirror of ``edgespec.server.service``: the one place where a
+This is the client's mirror of ``edgespec.server.rpc.service``: the one place where a
 session's requests become protobuf messages and the answers come back as
 dataclasses (features decoded by name, the server's timings), and where what
 crosses the link is counted. How a message reaches the server is a

@@ -37,7 +37,7 @@ def apis(tiny_model_dir, tiny_drafter_dir):
     from edgespec.client.link.grpc_transport import LinkConfig
 
     # No prefix cache: the plain API's usage would report prompt_tokens_details, which the client's has not (and
-    # which side asked first would decide its count); tests/server/test_prefix_cache_api.py covers it.
+    # which side asked first would decide its count); tests/server/prefix/test_cache_api.py covers it.
     with running_server(tiny_model_dir, max_context_tokens=512, prefix_cache_bytes=0) as server:
         drafter = DrafterOptions("independent", model=str(tiny_drafter_dir), dtype="float32")
         client = EdgespecClient(ClientConfig(LinkConfig(server.address), drafter, tokenizer=str(tiny_model_dir)))

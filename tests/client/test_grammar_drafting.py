@@ -33,7 +33,7 @@ def llg(core):
 
 @pytest.mark.parametrize("drafter", ["ngram", "independent"])
 def test_constrained_speculation_equals_the_constrained_reference(core, llg, tiny_drafter_dir, drafter, monkeypatch):
-    from edgespec.server.service import VerifierServicer
+    from edgespec.server.rpc.service import VerifierServicer
 
     target, tok = core.target, core.target.tokenizer
     grammar = json_schema_grammar(SCHEMA)

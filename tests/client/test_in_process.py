@@ -31,7 +31,7 @@ def drafters(tiny_drafter_dir):
 @pytest.fixture
 def start(core, drafters):
     """start(drafter, fingerprint=None, **config) -> (Generation, InProcessTransport, prompt ids)."""
-    from edgespec.server.service import VerifierServicer
+    from edgespec.server.rpc.service import VerifierServicer
 
     tok = core.target.tokenizer
     ids = tok(PROMPT, add_special_tokens=False)["input_ids"]
@@ -264,7 +264,7 @@ def test_an_end_reached_offline_and_confirmed_by_the_resume_stays_the_end(core, 
                                                                            greedy, policy):
     """The target itself drafts offline, so the Resume agrees with every offline token, EOS included: the
     output ends at that EOS, with nothing of the target's after it."""
-    from edgespec.server.service import VerifierServicer
+    from edgespec.server.rpc.service import VerifierServicer
 
     tok = core.target.tokenizer
     ids = tok(PROMPT, add_special_tokens=False)["input_ids"]

@@ -47,7 +47,7 @@ def drafters(tiny_model_dir, tiny_drafter_dir):
 def start(core, drafters):
     """start(drafter, loop, estimates=None, round_trip_s=0.005, eos=(), **config) -> (Generation, transport, prompt
     ids); eos: the client's end-of-output ids."""
-    from edgespec.server.service import VerifierServicer
+    from edgespec.server.rpc.service import VerifierServicer
 
     tok = core.target.tokenizer
     ids = tok(PROMPT, add_special_tokens=False)["input_ids"]

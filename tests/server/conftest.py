@@ -31,8 +31,8 @@ def greedy_reference(tiny_target) -> Callable[[list[int], int], list[int]]:
 @pytest.fixture(scope="module", params=["generic", "batched"])
 def scheduler(request, target):
     """Both engines over the module's own `target` fixture (a module without one defines its own scheduler)."""
-    from edgespec.server.engine import GenericEngine
-    from edgespec.server.engine_batched import BatchedEngine, PoolConfig
+    from edgespec.server.engine.batched import BatchedEngine, PoolConfig
+    from edgespec.server.engine.generic import GenericEngine
     from edgespec.server.scheduler import ModelScheduler
 
     engine = (GenericEngine(target) if request.param == "generic" else

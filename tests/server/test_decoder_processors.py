@@ -7,7 +7,7 @@ import pytest
 from support.constrained import Controls, constrained_greedy
 
 from edgespec.server.decoder import GenerationRequest, generate
-from edgespec.server.engine import GenericEngine
+from edgespec.server.engine.generic import GenericEngine
 from edgespec.server.scheduler import ModelScheduler
 from edgespec.shared.grammar import grammar_tokenizer, tool_call_grammar
 from edgespec.shared.session_contract import SamplingSettings

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from edgespec.server.engine import Engine, ForwardOutput, Work
+from edgespec.server.engine.base import Engine, ForwardOutput, Work
 from edgespec.server.scheduler import ModelScheduler, SchedulerConfig
 
 

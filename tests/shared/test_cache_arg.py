@@ -15,7 +15,7 @@ import torch
 
 from edgespec.client.drafters.base import DraftRequest
 from edgespec.client.drafters.independent import IndependentConfig, IndependentDrafter
-from edgespec.server.engine_choice import build_engine
+from edgespec.server.engine.choice import build_engine
 from edgespec.server.scheduler import ModelScheduler
 from edgespec.server.session import VerifierSession
 from edgespec.shared.session_settings import SessionSettings

@@ -83,7 +83,7 @@ def test_edgespec_demo():
 
 
 def test_edgespec_server():
-    from edgespec.server.config import ServerConfig
+    from edgespec.server.server_config import ServerConfig
 
     server = option_defaults(parser_of("server"))
     assert (server["dtype"], server["port"], server["grpc_port"]) == (defaults.DTYPE, defaults.HTTP_PORT,

@@ -25,7 +25,7 @@ def filled_dynamic(n: int, seed: int = 0) -> kv.DynamicKV:
 
 def filled_slot(source: kv.DynamicKV):
     """The same KV in a paged pool of 4-token blocks, its blocks out of order (block tables are not ranges)."""
-    from edgespec.server.engine_kv import KVPool, PagedKV
+    from edgespec.server.engine.kv import KVPool, PagedKV
 
     pool = KVPool(L, H, D, blocks=16, block_size=4, dtype=torch.float32, device=torch.device("cpu"))
     pool.acquire(3)  # taken by someone else: the session's blocks start further in
@@ -86,7 +86,7 @@ def test_crop_layer_kv_and_bytes():
 
 
 def test_blocks_go_back_to_the_pool_on_crop_close_or_when_dropped():
-    from edgespec.server.engine_kv import KVPool, PagedKV
+    from edgespec.server.engine.kv import KVPool, PagedKV
     from edgespec.server.errors import SessionCapError
 
     pool = KVPool(L, H, D, blocks=4, block_size=4, dtype=torch.float32, device=torch.device("cpu"))

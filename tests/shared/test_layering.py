@@ -5,6 +5,8 @@ modules named in strings (``importlib.import_module("...")``, a registry of modu
   netem/ (network emulation, demos, benchmarks) above both; the top package (``edgespec``: the Python client's
   front and the `edgespec` command) above all. Nothing names a floor above its own;
 - the server's assembly has no import circle (the engines, the core and its metrics, the app and its gRPC side);
+- inside the server, training (``server/training/``) on a floor of its own above the runtime (everything else in
+  server/): training may use the runtime, the runtime never imports training;
 - inside the client, the drafters (``client/drafters/``) and the link (``client/link/``) on the ground, neither
   naming the other; the loop (``client/loop/``) above them; the front (the modules beside them: the commands, the
   APIs, the assembly, the face) above all;
@@ -135,11 +137,13 @@ def test_the_front_door_is_the_top_floor():
 
 # ------------------------------------------------------------------ the server's assembly
 SERVER = PACKAGES["edgespec.server"]
-NO_CIRCLE = [("engine", "engine_batched"), ("core", "metrics"), ("app", "grpc_server")]
+NO_CIRCLE = [("engine.base", "engine.batched"), ("engine.base", "engine.generic"), ("core", "metrics"),
+             ("app", "rpc.grpc_server")]
 
 
 def server_import_graph() -> dict[str, set[str]]:
-    """Server module (``core``, ``training.cli``) -> the server modules it imports."""
+    """Server module (``core``, ``engine.batched``, ``training.cli``; a package's ``__init__`` as the package,
+    ``engine``) -> the server modules it imports."""
     modules = {".".join(p.relative_to(SERVER).with_suffix("").parts).removesuffix(".__init__")
                for p in SERVER.rglob("*.py")}
     graph = {}
@@ -171,14 +175,52 @@ def reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
 def test_no_import_circle_in_the_servers_assembly(a, b):
     graph = server_import_graph()
     assert not (reaches(graph, a, b) and reaches(graph, b, a)), \
-        f"server/{a}.py and server/{b}.py import each other (directly or through others)"
+        f"server/{a.replace('.', '/')}.py and server/{b.replace('.', '/')}.py import each other (directly or " \
+        f"through others)"
 
 
 def test_the_circle_check_sees_a_circle():
-    graph = {"engine": {"target"}, "engine_batched": {"engine"}, "target": set()}
-    assert not (reaches(graph, "engine", "engine_batched") and reaches(graph, "engine_batched", "engine"))
-    graph["target"].add("engine_batched")  # a circle through a third module counts
-    assert reaches(graph, "engine", "engine_batched") and reaches(graph, "engine_batched", "engine")
+    graph = {"engine.base": {"target"}, "engine.batched": {"engine.base"}, "target": set()}
+    assert not (reaches(graph, "engine.base", "engine.batched")
+                and reaches(graph, "engine.batched", "engine.base"))
+    graph["target"].add("engine.batched")  # a circle through a third module counts
+    assert reaches(graph, "engine.base", "engine.batched") and reaches(graph, "engine.batched", "engine.base")
+
+
+def test_the_graph_names_the_servers_sub_packages():
+    graph = server_import_graph()
+    assert {"engine.base", "engine.masks"} <= graph["engine.generic"] and "core" in graph["rpc.service"]
+
+
+# ------------------------------------------------------------------ training's floor in the server
+TRAINING = "edgespec.server.training"
+RUNTIME = [path for package, path in MODULES
+           if package == "edgespec.server" and SERVER / "training" not in path.parents]
+
+
+def names_training(found: list[str]) -> list[str]:
+    return sorted({m for m in found if m == TRAINING or m.startswith(TRAINING + ".")})
+
+
+@pytest.mark.parametrize("path", RUNTIME, ids=lambda p: p.relative_to(SERVER).as_posix())
+def test_the_servers_runtime_never_imports_training(path):
+    """Training (its recipes, trainers, feature stores) is built on the runtime, not under it: a server that
+    verifies needs none of it. (The face, server/__init__.py, lists training's entry points for the benchmarks,
+    loaded by name on first use; that loads training on a benchmark's call, never the runtime's.)"""
+    bad = names_training(imported_modules(path, SERVER, "edgespec.server"))
+    assert not bad, f"server/{path.relative_to(SERVER)} names {bad}: the runtime never imports server/training/"
+
+
+def test_the_training_check_sees_an_import(tmp_path):
+    nested = tmp_path / "engine"
+    nested.mkdir()
+    sample = nested / "sample.py"
+    sample.write_text("from edgespec.server.training.features import FeatureStore\n"
+                      "from edgespec.server import training\n"
+                      "import importlib\nimportlib.import_module('edgespec.server.training.fit')\n"
+                      "from edgespec.server.target import TargetModel\n")
+    assert names_training(imported_modules(sample, tmp_path, "edgespec.server")) == [
+        TRAINING, f"{TRAINING}.features", f"{TRAINING}.features.FeatureStore", f"{TRAINING}.fit"]
 
 
 # ------------------------------------------------------------------ the client's floors

@@ -1,13 +1,15 @@
 """Which engine runs a target (``--engine``): the batched one where the architecture, the device and the
-KV budget allow it, else the generic one. It lives beside the server's assembly (``app``), above both
-engines, so the base module (``engine``) names no engine built on it."""
+KV budget allow it, else the generic one. It sits above both engines (the server's
+assembly, ``app``, calls it), so the base module (``base``) names no engine built on it."""
 from __future__ import annotations
 
 import logging
 
-from .engine import Engine, GenericEngine
-from .engine_batched import BatchedEngine, PoolConfig
-from .target import TargetModel
+from edgespec.server.target import TargetModel
+
+from .base import Engine
+from .batched import BatchedEngine, PoolConfig
+from .generic import GenericEngine
 
 log = logging.getLogger("edgespec.server")
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import grpc
 
+from edgespec.server.core import VerifierCore
 from edgespec.shared.wire import session_message_bytes
 
-from .core import VerifierCore
 from .service import VerifierServicer, add_to_server
 
 log = logging.getLogger("edgespec.server")

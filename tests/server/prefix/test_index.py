@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgespec.server.prefix_index import PrefixIndex
+from edgespec.server.prefix.index import PrefixIndex
 
 
 def test_longest_match_is_to_the_token_and_stops_inside_an_edge():

@@ -1,5 +1,5 @@
 """Greedy acceptance and KV compaction for a whole batch, on the device, with no host round trip: the rules,
-and the host's side of a readback (the tensor forms are ``engine_rows``'s, over a batch's run of rows).
+and the host's side of a readback (the tensor forms are ``rows``'s, over a batch's run of rows).
 
 Words as in ``shared.verification``: a session's work is causal rows [0, lf]
 (lf = ``logits_from``: the root, the last committed token) and tree rows
@@ -15,8 +15,8 @@ tensor forms give the same answer for every session of the batch at once:
 - a tree row is *accepted* when it and every tree ancestor match. At most one
   child of a row matches, so the accepted rows are a chain from the root.
 
-``engine_rows.accept_rows`` computes this over a batch's run of rows, and
-``engine_rows.compact_rows`` then moves every accepted row's K/V to the position its depth
+``rows.accept_rows`` computes this over a batch's run of rows, and
+``rows.compact_rows`` then moves every accepted row's K/V to the position its depth
 gives (behind the root, through the session's block table), for all layers and
 sessions in one gather and one scatter; rows that stay put are sent to the
 scratch block, so the op has one static shape per bucket.

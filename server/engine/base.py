@@ -1,34 +1,32 @@
-"""The engine: how the target runs forwards for many sessions' KV.
+"""The engine's common parts: how the target runs forwards for many sessions' KV.
 
 A forward is described by a ``Work`` (tokens to feed after what a session's KV
 holds, their positions, which earlier new row each hangs from) and answered by
 a ``ForwardOutput``. An ``Engine`` runs a list of (KV, Work) pairs:
 
-- ``GenericEngine``: one forward per item on a transformers ``DynamicCache``
+- ``GenericEngine`` (``generic``): one forward per item on a transformers ``DynamicCache``
   with a 4-D mask. Any architecture Hugging Face runs; the CPU default.
-- ``BatchedEngine`` (``engine_batched``): one forward for all items, their KV
+- ``BatchedEngine`` (``batched``): one forward for all items, their KV
   in a pre-allocated pool, one upload and one readback per batch; it answers
   greedy acceptance itself (``Work.accept``). Full-attention decoder
   architectures only.
 
-``engine_choice.build_engine`` picks one by architecture and device
+``choice.build_engine`` picks one by architecture and device
 (``--engine auto``) and says which in the log. The ``ModelScheduler`` feeds engines their batches.
 """
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
 
-from edgespec.shared.kv import DynamicKV, SessionKV
+from edgespec.server.target import TargetModel
+from edgespec.shared.kv import SessionKV
 from edgespec.shared.tree import ROOT, DraftTree
 
-from .engine_masks import batch_attention_mask
-from .engine_timing import StepTimes
-from .target import TargetModel
+from .timing import StepTimes
 
 
 @dataclass(frozen=True)
@@ -36,7 +34,7 @@ class Work:
     """Tokens one session feeds after what its KV holds, and what each may see.
 
     Row i sees the session's whole cached past, its ancestors and itself; a row's
-    position is its parent's + 1 (``engine_masks`` relies on it).
+    position is its parent's + 1 (``masks`` relies on it).
     """
 
     ids: tuple[int, ...]  # [T] token ids
@@ -95,7 +93,7 @@ class Engine(ABC):
 
     def __init__(self, target: TargetModel):
         self.target = target
-        self.times = StepTimes()  # host and device parts of every step so far (``engine_timing``)
+        self.times = StepTimes()  # host and device parts of every step so far (``timing``)
         self.preemptions = 0  # sessions whose KV was given back for others and recomputed later (paged engines)
 
     @abstractmethod
@@ -123,39 +121,3 @@ class Engine(ABC):
     def session_kv_bytes(self, budget: int) -> int:
         """What the session store's memory cap should be, given the server's KV budget."""
         return budget
-
-
-class GenericEngine(Engine):
-    """One forward per item on the item's own DynamicCache: any architecture, no padding."""
-
-    name = "generic"
-
-    def new_kv(self) -> DynamicKV:
-        return DynamicKV(self.target.model.config)
-
-    def run(self, items: Sequence[tuple[SessionKV, Work]]) -> list[ForwardOutput]:
-        return [self._one(kv, work) for kv, work in items]
-
-    @torch.inference_mode()
-    def _one(self, kv: DynamicKV, work: Work) -> ForwardOutput:
-        t0 = time.perf_counter_ns()
-        target, past, n, times = self.target, len(kv), len(work), self.times
-        dev = target.device
-        ids = torch.tensor([work.ids], dtype=torch.long, device=dev)  # [1, T]
-        positions = torch.tensor([work.positions], dtype=torch.long, device=dev)  # [1, T]
-        mask = None  # a causal chunk: transformers builds its own (and skips it when it can)
-        if not work.causal:
-            parents = torch.tensor([work.parents], dtype=torch.long, device=dev)
-            mask = batch_attention_mask(parents, positions, torch.tensor([past], device=dev),
-                                        torch.tensor([n], device=dev), past + n, target.dtype)
-        t1 = time.perf_counter_ns()
-        try:
-            hidden = target.decode(ids, positions, mask, kv.cache)[0]  # [T, E]
-        except BaseException:
-            kv.crop(past)  # a failed pass must not leave half its rows in some layers
-            raise
-        logits = target.logits(hidden[work.logits_from:])
-        t2 = time.perf_counter_ns()  # on a GPU the forward is still running: its time shows up in the reader's
-        times.steps, times.pack_ns, times.launch_ns = times.steps + 1, times.pack_ns + t1 - t0, times.launch_ns + t2 - t1
-        times.device_ns += t2 - t1  # the generic engine has no readback of its own to time the device against
-        return ForwardOutput(hidden, logits, t2 - t0)

@@ -15,9 +15,9 @@ from support.greedy import recomputed_greedy
 
 from edgespec.server.core import CoreLimits, VerifierCore
 from edgespec.server.decoder import GenerationRequest, generate
-from edgespec.server.engine import GenericEngine
-from edgespec.server.engine_batched import BatchedEngine, PoolConfig
-from edgespec.server.prefix_cache import PrefixCache
+from edgespec.server.engine.batched import BatchedEngine, PoolConfig
+from edgespec.server.engine.generic import GenericEngine
+from edgespec.server.prefix.cache import PrefixCache
 from edgespec.server.scheduler import ModelScheduler
 from edgespec.server.session import ResumePolicy, VerifierSession
 from edgespec.server.session_store import SessionStore, StoreLimits

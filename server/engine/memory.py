@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .target import TargetModel
+from edgespec.server.target import TargetModel
 
 GRAPH_MARGIN = 2 << 30  # CUDA graphs' private pools, cuBLAS workspaces, fragmentation
 

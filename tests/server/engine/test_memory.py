@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.server.engine_batched import BLOCK_SIZE, FLEX_BLOCK_SIZE, BatchedEngine, PoolConfig
-from edgespec.server.engine_memory import kv_pool_bytes, step_workspace_bytes
+from edgespec.server.engine.batched import BLOCK_SIZE, FLEX_BLOCK_SIZE, BatchedEngine, PoolConfig
+from edgespec.server.engine.memory import kv_pool_bytes, step_workspace_bytes
 
 
 def test_auto_picks_the_attention_and_its_block_size_by_device():

@@ -21,6 +21,10 @@ import grpc
 from google.protobuf.message import DecodeError, Message
 
 from edgespec.proto.edgespec.v1 import pb, pb_grpc
+from edgespec.server.core import VerifierCore
+from edgespec.server.errors import AdmissionTimeoutError, InvalidRequestError, UnauthenticatedError, printable
+from edgespec.server.features import check_feature_request
+from edgespec.server.session import StepResult
 from edgespec.shared import __version__
 from edgespec.shared.codec import Codec
 from edgespec.shared.errors import EdgespecError, TokenizerMismatchError
@@ -28,11 +32,6 @@ from edgespec.shared.models.registry import REGISTRY
 from edgespec.shared.session_settings import SessionSettings, settings_of
 from edgespec.shared.wire import (MAX_DETAILS_BYTES, MAX_SESSION_ID_CHARS, SERVER_STATUS_METADATA_KEY,
                                   SESSION_METADATA_KEY, FeatureKind, ResumePolicy)
-
-from .core import VerifierCore
-from .errors import AdmissionTimeoutError, InvalidRequestError, UnauthenticatedError, printable
-from .features import check_feature_request
-from .session import StepResult
 
 log = logging.getLogger("edgespec.server")
 

@@ -2,7 +2,7 @@
 
 An eager or graph-captured step launches what the model's Python calls: per decoder layer three
 projections for Q, K and V, two for the MLP's gate and up, and RMSNorms of six or seven elementwise
-kernels each. Inductor would fuse some of it, but a server captures its grid by hand (``engine_graphs``),
+kernels each. Inductor would fuse some of it, but a server captures its grid by hand (``graphs``),
 so the fusions are made on the model, each a switch (``Fusion``):
 
 - ``qkv`` / ``gate_up``: the weights of the projections that read the same input are concatenated once

@@ -1,6 +1,6 @@
 """The batched engine's device step: static shapes per bucket, one input, one readback.
 
-A batch is one run of rows (``engine_rows``): every session's new tokens one after another, padded to the
+A batch is one run of rows (``rows``): every session's new tokens one after another, padded to the
 bucket's row count N, and a table of the bucket's S sessions. The host packs it into one flat long tensor
 (``pack_batch``), the only upload of the batch:
 
@@ -8,20 +8,20 @@ bucket's row count N, and a table of the bucket's S sessions. The host packs it 
     sessions [S, W], W = FIELDS + K / block: past | rows | logits_from | accept | first row | blocks [K / block]
     head [R]: the flat rows whose logits are used (not part of the bucket: R follows the batch exactly)
 
-blocks is the session's block table (``engine_kv``) up to the bucket's key length, padded with the scratch
+blocks is the session's block table (``kv``) up to the bucket's key length, padded with the scratch
 block.
 
 ``DeviceStep`` runs in three parts, so that the LM head sees only the rows whose logits are used:
 
-- ``decode`` (bucket shape): the mask (``engine_rows``, or the pool attention's block mask), the KV writes
-  (``engine_kv.PoolCache``) and the decoder over the N rows;
+- ``decode`` (bucket shape): the mask (``rows``, or the pool attention's block mask), the KV writes
+  (``kv.PoolCache``) and the decoder over the N rows;
 - ``head`` (exact shape): the LM head, its float32 copy and the argmax over the R head rows alone: a matmul
   and two elementwise kernels, no padded row and no prompt row without logits;
 - ``finish`` (bucket shape): greedy acceptance and KV compaction for the sessions that ask, and a small
   ``readback`` tensor [2, N] (argmax per row, accepted flag per row): the one device-to-host copy.
 
 The bucket parts depend only on the ``Bucket`` (N, S, key length), so each can be captured once per bucket
-(``engine_graphs``) or compiled; nothing in the step reads a tensor's value on the host.
+(``graphs``) or compiled; nothing in the step reads a tensor's value on the host.
 """
 from __future__ import annotations
 
@@ -30,12 +30,13 @@ from typing import Sequence
 
 import torch
 
-from .engine import Work
-from .engine_attention import pool_block_mask
-from .engine_kv import BLOCK_SIZE, BatchPlan, KVPool, PoolCache
-from .engine_rows import (Rows, accept_rows, compact_rows, key_positions, rows_sdpa_mask, sees_rows,
-                          write_positions)
-from .target import TargetModel
+from edgespec.server.target import TargetModel
+
+from .attention import pool_block_mask
+from .base import Work
+from .kv import BLOCK_SIZE, BatchPlan, KVPool, PoolCache
+from .rows import (Rows, accept_rows, compact_rows, key_positions, rows_sdpa_mask, sees_rows,
+                   write_positions)
 
 FIELDS = 5  # past, rows, logits_from, accept, first row: the per-session scalars before the block table
 
@@ -119,7 +120,7 @@ class DeviceStep:
 
     def __init__(self, target: TargetModel, pool: KVPool, cache: PoolCache, attention: str = "sdpa",
                  bf16_argmax: bool = False):
-        """attention: "sdpa" (each session's keys gathered, a dense mask) or "flex" (``engine_attention``: the pool
+        """attention: "sdpa" (each session's keys gathered, a dense mask) or "flex" (``attention``: the pool
         read in place through a block mask; the model must have been switched to it). bf16_argmax: take the
         argmax of the head's own output (bf16 on a GPU) rather than of its float32 copy: half the bytes read, and
         the same answer (the copy holds the bf16 values exactly; with a softcap, the larger raw value where the
@@ -127,7 +128,7 @@ class DeviceStep:
         self.target, self.pool, self.cache, self.attention = target, pool, cache, attention
         self.bf16_argmax = bf16_argmax
         self.lm_head = target.model.get_output_embeddings()
-        # the logical index of each block in the tables that hold it (``engine_attention``), kept on the device
+        # the logical index of each block in the tables that hold it (``attention``), kept on the device
         self.block_pos = torch.zeros(pool.blocks + 1, dtype=torch.long, device=pool.kv.device)
 
     def __call__(self, packed: torch.Tensor, bucket: Bucket) -> StepOutput:

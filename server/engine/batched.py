@@ -2,20 +2,20 @@
 
 A batch is B items (sessions' prefill chunks, trees, resume chains, plain-API
 decode steps), padded to the longest. The host packs everything the step needs
-into one long tensor and sends it in one copy (``engine_step``); the mask,
+into one long tensor and sends it in one copy (``step``); the mask,
 write positions, LM head, argmax, greedy acceptance and KV compaction happen
 on the device, and one small tensor comes back. The model writes each row's
-K/V into its session's blocks (``engine_kv``: a block table per session,
+K/V into its session's blocks (``kv``: a block table per session,
 blocks taken as it grows) and reads its session's keys up to the bucket's key
 length. Each item gets its own rows back: the hidden states of all its rows,
 logits of the rows it asked for, their argmax, and with ``Work.accept`` the
 accepted path (its KV already kept).
 
-The batch is one run of rows (``engine_rows``): sessions' rows one after another, so the step's shape
+The batch is one run of rows (``rows``): sessions' rows one after another, so the step's shape
 is the batch's total row count, not its sessions times its longest item. With ``shape_buckets`` the rows
 are padded to a grid of row counts (powers of two and the halves between them: at most a third padding)
 and coarse key lengths, so a few static shapes serve every batch and each can be captured once as CUDA
-graphs (``engine_graphs``). The LM head runs on the rows whose logits are used and no others.
+graphs (``graphs``). The LM head runs on the rows whose logits are used and no others.
 
 Results do not depend on what else is in the batch: a row attends only its
 own session's keys, and masked keys weigh exactly zero.
@@ -31,19 +31,19 @@ from typing import Callable, Sequence
 
 import torch
 
+from edgespec.server.errors import InvalidRequestError
+from edgespec.server.target import TargetModel
 from edgespec.shared.kv import SessionKV
-from edgespec.shared.tree import MAX_NODES
+from edgespec.shared.wire import MAX_NODES
 
-from .device_accept import accepted_nodes
-from .engine import Engine, ForwardOutput, Work
-from .engine_graphs import CompiledRunner, EagerRunner, GraphRunner
-from .engine_fusion import Fusion, set_fusion
-from .engine_kv import BLOCK_SIZE, KVPool, PagedKV, PoolCache, session_tokens
-from .engine_masks import round_up
-from .engine_step import Bucket, DeviceStep, pack_batch
-from .engine_timing import ForwardTimer
-from .errors import InvalidRequestError
-from .target import TargetModel
+from .accept import accepted_nodes
+from .base import Engine, ForwardOutput, Work
+from .fusion import Fusion, set_fusion
+from .graphs import CompiledRunner, EagerRunner, GraphRunner
+from .kv import BLOCK_SIZE, KVPool, PagedKV, PoolCache, session_tokens
+from .masks import round_up
+from .step import Bucket, DeviceStep, pack_batch
+from .timing import ForwardTimer
 
 
 log = logging.getLogger("edgespec.server")
@@ -58,7 +58,7 @@ class PoolConfig:
     """How big the KV pool is, and how the device step runs."""
 
     max_kv_bytes: int = 8 << 30  # memory of the whole pool (on a GPU from --gpu-memory-utilization, else
-    # --max-kv-gb: ``engine_memory``)
+    # --max-kv-gb: ``memory``)
     max_seqs: int = 72  # sequences held at once that a bucket may batch: sessions + plain-API generations (a
     # server asks for max_sessions + API_SEQS)
     max_context_tokens: int = 4096  # tokens of one session's context (its blocks add a tree's rows to it)
@@ -81,10 +81,10 @@ class PoolConfig:
     key_growth: int = 4  # each key bucket this many times the last (coarse: few shapes, at most 4x the keys)
     prefix_cache_bytes: int = 0  # KV the prefix cache may keep in the pool (its blocks are the pool's)
     bf16_argmax: bool = False  # the argmax of the LM head's own output (bf16 on a GPU), not of its float32 copy
-    fusion: Fusion = Fusion()  # merged projections and fused norms in the target's decoder (``engine_fusion``)
+    fusion: Fusion = Fusion()  # merged projections and fused norms in the target's decoder (``fusion``)
     sdpa_grid_limit: int = 1 << 26  # with SDPA, a bucket whose dense mask (rows x sessions x keys) is larger runs
     # eagerly rather than being captured (the pool attention has no such mask)
-    attention: str = "auto"  # "flex": the pool read in place through a block mask (``engine_attention``);
+    attention: str = "auto"  # "flex": the pool read in place through a block mask (``attention``);
     # "sdpa": each row's keys gathered with a dense mask; auto: flex on CUDA (a fused kernel), sdpa elsewhere
     # (a CPU's eager flex is the unfused reference, which reads the whole pool)
 
@@ -300,16 +300,16 @@ class BatchedEngine(Engine):
 
 
 def use_pool_attention(target: TargetModel) -> None:
-    """Switch the target's attention to ``engine_attention`` (SDPA for every caller that does not pass the pool's
-    block mask, so the same model still serves them as before)."""
-    from . import engine_attention
+    """Switch the target's attention to the pool attention (``attention``; SDPA for every caller that does not
+    pass the pool's block mask, so the same model still serves them as before)."""
+    from . import attention
 
-    engine_attention.register()
+    attention.register()
     model = target.model
     try:
-        model.set_attn_implementation(engine_attention.NAME)
+        model.set_attn_implementation(attention.NAME)
     except (AttributeError, ValueError):
-        model.config._attn_implementation = engine_attention.NAME
+        model.config._attn_implementation = attention.NAME
 
 
 def key_buckets(session_tokens: int, first: int, growth: int, block: int = 1) -> list[int]:

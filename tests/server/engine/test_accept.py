@@ -1,4 +1,4 @@
-"""Greedy acceptance and KV compaction on the device, over a batch's run of rows (``engine_rows``), equal the host's
+"""Greedy acceptance and KV compaction on the device, over a batch's run of rows (``engine.rows``), equal the host's
 reference (shared.verification, shared.kv)."""
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import random
 import pytest
 import torch
 
-from edgespec.server.device_accept import accepted_nodes
-from edgespec.server.engine import Work
-from edgespec.server.engine_rows import accept_rows, compact_rows, sees_rows
-from edgespec.server.engine_step import Bucket, pack_batch, unpack
+from edgespec.server.engine.accept import accepted_nodes
+from edgespec.server.engine.base import Work
+from edgespec.server.engine.rows import accept_rows, compact_rows, sees_rows
+from edgespec.server.engine.step import Bucket, pack_batch, unpack
 from edgespec.shared.kv import keep_rows_of
 from edgespec.shared.tree import ROOT, DraftTree
 from edgespec.shared.verification import greedy_walk

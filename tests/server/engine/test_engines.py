@@ -17,10 +17,11 @@ from support.masks import full_attention_mask
 from support.trees import tree_along
 
 from edgespec.server.decoder import GenerationRequest, generate
-from edgespec.server.engine import GenericEngine, Work
-from edgespec.server.engine_choice import batched_unsupported, build_engine, choose_engine
-from edgespec.server.engine_batched import BatchedEngine, PoolConfig
-from edgespec.server.engine_masks import batch_attention_mask
+from edgespec.server.engine.base import Work
+from edgespec.server.engine.batched import BatchedEngine, PoolConfig
+from edgespec.server.engine.choice import batched_unsupported, build_engine, choose_engine
+from edgespec.server.engine.generic import GenericEngine
+from edgespec.server.engine.masks import batch_attention_mask
 from edgespec.server.scheduler import ModelScheduler, SchedulerConfig
 from edgespec.server.session import ResumePolicy, VerifierSession
 from edgespec.server.target import TargetModel
@@ -404,9 +405,9 @@ def test_other_full_attention_architectures_verify_exactly_on_the_pool(arch, tmp
 
 def test_server_settings_choose_shape_buckets_and_eager(tiny_model_dir):
     """--shape-buckets and --enforce-eager reach the batched engine; unset, buckets follow the device."""
+    from edgespec.cli import build_parser
     from edgespec.server.app import ServerConfig, _engine
     from edgespec.server.cli import server_config
-    from edgespec.cli import build_parser
 
     target = TargetModel(load_model(str(tiny_model_dir), device=DEVICES[-1], dtype="float32"))
 

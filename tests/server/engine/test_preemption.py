@@ -9,11 +9,11 @@ import random
 
 import pytest
 
-from edgespec.server.engine import Work
-from edgespec.server.engine_batched import BatchedEngine, PoolConfig
-from edgespec.server.engine_kv import KVPool
+from edgespec.server.engine.base import Work
+from edgespec.server.engine.batched import BatchedEngine, PoolConfig
+from edgespec.server.engine.kv import KVPool
 from edgespec.server.errors import SessionCapError
-from edgespec.server.prefix_kv import take_snapshot
+from edgespec.server.prefix.kv import take_snapshot
 from edgespec.server.target import TargetModel
 from edgespec.shared.models.loading import load_model
 from edgespec.shared.tree import ROOT, DraftTree

@@ -43,7 +43,7 @@ from typing import Iterable, NamedTuple
 
 import torch
 
-from .engine_step import Bucket, DeviceStep, StepOutput, padding_batch
+from .step import Bucket, DeviceStep, StepOutput, padding_batch
 
 log = logging.getLogger("edgespec.server")
 

@@ -1,4 +1,4 @@
-"""Fusions of the batched engine's decoder (``engine_fusion``) and the argmax on the head's own output, on the tiny
+"""Fusions of the batched engine's decoder (``engine.fusion``) and the argmax on the head's own output, on the tiny
 target in float32: greedy tokens and acceptance identical with and without each switch, eager and compiled; one
 graph of each step part per bucket still; the matmuls and ATen ops of a decoder layer counted (printed, and the
 matmul count asserted: 7 a layer unfused, 4 with merged QKV and gate-up); the switches undo themselves."""
@@ -12,9 +12,9 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from edgespec.server.engine import Work
-from edgespec.server.engine_batched import BatchedEngine, PoolConfig
-from edgespec.server.engine_fusion import Fusion, set_fusion
+from edgespec.server.engine.base import Work
+from edgespec.server.engine.batched import BatchedEngine, PoolConfig
+from edgespec.server.engine.fusion import Fusion, set_fusion
 from edgespec.server.target import TargetModel
 from edgespec.shared.models.loading import load_model
 from edgespec.shared.tree import ROOT, DraftTree

@@ -1,4 +1,4 @@
-"""A batch as one run of rows: the device step's layout (``engine_step``).
+"""A batch as one run of rows: the device step's layout (``step``).
 
 Every session's new tokens sit one after another in a single sequence of N rows (padding rows last), the
 layout vLLM feeds its model: projections, MLP, norms and the LM head see [N, E] with no per-session padding,
@@ -7,7 +7,7 @@ beside it one more, not another 32). What is per session lives in a small table 
 rows, first logits row, acceptance asked, first row, block table); each row names its session (-1: padding).
 
 Only attention needs to know which rows belong together, and it is told through its mask: the pool
-attention's block mask (``engine_attention``) or, for SDPA, a dense mask over every session's keys gathered
+attention's block mask (``attention``) or, for SDPA, a dense mask over every session's keys gathered
 one after another (``rows_sdpa_mask``). Acceptance and KV compaction work on the same rows
 (``accept_rows``, ``compact_rows``); a row's parent is the flat index of an earlier row of its session.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .engine_masks import ancestor_mask
+from .masks import ancestor_mask
 
 
 @dataclass
@@ -106,7 +106,7 @@ def tree_rows(rows: Rows) -> torch.Tensor:
 
 
 def accept_rows(rows: Rows, best: torch.Tensor, sees: torch.Tensor) -> torch.Tensor:
-    """[N] bool: the tree rows greedy verification accepts (``device_accept``'s rules: a row matches when its
+    """[N] bool: the tree rows greedy verification accepts (``accept``'s rules: a row matches when its
     token is its parent's argmax and no earlier sibling has its token; accepted when it and all its tree
     ancestors match). best: [N] argmax at each row, -1 where none was taken."""
     n = rows.ids.shape[0]

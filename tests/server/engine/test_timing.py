@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from edgespec.server.engine import GenericEngine, Work
-from edgespec.server.engine_batched import BatchedEngine, PoolConfig
-from edgespec.server.engine_timing import StepTimes
+from edgespec.server.engine.base import Work
+from edgespec.server.engine.batched import BatchedEngine, PoolConfig
+from edgespec.server.engine.generic import GenericEngine
+from edgespec.server.engine.timing import StepTimes
 
 
 @pytest.mark.parametrize("kind", ["generic", "batched"])

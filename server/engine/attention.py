@@ -1,9 +1,9 @@
 """Attention straight from the paged pool: FlexAttention with a block mask built from the block tables.
 
 The SDPA path hands each batch row its session's keys gathered out of the pool in logical order, with a
-dense [B, 1, T, K] mask (``engine_masks``): every layer copies the batch's keys, and every row reads every
+dense [B, 1, T, K] mask (``masks``): every layer copies the batch's keys, and every row reads every
 key up to the bucket's length. Here the attention reads the pool itself, one layer being a [1, H_kv, P, D]
-view (``engine_kv``), through a ``BlockMask``:
+view (``kv``), through a ``BlockMask``:
 
 - for each batch row, the KV blocks it reads are its session's block table: the blocks wholly in the
   session's past are *full* blocks (every row of the session sees every key in them, so the kernel applies
@@ -90,9 +90,9 @@ def _quiet_flex(*args, **kwargs):
 
 def pool_block_mask(rows, sees: torch.Tensor, block_pos: torch.Tensor, block_size: int,
                     pool_positions: int) -> BlockMask:
-    """The block mask of one step over the pool, for a batch as one run of N rows (``engine_rows.Rows``).
+    """The block mask of one step over the pool, for a batch as one run of N rows (``rows.Rows``).
 
-    sees: [N, N] bool, row i sees row j (``engine_rows.sees_rows``); block_pos: [pool blocks] long, the pool's
+    sees: [N, N] bool, row i sees row j (``rows.sees_rows``); block_pos: [pool blocks] long, the pool's
     persistent logical-index-of-each-block buffer, written here for the batch's blocks; pool_positions: P.
 
     The query rows are cut in tiles of ``Q_BLOCK``; a tile lists the distinct blocks any of its sessions reads

@@ -4,7 +4,7 @@ All keys and values live in one tensor ``[L, 2, H_kv, P, D]`` allocated at start
 P = (blocks + 1) x block_size positions: block b holds positions [b * block_size, (b + 1) * block_size).
 This is vLLM's layout in spirit (a block table maps a session's logical positions to physical blocks);
 the head axis comes before the positions so that one layer's keys are a plain [1, H_kv, P, D] view, which
-an attention kernel reads in place (``engine_attention``). The last block is scratch: padding rows write
+an attention kernel reads in place (``attention``). The last block is scratch: padding rows write
 there, and rows that stay put in a compaction copy it onto itself.
 
 A session's KV (``PagedKV``) holds a list of blocks and a length; ``grow_to`` takes blocks from the
@@ -13,12 +13,12 @@ fails that session's work alone), ``crop`` gives back the blocks past the new le
 (or dropping the session, whoever drops it: close, expiry, eviction) gives back all of them.
 
 Blocks are reference counted: the prefix cache shares a finished session's full blocks with the sessions
-that start with the same tokens instead of copying them (``prefix_kv``). A shared block is never written:
+that start with the same tokens instead of copying them (``prefix.kv``). A shared block is never written:
 every write lands at a position at or past the session's length, and a restored prefix's partial last
 block is a private copy; a crop below a shared block's end makes that block private first (copy on write).
 
 A forward writes each row's K/V at its physical position through ``PoolCache``, a transformers ``Cache``
-the model calls ``update`` on like any other. With the pool attention (``engine_attention``) update hands
+the model calls ``update`` on like any other. With the pool attention (``attention``) update hands
 back the whole layer, which the attention reads through the batch's block tables; otherwise (SDPA, eager
 attention) it gathers each batch row's keys in logical order up to ``key_len``.
 """
@@ -34,9 +34,8 @@ from typing import Callable, Sequence
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from edgespec.server.errors import SessionCapError
 from edgespec.shared.kv import SessionKV, rows_kv
-
-from .errors import SessionCapError
 
 BLOCK_SIZE = 16  # tokens a block holds (vLLM's default): small enough that a session wastes little, large enough
 # that a block table stays short (2,048 entries at a 32k context)
@@ -244,7 +243,7 @@ class BatchPlan:
     key_pos: torch.Tensor | None  # [B, K] long: physical position of each batch row's logical keys [0, K), for a
     # gather (SDPA); None when the attention reads the pool itself
     key_len: int  # K: logical keys each row's attention may read
-    attention: object = None  # what the pool attention needs (``engine_attention.PoolAttentionPlan``), or None
+    attention: object = None  # what the pool attention needs (``attention.PoolAttentionPlan``), or None
 
 
 class _PoolLayer(CacheLayerMixin):

@@ -12,7 +12,7 @@ same ids). The two stores the engines use:
   reference on each full block of the prefix (the session may go on or end: a block lives while anyone
   holds it) and a private copy of a partial last block, which the session would write on; a restore
   shares the full blocks into the new session's table the same way and copies the partial block's rows
-  into a block of its own. A shared block is never written (``engine_kv``).
+  into a block of its own. A shared block is never written (``engine.kv``).
 
 A store of another kind (sliding-window or quantized layers) is reported by ``unsupported`` and the
 server runs without a prefix cache.
@@ -24,9 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from edgespec.server.engine.kv import KVPool, PagedKV
 from edgespec.shared.kv import DynamicKV, SessionKV
-
-from .engine_kv import KVPool, PagedKV
 
 
 @dataclass(frozen=True)

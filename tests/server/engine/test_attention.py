@@ -1,4 +1,4 @@
-"""Attention straight from the paged pool (``engine_attention``) against SDPA over the same keys gathered in
+"""Attention straight from the paged pool (``engine.attention``) against SDPA over the same keys gathered in
 logical order with the dense tree mask: equal within float32 tolerance, eager and compiled on the CPU, for
 trees, chains, decode rows and mixed batches, with block tables out of order, blocks shared between sessions,
 a GQA ratio that is not a power of two (Qwen2.5's 6), and batch padding rows. Then the engine on it: greedy
@@ -11,12 +11,12 @@ from dataclasses import fields
 import pytest
 import torch
 
-from edgespec.server.device_accept import physical
-from edgespec.server.engine import Work
-from edgespec.server.engine_attention import pool_attention_forward, pool_block_mask
-from edgespec.server.engine_masks import ancestor_mask, mask_from_ancestors
-from edgespec.server.engine_rows import Rows, sees_rows
-from edgespec.server.engine_step import Bucket, pack_batch, unpack
+from edgespec.server.engine.accept import physical
+from edgespec.server.engine.attention import pool_attention_forward, pool_block_mask
+from edgespec.server.engine.base import Work
+from edgespec.server.engine.masks import ancestor_mask, mask_from_ancestors
+from edgespec.server.engine.rows import Rows, sees_rows
+from edgespec.server.engine.step import Bucket, pack_batch, unpack
 from edgespec.shared.tree import ROOT, DraftTree
 
 H_Q, H_KV, D, BS = 6, 1, 16, 4  # 6 query heads on one KV head; blocks of 4 positions
@@ -43,7 +43,7 @@ def batch_of(rng: random.Random, kind: str) -> list[tuple[int, Work]]:
 
 def setup(rng: random.Random, items: list[tuple[int, Work]], seqs: int, pad_rows: int):
     """A pool of random K/V, block tables out of order (sessions 0 and 1 sharing their first block, as a
-    restored prefix does), and the step's rows (``engine_rows.Rows``) for `seqs` table rows (past the items:
+    restored prefix does), and the step's rows (``engine.rows.Rows``) for `seqs` table rows (past the items:
     padding sessions) and `pad_rows` padding rows after the items' rows."""
     ends = [p + len(w) for p, w in items]
     mb = -(-max(ends) // BS)

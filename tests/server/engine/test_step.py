@@ -18,9 +18,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from edgespec.server.engine import Work
-from edgespec.server.engine_batched import BatchedEngine, PoolConfig, grid
-from edgespec.server.engine_step import Bucket, pack_batch
+from edgespec.server.engine.base import Work
+from edgespec.server.engine.batched import BatchedEngine, PoolConfig, grid
+from edgespec.server.engine.step import Bucket, pack_batch
 from edgespec.server.scheduler import ModelScheduler, SchedulerConfig
 from edgespec.server.session import VerifierSession
 from edgespec.server.target import TargetModel

@@ -10,7 +10,7 @@ vLLM calls this automatic prefix caching, SGLang RadixAttention, llama.cpp ``cac
   session) the longest cached prefix of the prompt, at most ``limit`` ids, is put into the new
   session's empty KV, so only the rest of the prompt is prefilled. Callers pass len(prompt) - 1: the
   last prompt token is always fed, since its logits choose the first token.
-  On a paged pool the prefix's full blocks are shared, not copied (``prefix_kv``), and the pool asks the
+  On a paged pool the prefix's full blocks are shared, not copied (``kv``), and the pool asks the
   cache to give prefixes back (``evict_oldest``) when sessions need their blocks.
 - a byte budget (``--prefix-cache-gb``; 0 turns the cache off): past it the least recently used
   prefixes go first. A stored prefix that extends a cached one replaces it (a chat's turn 2 holds
@@ -19,7 +19,7 @@ vLLM calls this automatic prefix caching, SGLang RadixAttention, llama.cpp ``cac
 The KV of a token sequence depends on the ids alone (positions start at 0), never on sampling or on
 which session computed it, so a restored prefix gives the same logits as a prefill, up to the
 floating-point rounding that tree verification already shows (greedy output stays the target's:
-tests/server/test_prefix_cache.py).
+tests/server/prefix/test_cache.py).
 """
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from edgespec.server.errors import SessionCapError
 from edgespec.shared.kv import SessionKV
 
-from .errors import SessionCapError
-from .prefix_index import PrefixIndex
-from .prefix_kv import BlockSnapshot, KVSnapshot, restore_snapshot, take_snapshot
+from .index import PrefixIndex
+from .kv import BlockSnapshot, KVSnapshot, restore_snapshot, take_snapshot
 
 
 @dataclass
