@@ -264,7 +264,8 @@ class Generation:
         return not has_provisional or self.config.resume_policy is ResumePolicy.KEEP or self._online
 
     def _open(self) -> Iterator[Event]:
-        t0 = time.perf_counter()
+        steps = self.pipe.steps
+        opening = steps.open()  # the time to the first token runs from here
         s, wanted = self.state, self.config.max_new_tokens
         tree, prepared = None, []
         drafts = self.config.draft_on_open and self.drafter.feature_request().kind is FeatureKind.NONE
@@ -274,16 +275,13 @@ class Generation:
         try:
             if alone is not None:  # Open goes alone; the drafter reads the prompt and drafts meanwhile
                 opened = self.pipe.submit(lambda: self.verifier.open(self._session_settings(), self._prompt()))
-                prepared = self.pipe.draft_from_prompt(s.committed, alone, wanted - 1, opened)
-                self.estimates.observe_open_draft(s.prompt_len, time.perf_counter() - t0,
-                                                  len(prepared[0].tree) if prepared else 0)
+                prepared = self.pipe.draft_from_prompt(s.committed, alone, wanted - 1, opened, opening)
+                steps.prompt_drafted(opening, s.prompt_len, len(prepared[0].tree) if prepared else 0, in_line=False)
                 verdict = opened.result()
             else:
                 if drafts:
                     tree = self._propose(max(0, wanted - 1))
-                    took = time.perf_counter() - t0
-                    self.metrics.draft_s += took
-                    self.estimates.observe_open_draft(s.prompt_len, took, len(tree))
+                    steps.prompt_drafted(opening, s.prompt_len, len(tree), in_line=True)
                     tree = tree if len(tree) else None  # an empty tree asks for the prefill alone
                 verdict = self.verifier.open(self._session_settings(), self._prompt(), tree)
         except LinkDownError as err:
@@ -292,14 +290,14 @@ class Generation:
             yield from self._go_offline(err)
             return
         self._verified()
-        self.metrics.prefill_s = time.perf_counter() - t0
+        steps.opened(opening)
         if tree is not None:
             tokens = self._take_verdict(tree, verdict, "Opened")
         else:
             tokens = []
             check_committed_len(s.prompt_len + 1, verdict.committed_len, "Opened")
             self._commit([verdict.bonus_token], [TokenOrigin.BONUS], verdict.logprobs)
-        ready = self.pipe.match(prepared, verdict, DraftTree((), ()))
+        ready = self.pipe.match(prepared, verdict, DraftTree((), ()), opening)
         self._settle()  # once: a second pass would start past the end it found, and forget it
         if ready is not None and s.finish.reason is None:
             self._flight = self._send(*ready)
@@ -327,7 +325,7 @@ class Generation:
         return tokens
 
     def _online_step(self) -> Iterator[Event]:
-        s, m, pipe = self.state, self.metrics, self.pipe
+        s, pipe = self.state, self.pipe
         # 1. the tree: sent already (drafted ahead for the last verdict), or drafted now
         flight, self._flight = self._flight, None
         wanted = self.config.max_new_tokens - len(s.generated)
@@ -337,14 +335,14 @@ class Generation:
         # 2-3. while the target verifies it, draft ahead from the likeliest verdicts; behind a plain step, the
         # next plain step goes out at once (the planner's next step, kept for the next turn when it is a tree)
         prepared = pipe.draft_ahead(flight, wanted)
-        if pipe.can_queue(flight) and wanted > flight.ahead:
-            self._planned = pipe.planner.size(wanted - flight.ahead)
+        if pipe.can_queue(flight) and wanted > flight.record.ahead:
+            self._planned = pipe.planner.size(wanted - flight.record.ahead)
             if self._planned.plain or pipe.queue_anyway(flight):
                 self._step += 1
                 self._flight = pipe.queue_plain(self._step, flight, self._planned.ahead if self._planned.plain else 1)
                 self._planned = None
         try:
-            verdict, _ = pipe.land(flight)
+            verdict = pipe.land(flight)  # its figures reach the metrics and the estimates (StepLog.land)
         except LinkDownError as err:
             if prepared:
                 self.drafter.rewind(flight.committed)
@@ -356,13 +354,12 @@ class Generation:
             yield from self._skip_queued()
             return
         # 4. commit accepted + bonus
-        m.verify_s += verdict.timings.total_ns / 1e9
         self._take_verdict(flight.tree, verdict, "Verified")
         after = tuple(s.committed)
         if self._flight is not None:  # queued behind this one: it hangs from the text just committed
             self._flight.committed = after
         # 5. a tree drafted ahead for this verdict goes out at once, unless the output just ended
-        ready = pipe.match(prepared, verdict, flight.tree)
+        ready = pipe.match(prepared, verdict, flight.tree, flight.record)
         self._settle()
         if ready is not None and s.finish.reason is None:
             self._flight = self._send(*ready)
@@ -399,9 +396,7 @@ class Generation:
         if s.finish.reason is not None or not self.drafter.can_generate_offline:
             yield from self._wait_for_link()
             return
-        t0 = time.perf_counter()
-        token = self.drafter.generate_offline(tuple(s.committed))
-        self.metrics.offline_s += time.perf_counter() - t0
+        token = self.pipe.steps.offline(lambda: self.drafter.generate_offline(tuple(s.committed)))
         s.committed.append(int(token))
         s.origins.append(TokenOrigin.OFFLINE)
         s.logprobs.append(None)

@@ -16,14 +16,15 @@ target decodes on while the answers travel, as the plain API's stream does.
 
 Which trees are sent never changes what the target accepts, so the output is
 the serial loop's; only the time differs, and ``GenerationMetrics`` counts it:
-guesses and hits, drafting done ahead, time saved, time idle.
+guesses and hits, drafting done ahead, time saved, time idle. Each phase is timed
+by the pipeline's ``StepLog`` (``step_record.py``), which writes the metrics and
+the planner's estimates from one record a step.
 """
 from __future__ import annotations
 
 import logging
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from edgespec.shared.metrics import GenerationMetrics
@@ -34,6 +35,7 @@ from edgespec.client.link.verifier import Verdict, Verifier
 
 from .guess import Outcome, likely_outcomes, may_still_hit, tree_after
 from .planner import LoopConfig, LoopEstimates, TreePlanner
+from .step_record import StepLog, StepRecord
 from .tree_size import TreeSize
 
 log = logging.getLogger(__name__)
@@ -45,17 +47,18 @@ Scored = tuple[DraftTree, Sequence[float] | None]  # a tree and the drafter's lo
 class Flight:
     """A Draft out for verification."""
 
-    step: int
     committed: tuple[int, ...]  # the committed ids the tree hangs from
     tree: DraftTree
     scores: Sequence[float] | None  # the drafter's log-probability per node (None: it cannot guess)
-    sent: float  # perf_counter when it was sent
-    future: Future  # -> (Verdict, perf_counter when it came)
-    ahead: int = 1  # an empty tree: the tokens the target is asked to decode on its own (Draft.decode_ahead)
-    queued: bool = False  # a plain step sent before the answer to the one before it (Draft.queued)
-    emptied: bool = False  # a tree was asked for and the drafter left it empty
+    record: StepRecord  # the step as it happens (step_record.py): its step, ahead, queued, sent and answered
+    future: Future = field(default_factory=Future)  # -> Verdict
     wait: Callable[[], Verdict] | None = None  # waits for the answer on the caller's thread, in ``land`` (None: a
     # worker waits for it, or it came)
+
+    @property
+    def queued(self) -> bool:
+        """A plain step sent before the answer to the one before it (Draft.queued)."""
+        return self.record.queued
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,7 @@ class DraftPipeline:
                  max_tree_nodes: int, metrics: GenerationMetrics, grammar=None, prompt_len: int = 0):
         self.verifier, self.drafter, self.loop, self.estimates = verifier, drafter, loop, estimates
         self.max_tree_nodes, self.metrics = max_tree_nodes, metrics
+        self.steps = StepLog(metrics, estimates)  # times each phase and writes both the metrics and the estimates
         # Under a grammar (shared.grammar.GrammarConstraint) trees are drafted inside it and pruned to it;
         # pruning re-indexes nodes, so the drafter's scores no longer fit the tree and nothing is drafted ahead.
         self.grammar, self.prompt_len = grammar, prompt_len
@@ -118,7 +122,6 @@ class DraftPipeline:
         estimates.new_generation()  # the previous prompts' acceptance is a starting point, not the answer
         self.planner = TreePlanner(loop, estimates, max_tree_nodes, can_guess, by_path=drafter.stops_by_path)
         self._pool: ThreadPoolExecutor | None = None  # the worker a Draft waits for its answer on
-        self._emptied = False  # the last tree draft_now asked for came back empty
 
     def draft_now(self, committed: Sequence[int], remaining: int, size: TreeSize | None = None
                   ) -> tuple[DraftTree, Sequence[float] | None, int]:
@@ -126,37 +129,28 @@ class DraftPipeline:
         planner picks (or `size`, picked already), and how many tokens the target is to decode ahead (none: an
         empty tree, a plain step of that many tokens)."""
         size = self.planner.size(remaining) if size is None else size
-        self._emptied = False
         if size.plain:
             return DraftTree((), ()), None, size.ahead
-        t0 = time.perf_counter()
-        if self.grammar is None:
-            tree = self.drafter.propose(DraftRequest(tuple(committed), size.nodes, size.depth,
-                                                     path_floors=size.floors))
-        else:
-            output = tuple(committed[self.prompt_len:])
-            tree = self.drafter.propose(DraftRequest(tuple(committed), size.nodes, size.depth,
-                                                     self.grammar.after(output), path_floors=size.floors))
-            tree = self.grammar.prune(output, tree)
-        took = time.perf_counter() - t0
-        self.metrics.draft_s += took
-        self.estimates.observe_draft(tree, took)
-        self.estimates.observe_proposal(not len(tree))
-        self._emptied = not len(tree)
+        tree = self.steps.draft(lambda: self._propose(committed, size))
         return tree, self.drafter.tree_scores() if self.grammar is None else None, 1
+
+    def _propose(self, committed: Sequence[int], size: TreeSize) -> DraftTree:
+        if self.grammar is None:
+            return self.drafter.propose(DraftRequest(tuple(committed), size.nodes, size.depth,
+                                                     path_floors=size.floors))
+        output = tuple(committed[self.prompt_len:])
+        tree = self.drafter.propose(DraftRequest(tuple(committed), size.nodes, size.depth,
+                                                 self.grammar.after(output), path_floors=size.floors))
+        return self.grammar.prune(output, tree)
 
     def send(self, step: int, committed: Sequence[int], tree: DraftTree, scores: Sequence[float] | None,
              ahead: int = 1) -> Flight:
         """Send a Draft; a worker waits for its answer when there will be drafting ahead to do meanwhile, else
         ``land`` does."""
-        if not len(tree):
-            self.metrics.plain_steps += 1
-        flight = Flight(step, tuple(committed), tree, scores, time.perf_counter(), Future(), ahead=ahead,
-                        emptied=self._emptied and not len(tree))
+        flight = Flight(tuple(committed), tree, scores, self.steps.send(step, len(tree), ahead))
         if log.isEnabledFor(logging.DEBUG):  # the depth walks the tree: not on every step at INFO
             log.debug("step %d sent: %d nodes, depth %d, ahead %d", step, len(tree),
                       max(tree.depths()) if len(tree) else 0, ahead)
-        self._emptied = False
         self._post(flight, len(committed), worker=self.planner.pipelined and scores is not None and len(tree) > 0)
         return flight
 
@@ -164,12 +158,9 @@ class DraftPipeline:
         """Send a plain step of `ahead` tokens behind the plain step `before`, whose answer has not come: it
         hangs from where that one leaves the text, so the target decodes on while that answer and this Draft
         cross the link (a stream's pace, where a step at a time idles the server a round trip each)."""
-        self.metrics.plain_steps += 1
-        self.metrics.queued_steps += 1
-        flight = Flight(step, before.committed, DraftTree((), ()), None, time.perf_counter(), Future(), ahead=ahead,
-                        queued=True)
+        flight = Flight(before.committed, DraftTree((), ()), None, self.steps.send(step, 0, ahead, queued=True))
         log.debug("step %d queued: ahead %d", step, ahead)
-        self._post(flight, len(before.committed) + before.ahead, worker=False)
+        self._post(flight, len(before.committed) + before.record.ahead, worker=False)
         return flight
 
     def queue_anyway(self, flight: Flight) -> bool:
@@ -177,57 +168,44 @@ class DraftPipeline:
         likely have none next either (an n-gram client on prose), so a one-token plain step goes behind this
         one rather than the server idling a round trip for an empty tree. A match it delays is not lost: the
         tree comes a token later."""
-        return flight.emptied and self.estimates.empty_rate >= 0.5
+        return flight.record.emptied and self.estimates.empty_rate >= 0.5
 
     def can_queue(self, flight: Flight) -> bool:
         """May a plain step go behind this one before its answer? Only in the pipelined loop, and, past one token,
         once this server has shown it decodes ahead: a server that ignores Draft.decode_ahead answers one token,
         and the Draft queued behind would hang past its text."""
         return (self.loop.pipeline and self.loop.queue_plain and not len(flight.tree)
-                and (flight.ahead == 1 or self.estimates.server_decodes_ahead))
+                and (flight.record.ahead == 1 or self.estimates.server_decodes_ahead))
 
     def _post(self, flight: Flight, committed_len: int, worker: bool) -> None:
+        r = flight.record
         try:
-            wait = self.verifier.send_draft(flight.step, committed_len, flight.tree, flight.ahead, flight.queued)
+            wait = self.verifier.send_draft(r.step, committed_len, flight.tree, r.ahead, r.queued)
         except Exception as err:  # noqa: BLE001 - raised where the answer is taken, as the answer's own errors
             flight.future.set_exception(err)
             return
         if worker:
-            flight.future = self.submit(lambda: (wait(), time.perf_counter()))
+            flight.future = self.submit(lambda: self.steps.answer(flight.record, wait))
         else:
             flight.wait = wait
 
-    @staticmethod
-    def _answer(flight: Flight) -> tuple[Verdict, float]:
+    def _answer(self, flight: Flight) -> Verdict:
         wait, flight.wait = flight.wait, None
         if wait is not None:
             try:
-                flight.future.set_result((wait(), time.perf_counter()))
+                flight.future.set_result(self.steps.answer(flight.record, wait))
             except Exception as err:  # noqa: BLE001 - kept for whoever takes the answer
                 flight.future.set_exception(err)
         return flight.future.result()
 
-    def land(self, flight: Flight) -> tuple[Verdict, float]:
-        """Wait for the flight's answer (the client's idle time); returns it and its round trip. Raises what
-        the verification raised (LinkDownError: the link)."""
-        t0 = time.perf_counter()
-        try:
-            verdict, arrived = self._answer(flight)
-        finally:
-            waited = time.perf_counter() - t0
-            self.metrics.idle_s += waited
+    def land(self, flight: Flight) -> Verdict:
+        """Wait for the flight's answer (the client's idle time; its figures go to the metrics and the estimates:
+        ``StepLog.land``). Raises what the verification raised (LinkDownError: the link)."""
+        r = flight.record
+        verdict = self.steps.land(r, lambda: self._answer(flight), flight.tree, flight.scores)
         log.debug("step %d landed: accepted %d, decoded %d, round trip %.3f s (server %.3f s), waited %.3f s",
-                  flight.step, len(verdict.accepted), len(verdict.decoded), arrived - flight.sent,
-                  verdict.timings.total_ns / 1e9, waited)
-        if verdict.decoded:
-            self.estimates.server_decodes_ahead = True
-        if not verdict.skipped:
-            # a queued step's wait ran behind the step before it: no round trip of the link's
-            self.estimates.observe_verdict(flight.tree, len(verdict.accepted),
-                                           None if flight.queued else arrived - flight.sent,
-                                           verdict.timings.total_ns / 1e9, len(verdict.decoded) + 1, flight.scores)
-            self.estimates.observe_load(verdict.timings.row_cost_ns / 1e9, verdict.timings.sharing)
-        return verdict, arrived - flight.sent
+                  r.step, r.accepted, r.decoded, r.arrived - r.sent, r.server_s, r.waited_s)
+        return verdict
 
     def open_alone(self, prompt_len: int, wanted: int) -> TreeSize | None:
         """Open without a tree, the first tree drafted from the prompt meanwhile (``draft_from_prompt``)? The
@@ -246,15 +224,16 @@ class DraftPipeline:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="edgespec-verify")
         return self._pool.submit(call)
 
-    def draft_from_prompt(self, prompt: Sequence[int], size: TreeSize, left: int, opened: Future | None = None
-                          ) -> list[Prepared]:
+    def draft_from_prompt(self, prompt: Sequence[int], size: TreeSize, left: int, opened: Future | None = None,
+                          during: StepRecord | None = None) -> list[Prepared]:
         """While Open is out alone: a tree from the prompt, one level deeper than `size`, whose depth-1 nodes are
         the first tokens the drafter finds likeliest; the one the target picks re-roots it (``match``). `opened`:
-        Open's answer to come (a Verdict), whose first token stops the drafting when the tree lacks it."""
+        Open's answer to come (a Verdict), whose first token stops the drafting when the tree lacks it; `during`:
+        the Open's record (``StepLog.open``)."""
         first = Outcome((), 1.0)
         verdict = None if opened is None else (lambda: opened.result() if opened.done() else None)
         ready = self._draft_for(first, tuple(prompt), size, left,
-                                self._stop_when_missed(first, DraftTree((), ()), verdict, []))
+                                self._stop_when_missed(first, DraftTree((), ()), verdict, []), during)
         return [] if ready is None else [ready]
 
     def draft_ahead(self, flight: Flight, tokens_left: int) -> list[Prepared]:
@@ -275,18 +254,18 @@ class DraftPipeline:
             size = self.planner.size(left, explore=False)
             if size.plain:
                 continue
-            elapsed = time.perf_counter() - flight.sent
+            elapsed = self.steps.since_sent(flight.record)
             if not self.planner.worth_drafting_ahead(len(flight.tree), size.depth, elapsed, first=not prepared):
                 fits = 0 if prepared else min(size.depth, self.planner.depth_within_flight(len(flight.tree), elapsed))
                 if not fits:
                     if not prepared:
-                        self.estimates.observe_no_guess()
+                        self.steps.no_guess(flight.record)
                     break
                 size = TreeSize(max(fits, size.nodes * fits // size.depth), fits)  # what the flight leaves time for
             context = flight.committed + tuple(flight.tree.tokens[i] for i in outcome.path)
-            stop = self._stop_when_missed(outcome, flight.tree, lambda: flight.future.result()[0]
+            stop = self._stop_when_missed(outcome, flight.tree, lambda: flight.future.result()
                                           if flight.future.done() else None, prepared)
-            ready = self._draft_for(outcome, context, size, left, stop)
+            ready = self._draft_for(outcome, context, size, left, stop, flight.record)
             if ready is not None:
                 prepared.append(ready)
         return prepared
@@ -298,37 +277,32 @@ class DraftPipeline:
         return StopWhenMissed(outcome, flight_tree, verdict, tuple(earlier))
 
     def _draft_for(self, outcome: Outcome, context: tuple[int, ...], size: TreeSize, left: int,
-                   stop: "StopWhenMissed | None" = None) -> Prepared | None:
+                   stop: "StopWhenMissed | None" = None, during: StepRecord | None = None) -> Prepared | None:
         """A tree drafted ahead from `context` (the text an outcome would leave, before its bonus token): one level
         more than `size` (the bonus token's) and room for the other bonus tokens beside the likeliest. `stop`:
-        ``_stop_when_missed``."""
+        ``_stop_when_missed``; `during`: the record of the step out meanwhile (None: a record of its own)."""
         request = DraftRequest(context, min(self.max_tree_nodes, size.nodes + max(2, size.nodes // 2)),
                                min(size.depth + 1, left), ahead=True, stop=stop, path_floors=size.floors)
-        t0 = time.perf_counter()
-        tree = self.drafter.propose(request)
-        took = time.perf_counter() - t0
-        self.metrics.draft_s += took
-        self.metrics.draft_ahead_s += took
-        if stop is not None and stop.fired:
-            self.metrics.stopped_ahead += 1
+        tree, took = self.steps.draft_ahead(StepRecord() if during is None else during,
+                                            lambda: self.drafter.propose(request),
+                                            lambda: stop is not None and stop.fired)
         scores = self.drafter.tree_scores()
         return Prepared(outcome, tree, scores, size, took) if scores is not None and len(tree) else None
 
-    def match(self, prepared: list[Prepared], verdict: Verdict, tree: DraftTree) -> Scored | None:
+    def match(self, prepared: list[Prepared], verdict: Verdict, tree: DraftTree, during: StepRecord | None = None
+              ) -> Scored | None:
         """The tree (and its scores) drafted ahead for this verdict on `tree`, if a guess matched it: the verdict
-        accepted the guessed path, or more, and the tree drafted ahead holds the rest and the bonus token."""
+        accepted the guessed path, or more, and the tree drafted ahead holds the rest and the bonus token.
+        `during`: the record of the step the verdict answers (None: a record of its own)."""
         if not prepared:
             return None
-        m = self.metrics
-        m.guesses += 1
+        during = StepRecord() if during is None else during
         for p in prepared:
             after = sent_after(p, verdict, tree)
             if after is not None:
-                m.guess_hits += 1
-                m.saved_s += p.draft_s
-                self.estimates.observe_guess(True)
+                self.steps.guessed(during, p.draft_s)
                 return after
-        self.estimates.observe_guess(False)
+        self.steps.guessed(during, None)
         return None
 
     def close(self, flight: Flight | None) -> None:
