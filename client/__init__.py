@@ -29,7 +29,7 @@ _FACE = {  # name -> the module (under edgespec.client) that defines it
     # a drafter by name, or one's own
     "DrafterOptions": "drafters.factory", "make_drafter": "drafters.factory", "BUILTIN": "drafters.factory",
     "LEARNED": "drafters.factory", "Drafter": "drafters.base", "DraftRequest": "drafters.base",
-    "TreeShape": "drafters.tree_builder", "open_runtime": "drafters.learned_loading",
+    "TreeShape": "drafters.tree_builder", "open_runtime": "drafters.learned.loading",
     # the independent drafter's parts its micro-benchmark measures (weights, reduced vocabulary and head)
     "IndependentConfig": "drafters.independent", "IndependentDrafter": "drafters.independent",
     "WEIGHTS": "drafters.independent", "quantize": "drafters.independent", "weights_config": "drafters.independent",

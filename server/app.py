@@ -138,8 +138,7 @@ def _engine(config: ServerConfig, target, context: int):
 def _load_lsa_parts(config: ServerConfig, target) -> dict:
     import torch
 
-    from edgespec.shared.drafters.checkpoint import open_moa_server_part
-    from edgespec.shared.drafters.lsa import LayerSelfAttention, LSAConfig
+    from edgespec.shared.drafters.moa.lsa import LayerSelfAttention, LSAConfig, open_moa_server_part
 
     parts = {}
     for name, path in config.moa_server_parts.items():

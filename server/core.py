@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from edgespec.shared.drafters.lsa import LayerSelfAttention
+from edgespec.shared.drafters.moa.lsa import LayerSelfAttention
 from edgespec.shared.session_settings import SessionSettings
 from edgespec.shared.tree import decode_tree
 from edgespec.shared.wire import DEFAULT_MAX_MESSAGE_BYTES, MAX_NODES

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from edgespec.shared.codec import ActivationCodec
-from edgespec.shared.drafters.lsa import LayerSelfAttention
+from edgespec.shared.drafters.moa.lsa import LayerSelfAttention
 from edgespec.shared.session_settings import FeatureRequest
 from edgespec.shared.wire import HIDDEN, LSA, TLI_K, TLI_V, FeatureKind
 
@@ -66,7 +66,7 @@ def export_features(spec: FeatureSpec, hidden: torch.Tensor, kv: torch.Tensor | 
     lsa_param = next(spec.lsa.parameters())
     lsa = spec.lsa(kv.to(lsa_param.device, lsa_param.dtype)).float()  # [n, 2*E_kv]
     # The LSA's output is what the codec rounds (not its input): MoA's training rounds the same tensor with
-    # the same codec (shared/drafters/lsa.as_received). Change one, change the other.
+    # the same codec (shared/drafters/moa/lsa.py, as_received). Change one, change the other.
     out = [(LSA, spec.codec.encode(lsa))]
     if spec.tli_layers:
         e_kv = kv.shape[-1] // 2

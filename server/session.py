@@ -24,7 +24,7 @@ from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.grammar import GrammarError
 from edgespec.shared.logits_processors import RowProcessors
 from edgespec.shared.logprobs import TokenLogprob, token_logprobs
-from edgespec.shared.drafters.lsa import LayerSelfAttention
+from edgespec.shared.drafters.moa.lsa import LayerSelfAttention
 from edgespec.shared.session_contract import ServerTimings
 from edgespec.shared.session_settings import SessionSettings
 from edgespec.shared.tree import DraftTree

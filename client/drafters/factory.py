@@ -2,7 +2,7 @@
 Python API, the benchmarks and the tests: ngram, independent, the learned kinds and the shipped checkpoints.
 
 Opening a learned drafter: its checkpoint (``shared/drafters/checkpoint.py``) and the target's own frozen
-parts, which the runtime (``learned_loading``) reads from the target's files on the laptop. Which target:
+parts, which the runtime (``learned.loading``) reads from the target's files on the laptop. Which target:
 ``DrafterOptions.target`` when given, else the server's model (its registry name), else the one the
 checkpoint's card was trained for. Before anything loads, the checkpoint's tokenizer fingerprint must
 equal the server's (a drafter of another tokenizer would draft ids that mean other tokens), and MoA's
@@ -93,7 +93,7 @@ def _learned_kind(options: DrafterOptions) -> DrafterOptions:
 
 def _open_learned(options: DrafterOptions, server_info) -> Drafter:
     """The drafter of kind ``options.name`` ("eagle", "moa", "beagle") from ``options.checkpoint``."""
-    from .learned_loading import learned_drafter, open_runtime  # drafter models load only when one is asked for
+    from .learned.loading import learned_drafter, open_runtime  # drafter models load only when one is asked for
 
     kind, where = options.name, resolve_checkpoint(options.checkpoint)
     found = checkpoint_kind(where)
@@ -130,9 +130,9 @@ LEARNED_CONTEXT_VOCAB = True
 
 
 def _learned_head_dtype(options: DrafterOptions):
-    """The LM head's dtype: with no dtype asked for on a CPU, int8 (shared/drafters/int8_head.py: a drafting
-    level 1.3-1.7x faster than with bf16 on an AVX512 core, with about bf16's top-1 agreement), else the
-    runtime's."""
+    """The LM head's dtype: with no dtype asked for on a CPU, int8 (``Int8Head``, shared/drafters/target_parts.py:
+    a drafting level 1.3-1.7x faster than with bf16 on an AVX512 core, with about bf16's top-1 agreement), else
+    the runtime's."""
     import torch
 
     return torch.int8 if options.dtype is None and options.device in (None, "cpu") else None
@@ -143,7 +143,7 @@ def _learned_vocab(options: DrafterOptions, checkpoint, target: str):
     with an LM-head router keeps the list its router was trained for unless a list is asked for."""
     from edgespec.shared.drafters.router import router_path
 
-    from .learned_loading import CHECKPOINT_VOCAB
+    from .learned.loading import CHECKPOINT_VOCAB
 
     size = options.draft_vocab
     if size is None:

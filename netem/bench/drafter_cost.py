@@ -19,8 +19,8 @@ from collections.abc import Callable
 import torch
 
 from edgespec.shared.drafters.blocks import KV
-from edgespec.shared.drafters.eagle import EagleConfig, EagleHead
-from edgespec.shared.drafters.int8_head import int8_logits, kept_channels, quantize_head
+from edgespec.shared.drafters.eagle.model import EagleConfig, EagleHead
+from edgespec.shared.drafters.target_parts import int8_logits, kept_channels, quantize_head
 from edgespec.shared.models.registry import DEFAULT_DRAFTER
 
 
@@ -58,7 +58,7 @@ def small_lm_ms(name: str, rows: list[int], context: int, dtype: str, repeats: i
 def eagle_level_ms(hidden: int, width: int, vocab: int, k: int, context: int, head_dtype: torch.dtype,
                    repeats: int) -> tuple[float, float]:
     """(the whole level, the head's body alone) in ms for one EAGLE level of k nodes; ``head_dtype``
-    torch.int8: the client's int8 LM head (shared/drafters/int8_head.py)."""
+    torch.int8: the client's int8 LM head (shared/drafters/target_parts.py, ``Int8Head``)."""
     heads = max(1, width // 64)
     head = EagleHead(EagleConfig(hidden, width=width, heads=heads, mlp_hidden=2 * width)).eval()
     weight = torch.randn(vocab, hidden)

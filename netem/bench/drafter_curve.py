@@ -176,8 +176,8 @@ class Scorer:
         from edgespec.server import WIRE_CODECS, Acceptance, eagle_acceptance, moa_acceptance
         from edgespec.shared.codec import ActivationCodec
         from edgespec.shared.drafters.checkpoint import checkpoint_kind
-        from edgespec.shared.drafters.eagle import load_eagle
-        from edgespec.shared.drafters.moa import load_moa
+        from edgespec.shared.drafters.eagle.model import load_eagle
+        from edgespec.shared.drafters.moa.model import load_moa
 
         kind = checkpoint_kind(path)
         if kind == "eagle":

@@ -3,11 +3,11 @@
 ``edgespec train fit --kind beagle --opt stage=early`` (the default), then
 ``--kind beagle --opt stage=late --init RUN_OF_THE_EARLY_STAGE``.
 
-- early: inverse block attention (beagle_masks.inverse_block_mask): the window is cut into
+- early: inverse block attention (beagle.masks.inverse_block_mask): the window is cut into
   blocks of k at a random offset; each block's own states are hidden from its queries, so
   query b + m predicts h_{b+m} from states ending at b - 1: a multi-token prediction loss
   over the window (steps 1..k of a draft rooted at c_b, in one pass).
-- late: simulated multi-step drafting in constant memory (beagle_masks.simulated_mask):
+- late: simulated multi-step drafting in constant memory (beagle.masks.simulated_mask):
   step 1 is the early pass; step i >= 2 feeds step i-1's predicted states back, detached,
   as the keys inside each block (keys stay [target ; previous step]: 2n whatever k). Step i
   weighs the positions it is first exact for (place j = m + 1 >= i) with beta(i, j) = k - i + 1;
@@ -15,7 +15,7 @@
 
 Loss (like EAGLE): SmoothL1 on the predicted states + soft cross-entropy against the target's
 distribution. Validation drafts chains from every root the way the runtime does (its own
-drafted tokens and states, beagle_masks.chain_mask).
+drafted tokens and states, beagle.masks.chain_mask).
 """
 from __future__ import annotations
 
@@ -25,9 +25,10 @@ from pathlib import Path
 
 import torch
 
-from edgespec.shared.drafters.beagle import FILE_NAME, BeagleConfig, BeagleHead, cat_memory, load_beagle, save_beagle
-from edgespec.shared.drafters.beagle_masks import (block_starts, chain_mask, inverse_block_mask, late_step_weights,
-                                             simulated_mask)
+from edgespec.shared.drafters.beagle.masks import (block_starts, chain_mask, inverse_block_mask, late_step_weights,
+                                                   simulated_mask)
+from edgespec.shared.drafters.beagle.model import (FILE_NAME, BeagleConfig, BeagleHead, cat_memory, load_beagle,
+                                                   save_beagle)
 from edgespec.shared.drafters.target_parts import TargetParts
 from .eagle_recipe import HeadRecipe
 from .features import StoredSequence

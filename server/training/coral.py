@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from edgespec.shared.drafters.masks import step_bounds
+from edgespec.shared.drafters.blocks import step_bounds
 from .alignment_losses import cross_step_alignment
 from .eagle_recipe import EagleRecipe, EagleRecipeConfig
 from .features import StoredSequence

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from edgespec.shared.drafters.eagle import EagleHead, save_eagle
-from edgespec.shared.drafters.masks import causal_mask, unrolled_mask
+from edgespec.shared.drafters.blocks import causal_mask, unrolled_mask
+from edgespec.shared.drafters.eagle.model import EagleHead, save_eagle
 from edgespec.shared.drafters.target_parts import TargetParts
 from .features import StoredSequence
 from .losses import Acceptance, Term, chain_accepted, smooth_l1, soft_cross_entropy

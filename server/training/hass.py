@@ -89,8 +89,8 @@ def init_states(path: Path, kind: str) -> dict[str, dict[str, torch.Tensor]]:
     if not path.exists():
         raise RecipeOptionError(f"--init {path}: no such run folder or drafter file")
     from edgespec.shared.drafters.checkpoint import DrafterCheckpointError, find_checkpoint
-    from edgespec.shared.drafters.eagle import load_eagle
-    from edgespec.shared.drafters.moa import load_moa
+    from edgespec.shared.drafters.eagle.model import load_eagle
+    from edgespec.shared.drafters.moa.model import load_moa
 
     try:
         found = find_checkpoint(path)

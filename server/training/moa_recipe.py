@@ -15,10 +15,9 @@ from pathlib import Path
 import torch
 
 from edgespec.shared.codec import ActivationCodec, Codec
-from edgespec.shared.drafters.blocks import KV
-from edgespec.shared.drafters.lsa import as_received
-from edgespec.shared.drafters.masks import bounded_mask, causal_mask, mixed_kv_mask, step_bounds
-from edgespec.shared.drafters.moa import MoADrafterModel, save_moa
+from edgespec.shared.drafters.blocks import KV, bounded_mask, causal_mask, mixed_kv_mask, step_bounds
+from edgespec.shared.drafters.moa.lsa import as_received
+from edgespec.shared.drafters.moa.model import MoADrafterModel, save_moa
 from edgespec.shared.drafters.target_parts import TargetParts
 from .features import StoredSequence
 from .losses import Acceptance, Term, chain_accepted, forward_kl, smooth_l1

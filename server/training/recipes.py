@@ -20,8 +20,9 @@ from pathlib import Path
 import torch
 
 from edgespec.shared.errors import EdgespecError
-from edgespec.shared.drafters.eagle import EagleConfig, EagleHead
-from edgespec.shared.drafters.moa import MoAConfig, new_moa
+from edgespec.shared.drafters.eagle.model import EagleConfig, EagleHead
+from edgespec.shared.drafters.moa.client_part import MoAConfig
+from edgespec.shared.drafters.moa.model import new_moa
 from edgespec.shared.drafters.target_parts import TargetParts, load_target_parts
 from .eagle_recipe import EagleRecipe, EagleRecipeConfig
 from .features import FeatureStore

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from edgespec.shared.drafters.eagle import EagleHead, load_eagle, save_eagle
-from edgespec.shared.drafters.masks import step_bounds
-from edgespec.shared.drafters.moa import MoADrafterModel, load_moa
+from edgespec.shared.drafters.eagle.model import EagleHead, load_eagle, save_eagle
+from edgespec.shared.drafters.blocks import step_bounds
+from edgespec.shared.drafters.moa.model import MoADrafterModel, load_moa
 from edgespec.shared.drafters.router import (LMHeadRouter, RouterConfig, contiguous_groups, frequency_groups,
                                        group_probabilities, restrict_to_groups, save_router)
 from edgespec.shared.drafters.target_parts import TargetParts

@@ -12,8 +12,9 @@ tokenizer fingerprint, how it was trained, what it measured). Client and server 
 names, so ``--drafter moa-tli0`` on the laptop and ``--moa-server-part moa-tli0`` on the GPU box
 mean the same weights. (``independent-vocab/`` there holds the independent drafter's reduced
 vocabularies: no card, so not a drafter.) The client opens the drafting runtime
-(``client/drafters/learned_loading.py``); the server opens MoA's Layer Self-Attention with
-``open_moa_server_part``.
+(``client/drafters/learned/loading.py``); the server opens MoA's Layer Self-Attention with
+``moa.lsa.open_moa_server_part``. Nothing here imports a drafter family: each family's model module
+builds on this one, never the other way round.
 """
 from __future__ import annotations
 
@@ -26,7 +27,6 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from edgespec.shared.errors import EdgespecError
-from .lsa import LayerSelfAttention, load_server_part
 
 M = TypeVar("M", bound=torch.nn.Module)
 CHECKPOINT_DIR = Path(__file__).resolve().parent / "checkpoints"
@@ -132,14 +132,3 @@ def load_module(path: str | Path, kind: str, build: Callable[[dict], M]) -> tupl
         raise DrafterCheckpointError(f"{path} does not match its own config: {exc}") from None
     return module.eval(), vocab_ids
 
-
-def open_moa_server_part(path: str | Path, device: str | torch.device = "cpu") -> LayerSelfAttention:
-    """MoA's Layer Self-Attention, which the server runs: a ``server.safetensors`` file, a MoA checkpoint
-    folder, or a shipped checkpoint's name."""
-    path = resolve_checkpoint(path)
-    if path.is_file() and path.name == "server.safetensors":
-        return load_server_part(path, device)
-    ckpt = find_checkpoint(path)
-    if ckpt.is_file():
-        raise DrafterCheckpointError(f"{ckpt} is an EAGLE drafter: it has no server part")
-    return load_server_part(ckpt / "server.safetensors", device)

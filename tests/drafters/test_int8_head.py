@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from edgespec.shared.drafters.int8_head import int8_logits, kept_channels, quantize_head, select_rows
-from edgespec.shared.drafters.target_parts import TargetParts
+from edgespec.shared.drafters.target_parts import TargetParts, int8_logits, kept_channels, quantize_head, select_rows
 
 
 def test_int8_logits_follow_float32_and_the_kept_channels_carry_the_outliers():

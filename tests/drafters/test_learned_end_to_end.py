@@ -194,7 +194,7 @@ def test_the_factory_lists_beagle_and_refuses_another_kinds_checkpoint(checkpoin
 
     from edgespec.client.drafters.factory import DrafterOptions, available_drafters, make_drafter
     from edgespec.shared.drafters.checkpoint import DrafterCheckpointError
-    from edgespec.shared.drafters.eagle import EagleConfig, EagleHead, save_eagle
+    from edgespec.shared.drafters.eagle.model import EagleConfig, EagleHead, save_eagle
 
     assert "beagle" in available_drafters()
     save_eagle(EagleHead(EagleConfig(64, width=32, heads=4, mlp_hidden=64)), tmp_path / "eagle.safetensors")

@@ -9,7 +9,7 @@ from support.drafters import learned_options
 from support.servers import running_server
 
 from edgespec.client.drafters.base import DraftRequest
-from edgespec.client.drafters.learned_loading import CHECKPOINT_VOCAB, learned_drafter, open_runtime
+from edgespec.client.drafters.learned.loading import CHECKPOINT_VOCAB, learned_drafter, open_runtime
 from edgespec.client.drafters.tree_builder import TreeShape
 from edgespec.server.training.features import target_features
 from edgespec.shared.drafters.target_parts import TargetParts

@@ -20,7 +20,7 @@ from edgespec.server.scheduler import ModelScheduler
 from edgespec.server.session import VerifierSession
 from edgespec.shared.session_settings import SessionSettings
 from edgespec.server.target import TargetModel
-from edgespec.shared.drafters.masks import causal_mask
+from edgespec.shared.drafters.blocks import causal_mask
 from edgespec.shared.drafters.target_parts import TargetParts
 from edgespec.shared.models.cache_arg import cache_kwarg, output_cache
 from edgespec.shared.models.loading import load_model

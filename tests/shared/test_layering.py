@@ -265,8 +265,8 @@ def test_the_client_floor_check_sees_an_upward_import(tmp_path):
     assert client_part("edgespec.client.link.verifier") == "link" and client_part("edgespec.server") is None
 
 
-BOUNDARY = [*sorted((PACKAGES["edgespec.client"] / "loop").glob("*.py")),
-            *sorted((PACKAGES["edgespec.client"] / "drafters").glob("*.py"))]
+BOUNDARY = [*sorted((PACKAGES["edgespec.client"] / "loop").rglob("*.py")),
+            *sorted((PACKAGES["edgespec.client"] / "drafters").rglob("*.py"))]  # rglob: drafters/learned/ too
 
 
 @pytest.mark.parametrize("path", BOUNDARY, ids=lambda p: p.relative_to(PACKAGES["edgespec.client"]).as_posix())

@@ -23,7 +23,7 @@ from edgespec.server.session import ResumePolicy, VerifierSession
 from edgespec.server.session_store import SessionStore, StoreLimits
 from edgespec.server.target import TargetModel
 from edgespec.shared.codec import decode_frame
-from edgespec.shared.drafters.lsa import LayerSelfAttention, LSAConfig
+from edgespec.shared.drafters.moa.lsa import LayerSelfAttention, LSAConfig
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.models.loading import load_model
 from edgespec.shared.session_contract import SamplingSettings

@@ -55,7 +55,7 @@ def test_late_stage_starts_from_the_early_run_and_lowers_its_loss(early_run, tar
 
 def test_late_stage_keys_do_not_grow_with_the_steps(target, store, seqs):
     # constant memory: every simulated step attends to [target ; previous step] = 2n keys
-    from edgespec.shared.drafters import beagle as model
+    from edgespec.shared.drafters.beagle import model
 
     seen = []
     real = model.CrossBlock.forward
@@ -97,7 +97,7 @@ def test_late_stage_step_i_is_what_drafting_computes_at_depth_i(early_run, draft
 
 def test_recipe_options_and_init_are_checked(early_run, target, store, tmp_path):
     from edgespec.server.training.recipes import RecipeOptionError
-    from edgespec.shared.drafters.eagle import EagleConfig, EagleHead
+    from edgespec.shared.drafters.eagle.model import EagleConfig, EagleHead
 
     with pytest.raises(RecipeOptionError, match="stages are early and late"):
         beagle(target, store, stage="middle")
@@ -118,8 +118,8 @@ def test_recipe_options_and_init_are_checked(early_run, target, store, tmp_path)
 
 @pytest.fixture(scope="module")
 def drafter(early_run, target):
-    from edgespec.client.drafters.beagle_runtime import BeagleRuntime
-    from edgespec.client.drafters.learned_loading import open_runtime
+    from edgespec.client.drafters.learned.beagle_runtime import BeagleRuntime
+    from edgespec.client.drafters.learned.loading import open_runtime
 
     run, trainer, _ = early_run
     trainer.recipe.save_drafter(run)
@@ -193,7 +193,7 @@ def test_offline_commit_uses_the_predicted_state_and_rollback_restores(drafter, 
 
 
 def test_runtime_refuses_what_its_state_does_not_allow(drafter, seqs):
-    from edgespec.client.drafters.runtime import DrafterStateError
+    from edgespec.client.drafters.learned.runtime import DrafterStateError
 
     seq = seqs[0]
     drafter.reset()
@@ -207,8 +207,8 @@ def test_runtime_refuses_what_its_state_does_not_allow(drafter, seqs):
 
 
 def test_checkpoint_round_trips_and_another_target_is_refused(early_run, target, store, tmp_path):
-    from edgespec.shared.drafters.beagle import load_beagle
-    from edgespec.client.drafters.learned_loading import open_runtime
+    from edgespec.shared.drafters.beagle.model import load_beagle
+    from edgespec.client.drafters.learned.loading import open_runtime
     from edgespec.shared.drafters.checkpoint import DrafterCheckpointError, checkpoint_kind
     from edgespec.shared.models.tiny import TinyConfig, tiny_model
 
@@ -221,7 +221,7 @@ def test_checkpoint_round_trips_and_another_target_is_refused(early_run, target,
     assert d.parts.draft_vocab_size == 64
     with pytest.raises(DrafterCheckpointError, match="hidden_size"):
         open_runtime(path, tiny_model(TinyConfig(hidden_size=32)))
-    from edgespec.shared.drafters.eagle import load_eagle
+    from edgespec.shared.drafters.eagle.model import load_eagle
 
     with pytest.raises(DrafterCheckpointError, match="'beagle' drafter, not 'eagle'"):
         load_eagle(path)

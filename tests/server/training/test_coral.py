@@ -57,7 +57,7 @@ def test_a_few_steps_lower_the_loss_and_align_the_steps(target, store, tmp_path)
 
 
 def test_moa_passes_draft_each_position_at_another_step():
-    from edgespec.shared.drafters.masks import step_bounds
+    from edgespec.shared.drafters.blocks import step_bounds
 
     n, T, offset, passes = 20, 5, 2, 3
     steps = torch.stack([torch.arange(n) - step_bounds(n, T, offset + a) for a in range(passes)])  # [passes, n]
@@ -89,8 +89,8 @@ def checkpoint(train_drafter):
 
 
 def test_trained_drafter_opens_and_drafts_token_exact_over_grpc(target_greedy, checkpoint, target, target_dir):
-    from edgespec.client.drafters.eagle_runtime import EagleRuntime
-    from edgespec.client.drafters.learned_loading import open_runtime
+    from edgespec.client.drafters.learned.eagle_runtime import EagleRuntime
+    from edgespec.client.drafters.learned.loading import open_runtime
     from edgespec.client.drafters.tree_builder import TreeShape
     from edgespec.client.loop.generation import GenerationConfig
 

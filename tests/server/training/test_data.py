@@ -112,7 +112,7 @@ def test_build_dataset_resumes_without_duplicates(tmp_path, tiny_model_dir):
 def test_real_target_features_and_tli_layers_agree():
     """On the real 0.5B: the stored activation entering layer L-3, run through the last 3 layers
     loaded from the target's files (what a client holds), gives the target's own final hidden state."""
-    from edgespec.shared.drafters.masks import causal_mask
+    from edgespec.shared.drafters.blocks import causal_mask
     from edgespec.shared.drafters.target_parts import load_target_parts
     from edgespec.shared.models import load_model
 

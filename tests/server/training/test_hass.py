@@ -18,7 +18,7 @@ from support.servers import running_server
 from edgespec.server.training.fit import build_recipe
 from edgespec.server.training.recipes import RecipeOptionError
 from edgespec.server.training.trainer import Trainer
-from edgespec.shared.drafters.masks import unrolled_mask
+from edgespec.shared.drafters.blocks import unrolled_mask
 
 pytestmark = pytest.mark.slow  # trains drafters
 
@@ -105,7 +105,7 @@ def test_start_indexed_unroll_is_the_position_indexed_hass_mask(step):
 
 # -- the unrolled forward is what the drafter computes while decoding -------------------------------
 def test_unrolled_steps_equal_drafting_on_own_features(target, store, seqs):
-    from edgespec.client.drafters.eagle_runtime import EagleRuntime
+    from edgespec.client.drafters.learned.eagle_runtime import EagleRuntime
     from edgespec.server.training.eagle_recipe import unrolled_steps
     from edgespec.shared.tree import ROOT
 
@@ -149,7 +149,7 @@ def test_detached_features_carry_no_gradient_to_the_previous_step(target, store,
 
 def test_moa_detached_own_context_same_forward_no_gradient_across_rows(target, store, seqs):
     from edgespec.server.training.moa_recipe import moa_window
-    from edgespec.shared.drafters.masks import step_bounds
+    from edgespec.shared.drafters.blocks import step_bounds
 
     rec = recipe("moa+hass", target, store, tli=1)
     seq, n = seqs[0], 12
@@ -265,7 +265,7 @@ def server(target_dir, checkpoints):
 
 @pytest.mark.parametrize("kind,tli", KINDS)
 def test_trained_drafter_opens_and_drafts_token_exact_over_grpc(target_greedy, kind, tli, server, target, target_dir, checkpoints):
-    from edgespec.client.drafters.learned_loading import open_runtime
+    from edgespec.client.drafters.learned.loading import open_runtime
     from edgespec.client.drafters.tree_builder import TreeShape
     from edgespec.client.loop.generation import GenerationConfig
 

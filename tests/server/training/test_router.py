@@ -96,8 +96,8 @@ def test_routed_logits_equal_the_full_head_on_chosen_groups_and_minus_inf_elsewh
 
 
 def test_all_groups_chosen_drafts_exactly_like_the_full_head(target):
-    from edgespec.shared.drafters.eagle import EagleConfig, EagleHead
-    from edgespec.client.drafters.eagle_runtime import EagleRuntime
+    from edgespec.shared.drafters.eagle.model import EagleConfig, EagleHead
+    from edgespec.client.drafters.learned.eagle_runtime import EagleRuntime
 
     parts = TargetParts(target.model, dtype=torch.float32)
     torch.manual_seed(0)
@@ -186,7 +186,7 @@ def test_stage_two_lowers_the_router_loss_and_leaves_the_base_bit_identical(kind
 
 @pytest.mark.slow
 def test_the_saved_router_attaches_to_the_saved_drafter(stage1, target, store, tmp_path):
-    from edgespec.client.drafters.learned_loading import open_runtime
+    from edgespec.client.drafters.learned.loading import open_runtime
     from edgespec.shared.drafters.checkpoint import find_checkpoint
 
     rec = router_recipe("eagle", target, store, stage1["eagle"], tmp_path)

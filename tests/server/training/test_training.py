@@ -141,8 +141,8 @@ def served_chains(rec, seq, depth: int) -> list[int]:
     """Accepted lengths of the chains the MoA drafting runtime drafts greedily from every start validation
     cuts (s = 1, 1 + depth, ...; those whose next token is one to learn), each given the features of the
     tokens before s as the server sends them: the serving path, computed apart from the trainer's."""
-    from edgespec.client.drafters.moa_runtime import MoARuntime
-    from edgespec.shared.drafters.lsa import as_received
+    from edgespec.client.drafters.learned.moa_runtime import MoARuntime
+    from edgespec.shared.drafters.moa.lsa import as_received
     from edgespec.shared.tree import ROOT
 
     parts, n, e_kv = rec.parts, seq.tokens.shape[0], rec.parts.shape.kv_size
@@ -213,10 +213,10 @@ def test_cli_end_to_end(target_dir, store, tmp_path):
 
 
 def test_a_trained_drafter_opens_for_drafting(target, store, seqs, tmp_path):
-    from edgespec.client.drafters.eagle_runtime import EagleRuntime
-    from edgespec.client.drafters.learned_loading import open_runtime
-    from edgespec.client.drafters.moa_runtime import MoARuntime
-    from edgespec.shared.drafters.checkpoint import open_moa_server_part
+    from edgespec.client.drafters.learned.eagle_runtime import EagleRuntime
+    from edgespec.client.drafters.learned.loading import open_runtime
+    from edgespec.client.drafters.learned.moa_runtime import MoARuntime
+    from edgespec.shared.drafters.moa.lsa import open_moa_server_part
 
     rec = recipe("moa", target, store, tli=1, vocab=64)
     rec.save_drafter(tmp_path)
@@ -246,7 +246,7 @@ def test_reduced_vocabulary_is_kept_for_resumed_runs(store, tmp_path):
 
 
 def test_open_by_target_name_reads_only_the_parts(target, target_dir, store, seqs, tmp_path):
-    from edgespec.client.drafters.learned_loading import open_runtime
+    from edgespec.client.drafters.learned.loading import open_runtime
 
     recipe("eagle", target, store, vocab=64).save_drafter(tmp_path)
     by_model = open_runtime(tmp_path, target.model)
@@ -259,7 +259,7 @@ def test_open_by_target_name_reads_only_the_parts(target, target_dir, store, seq
 
 def test_a_drafter_for_another_target_is_refused(target, store, tmp_path):
     from edgespec.shared.drafters.checkpoint import DrafterCheckpointError
-    from edgespec.client.drafters.learned_loading import open_runtime
+    from edgespec.client.drafters.learned.loading import open_runtime
     from edgespec.shared.models.tiny import TinyConfig, tiny_model
 
     recipe("moa", target, store, tli=1).save_drafter(tmp_path)
@@ -277,7 +277,7 @@ def test_wall_clock_budget_stops_early_and_still_saves(target, store, tmp_path):
 
 def test_snapshots_keep_the_drafter_at_each_doubling_of_the_tokens_seen(target, store, tmp_path):
     from edgespec.server.training.trainer import snapshot_due
-    from edgespec.shared.drafters.eagle import load_eagle
+    from edgespec.shared.drafters.eagle.model import load_eagle
 
     assert [snapshot_due(t, 100) for t in (0, 99, 100, 199, 200, 399, 400, 1000)] == [0, 0, 100, 100, 200, 200, 400, 800]
     cfg = train_config(steps=8)

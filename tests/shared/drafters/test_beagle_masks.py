@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edgespec.shared.drafters.beagle_masks import (block_starts, chain_mask, cross_mask, inverse_block_mask,
+from edgespec.shared.drafters.beagle.masks import (block_starts, chain_mask, cross_mask, inverse_block_mask,
                                                    late_step_weights, simulated_mask)
 
 

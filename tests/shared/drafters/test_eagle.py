@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from edgespec.server.training.eagle_recipe import unrolled_steps
-from edgespec.shared.drafters.eagle import EagleConfig, EagleHead, load_eagle, save_eagle
-from edgespec.client.drafters.eagle_runtime import EagleRuntime
-from edgespec.client.drafters.runtime import DrafterStateError
-from edgespec.shared.drafters.masks import causal_mask
+from edgespec.shared.drafters.eagle.model import EagleConfig, EagleHead, load_eagle, save_eagle
+from edgespec.client.drafters.learned.eagle_runtime import EagleRuntime
+from edgespec.client.drafters.learned.runtime import DrafterStateError
+from edgespec.shared.drafters.blocks import causal_mask
 from edgespec.shared.drafters.target_parts import TargetParts
 from edgespec.shared.tree import ROOT
 
@@ -123,7 +123,7 @@ def test_reduced_vocabulary_maps_back_to_target_ids(head, target, seqs):
 
 
 def test_parts_from_files_equal_parts_from_the_model(target, target_dir, seqs):
-    from edgespec.shared.drafters.masks import causal_mask as cm
+    from edgespec.shared.drafters.blocks import causal_mask as cm
     from edgespec.shared.drafters.target_parts import load_target_parts
 
     full = TargetParts(target.model, tli=3, dtype=torch.float32)

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgespec.shared.drafters.masks import bounded_mask, causal_mask, mixed_kv_mask, step_bounds, unrolled_mask
+from edgespec.shared.drafters.blocks import bounded_mask, causal_mask, mixed_kv_mask, step_bounds, unrolled_mask
 
 
 @settings(max_examples=60, deadline=None)

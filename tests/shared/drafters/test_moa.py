@@ -5,9 +5,10 @@ import pytest
 import torch
 
 from edgespec.server.training.moa_recipe import moa_window
-from edgespec.shared.drafters.moa import MoAConfig, load_moa, new_moa, save_moa
-from edgespec.client.drafters.moa_runtime import MoARuntime
-from edgespec.client.drafters.runtime import DrafterStateError
+from edgespec.shared.drafters.moa.client_part import MoAConfig
+from edgespec.shared.drafters.moa.model import load_moa, new_moa, save_moa
+from edgespec.client.drafters.learned.moa_runtime import MoARuntime
+from edgespec.client.drafters.learned.runtime import DrafterStateError
 from edgespec.shared.drafters.target_parts import TargetParts
 from edgespec.shared.tree import ROOT
 
@@ -87,7 +88,7 @@ def test_memory_past_the_bound_is_invisible(target, seqs):
     model, parts = make(target, 1)
     seq = seqs[0]
     n = 40
-    from edgespec.shared.drafters.masks import step_bounds
+    from edgespec.shared.drafters.blocks import step_bounds
 
     bounds = step_bounds(n, 7, 3)
     kv = seq.kv[:n].clone()
@@ -226,7 +227,7 @@ def test_an_unknown_wire_codec_is_refused():
 def test_the_rounding_passes_the_gradient_through(target, seqs):
     """Straight through: the LSA still learns (its gradient is the unrounded one)."""
     from edgespec.shared.codec import ActivationCodec
-    from edgespec.shared.drafters.lsa import as_received
+    from edgespec.shared.drafters.moa.lsa import as_received
 
     model, _ = make(target, 0)
     x = model.lsa(seqs[0].kv[:10])

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .blocks import KV, DecoderBlock
-from .checkpoint import load_module, save_weights
+from edgespec.shared.drafters.blocks import KV, DecoderBlock
+from edgespec.shared.drafters.checkpoint import load_module, save_weights
 
 KIND = "eagle"
 

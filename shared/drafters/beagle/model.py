@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .blocks import KV, MLP, Attention
-from .checkpoint import load_module, save_weights
+from edgespec.shared.drafters.blocks import KV, MLP, Attention
+from edgespec.shared.drafters.checkpoint import load_module, save_weights
 
 KIND = "beagle"
 FILE_NAME = "beagle.safetensors"

@@ -6,18 +6,20 @@ The client part predicts the target's activation entering layer L-N (N = 0: the 
 stream before the final norm). Its Cross-Attention memory is the LSA output (2*E_kv per
 token, computed on the server by ``lsa.LayerSelfAttention``) of verified tokens only; a
 learned null slot lets a query attend somewhere when nothing is verified yet.
+
+This module is all the client's drafting runtime needs of MoA: it names neither the server part
+(``lsa``) nor the two halves together (``model``: what training builds, saves and ships).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .blocks import KV, MLP, Attention
-from .checkpoint import load_module, save_weights
-from .lsa import LayerSelfAttention, LSAConfig, load_server_part, save_server_part
+from edgespec.shared.drafters.blocks import KV, MLP, Attention
+from edgespec.shared.drafters.checkpoint import load_module
 
 KIND = "moa"
 SUPPORTED_TLI = (0, 1, 3)
@@ -101,40 +103,9 @@ class MoAClient(nn.Module):
         return KV(z, z.clone())
 
 
-@dataclass
-class MoADrafterModel:
-    """Both halves of a MoA drafter: ``lsa`` runs on the server, ``client`` on the client."""
-
-    lsa: LayerSelfAttention
-    client: MoAClient
-    vocab_ids: torch.Tensor | None = None  # reduced draft vocabulary (draft id -> target id), or None
-
-
-def new_moa(config: MoAConfig) -> MoADrafterModel:
-    return MoADrafterModel(LayerSelfAttention(LSAConfig(config.num_layers, config.kv_size, config.lsa_heads)),
-                           MoAClient(config))
-
-
-def save_moa(model: MoADrafterModel, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Writes ``server.safetensors`` (the LSA) and ``client.safetensors`` (the rest) into out_dir."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    # Cast as written: loading a cast state dict into a new float32 module (as this did) cast it back.
-    save_server_part(model.lsa, out / "server.safetensors", dtype)
-    save_weights(out / "client.safetensors", KIND, asdict(model.client.config), model.client.state_dict(),
-                 model.vocab_ids, dtype)
-    return out
-
-
 def load_moa_client(path: str | Path) -> tuple[MoAClient, torch.Tensor | None]:
     """The client part (``client.safetensors`` or its folder): (module in float32 eval mode, vocab ids)."""
     path = Path(path)
     if path.is_dir():
         path = path / "client.safetensors"
     return load_module(path, KIND, lambda config: MoAClient(MoAConfig(**config)))
-
-
-def load_moa(out_dir: str | Path) -> MoADrafterModel:
-    client, vocab_ids = load_moa_client(out_dir)
-    lsa = load_server_part(Path(out_dir) / "server.safetensors").float()
-    return MoADrafterModel(lsa, client, vocab_ids)

@@ -10,21 +10,21 @@ from pathlib import Path
 
 import torch
 
-from edgespec.shared.drafters.beagle import load_beagle
+from edgespec.client.drafters.tree_builder import TreeShape
+from edgespec.shared.drafters.beagle.model import load_beagle
 from edgespec.shared.drafters.checkpoint import DrafterCheckpointError, checkpoint_kind, find_checkpoint
-from edgespec.shared.drafters.eagle import load_eagle
-from edgespec.shared.drafters.moa import load_moa_client
+from edgespec.shared.drafters.eagle.model import load_eagle
+from edgespec.shared.drafters.moa.client_part import load_moa_client
 from edgespec.shared.drafters.router import attach_router_if_present
 from edgespec.shared.drafters.target_parts import TargetParts, load_target_parts
 from edgespec.shared.session_settings import FeatureRequest
 from edgespec.shared.wire import FeatureKind
 
 from .beagle_runtime import BeagleRuntime
+from .drafter import LearnedDrafter
 from .eagle_runtime import EagleRuntime
-from .learned import LearnedDrafter
 from .moa_runtime import MoARuntime
 from .runtime import LearnedRuntime
-from .tree_builder import TreeShape
 
 
 CHECKPOINT_VOCAB = "checkpoint"  # open_runtime's vocab: the list the drafter was trained over

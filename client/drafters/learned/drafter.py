@@ -22,13 +22,13 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from edgespec.client.drafters.base import Drafter, DraftRequest, Verification, common_prefix
+from edgespec.client.drafters.tree_builder import Candidates, TreeShape, build_tree
 from edgespec.shared.errors import EdgespecError
 from edgespec.shared.session_settings import FeatureRequest
 from edgespec.shared.tree import DraftTree
 
-from .base import Drafter, DraftRequest, Verification, common_prefix
 from .runtime import LearnedRuntime
-from .tree_builder import Candidates, TreeShape, build_tree
 
 
 class MissingFeaturesError(EdgespecError, grpc_code="FAILED_PRECONDITION"):

@@ -9,9 +9,8 @@ from __future__ import annotations
 import torch
 
 from edgespec.shared import wire
-from edgespec.shared.drafters.blocks import KV
-from edgespec.shared.drafters.eagle import EagleHead
-from edgespec.shared.drafters.masks import causal_mask
+from edgespec.shared.drafters.blocks import KV, causal_mask
+from edgespec.shared.drafters.eagle.model import EagleHead
 from edgespec.shared.drafters.target_parts import TargetParts
 from edgespec.shared.tree import ROOT
 

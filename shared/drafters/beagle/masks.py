@@ -1,7 +1,7 @@
 """Attention masks of the Beagle drafter (cross-attention speculative decoding), as pure functions in the
-form of ``masks`` (True = may attend, [queries, keys]) over the positions 0..n-1 of one window.
+form of ``blocks``' masks (True = may attend, [queries, keys]) over the positions 0..n-1 of one window.
 
-Query t predicts the state h_t (``beagle``), so it must never see h_t itself: the **diagonal is masked**,
+Query t predicts the state h_t (``model``), so it must never see h_t itself: the **diagonal is masked**,
 and query t sees states j < t only. A row may see nothing (the first position): the drafter always adds
 a zero "sink" key, so such a row reads zeros, not NaN.
 

@@ -12,15 +12,19 @@ RoPE positions, so covered and own rows may interleave (a resume can cover a lat
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from edgespec.shared import wire
 from edgespec.shared.drafters.blocks import KV
-from edgespec.shared.drafters.moa import MoAClient
-from edgespec.shared.drafters.router import LMHeadRouter, RoutedHead
+from edgespec.shared.drafters.moa.client_part import MoAClient
 from edgespec.shared.drafters.target_parts import TargetParts
 
 from .runtime import DrafterStateError, LearnedRuntime
+
+if TYPE_CHECKING:  # the router's types only: the base class loads it where one is attached
+    from edgespec.shared.drafters.router import LMHeadRouter, RoutedHead
 
 
 def _kv_rows(x: torch.Tensor, heads: int) -> torch.Tensor:

@@ -18,6 +18,8 @@ from torch import nn
 
 from edgespec.shared.codec import ActivationCodec, decode_frame
 
+from edgespec.shared.drafters.checkpoint import DrafterCheckpointError, find_checkpoint, resolve_checkpoint
+
 
 @dataclass(frozen=True)
 class LSAConfig:
@@ -78,3 +80,15 @@ def load_server_part(path: str | Path, device: str | torch.device = "cpu") -> La
     module = LayerSelfAttention(config)
     module.load_state_dict(load_file(str(path)))
     return module.to(device).eval()
+
+
+def open_moa_server_part(path: str | Path, device: str | torch.device = "cpu") -> LayerSelfAttention:
+    """MoA's Layer Self-Attention, which the server runs: a ``server.safetensors`` file, a MoA checkpoint
+    folder, or a shipped checkpoint's name."""
+    path = resolve_checkpoint(path)
+    if path.is_file() and path.name == "server.safetensors":
+        return load_server_part(path, device)
+    ckpt = find_checkpoint(path)
+    if ckpt.is_file():
+        raise DrafterCheckpointError(f"{ckpt} is an EAGLE drafter: it has no server part")
+    return load_server_part(ckpt / "server.safetensors", device)

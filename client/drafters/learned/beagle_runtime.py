@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from edgespec.shared import wire
-from edgespec.shared.drafters.beagle import BeagleHead, Memory, cat_memory, take_memory
+from edgespec.shared.drafters.beagle.model import BeagleHead, Memory, cat_memory, take_memory
 from edgespec.shared.drafters.target_parts import TargetParts
 
 from .runtime import RowsRuntime

@@ -26,14 +26,16 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from edgespec.shared.drafters.router import LMHeadRouter, RoutedHead, routed_head_for
 from edgespec.shared.drafters.target_parts import TargetParts
 from edgespec.shared.errors import EdgespecError
 from edgespec.shared.tree import ROOT, DraftTree, tree_attention_mask
+
+if TYPE_CHECKING:  # CORAL's router is optional to every family: loaded where one is attached
+    from edgespec.shared.drafters.router import LMHeadRouter, RoutedHead
 
 Features = Mapping[str, torch.Tensor]
 
@@ -68,6 +70,8 @@ class LearnedRuntime(abc.ABC):
     def attach_router(self, router: LMHeadRouter | RoutedHead | None) -> None:
         """Draft with a router's chosen groups of the LM head (None: the full head again).
         A RoutedHead already made for these parts is reused (no second copy of the head)."""
+        from edgespec.shared.drafters.router import routed_head_for  # a drafter without a router never loads it
+
         self.routed = routed_head_for(router, self.parts)
 
     # -- committing -----------------------------------------------------------------------------
