@@ -11,6 +11,7 @@ modules named in strings (``importlib.import_module("...")``, a registry of modu
   naming the other; the loop (``client/loop/``) above them; the front (the modules beside them: the commands, the
   APIs, the assembly, the face) above all;
 - the generation loop and the drafters never touch protobuf: the verifier (``client/link/verifier.py``) converts;
+  on the server only ``rpc/`` does (training and its data aside);
 - netem builds the server's and the client's parts only through their public faces (the names in
   ``edgespec.server.__all__`` and ``edgespec.client.__all__``), so their modules can move under it."""
 from __future__ import annotations
@@ -274,6 +275,19 @@ def test_no_protobuf_import_in_the_loop_or_the_drafters(path):
     found = imported_modules(path, PACKAGES["edgespec.client"], "edgespec.client")
     bad = [m for m in found if m.startswith(("edgespec.proto", "google.protobuf", "grpc"))]
     assert not bad, f"{path.name} imports {bad}: go through client/link/verifier.py's domain types"
+
+
+SERVER_RUNTIME = [p for p in sorted(PACKAGES["edgespec.server"].rglob("*.py"))
+                  if not {"rpc", "training"} & set(p.relative_to(PACKAGES["edgespec.server"]).parts)]
+
+
+@pytest.mark.parametrize("path", SERVER_RUNTIME, ids=lambda p: p.relative_to(PACKAGES["edgespec.server"]).as_posix())
+def test_only_the_servers_rpc_package_touches_protobuf(path):
+    """The server's one protobuf adapter is rpc/ (the gRPC service): the core, the sessions, the engines and the
+    HTTP API work on shared/'s types, as the client's loop does."""
+    found = imported_modules(path, PACKAGES["edgespec.server"], "edgespec.server")
+    bad = [m for m in found if m.startswith(("edgespec.proto", "google.protobuf", "grpc"))]
+    assert not bad, f"{path.name} imports {bad}: protobuf stays in server/rpc/"
 
 
 def test_the_check_sees_a_protobuf_import(tmp_path):
