@@ -30,7 +30,7 @@ STEPS=${STEPS:-20000} BATCH_TOKENS=${BATCH_TOKENS:-4096} LR=${LR:-1e-3} MINUTES=
 EVAL_EVERY=${EVAL_EVERY:-100} EVAL_SEQUENCES=${EVAL_SEQUENCES:-8} SAVE_EVERY=${SAVE_EVERY:-10}
 SNAPSHOT_TOKENS=${SNAPSHOT_TOKENS:-131072}  # a drafter kept at 131k, 262k, 524k, ... tokens seen: the scaling curve
 AMP=${AMP:-bf16}                  # bf16 autocast: 1.7x float32's training tokens/s on a CPU with AVX512-BF16
-CACHE_MB=${CACHE_MB:-4096}        # decoded sequences kept in memory; MoA's K/V make 4 GiB about 10 GB resident
+CACHE_MB=${CACHE_MB:-4096}        # MiB of decoded sequences the fits keep in memory (1024 for MoA beside other jobs)
 common=(--target "$TARGET" --threads "$THREADS" ${DTYPE:+--dtype "$DTYPE"})
 
 LIVE="$OUT/store-answers-live"  # the answers' features, kept as the target writes them
@@ -67,7 +67,10 @@ case "${1:-}" in
     tli=${2:?moa needs the TLI depth: 0 or 1}
     stores=()
     for s in "$OUT/store-answers-full" "$LIVE"; do [ -f "$s/store.json" ] && stores+=(--features "$s"); done
-    edgespec train fit "${common[@]}" --kind moa --tli "$tli" "${stores[@]}" \
+    # glibc raises its mmap threshold as large blocks are freed, so a step's freed activations (tens of MB) stay
+    # in the heap and fragment it: MoA's resident memory crept from ~10 GB to 15 GB over 100 steps until the
+    # kernel killed it. A fixed 4 MiB threshold hands them back: its peaks stay at ~10 GB (~20 % fewer tokens/s).
+    MALLOC_MMAP_THRESHOLD_=${MALLOC_MMAP_THRESHOLD_:-4194304} edgespec train fit "${common[@]}" --kind moa --tli "$tli" "${stores[@]}" \
         --out "$OUT/fit/moa-tli$tli-w$WIDTH" --width "$WIDTH" --heads "$HEADS" --vocab "$VOCAB" \
         --batch-tokens "$BATCH_TOKENS" --lr "$LR" --steps "$STEPS" --max-minutes "$MINUTES" \
         --eval-every "$EVAL_EVERY" --eval-sequences "$EVAL_SEQUENCES" --save-every "$SAVE_EVERY" --amp "$AMP" \
