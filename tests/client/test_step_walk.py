@@ -9,7 +9,7 @@ from support.step_walk import StepWalk
 
 from edgespec.client.loop.generation import GenerationConfig
 
-STEP = ("edgespec.client.loop.generation", "Generation._online_step".split(".")[-1])
+STEP = ("edgespec.client.loop.generation", "_online_step")  # Generation._online_step
 CEILING = 34  # 32 measured on all threads (16 on the client's): 2 of slack for paths that hang on timing
 
 

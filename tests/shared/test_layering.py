@@ -266,6 +266,7 @@ def test_the_client_floor_check_sees_an_upward_import(tmp_path):
     assert client_part("edgespec.client.link.verifier") == "link" and client_part("edgespec.server") is None
 
 
+PROTOBUF = ("edgespec.proto", "google.protobuf", "grpc")  # what only the adapters to the wire import
 BOUNDARY = [*sorted((PACKAGES["edgespec.client"] / "loop").rglob("*.py")),
             *sorted((PACKAGES["edgespec.client"] / "drafters").rglob("*.py"))]  # rglob: drafters/learned/ too
 
@@ -273,7 +274,7 @@ BOUNDARY = [*sorted((PACKAGES["edgespec.client"] / "loop").rglob("*.py")),
 @pytest.mark.parametrize("path", BOUNDARY, ids=lambda p: p.relative_to(PACKAGES["edgespec.client"]).as_posix())
 def test_no_protobuf_import_in_the_loop_or_the_drafters(path):
     found = imported_modules(path, PACKAGES["edgespec.client"], "edgespec.client")
-    bad = [m for m in found if m.startswith(("edgespec.proto", "google.protobuf", "grpc"))]
+    bad = [m for m in found if m.startswith(PROTOBUF)]
     assert not bad, f"{path.name} imports {bad}: go through client/link/verifier.py's domain types"
 
 
@@ -286,7 +287,7 @@ def test_only_the_servers_rpc_package_touches_protobuf(path):
     """The server's one protobuf adapter is rpc/ (the gRPC service): the core, the sessions, the engines and the
     HTTP API work on shared/'s types, as the client's loop does."""
     found = imported_modules(path, PACKAGES["edgespec.server"], "edgespec.server")
-    bad = [m for m in found if m.startswith(("edgespec.proto", "google.protobuf", "grpc"))]
+    bad = [m for m in found if m.startswith(PROTOBUF)]
     assert not bad, f"{path.name} imports {bad}: protobuf stays in server/rpc/"
 
 

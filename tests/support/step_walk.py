@@ -110,8 +110,7 @@ class StepWalk:
                          f"{len(walk.reentries)} re-entries")
             lines += [f"    {m}" + (f"  (re-entered {walk.reentries.count(m)}x)" if m in walk.reentries else "")
                       for m in walk.modules]
-        every = list(dict.fromkeys(m for w in self.walks.values() for m in w.modules))
-        lines.append(f"all threads: {len(every)} modules")
+        lines.append(f"all threads: {len(self.all_modules())} modules")
         return "\n".join(lines)
 
     def all_modules(self) -> list[str]:
