@@ -4,6 +4,10 @@ Copies the drafter's files (EAGLE: ``eagle.safetensors``; MoA: ``client.safetens
 ``server.safetensors``, kept apart so the server loads only its part) and writes the card:
 ``card.json`` (the run's card plus how to reproduce it and what the benchmark measured) and
 ``CARD.md`` for people. Refuses a checkpoint over the size limit.
+
+A run's snapshot (``RUN/snapshots/tokens-T/``, taken while the run goes on) ships too: its card is the
+run's, written at the end of the run's last segment, with the snapshot's own step, tokens seen, training
+data and validation figures in place of the run's.
 """
 from __future__ import annotations
 
@@ -29,8 +33,7 @@ def ship(run_dir: str | Path, name: str, command: str = "", measured: dict | Non
     if size > MAX_BYTES:
         raise DrafterCheckpointError(f"{ckpt} is {size / 1e6:.1f} MB; shipped drafters stay under "
                                      f"{MAX_BYTES / 1e6:.0f} MB: train a narrower one")
-    card_path = run_dir / "card.json"
-    card = json.loads(card_path.read_text()) if card_path.is_file() else {}
+    card = run_card(run_dir)
     dest = dest_root / name
     dest.mkdir(parents=True, exist_ok=True)
     for f in files:
@@ -47,6 +50,25 @@ def ship(run_dir: str | Path, name: str, command: str = "", measured: dict | Non
     (dest / "card.json").write_text(json.dumps(card, indent=1) + "\n")
     (dest / "CARD.md").write_text(card_markdown(card))
     return dest
+
+
+def run_card(run_dir: Path) -> dict:
+    """The card of a run folder ({} if it has none), or of a snapshot inside one (its figures over the run's)."""
+    marker = run_dir / "snapshot.json"
+    if not marker.is_file():
+        card_path = run_dir / "card.json"
+        return json.loads(card_path.read_text()) if card_path.is_file() else {}
+    run = run_dir.parent.parent  # RUN/snapshots/tokens-T
+    if not (run / "card.json").is_file():
+        raise DrafterCheckpointError(f"{run_dir} is a snapshot of {run}, which has no card.json yet: a run writes "
+                                     f"its card when a segment ends (its --max-minutes, or kill PID for SIGTERM)")
+    card = json.loads((run / "card.json").read_text())
+    snap = json.loads(marker.read_text())
+    card.setdefault("training", {}).update(steps=snap["step"], tokens_seen=snap["tokens_seen"],
+                                           snapshot=run_dir.name)
+    card.setdefault("data", {}).update(train_tokens=snap["train_tokens"], train_sequences=snap["train_sequences"])
+    card["validation"] = {"step": snap["step"], **{k: v for k, v in snap.items() if k.startswith("val/")}}
+    return card
 
 
 def card_markdown(card: dict) -> str:

@@ -17,7 +17,9 @@ Training sequences are decoded from the store when drawn and kept in a cache of 
 
 Every ``save_every`` steps the run folder gets ``checkpoint.pt`` (trainable weights, optimizer,
 step, RNG, the learning-rate schedule's horizon), written atomically: a run started again with the
-same folder resumes from it, on the schedule it started with.
+same folder resumes from it, on the schedule it started with. A SIGTERM (``kill PID``: how a
+background segment is ended early) stops the run like a spent wall-clock budget: the step under way
+finishes, then the checkpoint, the card and the drafter's files are written as at any segment's end.
 Validation (every ``eval_every`` steps, on rank 0) logs per-position acceptance. On GPUs the
 forward runs under bf16 autocast. Progress: a bar with tokens/s and time left on a terminal,
 plain log lines otherwise.
@@ -28,7 +30,9 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import asdict
@@ -237,24 +241,32 @@ class Trainer:
         progress = Progress(cfg.steps, self.step, self.tokens_seen, f"train {self.recipe.kind}", self.world.main,
                             cfg.log_every)
         t0 = time.perf_counter()
-        while self.step < cfg.steps:
-            row = {"step": self.step + 1, **self.train_step()}
-            out_of_time = bool(cfg.max_wall_s) and time.perf_counter() - t0 >= cfg.max_wall_s
-            last = self.step == cfg.steps or out_of_time
-            if self.val_files and self.world.main and (self.step % cfg.eval_every == 0 or last):
-                row.update(self.validate())
-            row["wall_s"] = round(time.perf_counter() - t0, 1)
-            row["tokens"] = self.tokens_seen
-            self._log(row)
-            progress.update(self.step, self.tokens_seen, row["loss"])
-            if (self.step % cfg.save_every == 0 or last) and self.world.main:
-                self.save_checkpoint()
-            if cfg.snapshot_tokens and self.world.main:
-                self.snapshot(row)
-            if out_of_time:
-                log.info("stopping at step %d of %d: the wall-clock budget of %.0f s is spent", self.step, cfg.steps,
-                         cfg.max_wall_s)
-                break
+        stop = StopRequest()
+        try:
+            while self.step < cfg.steps:
+                row = {"step": self.step + 1, **self.train_step()}
+                out_of_time = bool(cfg.max_wall_s) and time.perf_counter() - t0 >= cfg.max_wall_s
+                stopped = stop.agreed(self.device)
+                last = self.step == cfg.steps or out_of_time or stopped
+                if self.val_files and self.world.main and (self.step % cfg.eval_every == 0 or last):
+                    row.update(self.validate())
+                row["wall_s"] = round(time.perf_counter() - t0, 1)
+                row["tokens"] = self.tokens_seen
+                self._log(row)
+                progress.update(self.step, self.tokens_seen, row["loss"])
+                if (self.step % cfg.save_every == 0 or last) and self.world.main:
+                    self.save_checkpoint()
+                if cfg.snapshot_tokens and self.world.main:
+                    self.snapshot(row)
+                if stopped:
+                    log.info("stopping at step %d of %d: asked to (SIGTERM)", self.step, cfg.steps)
+                    break
+                if out_of_time:
+                    log.info("stopping at step %d of %d: the wall-clock budget of %.0f s is spent", self.step,
+                             cfg.steps, cfg.max_wall_s)
+                    break
+        finally:
+            stop.close()
         progress.close()
         distributed.barrier()
         return self.history
@@ -288,6 +300,30 @@ class Trainer:
             f.write(json.dumps(row) + "\n")
         if "val/chains" in row:
             log.info(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+
+
+class StopRequest:
+    """SIGTERM while training sets a flag the loop reads after each step, instead of killing the process
+    mid-step (which would lose the steps since the last checkpoint and never write the card). Under
+    ``torchrun`` the ranks agree on it (a sum over ranks), so none is left waiting in a collective.
+    Installed only from the main thread (Python's rule for signal handlers); ``close`` restores the old one."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._on_term)
+
+    def _on_term(self, _signum, _frame) -> None:
+        self.requested = True
+
+    def agreed(self, device) -> bool:
+        return bool(distributed.all_sum(torch.tensor([float(self.requested)], device=device)).cpu()[0] > 0)
+
+    def close(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
 
 
 def snapshot_due(tokens_seen: int, base: int) -> int:

@@ -293,3 +293,49 @@ def test_snapshots_keep_the_drafter_at_each_doubling_of_the_tokens_seen(target, 
     last, _ = load_eagle(folders[-1] / "eagle.safetensors")
     assert any(not torch.equal(a, b) for a, b in zip(first.state_dict().values(), last.state_dict().values()))
     assert not list((tmp_path / "snapshots").glob("*.tmp"))
+
+
+def test_sigterm_ends_the_segment_after_the_step_under_way(target, store, tmp_path):
+    """``kill PID`` on a background segment: the step under way finishes, validates and saves as at any
+    segment's end (so the card can be written), and the old SIGTERM handler is back afterwards."""
+    import os
+    import signal
+
+    class SignalledAtStep2(Trainer):
+        def train_step(self):
+            out = super().train_step()
+            if self.step == 2:
+                os.kill(os.getpid(), signal.SIGTERM)  # the real signal, through the real handler
+            return out
+
+    before = signal.getsignal(signal.SIGTERM)
+    trainer = SignalledAtStep2(recipe("eagle", target, store), store, tmp_path, train_config(steps=50, save_every=50))
+    trainer.fit()
+    assert trainer.step == 2 and "val/chains" in trainer.history[-1]
+    assert torch.load(trainer.checkpoint_path, weights_only=False)["step"] == 2
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_snapshot_ships_with_its_own_figures_over_the_runs_card(target, store, tmp_path):
+    from edgespec.server.training.ship import ship
+    from edgespec.shared.drafters.checkpoint import DrafterCheckpointError, checkpoint_kind, read_card
+
+    cfg = train_config(steps=4)
+    rec = recipe("moa", target, store, tli=1)
+    run = tmp_path / "run"
+    trainer = Trainer(rec, store, run, train_config(steps=4, snapshot_tokens=cfg.batch_tokens))
+    trainer.fit()
+    first = min((run / "snapshots").iterdir(), key=lambda p: int(p.name.split("-")[1]))
+    snap = json.loads((first / "snapshot.json").read_text())
+    assert snap["step"] < trainer.step  # the snapshot is not the run's end: its figures must win
+    with pytest.raises(DrafterCheckpointError, match="no card.json"):
+        ship(first, "moa-tli1", dest_root=tmp_path / "shipped")
+    write_card(run, rec, store, trainer, rec.save_drafter(run), 1.0)
+    dest = ship(first, "moa-tli1", command="drafter_job.sh moa 1", dest_root=tmp_path / "shipped")
+    card = read_card(dest)
+    assert checkpoint_kind(dest) == "moa" and card["command"] == "drafter_job.sh moa 1"
+    assert (card["training"]["steps"], card["training"]["tokens_seen"]) == (snap["step"], snap["tokens_seen"])
+    assert card["training"]["snapshot"] == first.name and card["validation"]["step"] == snap["step"]
+    assert card["target"] == json.loads((run / "card.json").read_text())["target"]
+    for part in ("client.safetensors", "server.safetensors"):
+        assert (dest / part).read_bytes() == (first / "moa-tli1" / part).read_bytes()
