@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from edgespec.shared.models.cache_arg import cache_kwarg
+from edgespec.shared.kv import cache_kwarg
 from edgespec.shared.models.loading import LoadedModel, model_eos_ids
 
 

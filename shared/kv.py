@@ -9,11 +9,18 @@ Two stores implement them: a transformers ``DynamicCache`` (``DynamicKV``, the
 generic path, one growing tensor per layer) and blocks of the server's paged
 pool (``edgespec.server.engine.kv.PagedKV``). Both keep rows by gathering them,
 then writing them back behind the past, so the pool is never reallocated.
+
+And the name under which a Hugging Face module takes and returns its cache: transformers 5.24 renamed
+``past_key_values`` to ``cache`` (the old name warns on every forward and is removed in 5.40); earlier releases
+know only the old name. It is read off the module's own signature, once per class, so one code path works on
+every release the project declares.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from abc import ABC, abstractmethod
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -84,6 +91,29 @@ def layer_kv(cache, start: int, end: int) -> torch.Tensor:
     """Per-token K|V of every layer of a DynamicCache for tokens [start, end): [T, L, 2*E_kv]."""
     layers = [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
     return rows_kv([layer.keys[0] for layer in layers], [layer.values[0] for layer in layers], start, end)
+
+
+# ----------------------------------------------------- the cache's argument name
+@functools.lru_cache(maxsize=None)
+def _cache_kwarg_of(cls: type) -> str:
+    # deprecate_kwarg wraps with functools.wraps, so the signature is the real forward's.
+    params = inspect.signature(cls.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_kwarg(module: torch.nn.Module) -> str:
+    """``"cache"`` where ``module.forward`` takes it, else ``"past_key_values"``."""
+    return _cache_kwarg_of(type(module))
+
+
+def with_cache(module: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """The keyword arguments that hand ``cache`` to ``module`` (for ``module(**..., **with_cache(m, c))``)."""
+    return {cache_kwarg(module): cache}
+
+
+def output_cache(out: Any) -> Any:
+    """The cache a forward returned, read without touching the deprecated ``past_key_values`` property."""
+    return out.cache if "cache" in getattr(out, "__dataclass_fields__", {}) else out.past_key_values
 
 
 # ------------------------------------------------------------------- one session

@@ -27,7 +27,6 @@ from typing import Sequence
 import torch
 
 from edgespec.shared import kv
-from edgespec.shared.models.cache_arg import with_cache
 from edgespec.shared.tree import ROOT, DraftTree
 
 from .base import Drafter, DraftRequest, common_prefix
@@ -220,7 +219,7 @@ class IndependentDrafter(Drafter):
         out = body(input_ids=torch.tensor([ids], device=self.device),
                    position_ids=torch.tensor([positions], device=self.device),
                    attention_mask=None if mask is None else mask.to(self.device),
-                   use_cache=True, **with_cache(body, self._cache))
+                   use_cache=True, **kv.with_cache(body, self._cache))
         return out.last_hidden_state[0]
 
     @torch.inference_mode()

@@ -69,7 +69,7 @@ def activations(model, prompts: list[list[int]]) -> dict[str, list]:
     """Per prompt: 'hidden' [T, E] and 'kv' [T, L, 2*E_kv], in the model's dtype."""
     import torch
 
-    from edgespec.shared.models.cache_arg import output_cache
+    from edgespec.shared.kv import output_cache
 
     hidden, kv = [], []
     with torch.no_grad():

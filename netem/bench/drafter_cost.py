@@ -38,7 +38,7 @@ def median_ms(fn: Callable[[], object], repeats: int) -> float:
 def small_lm_ms(name: str, rows: list[int], context: int, dtype: str, repeats: int) -> dict[int, float]:
     """The small LM's forward over k new tokens after a cache of ``context`` tokens, per k."""
     from edgespec.shared.models import load_model
-    from edgespec.shared.models.cache_arg import output_cache, with_cache
+    from edgespec.shared.kv import output_cache, with_cache
 
     model = load_model(name, device="cpu", dtype=dtype).model
     vocab = model.config.vocab_size

@@ -67,7 +67,7 @@ def greedy_continuation(model, ids: list[int], max_new: int, eos: set[int]) -> l
     import torch
     from transformers import DynamicCache
 
-    from edgespec.shared.models.cache_arg import with_cache
+    from edgespec.shared.kv import with_cache
 
     cache, out, feed, pos = DynamicCache(), [], list(ids), 0
     with torch.inference_mode():
@@ -87,7 +87,7 @@ def verify_cost(model, ids: list[int], nodes: int, repeats: int = 3) -> float:
     import torch
     from transformers import DynamicCache
 
-    from edgespec.shared.models.cache_arg import with_cache
+    from edgespec.shared.kv import with_cache
 
     cache = DynamicCache()
     times = []
@@ -107,7 +107,7 @@ def pass_costs(model, ids: list[int], vocab_ids, repeats: int = 5) -> dict[str, 
     import torch
     from transformers import DynamicCache
 
-    from edgespec.shared.models.cache_arg import with_cache
+    from edgespec.shared.kv import with_cache
 
     from edgespec.client import head_rows
 

@@ -29,7 +29,7 @@ from safetensors import safe_open
 from torch import nn
 
 from edgespec.shared.errors import InvalidTreeError
-from edgespec.shared.models.cache_arg import with_cache
+from edgespec.shared.kv import with_cache
 from edgespec.shared.models.loading import model_location
 
 from .blocks import KV, additive

@@ -10,7 +10,7 @@ from edgespec.client.drafters.base import DraftRequest, OfflineUnsupportedError,
 from edgespec.client.drafters.independent import IndependentConfig, IndependentDrafter
 from edgespec.client.drafters.ngram import NgramConfig, NgramDrafter, continuations, match_starts, trie_tree
 from edgespec.client.drafters.tree_builder import Candidates, TreeShape, build_tree, select_tree
-from edgespec.shared.models.cache_arg import with_cache
+from edgespec.shared.kv import with_cache
 from edgespec.shared.tree import MAX_NODES, ROOT, DraftTree
 
 
