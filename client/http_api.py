@@ -32,7 +32,7 @@ from edgespec.shared.openai.routes import ApiSettings, build_openai_app
 
 from .edge_client import EdgespecClient
 from .http_health import ClientNotReadyError, ClientSlot, LinkProbe
-from .loop.commit import ResumePolicy
+from .loop.verdict import ResumePolicy
 from .loop.generation import GenerationConfig, GenerationResult, LinkEvent, TokenEvent, TokenOrigin
 from .metrics import ClientMetrics
 from .text import SettledTokens

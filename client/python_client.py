@@ -45,7 +45,7 @@ from edgespec.shared.session_contract import SamplingSettings
 from .drafters.factory import DrafterOptions
 from .edge_client import ClientConfig, EdgespecClient
 from .link.grpc_transport import LinkConfig
-from .loop.commit import ResumePolicy
+from .loop.verdict import ResumePolicy
 from .loop.generation import GenerationConfig, GenerationResult
 from .loop.planner import LoopConfig
 from .text import TextStreamer

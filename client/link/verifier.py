@@ -15,7 +15,7 @@ Both transports fail the same way, and the loop acts on the kind of error:
   session: Resume rebuilds it.
 - ``ServerRefusedError``: the server's answer to the request itself (a refusal,
   a server-side bug): retrying would get it again.
-- ``ProtocolError`` (also raised by ``loop/commit.py``'s rules): an answer that contradicts the request.
+- ``ProtocolError`` (also raised by ``loop/verdict.py``'s rules): an answer that contradicts the request.
 """
 from __future__ import annotations
 

@@ -64,10 +64,10 @@ from edgespec.shared.wire import MAX_NODES, MAX_TOP_LOGPROBS, FeatureKind, Resum
 from edgespec.client.drafters.base import Drafter, DraftRequest, OfflineUnsupportedError, Verification
 from edgespec.client.link.verifier import LinkDownError, ProtocolError, ServerRefusedError, Verdict, Verifier
 
-from .commit import Finish, StopStrings, accepted_path, check_committed_len, finish_point, resume_commit
 from .pipeline import DraftPipeline, Flight
 from .planner import LoopConfig, LoopEstimates
 from .tree_size import TreeSize
+from .verdict import Finish, StopStrings, accepted_path, check_committed_len, finish_point, resume_commit
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 A Draft goes out at once and a worker thread waits for its answer (the gRPC
 stream reads answers on its own thread and torch releases the GIL, so the
 client's drafter keeps working); while it is out, the client guesses the verdict
-from the drafter's scores (``guess.py``) and drafts the next tree from the
+from the drafter's scores (``verdict.py``) and drafts the next tree from the
 likeliest outcomes, as long as the verdict has not come and another tree is
 likely to pay (``TreePlanner``). A verdict a guess matched sends the part of that
 tree below its bonus token at once; any other verdict drops the trees drafted
@@ -33,10 +33,10 @@ from edgespec.shared.tree import DraftTree
 from edgespec.client.drafters.base import Drafter, DraftRequest
 from edgespec.client.link.verifier import Verdict, Verifier
 
-from .guess import Outcome, likely_outcomes, may_still_hit, tree_after
 from .planner import LoopConfig, LoopEstimates, TreePlanner
 from .step_record import StepLog, StepRecord
 from .tree_size import TreeSize
+from .verdict import Outcome, likely_outcomes, may_still_hit, tree_after
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def sent_after(p: Prepared, verdict: Verdict, flight_tree: DraftTree) -> Scored 
 @dataclass(eq=False)
 class StopWhenMissed:
     """DraftRequest.stop for a tree drafted ahead for `outcome` of `flight_tree`: once the verdict is in, stop
-    when no candidate can match it (``guess.may_still_hit``), or when a tree drafted before this one for the same
+    when no candidate can match it (``verdict.may_still_hit``), or when a tree drafted before this one for the same
     flight matches it already; the next tree is then drafted, or sent, without waiting for this one."""
 
     outcome: Outcome

@@ -40,7 +40,7 @@ class LoopConfig:
     # the drafter's own shape every step, as the serial loop always did
     max_guesses: int = 2  # most verdicts drafted ahead for per verification, the likeliest first, while it is out
     stop_missed: bool = True  # a tree drafted ahead stops at its next pass once the verdict has come and rules
-    # it out (guess.may_still_hit), so a wrong guess costs no drafting past its verdict; then drafting the first
+    # it out (verdict.may_still_hit), so a wrong guess costs no drafting past its verdict; then drafting the first
     # guess in full never loses to drafting it shallower or not at all, and the planner charges a miss the
     # drafting after the verdict alone (planner.step_time)
     depth_by_path: bool = False  # a planned tree goes as deep as its own best path pays for (planner.path_floors:

@@ -13,7 +13,7 @@ lost to the plain API's stream at 4g: 0.78 s a token against 0.50); in the
 pipelined loop plain steps in a row are queued, each sent before the answer to
 the one before, so a step costs the longer of its round trip and its decoding,
 and k is the fewest whose decoding covers the round trip with a margin. Drafting
-ahead (``guess.py``) hides the drafting behind the verification of the
+ahead (``verdict.py``) hides the drafting behind the verification of the
 previous tree when its guess was right: a cycle then costs
 max(draft, round trip + verify), the draft one level deeper (its bonus level); a
 wrong guess stops its drafting at the verdict and costs the round trip,

@@ -161,7 +161,7 @@ def test_a_verdict_that_accepts_past_the_guess_still_hits(drafters):
     """The guess was the path to node 0; the target accepted nodes 0 and 1 and picked 8: the tree drafted ahead
     from after node 0 holds 6 -> 8, so what lies below them goes out."""
     from edgespec.client.link.verifier import Verdict
-    from edgespec.client.loop.guess import Outcome
+    from edgespec.client.loop.verdict import Outcome
     from edgespec.client.loop.pipeline import DraftPipeline, Prepared
     from edgespec.client.loop.tree_size import TreeSize
     from edgespec.shared.metrics import GenerationMetrics
@@ -186,7 +186,7 @@ def test_a_tree_drafted_ahead_stops_once_its_verdict_rules_it_out(start, tiny_ta
     from edgespec.client.drafters.independent import IndependentConfig, IndependentDrafter
     from edgespec.client.drafters.tree_builder import TreeShape
     from edgespec.client.link.verifier import Verdict
-    from edgespec.client.loop.guess import Outcome
+    from edgespec.client.loop.verdict import Outcome
     from edgespec.client.loop.pipeline import DraftPipeline, StopWhenMissed
     from edgespec.client.loop.tree_size import TreeSize
     from edgespec.shared.metrics import GenerationMetrics

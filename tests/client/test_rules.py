@@ -1,4 +1,4 @@
-"""The loop's bookkeeping, the link's timing rules and the metrics, as pure functions."""
+"""The link's timing rules and the metrics, as pure functions."""
 from __future__ import annotations
 
 import random
@@ -6,68 +6,9 @@ import random
 import grpc
 import pytest
 
-from edgespec.client.loop.commit import (Finish, ProtocolError, ResumePolicy, StopStrings, accepted_path, finish_point,
-                                         resume_commit)
 from edgespec.client.link.grpc_transport import (LinkConfig, LinkDownError, ServerRefusedError, SessionLostError,
                                                  backoff_delay, call_metadata, classify_rpc_error, draft_deadline)
 from edgespec.shared.metrics import GenerationMetrics
-from edgespec.shared.tree import ROOT, DraftTree
-
-TREE = DraftTree((10, 11, 12, 13), (ROOT, 0, 0, ROOT))
-
-
-def test_accepted_path_checks_it_is_a_path():
-    assert accepted_path(TREE, [0, 2]) == [10, 12]
-    assert accepted_path(TREE, []) == []
-    with pytest.raises(ProtocolError, match="not a root-to-leaf path"):
-        accepted_path(TREE, [1])
-    with pytest.raises(ProtocolError, match="not a root-to-leaf path"):
-        accepted_path(TREE, [0, 3])
-    with pytest.raises(ProtocolError, match="node 9"):
-        accepted_path(TREE, [9])
-
-
-def test_resume_commit_keep_and_rollback():
-    committed = [1, 2, 3, 50, 51, 52]  # 3 confirmed, 3 provisional
-    assert resume_commit(committed, 3, 1, 99, ResumePolicy.ROLLBACK) == [1, 2, 3, 50, 99]
-    assert resume_commit(committed, 3, 1, 99, ResumePolicy.KEEP) == [1, 2, 3, 50, 51, 52, 99]
-    assert resume_commit(committed, 3, 3, 99, ResumePolicy.ROLLBACK) == committed + [99]
-    assert resume_commit([1, 2, 3], 3, 0, 7, ResumePolicy.ROLLBACK) == [1, 2, 3, 7]
-    with pytest.raises(ProtocolError, match="agreed with 4 of 3"):
-        resume_commit(committed, 3, 4, 99, ResumePolicy.KEEP)
-
-
-def test_finish_point_eos_length_stop():
-    eos = {0}
-    assert finish_point([5, 6, 0, 7], 0, eos, 10) == Finish(3, "stop")
-    assert finish_point([5, 6, 0, 7], 0, eos, 10, ignore_eos=True) == Finish(4, None)
-    assert finish_point([5, 6, 7, 8], 0, eos, 3) == Finish(3, "length")
-    assert finish_point([5, 6], 0, eos, 2) == Finish(2, "length")
-    assert finish_point([5, 6], 0, eos, 5) == Finish(2, None)
-    decode = lambda ids: "".join(chr(96 + t) for t in ids)  # 1 -> a, 2 -> b, ...
-    assert finish_point([1, 2, 3, 4], 0, eos, 10, StopStrings(decode, ["bc"])) == Finish(3, "stop")
-    assert finish_point([1, 2, 3, 4], 0, eos, 10, StopStrings(decode, ["zz"])) == Finish(4, None)
-    # tokens before `checked` were looked at already
-    assert finish_point([0, 5, 6], 1, eos, 10) == Finish(3, None)
-
-
-def test_stop_strings_are_fed_a_token_at_a_time_and_start_again_after_a_rollback():
-    calls = []
-
-    def decode(ids):
-        calls.append(len(ids))
-        return "".join(chr(96 + t) for t in ids)
-
-    stops = StopStrings(decode, ["cd", "xyz"])
-    text = [1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12]  # abcefghijkl: no stop
-    assert finish_point(text, 0, set(), 100, stops) == Finish(len(text), None)
-    assert max(calls) < 8  # a bounded window per token, not the whole text
-    # a rollback replaced everything from index 3 on: "abc" + "d" completes "cd"
-    assert finish_point([1, 2, 3, 4, 5], 3, set(), 100, stops) == Finish(4, "stop")
-    # the stop completes over two verifications: "xy" then "z"
-    stops = StopStrings(decode, ["cd", "xyz"])
-    assert finish_point([24, 25], 0, set(), 100, stops) == Finish(2, None)
-    assert finish_point([24, 25, 26, 1], 2, set(), 100, stops) == Finish(3, "stop")
 
 
 def test_draft_deadline_follows_round_trips_within_bounds():

@@ -1,11 +1,13 @@
-"""Guessing verdicts from a drafter's scores, and the tree a right guess sends."""
+"""A verdict's rules: guessing it from a drafter's scores and the tree a right guess sends; what it commits
+(the accepted path checked, a Resume's commit) and where the output ends."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from edgespec.client.loop.guess import likely_outcomes, tree_after
+from edgespec.client.loop.verdict import (Finish, ProtocolError, ResumePolicy, StopStrings, accepted_path, finish_point,
+                                         likely_outcomes, may_still_hit, resume_commit, tree_after)
 from edgespec.shared.tree import ROOT, DraftTree
 
 
@@ -61,8 +63,6 @@ def test_ngram_scores_are_its_match_shares():
 
 
 def test_may_still_hit_follows_the_verdict_through_the_candidates():
-    from edgespec.client.loop.guess import may_still_hit
-
     flight = DraftTree((5, 6, 3), (ROOT, 0, 1))  # 5 -> 6 -> 3
     # drafted ahead after the guessed path (0,) = [5]: bonus guesses 6 and 7; 6 expanded into 8 and 9; 7 not yet
     ahead = DraftTree((6, 7, 8, 9), (ROOT, ROOT, 0, 0))
@@ -75,3 +75,61 @@ def test_may_still_hit_follows_the_verdict_through_the_candidates():
     deeper = DraftTree((5, 6, 8, 3), (ROOT, 0, 1, 1))  # the flight 5 -> 6 -> {8, 3}
     assert may_still_hit(ahead, (0,), deeper, (0, 1, 2), 4)  # 6 -> 8, then 8 is not expanded yet
     assert not may_still_hit(DraftTree((), ()), (), DraftTree((), ()), (), 4)  # nothing drafted: nothing matches
+
+
+# ------------------------------------------------------------------ what a verdict commits
+TREE = DraftTree((10, 11, 12, 13), (ROOT, 0, 0, ROOT))
+
+
+def test_accepted_path_checks_it_is_a_path():
+    assert accepted_path(TREE, [0, 2]) == [10, 12]
+    assert accepted_path(TREE, []) == []
+    with pytest.raises(ProtocolError, match="not a root-to-leaf path"):
+        accepted_path(TREE, [1])
+    with pytest.raises(ProtocolError, match="not a root-to-leaf path"):
+        accepted_path(TREE, [0, 3])
+    with pytest.raises(ProtocolError, match="node 9"):
+        accepted_path(TREE, [9])
+
+
+def test_resume_commit_keep_and_rollback():
+    committed = [1, 2, 3, 50, 51, 52]  # 3 confirmed, 3 provisional
+    assert resume_commit(committed, 3, 1, 99, ResumePolicy.ROLLBACK) == [1, 2, 3, 50, 99]
+    assert resume_commit(committed, 3, 1, 99, ResumePolicy.KEEP) == [1, 2, 3, 50, 51, 52, 99]
+    assert resume_commit(committed, 3, 3, 99, ResumePolicy.ROLLBACK) == committed + [99]
+    assert resume_commit([1, 2, 3], 3, 0, 7, ResumePolicy.ROLLBACK) == [1, 2, 3, 7]
+    with pytest.raises(ProtocolError, match="agreed with 4 of 3"):
+        resume_commit(committed, 3, 4, 99, ResumePolicy.KEEP)
+
+
+def test_finish_point_eos_length_stop():
+    eos = {0}
+    assert finish_point([5, 6, 0, 7], 0, eos, 10) == Finish(3, "stop")
+    assert finish_point([5, 6, 0, 7], 0, eos, 10, ignore_eos=True) == Finish(4, None)
+    assert finish_point([5, 6, 7, 8], 0, eos, 3) == Finish(3, "length")
+    assert finish_point([5, 6], 0, eos, 2) == Finish(2, "length")
+    assert finish_point([5, 6], 0, eos, 5) == Finish(2, None)
+    decode = lambda ids: "".join(chr(96 + t) for t in ids)  # 1 -> a, 2 -> b, ...
+    assert finish_point([1, 2, 3, 4], 0, eos, 10, StopStrings(decode, ["bc"])) == Finish(3, "stop")
+    assert finish_point([1, 2, 3, 4], 0, eos, 10, StopStrings(decode, ["zz"])) == Finish(4, None)
+    # tokens before `checked` were looked at already
+    assert finish_point([0, 5, 6], 1, eos, 10) == Finish(3, None)
+
+
+def test_stop_strings_are_fed_a_token_at_a_time_and_start_again_after_a_rollback():
+    calls = []
+
+    def decode(ids):
+        calls.append(len(ids))
+        return "".join(chr(96 + t) for t in ids)
+
+    stops = StopStrings(decode, ["cd", "xyz"])
+    text = [1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12]  # abcefghijkl: no stop
+    assert finish_point(text, 0, set(), 100, stops) == Finish(len(text), None)
+    assert max(calls) < 8  # a bounded window per token, not the whole text
+    # a rollback replaced everything from index 3 on: "abc" + "d" completes "cd"
+    assert finish_point([1, 2, 3, 4, 5], 3, set(), 100, stops) == Finish(4, "stop")
+    # the stop completes over two verifications: "xy" then "z"
+    stops = StopStrings(decode, ["cd", "xyz"])
+    assert finish_point([24, 25], 0, set(), 100, stops) == Finish(2, None)
+    assert finish_point([24, 25, 26, 1], 2, set(), 100, stops) == Finish(3, "stop")
