@@ -12,6 +12,7 @@ writes its figures as it ends, not when the step does.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
@@ -23,6 +24,8 @@ from edgespec.client.link.verifier import Verdict
 from .planner import LoopEstimates
 
 T = TypeVar("T")
+RECENT_STEPS = 256  # the records a StepLog keeps: a generation's figures are summed as they come, so a long one
+# holds only its last steps' records (for reading them: tests, a debugger), never one per step it ran
 
 
 @dataclass
@@ -70,7 +73,8 @@ class StepLog:
     def __init__(self, metrics: GenerationMetrics, estimates: LoopEstimates,
                  clock: Callable[[], float] = time.perf_counter):
         self.metrics, self.estimates, self.clock = metrics, estimates, clock
-        self.records: list[StepRecord] = []  # every step sent, in order: the Open's first
+        self.records: deque[StepRecord] = deque(maxlen=RECENT_STEPS)  # the last steps sent, in order (the Open's
+        # first until RECENT_STEPS more went)
         self._drafted: StepRecord | None = None  # a tree drafted by ``draft``, for the ``send`` that follows
 
     # ----------------------------------------------------------------- Open

@@ -16,7 +16,7 @@ from edgespec.client.link.in_process import InProcessTransport
 from edgespec.client.link.verifier import Verdict, Verifier
 from edgespec.client.loop.generation import Generation, GenerationConfig, TokenizerInfo
 from edgespec.client.loop.planner import LoopConfig, LoopEstimates
-from edgespec.client.loop.step_record import StepLog, StepRecord
+from edgespec.client.loop.step_record import RECENT_STEPS, StepLog, StepRecord
 from edgespec.shared.metrics import GenerationMetrics
 from edgespec.shared.session_contract import ServerTimings
 from edgespec.shared.tree import ROOT, DraftTree
@@ -93,7 +93,8 @@ def test_the_metrics_and_the_estimates_read_the_same_records(core, drafters, tin
     est = make_estimates()
     gen, result, ids = generate(core, drafters[drafter], loop, est)
     assert result.token_ids == greedy(tiny_target_f32, ids, 40, set())
-    m, records = result.metrics, gen.pipe.steps.records
+    m, records = result.metrics, list(gen.pipe.steps.records)
+    assert len(records) < RECENT_STEPS  # every step's record is still there
     opening, drafts = records[0], records[1:]
 
     # one record a step: the Open's, then one for every Draft the server answered, numbered as sent
@@ -150,4 +151,21 @@ def test_a_queued_step_is_no_round_trip_and_a_skipped_one_teaches_nothing():
     assert est.drafts == [1.0] and est.verdicts == [(2, 1, 3.0, 0.5, 1)]
     assert (metrics.draft_s, metrics.idle_s, metrics.verify_s) == (1.0, 4.0, 0.5)
     assert (metrics.plain_steps, metrics.queued_steps) == (1, 1)
-    assert steps.records == [first, queued] and isinstance(first, StepRecord)
+    assert list(steps.records) == [first, queued] and isinstance(first, StepRecord)
+
+
+def test_a_long_generation_keeps_only_its_last_steps_records():
+    """The records are bounded: after many steps the log holds the last RECENT_STEPS, in order, while the metrics
+    and the estimates still count every step."""
+    ticks = iter(range(10 * RECENT_STEPS))
+    metrics, est = GenerationMetrics(), Witness()
+    steps = StepLog(metrics, est, clock=lambda: float(next(ticks)))
+    tree = DraftTree((5,), (ROOT,))
+    answer = Verdict(bonus_token=7, committed_len=10, accepted=(0,), timings=ServerTimings(total_ns=1_000_000))
+    total = RECENT_STEPS + 40
+    for step in range(1, total + 1):
+        record = steps.send(step, len(steps.draft(lambda: tree)))
+        steps.land(record, lambda: steps.answer(record, lambda: answer), tree, None)
+    assert len(steps.records) == RECENT_STEPS
+    assert [r.step for r in steps.records] == list(range(total - RECENT_STEPS + 1, total + 1))
+    assert len(est.drafts) == len(est.verdicts) == total and metrics.verify_s == pytest.approx(total * 1e-3)
