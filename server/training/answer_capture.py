@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from edgespec.shared.models.cache_arg import output_cache
+from edgespec.shared.kv import output_cache
 from edgespec.shared.models.loading import model_eos_ids
 from .extraction import Sequence, shard_path, write_shard
 from .features import store_meta

@@ -26,7 +26,7 @@ import torch
 
 from edgespec.shared.codec import ActivationCodec, Codec, decode_frame
 from edgespec.shared.drafters.target_parts import TargetShape, target_shape
-from edgespec.shared.models.cache_arg import output_cache
+from edgespec.shared.kv import output_cache
 from .data import chat_ids_and_mask, chat_text, read_samples
 
 log = logging.getLogger(__name__)
