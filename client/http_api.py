@@ -29,10 +29,10 @@ from edgespec.shared.openai.backend import GeneratedToken, GenerationJob
 from edgespec.shared.openai.errors import OpenAIError
 from edgespec.shared.openai.gate import DEFAULT_MAX_BODY_BYTES
 from edgespec.shared.openai.routes import ApiSettings, build_openai_app
+from edgespec.shared.wire import ResumePolicy
 
 from .edge_client import EdgespecClient
 from .http_health import ClientNotReadyError, ClientSlot, LinkProbe
-from .loop.verdict import ResumePolicy
 from .loop.generation import GenerationConfig, GenerationResult, LinkEvent, TokenEvent, TokenOrigin
 from .metrics import ClientMetrics
 from .text import SettledTokens

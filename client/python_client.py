@@ -41,11 +41,11 @@ from typing import Any, AsyncIterator, Iterator, Sequence
 
 from edgespec.shared import defaults
 from edgespec.shared.session_contract import SamplingSettings
+from edgespec.shared.wire import ResumePolicy
 
 from .drafters.factory import DrafterOptions
 from .edge_client import ClientConfig, EdgespecClient
 from .link.grpc_transport import LinkConfig
-from .loop.verdict import ResumePolicy
 from .loop.generation import GenerationConfig, GenerationResult
 from .loop.planner import LoopConfig
 from .text import TextStreamer

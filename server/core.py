@@ -13,7 +13,7 @@ from typing import Sequence
 from edgespec.shared.drafters.moa.lsa import LayerSelfAttention
 from edgespec.shared.session_settings import SessionSettings
 from edgespec.shared.tree import decode_tree
-from edgespec.shared.wire import DEFAULT_MAX_MESSAGE_BYTES, MAX_NODES
+from edgespec.shared.wire import DEFAULT_MAX_MESSAGE_BYTES, MAX_NODES, ResumePolicy
 
 from .errors import (DrainingError, InvalidRequestError, SessionBusyError, SessionNotFoundError,
                      StaleStateError, printable)
@@ -25,7 +25,7 @@ from .metrics import ServerMetrics
 from .prefix.cache import PrefixCache
 from .prefix.kv import unsupported as prefix_cache_unsupported
 from .scheduler import ModelScheduler
-from .session import ResumePolicy, StepResult, VerifierSession
+from .session import StepResult, VerifierSession
 from .session_store import SessionStore, StoreLimits
 from .target import TargetModel
 

@@ -116,7 +116,7 @@ def test_client_serve_exports_the_link_series(tiny_server, relay, make_client, t
 
     from edgespec.client.http_api import build_app
     from edgespec.client.http_health import LinkProbe
-    from edgespec.client.loop.verdict import ResumePolicy
+    from edgespec.shared.wire import ResumePolicy
     from edgespec.client.loop.generation import TokenEvent, TokenOrigin
     from support.asgi_server import serving
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from edgespec.client.loop.verdict import ResumePolicy
+from edgespec.shared.wire import ResumePolicy
 from edgespec.client.loop.generation import GenerationConfig, LinkEvent, RetractEvent, TokenEvent, TokenOrigin
 
 PROMPT = "def add(a, b):\n    return a + b\n"

@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from edgespec.client.link.grpc_transport import LinkDownError, ServerRefusedError, SessionLostError, classify_rpc_error
-from edgespec.client.loop.verdict import ResumePolicy
+from edgespec.shared.wire import ResumePolicy
 from edgespec.client.loop.generation import GenerationConfig, GenerationFailedError, LinkEvent, TokenEvent
 from edgespec.shared.wire import SERVER_STATUS_METADATA_KEY
 from edgespec.proto.edgespec.v1 import pb_grpc

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from edgespec.client.loop.verdict import (Finish, ProtocolError, ResumePolicy, StopStrings, accepted_path, finish_point,
+from edgespec.client.loop.verdict import (Finish, ProtocolError, StopStrings, accepted_path, finish_point,
                                          likely_outcomes, may_still_hit, resume_commit, tree_after)
+from edgespec.shared.wire import ResumePolicy
 from edgespec.shared.tree import ROOT, DraftTree
 
 

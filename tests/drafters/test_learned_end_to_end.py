@@ -96,7 +96,7 @@ def relay(server):
 @pytest.mark.parametrize("kind,tli", KINDS)
 def test_cut_link_completes_offline_and_rollback_resume_is_exact(target_greedy, kind, tli, server, relay, target, target_dir,
                                                                  checkpoints):
-    from edgespec.client.loop.verdict import ResumePolicy
+    from edgespec.shared.wire import ResumePolicy
     from edgespec.client.loop.generation import GenerationConfig, TokenOrigin
 
     ckpt = checkpoints[f"{kind}-tli{tli}"]

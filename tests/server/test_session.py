@@ -11,7 +11,8 @@ import pytest
 import torch
 from support.greedy import recomputed_greedy
 
-from edgespec.server.session import ResumePolicy, VerifierSession
+from edgespec.server.session import VerifierSession
+from edgespec.shared.wire import ResumePolicy
 from edgespec.server.target import TargetModel
 from edgespec.shared.codec import decode_frame
 from edgespec.shared.drafters.moa.lsa import LayerSelfAttention, LSAConfig

@@ -17,7 +17,8 @@ from support.constrained import Controls, constrained_greedy
 from support.trees import tree_along
 
 from edgespec.server.errors import InvalidRequestError
-from edgespec.server.session import ResumePolicy, VerifierSession
+from edgespec.server.session import VerifierSession
+from edgespec.shared.wire import ResumePolicy
 from edgespec.server.target import TargetModel
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.grammar import grammar_tokenizer, json_schema_grammar

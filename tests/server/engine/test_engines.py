@@ -23,7 +23,8 @@ from edgespec.server.engine.choice import batched_unsupported, build_engine, cho
 from edgespec.server.engine.generic import GenericEngine
 from edgespec.server.engine.masks import batch_attention_mask
 from edgespec.server.scheduler import ModelScheduler, SchedulerConfig
-from edgespec.server.session import ResumePolicy, VerifierSession
+from edgespec.server.session import VerifierSession
+from edgespec.shared.wire import ResumePolicy
 from edgespec.server.target import TargetModel
 from edgespec.shared.fingerprint import committed_hash
 from edgespec.shared.models.loading import load_model

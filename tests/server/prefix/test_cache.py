@@ -19,7 +19,8 @@ from edgespec.server.engine.batched import BatchedEngine, PoolConfig
 from edgespec.server.engine.generic import GenericEngine
 from edgespec.server.prefix.cache import PrefixCache
 from edgespec.server.scheduler import ModelScheduler
-from edgespec.server.session import ResumePolicy, VerifierSession
+from edgespec.server.session import VerifierSession
+from edgespec.shared.wire import ResumePolicy
 from edgespec.server.session_store import SessionStore, StoreLimits
 from edgespec.server.target import TargetModel
 from edgespec.shared.codec import decode_frame

@@ -1,4 +1,4 @@
-"""The link's timing rules and the metrics, as pure functions."""
+"""The link's timing rules (deadlines, backoff, error classes, its config), as pure functions."""
 from __future__ import annotations
 
 import random
@@ -8,7 +8,6 @@ import pytest
 
 from edgespec.client.link.grpc_transport import (LinkConfig, LinkDownError, ServerRefusedError, SessionLostError,
                                                  backoff_delay, call_metadata, classify_rpc_error, draft_deadline)
-from edgespec.shared.metrics import GenerationMetrics
 
 
 def test_draft_deadline_follows_round_trips_within_bounds():
@@ -65,17 +64,3 @@ def test_link_config_checks_and_metadata():
         LinkConfig("localhost")
     md = call_metadata(LinkConfig("h:1", api_key="k"), "sid")
     assert ("x-edgespec-session", "sid") in md and ("authorization", "Bearer k") in md
-
-
-def test_metrics_derived_figures():
-    m = GenerationMetrics(new_tokens=30, num_drafts=8, num_verifications=10, num_accepted_tokens=19, calls=11,
-                          bytes_up=600, bytes_down=300, wall_s=2.0)
-    assert m.acceptance_length == pytest.approx(2.9)  # per verification, the 2 empty trees included
-    assert m.mean_acceptance_length == pytest.approx(1 + 19 / 8)  # vLLM's, per draft
-    assert m.tokens_per_s == 15
-    assert m.calls_per_100_tokens == pytest.approx(100 * 11 / 30)
-    assert m.bytes_per_token == 30
-    d = m.to_dict()
-    assert d["acceptance_length"] == 2.9 and "round_trips_s" not in d
-    assert d["mean_acceptance_length"] == round(1 + 19 / 8, 4) and d["num_verifications"] == 10
-    assert GenerationMetrics().acceptance_length == 0.0

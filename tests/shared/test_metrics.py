@@ -1,6 +1,8 @@
-"""The spec-decode stats type counts acceptance per position (vLLM's observe_draft), for both sides' metrics."""
+"""The metrics types: a generation's derived figures, and the spec-decode stats counting acceptance per position
+(vLLM's observe_draft) for both sides' metrics."""
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from edgespec.shared.metrics import GenerationMetrics, LinkTraffic, SpecDecodeStats
@@ -82,3 +84,17 @@ def test_the_histogram_sink_observes_each_draft_once():
     assert value("edgespec:spec_decode_num_drafts_total") == 3
     assert value("edgespec:spec_decode_acceptance_length_count") == 3
     assert value("edgespec:spec_decode_acceptance_length_sum") == 3 + 2 + 0 + 5
+
+
+def test_metrics_derived_figures():
+    m = GenerationMetrics(new_tokens=30, num_drafts=8, num_verifications=10, num_accepted_tokens=19, calls=11,
+                          bytes_up=600, bytes_down=300, wall_s=2.0)
+    assert m.acceptance_length == pytest.approx(2.9)  # per verification, the 2 empty trees included
+    assert m.mean_acceptance_length == pytest.approx(1 + 19 / 8)  # vLLM's, per draft
+    assert m.tokens_per_s == 15
+    assert m.calls_per_100_tokens == pytest.approx(100 * 11 / 30)
+    assert m.bytes_per_token == 30
+    d = m.to_dict()
+    assert d["acceptance_length"] == 2.9 and "round_trips_s" not in d
+    assert d["mean_acceptance_length"] == round(1 + 19 / 8, 4) and d["num_verifications"] == 10
+    assert GenerationMetrics().acceptance_length == 0.0
