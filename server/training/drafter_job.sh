@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The learned drafters' long run as one resumable background job: every step below is an `edgespec train`
 # command that continues where it stopped, so a killed job (a reboot, a session's end) is started again with
-# the same command and loses at most one shard or one batch of answers.
+# the same command and loses at most one shard or one batch of answers. A fit stopped with `kill PID` (SIGTERM
+# on its `edgespec train fit` process) loses nothing: it finishes the step under way and writes its card.
 #
 #   server/training/drafter_job.sh text      raw code and docs -> a hidden-only feature store (EAGLE's bulk)
 #   server/training/drafter_job.sh answers   client-form requests answered by the target -> samples.jsonl, and
