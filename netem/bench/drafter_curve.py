@@ -115,17 +115,24 @@ def answer_prompts(target: str, samples: Path, prompts: list, max_new_tokens: in
 
 # -- the drafters ------------------------------------------------------------------------------------------
 
+def snapshot_point(snap: Path) -> dict:
+    """One snapshot folder (``RUN/snapshots/tokens-T``) as a point, with the figures it was taken at."""
+    from edgespec.shared.drafters.checkpoint import checkpoint_kind, find_checkpoint
+
+    meta = json.loads((snap / "snapshot.json").read_text())
+    return {"path": find_checkpoint(snap), "kind": checkpoint_kind(snap), "tokens_seen": meta["tokens_seen"],
+            "train_tokens": meta.get("train_tokens")}
+
+
 def curve_points(run_dir: Path) -> list[dict]:
-    """A run's snapshots, by tokens seen, then its last drafter (where it has one)."""
+    """A run's snapshots, by tokens seen, then its last drafter (where it has one); a snapshot given alone is
+    its own one point."""
     from edgespec.shared.drafters.checkpoint import DrafterCheckpointError, checkpoint_kind, find_checkpoint
 
-    points = []
-    for snap in sorted((run_dir / "snapshots").glob("tokens-*")):
-        if snap.name.endswith(".tmp"):
-            continue
-        meta = json.loads((snap / "snapshot.json").read_text())
-        points.append({"path": find_checkpoint(snap), "kind": checkpoint_kind(snap),
-                       "tokens_seen": meta["tokens_seen"], "train_tokens": meta.get("train_tokens")})
+    if (run_dir / "snapshot.json").is_file():
+        return [snapshot_point(run_dir)]
+    points = [snapshot_point(snap) for snap in sorted((run_dir / "snapshots").glob("tokens-*"))
+              if not snap.name.endswith(".tmp")]
     points.sort(key=lambda p: p["tokens_seen"])
     try:
         last = find_checkpoint(run_dir)

@@ -64,14 +64,24 @@ def test_checkpoint_vocab_is_the_trained_list(target, eagle):
         open_runtime(eagle, target.model, vocab="all")
 
 
+@pytest.fixture(scope="module")
+def moa(train_drafter):
+    return train_drafter("moa", steps=60, tli=1)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("draft_vocab,context_vocab", [(64, True), (64, False)])
-def test_a_reduced_list_with_context_ids_stays_lossless(target_greedy, target, target_dir, eagle, draft_vocab,
+@pytest.mark.parametrize("kind,draft_vocab,context_vocab", [("eagle", 64, True), ("eagle", 64, False),
+                                                             ("moa", 64, True)])
+def test_a_reduced_list_with_context_ids_stays_lossless(target_greedy, target, target_dir, request, kind, draft_vocab,
                                                         context_vocab):
+    """MoA keeps predictions of committed positions between steps: a new id of the committed text joining the
+    draft vocabulary (which renumbers the context ids) must not meet rows scored over the old one."""
     from edgespec.client.loop.generation import GenerationConfig
 
-    with running_server(target_dir, http_port=None) as server:
-        options = learned_options("eagle", eagle, target_dir, draft_vocab=draft_vocab, context_vocab=context_vocab)
+    checkpoint = request.getfixturevalue(kind)
+    parts = {checkpoint.name: str(checkpoint)} if kind == "moa" else {}
+    with running_server(target_dir, http_port=None, moa_server_parts=parts) as server:
+        options = learned_options(kind, checkpoint, target_dir, draft_vocab=draft_vocab, context_vocab=context_vocab)
         client = edge_client(server.address, options, target_dir, min_deadline_s=0.5)
         try:
             parts = client.drafter.rt.parts

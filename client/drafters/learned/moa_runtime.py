@@ -49,10 +49,7 @@ class MoARuntime(LearnedRuntime):
 
     @torch.no_grad()
     def attach_router(self, router: LMHeadRouter | RoutedHead | None) -> None:
-        super().attach_router(router)
-        if self.own_logits is not None:  # predictions made with the other head: make them again
-            self.own_logits = self.tli_own = None
-            self._carry_on()
+        super().attach_router(router)  # own_hidden is the head's input: nothing to make again
 
     def reset(self) -> None:
         super().reset()
@@ -63,7 +60,9 @@ class MoARuntime(LearnedRuntime):
         self.tli_server: list[KV] | None = None  # per TLI layer, rows aligned with mem_pos
         self.own_pos: list[int] = []  # uncovered committed positions (ascending; the root is last)
         self.tli_own: list[KV] | None = None  # per TLI layer, rows aligned with own_pos
-        self.own_logits: torch.Tensor | None = None  # [len(own_pos), V']
+        # [len(own_pos), E]: the LM head's input, not its output, so that a head that changes (a router, the
+        # committed text's ids joining the draft vocabulary, which renumbers them) never meets stale rows
+        self.own_hidden: torch.Tensor | None = None
 
     def clear_draft(self) -> None:
         super().clear_draft()
@@ -102,11 +101,11 @@ class MoARuntime(LearnedRuntime):
             new = [KV(_kv_rows(tk[i].to(dt), heads), _kv_rows(tv[i].to(dt), heads)) for i in range(n_tli)]
             self.tli_server = new if self.tli_server is None else [o.cat(w) for o, w in zip(self.tli_server, new)]
         self.own_pos = [p for p in self.own_pos if p not in set(span)]
-        self.own_logits = self.tli_own = None  # the memory changed: every own row is stale
+        self.own_hidden = self.tli_own = None  # the memory changed: every own row is stale
 
     def _carry_on(self) -> None:
         """Predict the uncovered committed positions not predicted yet (always the root)."""
-        done = 0 if self.own_logits is None else self.own_logits.shape[0]
+        done = 0 if self.own_hidden is None else self.own_hidden.shape[0]
         todo = self.own_pos[done:]
         if not todo:
             return
@@ -118,10 +117,10 @@ class MoARuntime(LearnedRuntime):
         mem_mask = mem_pos[None, :] < pos[:, None]
         tli_mask = torch.cat([mem_mask, own_done[None, :] < pos[:, None], pos[None, :] <= pos[:, None]], 1)
         past = self._tli_committed(done)
-        logits, tli_new = self._predict(self.x[pos], pos, self.sa, sa_mask, mem_mask, past, tli_mask)
+        hidden, tli_new = self._predict(self.x[pos], pos, self.sa, sa_mask, mem_mask, past, tli_mask)
         if tli_new:
             self.tli_own = tli_new if self.tli_own is None else [o.cat(t) for o, t in zip(self.tli_own, tli_new)]
-        self.own_logits = logits if self.own_logits is None else torch.cat([self.own_logits, logits])
+        self.own_hidden = hidden if self.own_hidden is None else torch.cat([self.own_hidden, hidden])
 
     def _tli_committed(self, own_rows: int | None = None) -> list[KV] | None:
         """Per TLI layer: server rows then the first ``own_rows`` own rows (all when None)."""
@@ -143,7 +142,7 @@ class MoARuntime(LearnedRuntime):
         if tli_past is None:  # nothing committed in the TLI cache yet: only this call's rows
             tli_mask = tli_mask[:, tli_mask.shape[1] - x.shape[0]:]
         out, tli_new = self.parts.run_layers(act, pos, tli_mask, tli_past)
-        return self._logits(self.parts.norm(out.to(self.parts.dtype))), tli_new
+        return self.parts.norm(out.to(self.parts.dtype)), tli_new  # [k, E]: the LM head's input
 
     def _forget(self, length: int) -> None:
         if not length:
@@ -158,16 +157,16 @@ class MoARuntime(LearnedRuntime):
             self.mem_pos = [self.mem_pos[i] for i in keep]
         covered = set(self.mem_pos)
         self.own_pos = [p for p in range(length) if p not in covered]
-        self.own_logits = self.tli_own = None
+        self.own_hidden = self.tli_own = None
         self._carry_on()
 
     # -- drafting -------------------------------------------------------------------------------
     def _check_ready(self) -> None:
-        if self.own_logits is None or not self.length:
+        if self.own_hidden is None or not self.length:
             raise DrafterStateError("no prediction yet: commit at least one token")
 
     def _root_logprobs(self) -> torch.Tensor:
-        return torch.log_softmax(self.own_logits[-1].float(), -1)
+        return self._logprobs(self.own_hidden[-1:])[0]
 
     def _fixed_rows(self) -> int:
         return self.length
@@ -180,7 +179,7 @@ class MoARuntime(LearnedRuntime):
         if tli_past is not None and self.draft_tli is not None:
             tli_past = [c.cat(d) for c, d in zip(tli_past, self.draft_tli)]
         mem_mask = torch.ones(len(ids), self.covered, dtype=torch.bool)
-        logits, tli_new = self._predict(x, pos, self.sa.cat(self.draft_sa), vis, mem_mask, tli_past, vis)
+        hidden, tli_new = self._predict(x, pos, self.sa.cat(self.draft_sa), vis, mem_mask, tli_past, vis)
         if tli_new:
             self.draft_tli = tli_new if self.draft_tli is None else [d.cat(t) for d, t in zip(self.draft_tli, tli_new)]
-        return torch.log_softmax(logits.float(), -1)
+        return self._logprobs(hidden)

@@ -54,6 +54,8 @@ def test_every_snapshot_is_a_point_and_each_is_scored(target, target_dir, store,
         points = curve_points(run)
         seen = [p["tokens_seen"] for p in points]
         assert seen == sorted(seen) and len(points) >= 3 and {p["kind"] for p in points} == {kind}
+        alone = curve_points(points[0]["path"].parent)  # the snapshot folder, given by itself
+        assert [(p["path"], p["tokens_seen"]) for p in alone] == [(points[0]["path"], seen[0])]  # a snapshot alone
         scorer = Scorer(str(target_dir), estore, draft_vocab=0, depth=3)
         scores = scorer.score(points[-1]["path"])
         assert set(scores) == {"humaneval", "mtbench"}
