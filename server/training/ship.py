@@ -67,7 +67,8 @@ def run_card(run_dir: Path) -> dict:
     card.setdefault("training", {}).update(steps=snap["step"], tokens_seen=snap["tokens_seen"],
                                            snapshot=run_dir.name)
     card.setdefault("data", {}).update(train_tokens=snap["train_tokens"], train_sequences=snap["train_sequences"])
-    card["validation"] = {"step": snap["step"], **{k: v for k, v in snap.items() if k.startswith("val/")}}
+    figures = {k: v for k, v in snap.items() if k.startswith("val/")}  # only where its step validated
+    card["validation"] = {"step": snap["step"], **figures} if figures else {}
     return card
 
 
