@@ -12,8 +12,6 @@ RoPE positions, so covered and own rows may interleave (a resume can cover a lat
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from edgespec.shared import wire
@@ -22,9 +20,6 @@ from edgespec.shared.drafters.moa.client_part import MoAClient
 from edgespec.shared.drafters.target_parts import TargetParts
 
 from .runtime import DrafterStateError, LearnedRuntime
-
-if TYPE_CHECKING:  # the router's types only: the base class loads it where one is attached
-    from edgespec.shared.drafters.router import LMHeadRouter, RoutedHead
 
 
 def _kv_rows(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -46,10 +41,6 @@ class MoARuntime(LearnedRuntime):
                                     f"parts hold {parts.tli} layers")
         self.client = client.eval()
         super().__init__(parts)
-
-    @torch.no_grad()
-    def attach_router(self, router: LMHeadRouter | RoutedHead | None) -> None:
-        super().attach_router(router)  # own_hidden is the head's input: nothing to make again
 
     def reset(self) -> None:
         super().reset()
