@@ -54,7 +54,7 @@ FIT_FLAGS = {
     "max_wall_s": Flag("--max-minutes", convert=lambda minutes: 60.0 * minutes,
                        help="stop (validate, save, write the drafter) after this much training; 0 = run all steps"),
     "grad_accum": Flag(), "amp": Flag(), "log_every": Flag(), "seed": Flag(), "cache_mb": Flag(),
-    "snapshot_tokens": Flag(),
+    "snapshot_tokens": Flag(), "cooldown": Flag(),
 }
 
 
@@ -98,6 +98,8 @@ def register(subparsers) -> None:
     t.add_argument("--data", default=None, help="with --features-from target: the folder with samples.jsonl")
     t.add_argument("--max-len", type=int, default=1024, help="with --features-from target: tokens per sequence")
     t.add_argument("--out", required=True, help="run folder: checkpoints, log.txt, final drafter")
+    t.add_argument("--branch-from", default=None, metavar="RUN",
+                   help="start --out from RUN's last checkpoint, RUN left as it is (a --cooldown branch)")
     t.add_argument("--tli", type=int, default=0, help="MoA: target layers run on the client (0, 1 or 3)")
     t.add_argument("--width", type=int, default=0, help="drafter's internal width (0: the kind's default)")
     t.add_argument("--heads", type=int, default=0)

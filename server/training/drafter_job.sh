@@ -12,6 +12,10 @@
 #   server/training/drafter_job.sh eagle     fit the EAGLE head on the answers' and the text's stores
 #   server/training/drafter_job.sh eagle-hass    the same head and stores with HASS's unrolled, detached steps
 #   server/training/drafter_job.sh moa N     fit MoA with TLI N (0 or 1) on the full store
+#   server/training/drafter_job.sh cool STEPS eagle|eagle-hass|moa N
+#                                            a cooldown: branch that fit's run as it stands now into its own
+#                                            folder (fit/RUN-coolSTEPS-fromSTEP) and bring the learning rate
+#                                            linearly to 0 over STEPS more steps; the steady run is left as it is
 #
 # Each step runs on one thread: on a 2-core machine two steps side by side go faster than one on both
 # cores (a 2-thread forward waits on the busier core). Settings come from the environment:
@@ -44,6 +48,20 @@ before_live() {
 text_args=()
 for t in $TEXT; do text_args+=(--text "$t"); done
 
+# A cooldown runs the named fit's own step with these arguments added and its run folder replaced.
+fit_extra=() fit_out=""
+if [ "${1:-}" = cool ]; then
+  cool_steps=${2:?cool needs the cooldown steps and a fit: cool STEPS eagle|eagle-hass|moa N}
+  shift 2
+  src_name=$([ "${1:-}" = moa ] && echo "moa-tli${2:?moa needs the TLI depth}" || echo "${1:?cool needs a fit}")-w$WIDTH
+  src="$OUT/fit/$src_name"
+  from=$(python -c 'import sys, torch; print(torch.load(sys.argv[1], weights_only=False, mmap=True)["step"])' \
+         "$src/checkpoint.pt")
+  fit_out="$OUT/fit/$src_name-cool$cool_steps-from$from"
+  fit_extra=(--branch-from "$src" --cooldown "$cool_steps")
+  SNAPSHOT_TOKENS=0  # a cooled branch is not a point of the steady run's scaling curve
+fi
+
 case "${1:-}" in
   text)
     edgespec train data "${common[@]}" --out "$OUT/data-text" "${text_args[@]}" --chunk-tokens "$MAX_LEN" \
@@ -72,7 +90,7 @@ case "${1:-}" in
     # in the heap and fragment it: MoA's resident memory crept from ~10 GB to 15 GB over 100 steps until the
     # kernel killed it. A fixed 4 MiB threshold hands them back: its peaks stay at ~10 GB (~20 % fewer tokens/s).
     MALLOC_MMAP_THRESHOLD_=${MALLOC_MMAP_THRESHOLD_:-4194304} edgespec train fit "${common[@]}" --kind moa --tli "$tli" "${stores[@]}" \
-        --out "$OUT/fit/moa-tli$tli-w$WIDTH" --width "$WIDTH" --heads "$HEADS" --vocab "$VOCAB" \
+        --out "${fit_out:-$OUT/fit/moa-tli$tli-w$WIDTH}" "${fit_extra[@]}" --width "$WIDTH" --heads "$HEADS" --vocab "$VOCAB" \
         --batch-tokens "$BATCH_TOKENS" --lr "$LR" --steps "$STEPS" --max-minutes "$MINUTES" \
         --eval-every "$EVAL_EVERY" --eval-sequences "$EVAL_SEQUENCES" --save-every "$SAVE_EVERY" --amp "$AMP" \
         --snapshot-tokens "$SNAPSHOT_TOKENS" --cache-mb "$CACHE_MB" ;;
@@ -82,7 +100,7 @@ case "${1:-}" in
     for s in "$OUT/store-answers-hidden" "$LIVE" "$OUT/store-text-hidden"; do
       [ -f "$s/store.json" ] && stores+=(--features "$s")
     done
-    edgespec train fit "${common[@]}" --kind "$kind" "${stores[@]}" --out "$OUT/fit/$1-w$WIDTH" \
+    edgespec train fit "${common[@]}" --kind "$kind" "${stores[@]}" --out "${fit_out:-$OUT/fit/$1-w$WIDTH}" "${fit_extra[@]}" \
         --width "$WIDTH" --heads "$HEADS" --vocab "$VOCAB" --batch-tokens "$BATCH_TOKENS" --lr "$LR" \
         --steps "$STEPS" --max-minutes "$MINUTES" --eval-every "$EVAL_EVERY" --eval-sequences "$EVAL_SEQUENCES" \
         --save-every "$SAVE_EVERY" --amp "$AMP" --snapshot-tokens "$SNAPSHOT_TOKENS" --cache-mb "$CACHE_MB" ;;

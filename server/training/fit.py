@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import platform
+import shutil
 import time
 from pathlib import Path
 
@@ -125,6 +126,28 @@ def feature_source(args, device=None):
     return open_stores(args.features)
 
 
+def branch_run(source: str | Path, run_dir: str | Path) -> bool:
+    """Start ``run_dir`` from ``source``'s last checkpoint (weights, optimizer, step, data order) and draft
+    vocabulary, leaving ``source`` as it is: a cooldown branch of a steady run that keeps training. A run
+    folder that already has a checkpoint (a branch resumed) is left alone. Returns whether it copied."""
+    source, run_dir = Path(source), Path(run_dir)
+    if source.resolve() == run_dir.resolve():
+        raise ValueError(f"--branch-from {source} is the run folder itself: give the branch its own --out")
+    if (run_dir / "checkpoint.pt").exists():
+        return False
+    if not (source / "checkpoint.pt").exists():
+        raise ValueError(f"--branch-from {source}: no checkpoint.pt there (a `train fit` run folder has one after "
+                         f"its first save)")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("vocab_ids.pt", "checkpoint.pt"):  # the checkpoint last: its presence marks a finished copy
+        if (source / name).exists():
+            tmp = run_dir / (name + ".tmp")
+            shutil.copyfile(source / name, tmp)
+            os.replace(tmp, run_dir / name)
+    log.info("branched from %s", source)
+    return True
+
+
 def fit_from_args(args, cfg: TrainConfig) -> int:
     from transformers import AutoTokenizer
 
@@ -139,6 +162,8 @@ def fit_from_args(args, cfg: TrainConfig) -> int:
     device = distributed.init(args.device).device if int(os.environ.get("WORLD_SIZE", "1")) > 1 \
         else pick_device(args.device)
     store = feature_source(args, str(device))
+    if getattr(args, "branch_from", None):  # before the recipe: it reads the run folder's vocab_ids.pt
+        branch_run(args.branch_from, args.out)
     tok = AutoTokenizer.from_pretrained(model_location(args.target))
     if tokenizer_fingerprint(tok) != store.meta.get("fingerprint"):
         raise ValueError(f"the feature store was made with another tokenizer than {args.target}'s")

@@ -27,6 +27,10 @@ class TrainConfig:
     grad_accum: int = 1  # micro-batches (separate backward passes) per process and optimizer step
     amp: Literal["auto", "bf16", "off"] = "auto"  # mixed precision: auto = bf16 autocast on CUDA, none on CPU
     log_every: int = 10  # steps between progress lines when not on a terminal
+    # A cooldown (the decay of a warmup-stable-decay schedule): the run's last steps, counted from the step it is
+    # at when it starts, with the learning rate falling linearly from the schedule's value there to 0. A long run
+    # at a steady rate is branched (`train fit --branch-from`) and cooled for each drafter shipped, and keeps going.
+    cooldown: int = 0  # steps of the final linear decay to 0; 0 = none
     snapshot_tokens: int = 0  # keep a copy of the drafter in snapshots/tokens-T/ each time the tokens seen pass
     # T = this many times a power of two (0: none): the points of a scaling curve, one per doubling
 

@@ -49,9 +49,13 @@ from .train_config import TrainConfig
 log = logging.getLogger(__name__)
 
 
-def lr_at(step: int, cfg: TrainConfig, horizon: int | None = None) -> float:
+def lr_at(step: int, cfg: TrainConfig, horizon: int | None = None, cooldown_from: int | None = None) -> float:
     """Linear warm-up, then a cosine from lr down to lr/10 at step ``horizon`` (default cfg.steps), and
-    lr/10 after it."""
+    lr/10 after it. From step ``cooldown_from`` on (with cfg.cooldown), that schedule's rate at
+    ``cooldown_from`` falls linearly to 0 over cfg.cooldown steps: the last step's rate is 1/cooldown of it."""
+    if cooldown_from is not None and cfg.cooldown:
+        done = min(step - cooldown_from, cfg.cooldown)
+        return lr_at(cooldown_from, cfg, horizon) * (1 - done / cfg.cooldown)
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     frac = (step - cfg.warmup) / max(1, (cfg.steps if horizon is None else horizon) - cfg.warmup)
@@ -84,6 +88,8 @@ class Trainer:
         # (checkpoint.pt keeps it), so that a larger --steps adds steps instead of re-stretching the
         # learning rates of those already planned.
         self.horizon = config.steps
+        # The step a cooldown began at (checkpoint.pt keeps it): a resumed cooldown goes on where it was.
+        self.cooldown_from: int | None = None
         # The same on every process: they draw the same global batch and each takes its share.
         self.gen = torch.Generator().manual_seed(config.seed)
         # Decoded training sequences, within a byte budget (--cache-mb): a store larger than memory is
@@ -107,6 +113,7 @@ class Trainer:
     def save_checkpoint(self) -> None:
         state = {"step": self.step, "tokens": self.tokens_seen, "optimizer": self.opt.state_dict(),
                  "rng": self.gen.get_state(), "schedule_steps": self.horizon,
+                 "cooldown_from": self.cooldown_from,
                  "modules": {k: m.state_dict() for k, m in self.recipe.trainable().items()},
                  "config": asdict(self.config)}
         tmp = self.checkpoint_path.with_suffix(".tmp")
@@ -125,6 +132,10 @@ class Trainer:
         self.tokens_seen = state.get("tokens", 0)
         # Checkpoints from before the horizon was recorded: the steps of the run that wrote them.
         self.horizon = int(state.get("schedule_steps", state.get("config", {}).get("steps", self.config.steps)))
+        self.cooldown_from = state.get("cooldown_from")
+        if self.cooldown_from is not None and not self.config.cooldown:
+            raise ValueError(f"{self.run_dir} is a cooldown that began at step {self.cooldown_from}: go on with the "
+                             f"--cooldown it was started with, or branch the steady run again (--branch-from)")
         log.info("resumed from %s at step %d", self.checkpoint_path, self.step)
         if self.horizon != self.config.steps:
             log.info("the run now goes to %d steps on the learning-rate schedule planned for %d (%s)",
@@ -177,7 +188,7 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         for m in self.recipe.trainable().values():
             m.train()
-        lr = lr_at(self.step, self.config, self.horizon)
+        lr = lr_at(self.step, self.config, self.horizon, self.cooldown_from)
         for g in self.opt.param_groups:
             g["lr"] = lr
         windows = self._batch()
@@ -235,19 +246,30 @@ class Trainer:
             out["val/loss"] = float(total_loss(self.recipe, terms))
         return out
 
+    def end_step(self) -> int:
+        """The step the run stops at: cfg.steps, or the end of its cooldown (begun now if not yet begun)."""
+        if not self.config.cooldown:
+            return self.config.steps
+        if self.cooldown_from is None:
+            self.cooldown_from = self.step
+            log.info("cooldown: the learning rate falls from %.3g to 0 over steps %d-%d",
+                     lr_at(self.step, self.config, self.horizon), self.step + 1, self.step + self.config.cooldown)
+        return self.cooldown_from + self.config.cooldown
+
     def fit(self) -> list[dict]:
         self.resume()
         cfg = self.config
-        progress = Progress(cfg.steps, self.step, self.tokens_seen, f"train {self.recipe.kind}", self.world.main,
+        end = self.end_step()
+        progress = Progress(end, self.step, self.tokens_seen, f"train {self.recipe.kind}", self.world.main,
                             cfg.log_every)
         t0 = time.perf_counter()
         stop = StopRequest()
         try:
-            while self.step < cfg.steps:
+            while self.step < end:
                 row = {"step": self.step + 1, **self.train_step()}
                 out_of_time = bool(cfg.max_wall_s) and time.perf_counter() - t0 >= cfg.max_wall_s
                 stopped = stop.agreed(self.device)
-                last = self.step == cfg.steps or out_of_time or stopped
+                last = self.step == end or out_of_time or stopped
                 if self.val_files and self.world.main and (self.step % cfg.eval_every == 0 or last):
                     row.update(self.validate())
                 row["wall_s"] = round(time.perf_counter() - t0, 1)
@@ -256,14 +278,15 @@ class Trainer:
                 progress.update(self.step, self.tokens_seen, row["loss"])
                 if (self.step % cfg.save_every == 0 or last) and self.world.main:
                     self.save_checkpoint()
-                if cfg.snapshot_tokens and self.world.main:
+                # A cooling branch is not a point of the steady run's scaling curve: no snapshots.
+                if cfg.snapshot_tokens and self.world.main and self.cooldown_from is None:
                     self.snapshot(row)
                 if stopped:
-                    log.info("stopping at step %d of %d: asked to (SIGTERM)", self.step, cfg.steps)
+                    log.info("stopping at step %d of %d: asked to (SIGTERM)", self.step, end)
                     break
                 if out_of_time:
                     log.info("stopping at step %d of %d: the wall-clock budget of %.0f s is spent", self.step,
-                             cfg.steps, cfg.max_wall_s)
+                             end, cfg.max_wall_s)
                     break
         finally:
             stop.close()

@@ -60,5 +60,12 @@ def test_every_step_runs_and_resumes(target_dir, tmp_path):
     run("eagle", STEPS="5")  # resumes: two more steps on the schedule the first run planned
     card = json.loads((tmp_path / "out" / "fit" / "eagle-w32" / "card.json").read_text())
     assert card["training"]["steps"] == 5
+    steady = (tmp_path / "out" / "fit" / "eagle-w32" / "checkpoint.pt").read_bytes()
+    run("cool", "2", "eagle")  # a cooldown branch from step 5: two steps more in its own folder
+    card = json.loads((tmp_path / "out" / "fit" / "eagle-w32-cool2-from5" / "card.json").read_text())
+    assert card["training"]["steps"] == 7 and card["training"]["config"]["cooldown"] == 2
+    assert (tmp_path / "out" / "fit" / "eagle-w32" / "checkpoint.pt").read_bytes() == steady
+    run("cool", "1", "moa", "1")
+    assert (tmp_path / "out" / "fit" / "moa-tli1-w32-cool1-from3" / "card.json").is_file()
     bad = subprocess.run(["bash", str(JOB), "nonsense"], env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "answers-features" in bad.stdout

@@ -114,6 +114,54 @@ def test_a_resumed_run_with_more_steps_keeps_the_planned_schedule(target, store,
     assert torch.load(again.checkpoint_path, weights_only=False)["schedule_steps"] == 4
 
 
+def test_a_cooldown_branch_decays_to_zero_and_leaves_the_steady_run_as_it_was(target, store, tmp_path):
+    """`train fit --branch-from RUN --cooldown N`: the branch starts where RUN's checkpoint stands (same weights,
+    optimizer and data order), its learning rate falls linearly from the schedule's rate there to 0 over N
+    steps, then it stops; RUN's files are untouched. A cooldown stopped midway resumes on the same rates."""
+    from edgespec.server.training.fit import branch_run
+    from edgespec.server.training.trainer import lr_at
+
+    steady_cfg = train_config(steps=40, warmup=1)
+    steady = Trainer(recipe("eagle", target, store), store, tmp_path / "steady", steady_cfg)
+    for _ in range(5):
+        steady.train_step()
+    steady.save_checkpoint()
+    before = steady.checkpoint_path.read_bytes()
+
+    with pytest.raises(ValueError, match="no checkpoint.pt"):
+        branch_run(tmp_path / "nowhere", tmp_path / "cool")
+    with pytest.raises(ValueError, match="its own --out"):
+        branch_run(tmp_path / "steady", tmp_path / "steady")
+    assert branch_run(tmp_path / "steady", tmp_path / "cool")
+    cool_cfg = train_config(steps=40, warmup=1, cooldown=4, snapshot_tokens=10)
+    cool = Trainer(recipe("eagle", target, store), store, tmp_path / "cool", cool_cfg)
+    cool.fit()
+    assert [r["step"] for r in cool.history] == [6, 7, 8, 9]
+    start = lr_at(5, steady_cfg)  # where the steady schedule stood
+    assert start > 0.5 * steady_cfg.lr
+    assert [r["lr"] for r in cool.history] == pytest.approx([start, 0.75 * start, 0.5 * start, 0.25 * start])
+    assert not (tmp_path / "cool" / "snapshots").exists()  # a cooled drafter is no point of the steady curve
+    assert steady.checkpoint_path.read_bytes() == before
+    # The branch went on with the steady run's weights and data: its first loss is the steady run's next one.
+    assert cool.history[0]["loss"] == pytest.approx(steady.train_step()["loss"], rel=1e-6)
+
+    # Stopped after two cooling steps (a kill after a checkpoint) and started again: the same rates follow.
+    assert branch_run(tmp_path / "steady", tmp_path / "cool2")
+    half = Trainer(recipe("eagle", target, store), store, tmp_path / "cool2", cool_cfg)
+    half.resume()
+    assert half.end_step() == 9
+    for _ in range(2):
+        half.train_step()
+    half.save_checkpoint()
+    again = Trainer(recipe("eagle", target, store), store, tmp_path / "cool2", cool_cfg)
+    again.fit()
+    assert [r["step"] for r in again.history] == [8, 9]
+    assert [r["lr"] for r in again.history] == pytest.approx([r["lr"] for r in cool.history[2:]])
+    assert not branch_run(tmp_path / "steady", tmp_path / "cool2")  # a branch under way is left alone
+    with pytest.raises(ValueError, match="is a cooldown that began at step 5"):
+        Trainer(recipe("eagle", target, store), store, tmp_path / "cool2", steady_cfg).fit()
+
+
 @pytest.fixture(scope="module")
 def greedy_store(target, target_dir, target_greedy, tmp_path_factory):
     """A store, written as extraction writes one, whose sequences are the tiny target's own greedy
