@@ -44,7 +44,7 @@ class DrafterOptions:
     moa_server_part: str | None = None  # MoA: the server part's name on the server (None: the checkpoint's name)
     router: bool = True  # learned drafters: use the checkpoint's LM-head router when it has one
     device: str | None = "cpu"  # where the drafter's model runs (the laptop: CPU)
-    dtype: str | None = None  # None: default_dtype's, bf16 where the hardware has it, else float32 (learned: float32)
+    dtype: str | None = None  # None: default_dtype's, bf16 where the hardware has it, else float32
     tree: TreeShape = TreeShape()  # EAGLE-2 tree shape for drafters with next-token distributions
     weights: str | None = None  # independent: "int4-mlp", "int8" or "float" (None: IndependentConfig's default)
     draft_vocab: int | None = None  # independent and learned: draft over the N most frequent ids, 0 = all (None: the default)
@@ -115,8 +115,8 @@ def _open_learned(options: DrafterOptions, server_info) -> Drafter:
             f"the server has no MoA server part {part!r} (it has: {have}); start it with "
             f"--moa-server-part {part}" + ("" if part == where.name else "=PATH"))
     target = _target(options, server_info, card)
-    runtime = open_runtime(where, target, options.dtype, options.router, _learned_vocab(options, where, target),
-                           _learned_head_dtype(options))
+    runtime = open_runtime(where, target, options.dtype or _learned_dtype(options), options.router,
+                           _learned_vocab(options, where, target), _learned_head_dtype(options))
     return learned_drafter(runtime, options.tree, part,
                            LEARNED_CONTEXT_VOCAB if options.context_vocab is None else options.context_vocab)
 
@@ -127,6 +127,17 @@ def _open_learned(options: DrafterOptions, server_info) -> Drafter:
 # list lacks ends a chain. The committed text's ids come on top.
 LEARNED_DRAFT_VOCAB = 65536
 LEARNED_CONTEXT_VOCAB = True
+
+
+def _learned_dtype(options: DrafterOptions):
+    """The dtype of a learned drafter's own layers and of MoA's TLI layers when none is asked for: bf16 where the
+    device computes it natively, float32 on CPUs that emulate it (several times slower there, shared/device.py).
+    Reading weights is most of a drafting level, and the TLI layer is a whole decoder layer of the target: in
+    bf16 a tree of MoA TLI 1 took 0.72x float32's time on an AVX512-BF16 core, EAGLE's 0.77x (server/training/
+    README.md). The heads were trained under bf16 autocast."""
+    from edgespec.shared.device import default_dtype
+
+    return default_dtype(options.device or "cpu")
 
 
 def _learned_head_dtype(options: DrafterOptions):

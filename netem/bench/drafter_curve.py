@@ -38,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "bf16 where the CPU has it, as the server runs it); an evaluation folder keeps its first one")
     p.add_argument("--head", choices=("int8", "bfloat16", "float32"), default="int8",
                    help="the LM head's precision (default int8, as the client drafts on a CPU)")
+    p.add_argument("--drafter-dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="the drafter's own layers (and MoA's TLI layers): float32 (the curve's figures so far), or "
+                        "bf16 autocast, near what the client runs where the CPU has native bf16")
     add_prompt_arguments(p, humaneval=20, mtbench=20, max_tokens=128, drafter_model=False)
 
 
@@ -47,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     eval_dir = args.eval_dir or Path(os.environ.get("EDGESPEC_HOME", Path.home() / ".cache" / "edgespec")) \
         / "train" / "eval-answers"
     store = eval_store(args.target, eval_dir, chosen_prompts(args), args.max_tokens, args.batch_size, args.dtype)
-    scorer = Scorer(args.target, store, args.draft_vocab, args.depth, args.head)
+    scorer = Scorer(args.target, store, args.draft_vocab, args.depth, args.head, args.drafter_dtype)
     rows = []
     for run_dir in args.runs:
         for point in curve_points(run_dir):
@@ -153,7 +156,8 @@ def curve_points(run_dir: Path) -> list[dict]:
 class Scorer:
     """Scores drafters on the evaluation store, with the target's parts loaded once per TLI depth."""
 
-    def __init__(self, target: str, store, draft_vocab: int, depth: int, head: str = "int8"):
+    def __init__(self, target: str, store, draft_vocab: int, depth: int, head: str = "int8",
+                 drafter_dtype: str = "float32"):
         from transformers import AutoTokenizer
 
         from edgespec.client import draft_vocab_ids
@@ -161,6 +165,7 @@ class Scorer:
         from edgespec.shared.models.loading import model_location
 
         self.target, self.store, self.depth, self.head = target, store, depth, head
+        self.bf16 = drafter_dtype == "bfloat16"
         tok = AutoTokenizer.from_pretrained(model_location(target))
         self.vocab_ids = draft_vocab_ids(tok, tokenizer_fingerprint(tok), draft_vocab, len(tok)) if draft_vocab else None
         self._parts: dict[int, object] = {}
@@ -200,7 +205,9 @@ class Scorer:
         else:
             raise ValueError(f"{path}: the curve scores EAGLE and MoA drafters, not {kind}")
         out: dict[str, Acceptance] = defaultdict(lambda: Acceptance(0, [0] * self.depth))
-        with torch.inference_mode():
+        # bf16 autocast: the drafter's (and TLI layers') products in bf16, as a bf16 drafter computes them; the int8
+        # head's integer product is the same either way.
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
             for seq in self.seqs:
                 first = int(seq.loss_mask.nonzero()[0]) if seq.loss_mask.any() else len(seq.tokens)
                 parts.set_context_ids(seq.tokens[:first].tolist())  # the prompt's ids, as the client adds them

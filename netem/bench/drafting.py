@@ -140,7 +140,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_tree_arguments(p)
     p.add_argument("--checkpoints", default=None,
                    help="folder with learned drafter checkpoints named like the methods (default: the shipped ones)")
-    p.add_argument("--learned", action="append", default=[], metavar="NAME=PATH[:no-router]",
+    p.add_argument("--learned", action="append", default=[], metavar="NAME=PATH[:no-router][:float32]",
                    help="also run a learned drafter of your own (any recipe: eagle, moa, beagle, with or without its "
                         "LM-head router) under NAME, e.g. eagle-hass=runs/fit8/eagle-hass; repeatable")
     p.add_argument("--out", default=None, help="write every run and the summary as JSON here")
@@ -180,17 +180,27 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_learned(pairs: list[str]) -> dict[str, tuple[str, bool]]:
-    """``NAME=PATH[:no-router]`` -> {NAME: (PATH, use_router)}."""
-    out: dict[str, tuple[str, bool]] = {}
+LEARNED_SUFFIXES = ("no-router", "float32", "bfloat16")  # NAME=PATH[:no-router][:float32|:bfloat16]
+
+
+def parse_learned(pairs: list[str]) -> dict[str, tuple[str, bool, str | None]]:
+    """``NAME=PATH[:no-router][:float32|:bfloat16]`` -> {NAME: (PATH, use_router, dtype)}; no dtype: the client's
+    default (bf16 where the CPU has it natively, else float32)."""
+    out: dict[str, tuple[str, bool, str | None]] = {}
     for pair in pairs:
         name, sep, path = pair.partition("=")
         if not sep or not name or not path:
-            raise ValueError(f"--learned takes NAME=PATH[:no-router], got {pair!r}")
+            raise ValueError(f"--learned takes NAME=PATH[:no-router][:float32|:bfloat16], got {pair!r}")
         if name in METHODS or name in out:
             raise ValueError(f"--learned name {name!r} is taken; choose another")
-        router = not path.endswith(":no-router")
-        out[name] = (path.removesuffix(":no-router"), router)
+        given = set()
+        while (tail := path.rpartition(":"))[1] and tail[2] in LEARNED_SUFFIXES:
+            given.add(tail[2])
+            path = tail[0]
+        if {"float32", "bfloat16"} <= given:
+            raise ValueError(f"--learned {pair!r} asks for two dtypes")
+        dtype = next((d for d in ("float32", "bfloat16") if d in given), None)
+        out[name] = (path, "no-router" not in given, dtype)
     return out
 
 
@@ -203,9 +213,10 @@ def method_options(method: str, target: str, drafter_model: str, tree, checkpoin
 
     if method in BUILTIN:
         return DrafterOptions(method, model=drafter_model, tree=tree)
-    path, router = learned.get(method, (method if checkpoints is None else str(Path(checkpoints, method)), True))
+    path, router, dtype = learned.get(method, (method if checkpoints is None else str(Path(checkpoints, method)),
+                                               True, None))
     name = checkpoint_kind(resolve_checkpoint(path)) if method in learned else method
-    return DrafterOptions(name, checkpoint=path, target=target, tree=tree, router=router,
+    return DrafterOptions(name, checkpoint=path, target=target, tree=tree, router=router, dtype=dtype,
                           moa_server_part=method if name.startswith("moa") else None)
 
 

@@ -62,6 +62,36 @@ def test_drafted_generation_equals_the_targets_greedy_output(target_greedy, kind
 
 
 @pytest.mark.parametrize("kind,tli", [("eagle", 0), ("moa", 1)])
+def test_with_no_dtype_asked_a_learned_drafter_runs_in_the_cpus_fast_precision(target_greedy, kind, tli, server,
+                                                                             target, target_dir, checkpoints):
+    """The client's default: the drafter's own layers and MoA's TLI layer in bf16 where the CPU computes it
+    natively (float32 where it would emulate it), the LM head in int8, log-probabilities in float32 (bf16 logits
+    would tie a tree's candidates); the output is still the target's, token for token."""
+    import torch
+
+    from edgespec.client.drafters.factory import DrafterOptions
+    from edgespec.client.loop.generation import GenerationConfig
+    from edgespec.shared.device import default_dtype
+
+    options = DrafterOptions(name=kind, checkpoint=str(checkpoints[f"{kind}-tli{tli}"]), target=str(target_dir))
+    client = edge_client(server.address, options, target_dir, min_deadline_s=0.5)
+    try:
+        rt = client.drafter.rt
+        want = default_dtype("cpu")
+        assert rt.parts.dtype == want and rt.parts._int8 is not None
+        assert next((rt.client if kind == "moa" else rt.head).parameters()).dtype == want
+        if tli:
+            assert next(rt.parts.layers.parameters()).dtype == want
+        ids = client.encode(PROMPT)
+        result = client.generate(ids, GenerationConfig(max_new_tokens=32, ignore_eos=True))
+        assert result.token_ids == target_greedy(target.model, ids, 32)
+        assert result.metrics.num_accepted_tokens > 0
+        assert rt.root_logprobs().dtype == torch.float32
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("kind,tli", [("eagle", 0), ("moa", 1)])
 def test_plain_steps_decoding_ahead_hand_the_drafter_every_tokens_features(target_greedy, kind, tli, server, target,
                                                                          target_dir, checkpoints):
     """Tokens the target decodes ahead reach a learned drafter with their features (one row each, checked by

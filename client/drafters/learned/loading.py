@@ -36,8 +36,9 @@ def open_runtime(path: str | Path, target, dtype: torch.dtype | str | None = Non
     """The drafting runtime of the checkpoint at ``path`` (see ``find_checkpoint``). ``target``: a loaded
     *ForCausalLM, or its registry name / folder: then only the parts the drafter needs are read from its
     files. ``dtype``: None is float32, which a laptop CPU without bf16 units runs the drafter's small
-    matmuls fastest in. A ``router.safetensors`` beside the drafter (CORAL's LM-head router) is attached
-    unless ``router`` is False; its groups cut the checkpoint's own list, so it is only used with that list.
+    matmuls fastest in (the client's factory asks for bf16 where the CPU has them). A ``router.safetensors``
+    beside the drafter (CORAL's LM-head router) is attached unless ``router`` is False; its groups cut the
+    checkpoint's own list, so it is only used with that list.
 
     ``vocab``: the draft vocabulary. The drafters have no weights per vocabulary row (their logits are the
     target's LM head over a predicted state), so any list works: ``CHECKPOINT_VOCAB`` the one the checkpoint

@@ -167,8 +167,10 @@ class LearnedRuntime(abc.ABC):
         """One forward over new draft nodes. ids: [k]; vis: bool [k, fixed rows + all nodes]; returns [k, V']."""
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """LM-head input [T, E] -> [T, V'] (-inf outside a router's chosen groups)."""
-        return self.parts.logits(hidden) if self.routed is None else self.routed.logits(hidden)
+        """LM-head input [T, E] -> [T, V'] (-inf outside a router's chosen groups). The head's own products
+        decide its dtype; its logits come out in float32, since a bf16 drafter's logits rounded to bf16 (steps of
+        0.125 at 16-32) would tie the candidates a tree ranks."""
+        return self.parts.logits(hidden.float()) if self.routed is None else self.routed.logits(hidden)
 
     def _logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(self._logits(hidden).float(), -1)

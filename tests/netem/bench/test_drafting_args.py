@@ -1,16 +1,18 @@
-"""`edgespec bench drafting`: its own learned drafters (NAME=PATH[:no-router]), the tree shape and what a
+"""`edgespec bench drafting`: its own learned drafters (NAME=PATH[:no-router][:float32]), the tree shape and what a
 run records of its arguments, the summary table."""
 import pytest
 
 from edgespec.netem.bench.drafting import parse_learned
 
 
-def test_learned_pairs_parse_with_the_router_switch():
-    got = parse_learned(["eagle-hass=runs/fit8/eagle-hass", "eagle-router-off=runs/fit8/r:no-router"])
-    assert got == {"eagle-hass": ("runs/fit8/eagle-hass", True), "eagle-router-off": ("runs/fit8/r", False)}
+def test_learned_pairs_parse_with_the_router_switch_and_a_dtype():
+    got = parse_learned(["eagle-hass=runs/fit8/eagle-hass", "eagle-router-off=runs/fit8/r:no-router",
+                         "f32=runs/a:b/e:float32", "both=runs/e:bfloat16:no-router"])
+    assert got == {"eagle-hass": ("runs/fit8/eagle-hass", True, None), "eagle-router-off": ("runs/fit8/r", False, None),
+                   "f32": ("runs/a:b/e", True, "float32"), "both": ("runs/e", False, "bfloat16")}
 
 
-@pytest.mark.parametrize("bad", ["nopath", "=x", "target=runs/x", "a=x,a=y"])
+@pytest.mark.parametrize("bad", ["nopath", "=x", "target=runs/x", "a=x,a=y", "a=x:float32:bfloat16"])
 def test_bad_learned_pairs_are_refused(bad):
     with pytest.raises(ValueError, match="--learned"):
         parse_learned(bad.split(","))
@@ -63,13 +65,14 @@ def test_each_method_names_its_drafter_for_the_factory(tmp_path):
     from edgespec.shared.drafters.checkpoint import resolve_checkpoint
 
     tree, moa = TreeShape(), str(resolve_checkpoint("moa-tli1"))
-    got = {m: method_options(m, "target", "small", tree, None, {"mine": (moa, False)})
+    got = {m: method_options(m, "target", "small", tree, None, {"mine": (moa, False, "float32")})
            for m in ("independent", "eagle", "moa-tli0", "mine")}
     assert (got["independent"].model, got["independent"].checkpoint, got["independent"].tree) == ("small", None, tree)
     assert (got["eagle"].checkpoint, got["eagle"].target, got["eagle"].moa_server_part) == ("eagle", "target", None)
     assert (got["moa-tli0"].name, got["moa-tli0"].moa_server_part) == ("moa-tli0", "moa-tli0")  # the server part's name
     assert (got["mine"].name, got["mine"].checkpoint, got["mine"].router, got["mine"].moa_server_part) == \
         ("moa", moa, False, "mine")  # a --learned one: its kind, its path, its router switch, its own name
+    assert got["mine"].dtype == "float32" and got["eagle"].dtype is None  # None: the client's default
     assert method_options("eagle", "t", "s", tree, str(tmp_path), {}).checkpoint == str(tmp_path / "eagle")
 
 
