@@ -126,10 +126,11 @@ def feature_source(args, device=None):
     return open_stores(args.features)
 
 
-def branch_run(source: str | Path, run_dir: str | Path) -> bool:
+def branch_run(source: str | Path, run_dir: str | Path, copy: bool = True) -> bool:
     """Start ``run_dir`` from ``source``'s last checkpoint (weights, optimizer, step, data order) and draft
     vocabulary, leaving ``source`` as it is: a cooldown branch of a steady run that keeps training. A run
-    folder that already has a checkpoint (a branch resumed) is left alone. Returns whether it copied."""
+    folder that already has a checkpoint (a branch resumed) is left alone. ``copy`` False only checks the
+    arguments (every rank under a launcher checks them; rank 0 copies). Returns whether it copied."""
     source, run_dir = Path(source), Path(run_dir)
     if source.resolve() == run_dir.resolve():
         raise ValueError(f"--branch-from {source} is the run folder itself: give the branch its own --out")
@@ -138,6 +139,8 @@ def branch_run(source: str | Path, run_dir: str | Path) -> bool:
     if not (source / "checkpoint.pt").exists():
         raise ValueError(f"--branch-from {source}: no checkpoint.pt there (a `train fit` run folder has one after "
                          f"its first save)")
+    if not copy:
+        return False
     run_dir.mkdir(parents=True, exist_ok=True)
     for name in ("vocab_ids.pt", "checkpoint.pt"):  # the checkpoint last: its presence marks a finished copy
         if (source / name).exists():
@@ -163,7 +166,9 @@ def fit_from_args(args, cfg: TrainConfig) -> int:
         else pick_device(args.device)
     store = feature_source(args, str(device))
     if getattr(args, "branch_from", None):  # before the recipe: it reads the run folder's vocab_ids.pt
-        branch_run(args.branch_from, args.out)
+        # Under a launcher the ranks share the run folder: one copy, which the others wait for.
+        branch_run(args.branch_from, args.out, copy=int(os.environ.get("RANK", "0")) == 0)
+        distributed.barrier()
     tok = AutoTokenizer.from_pretrained(model_location(args.target))
     if tokenizer_fingerprint(tok) != store.meta.get("fingerprint"):
         raise ValueError(f"the feature store was made with another tokenizer than {args.target}'s")
