@@ -152,6 +152,37 @@ def test_cut_link_completes_offline_and_rollback_resume_is_exact(target_greedy, 
         client.close()
 
 
+def test_tree_sweep_measures_a_learned_drafters_shapes_through_its_own_server(target_dir, checkpoints, capsys,
+                                                                             tmp_path):
+    """`bench tree-sweep --drafter moa --checkpoint RUN`: the bench's loopback server holds the MoA server part it
+    needs, one drafter serves every shape, and each shape's trees are the size it asks for."""
+    from edgespec.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["bench", "tree-sweep", "--target", str(target_dir), "--drafter", "moa", "--checkpoint",
+         str(checkpoints["moa-tli1"]), "--shapes", "1x3x3@0.0,3x4x12@0.0", "--humaneval", "1", "--mtbench", "0",
+         "--max-tokens", "16", "--out", str(tmp_path / "sweep.json")])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("moa-tli1: 1 prompts")
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.splitlines()
+            if line.startswith("| ") and line[2].isdigit()]
+    assert [r[:3] for r in rows] == [["1", "3", "3"], ["3", "4", "12"]]
+    chain, wide = (float(r[7]) for r in rows)  # nodes per tree
+    assert 1 <= chain <= 3 < wide <= 12
+    assert all(float(r[5]) >= 1.0 for r in rows)  # tau: at least the bonus token
+    # Each shape is a method of its own for `bench gpu-projection`, with the trees it drafted.
+    args = build_parser().parse_args(["bench", "gpu-projection", str(tmp_path / "sweep.json"), "--profiles", "5g"])
+    assert args.func(args) == 0
+    projected = {line.split("|")[1].strip(): line.split("|")[3].strip()
+                 for line in capsys.readouterr().out.splitlines() if line.startswith("| moa")}
+    assert list(projected) == ["moa-tli1:1x3x3@0.0", "moa-tli1:3x4x12@0.0"]
+    runs = json.loads((tmp_path / "sweep.json").read_text())["runs"]
+    for name, nodes in projected.items():  # nodes per verification, as swept
+        ms = [r["metrics"] for r in runs if r["method"] == name]
+        assert float(nodes) == round(sum(m["num_draft_tokens"] for m in ms) / sum(m["num_verifications"] for m in ms), 1)
+
+
 def test_a_drafter_of_another_tokenizer_is_refused(server, target_dir, checkpoints, tmp_path):
     import shutil
 
