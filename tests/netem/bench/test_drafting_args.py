@@ -24,7 +24,8 @@ def _run(method, tokens, seconds, forwards, accepted=()):
 
     if not accepted:
         return Run(method, "p0", tokens, seconds, forwards, True)
-    metrics = GenerationMetrics(draft_s=0.2, verify_s=0.4, bytes_up=100, bytes_down=20)
+    metrics = GenerationMetrics(draft_s=0.2, verify_s=0.4, bytes_up=100, bytes_down=20, draft_ahead_s=0.15,
+                                saved_s=0.05)
     for n in accepted:  # one verified tree of 8 nodes, n of them accepted
         metrics.observe_draft(8, n)
     return Run(method, "p0", tokens, seconds, forwards, True, metrics)
@@ -42,9 +43,10 @@ def test_summary_keeps_learned_drafters_and_reports_per_position_acceptance():
     assert row["speedup"] == 2.5
     assert row["accept_at"] == [0.875, 0.375, 0.125]  # accepted at depth k over 8 trees
     assert row["draft_ms_per_tree"] == 50.0
+    assert row["own_draft_ms_per_tree"] == 25.0  # (0.4 s - 0.3 s ahead + 0.1 s of it for hits) over 8 trees
     assert "accept_at" not in s["target"]
     text = table(s)
-    assert "| eagle-hass | 5.00 | 2.50x |" in text and "0.88 / 0.38 / 0.12" in text
+    assert "| eagle-hass | 5.00 | 2.50x |" in text and "0.88 / 0.38 / 0.12 | 25 / 50 |" in text
 
 
 def test_the_tree_shape_defaults_to_the_clients_and_a_run_records_the_shape_it_used():

@@ -26,6 +26,15 @@ def test_figures_sum_every_prompt_of_a_method():
         figures_of(runs, "target")
 
 
+def test_a_tree_is_charged_its_own_drafting_not_the_missed_guesses_drafted_while_waiting():
+    """1.0 s of drafting over 10 trees, 0.6 s of it ahead of verdicts, of which 0.1 s made trees that went out
+    (hits): 0.5 s was drafted for guesses that missed while the client waited, so a tree cost 50 ms."""
+    runs = [{"method": "eagle", "metrics": metrics(draft_ahead_s=0.6, saved_s=0.1)}]
+    assert figures_of(runs, "eagle").draft_s == pytest.approx(0.05)
+    serial = [{"method": "eagle", "metrics": metrics(draft_ahead_s=0.0, saved_s=0.0)}]
+    assert figures_of(serial, "eagle").draft_s == pytest.approx(0.1)
+
+
 def test_a_step_is_the_better_of_serial_and_drafting_ahead():
     link = Link("x", 0.040, None)
     serial_only = DrafterFigures("a", 2.0, 16, 0.010, 0.0, 0)
