@@ -159,6 +159,12 @@ class GenerationMetrics(SpecDecodeStats, LinkTraffic):
         return self.guess_hits / self.guesses if self.guesses else 0.0
 
     @property
+    def own_draft_s(self) -> float:
+        """The drafting of the trees that went out: draft_s less the trees drafted ahead for guesses that missed
+        (draft_ahead_s - saved_s), which the pipelined loop drafts while the client waits on a verdict."""
+        return self.draft_s - self.draft_ahead_s + self.saved_s
+
+    @property
     def saved_per_step_s(self) -> float:
         """Drafting time the pipelined loop saved per verification."""
         return self.saved_s / self.num_drafts if self.num_drafts else 0.0

@@ -61,7 +61,8 @@ def figures_of(runs: list[dict], name: str, draft_ms: float | None = None) -> Dr
         raise ValueError(f"{name!r} made no verification in the run")
     committed = total("num_accepted_tokens") + steps
     guesses = total("guesses")
-    missed = sum(m.get("draft_ahead_s", 0.0) - m.get("saved_s", 0.0) for m in ms)  # older runs: not kept
+    # GenerationMetrics.own_draft_s over JSON rows; runs from before drafting ahead was counted lack the fields
+    missed = sum(m.get("draft_ahead_s", 0.0) - m.get("saved_s", 0.0) for m in ms)
     own = (total("draft_s") - missed) / max(1, total("num_drafts"))
     return DrafterFigures(name, committed / steps, total("num_draft_tokens") / steps,
                           draft_ms / 1000 if draft_ms is not None else own,

@@ -6,8 +6,9 @@
 A shape is BxDxM@min_prob. One server on loopback, one client per shape (each drafts its own shape every
 step: the loop's fixed trees), one drafter shared by them, the same prompts for every shape, shapes
 interleaved per prompt; prints tokens/s, tau, accept@1, nodes and drafting time per tree (its own, and with
-the trees drafted ahead for guesses that missed), and the drafting and verification time per generated token. ``--drafter`` is any drafter with next-token distributions: the
-independent 0.5B (default) or a learned one (``eagle``, ``moa-tli1``, a kind with ``--checkpoint``).
+the trees drafted ahead for guesses that missed), and the drafting and verification time per generated token.
+``--drafter`` is any drafter with next-token distributions: the independent 0.5B (default) or a learned one
+(``eagle``, ``moa-tli1``, a kind with ``--checkpoint``).
 On a CPU server a tree's nodes cost verification time that a GPU server barely pays, so tau and accept@1
 are the figures that carry over; ``bench gpu-projection`` turns them into a GPU server's tokens/s.
 """
@@ -69,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from edgespec.shared.drafters.checkpoint import resolve_checkpoint
     from edgespec.shared.metrics import GenerationMetrics
     from edgespec.shared.models import load_model
+    from .drafting import recorded
     from .loopback import loopback_server, patient_link
     from .records import markdown_table
 
@@ -116,8 +118,7 @@ def run(args: argparse.Namespace) -> int:
                          [shape_row(s, m) for s, m in totals.items()]))
     print(f"({torch.get_num_threads()} threads)")
     if args.out:
-        Path(args.out).write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k not in
-                                                      ("func", "parser", "run")}, "runs": runs}, indent=1))
+        Path(args.out).write_text(json.dumps({"args": recorded(args), "runs": runs}, indent=1))
     return 0
 
 
@@ -130,8 +131,7 @@ def shape_row(s, m) -> list:
     """One shape's summed generations as a table row (tau: tokens committed per verification)."""
     drafts = m.num_drafts or 1
     at1 = m.accepted_per_position[0] / drafts if m.accepted_per_position else 0.0
-    own = m.draft_s - m.draft_ahead_s + m.saved_s  # less the trees drafted ahead for guesses that missed
     return [s.branch, s.depth, s.max_nodes, s.min_prob, f"{m.tokens_per_s:.2f}", f"{m.acceptance_length:.2f}",
             f"{at1:.2f}", f"{m.num_draft_tokens / drafts:.1f}",
-            f"{1000 * own / drafts:.0f} / {1000 * m.draft_s / drafts:.0f}",
+            f"{1000 * m.own_draft_s / drafts:.0f} / {1000 * m.draft_s / drafts:.0f}",
             f"{m.draft_s / m.new_tokens:.3f}", f"{m.verify_s / m.new_tokens:.3f}"]
