@@ -69,7 +69,7 @@ class EagleCoralRecipe(EagleRecipe):
         self.terms.append(LossTerm("align", coral.align_weight, self._align_term))
 
     def _align_term(self, out: Outputs) -> Term:
-        feats, w = aligned_step_features([pred for pred, _ in out["steps"]], out["w"])
+        feats, w = aligned_step_features([step.pred for step in out["steps"]], out["w"])
         if feats[0].shape[0] < 2:  # a window too short for one position and a negative
             zero = feats[0].new_zeros(())
             return Term(zero, zero)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -31,11 +32,20 @@ class EagleRecipeConfig:
     data_tokens: bool = False  # HASS: unrolled steps read the data's next tokens, not the drafted ones
 
 
+class DraftStep(NamedTuple):
+    """One unrolled step for every start."""
+
+    pred: torch.Tensor  # predicted features [n, E]
+    ids: torch.Tensor  # drafted draft-vocabulary ids [n] (the argmax of ``logits``)
+    logits: torch.Tensor | None  # [n, V'] with their graph, kept for the loss (keep_logits) so the LM head,
+    # most of a training step, runs once per step rather than again in the loss; None otherwise
+
+
 def unrolled_steps(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, feats: torch.Tensor,
                    positions: torch.Tensor, steps: int, detach: bool = False,
-                   data_tokens: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per step s (1..steps): (predicted features [n, E], drafted draft-vocab ids [n]) for the
-    n = len(tokens) - 1 starts. feats: [n, E] features f_r fed at step 1.
+                   data_tokens: bool = False, keep_logits: bool = False) -> list[DraftStep]:
+    """Per step s (1..steps) a ``DraftStep`` for the n = len(tokens) - 1 starts. feats: [n, E] features f_r
+    fed at step 1.
 
     detach: step s reads step s-1's features detached, so step s's loss trains the head as it is
     used at that step (on the features it made) without reshaping the earlier steps (HASS).
@@ -43,11 +53,15 @@ def unrolled_steps(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, fe
     target generated greedily) instead of step s-1's argmax; rows past the window keep the argmax.
     """
     n = tokens.shape[0] - 1
+    def step(pred: torch.Tensor) -> DraftStep:
+        logits = parts.logits(pred)
+        return DraftStep(pred, logits.detach().argmax(-1), logits if keep_logits else None)
+
     pred, kv = head(parts.embed(tokens[1:]), feats, positions[:n], causal_mask(n, tokens.device))
-    out = [(pred, parts.logits(pred).argmax(-1))]
+    out = [step(pred)]
     past = kv
     for s in range(2, steps + 1):
-        prev_pred, prev_ids = out[-1]
+        prev_pred, prev_ids = out[-1].pred, out[-1].ids
         ids = parts.to_target_ids(prev_ids)
         if data_tokens:
             k = max(0, n + 1 - s)  # starts r <= n - s have their token c_{r+s} in the window
@@ -55,7 +69,7 @@ def unrolled_steps(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, fe
         feed = prev_pred.detach() if detach else prev_pred
         pred, kv = head(parts.embed(ids), feed, positions[:n] + s - 1, unrolled_mask(n, s, tokens.device), past)
         past = past.cat(kv)
-        out.append((pred, parts.logits(pred).argmax(-1)))
+        out.append(step(pred))
     return out
 
 
@@ -105,26 +119,28 @@ class EagleRecipe(HeadRecipe):
         rms = h.pow(2).mean().sqrt()
         noise = (torch.rand(h[:n].shape, generator=gen).to(h.device) * 2 - 1) * self.config.noise * rms
         steps = unrolled_steps(self.head, self.parts, tokens, h[:n] + noise, pos, self.config.unroll,
-                               self.config.detach, self.config.data_tokens)
+                               self.config.detach, self.config.data_tokens, keep_logits=True)
         w = seq.loss_mask[start + 1:end].float()
         with torch.no_grad():
             target_logits = self.parts.logits(h[1:])
         return {"steps": steps, "target": h, "target_logits": target_logits, "w": w, "n": n}
 
     def _feature_term(self, out: Outputs) -> Term:
-        return self._per_step(out, lambda pred, tgt, tl, w: smooth_l1(pred, tgt, w))
+        return self._per_step(out, lambda step, tgt, tl, w: smooth_l1(step.pred, tgt, w))
 
     def _ce_term(self, out: Outputs) -> Term:
-        return self._per_step(out, lambda pred, tgt, tl, w: soft_cross_entropy(self.parts.logits(pred), tl, w))
+        return self._per_step(out, lambda step, tgt, tl, w: soft_cross_entropy(step.logits, tl, w))
 
     def _per_step(self, out: Outputs, fn) -> Term:
+        """fn(the step's first m rows as a DraftStep, target features, target logits, weights) per step."""
         n, h, tl, w = out["n"], out["target"], out["target_logits"], out["w"]
         terms = []
-        for s, (pred, _) in enumerate(out["steps"], start=1):
+        for s, step in enumerate(out["steps"], start=1):
             m = n - (s - 1)  # starts whose step-s target h_{r+s} lies in the window
             if m <= 0:
                 break
-            t = fn(pred[:m], h[s:s + m], tl[s - 1:s - 1 + m], w[:m])
+            rows = DraftStep(step.pred[:m], step.ids[:m], None if step.logits is None else step.logits[:m])
+            t = fn(rows, h[s:s + m], tl[s - 1:s - 1 + m], w[:m])
             scale = 1.0 if s == 1 else self.config.unroll_weight
             terms.append(Term(t.total * scale, t.weight * scale))
         return sum(terms)

@@ -137,7 +137,7 @@ class EagleHassRecipe(_WithTopK, EagleRecipe):
 
     def _topk_term(self, out: Outputs) -> Term:
         k = self.hass.topk
-        return self._per_step(out, lambda pred, tgt, tl, w: topk_distillation(self.parts.logits(pred), tl, w, k))
+        return self._per_step(out, lambda step, tgt, tl, w: topk_distillation(step.logits, tl, w, k))
 
 
 class MoAHassRecipe(_WithTopK, MoARecipe):

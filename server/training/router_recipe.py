@@ -110,11 +110,11 @@ class EagleBase:
         target = to_groups(self.parts.logits(h[1:]))  # [n, N]: row r is the distribution of c_{r+2}
         w = seq.loss_mask[start + 1:end].float()
         hidden, groups, weights = [], [], []
-        for s, (pred, _) in enumerate(steps, start=1):
+        for s, step in enumerate(steps, start=1):
             m = n - (s - 1)  # starts whose step-s target lies in the window
             if m <= 0:
                 break
-            hidden.append(pred[:m])
+            hidden.append(step.pred[:m])
             groups.append(target[s - 1:s - 1 + m])
             weights.append(w[:m])
         return torch.cat(hidden), torch.cat(groups), torch.cat(weights)

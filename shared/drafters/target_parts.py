@@ -160,6 +160,8 @@ class TargetParts(nn.Module):
         self._channels = kept_channels(base.norm.weight) if int8 else None
         self._int8 = quantize_head(head, self._channels) if int8 else None
         self._context_int8: Int8Head | None = None
+        self._autocast_cache: tuple | None = None  # (key, the head's rows in the autocast dtype)
+        self._autocast_layer_cache: tuple | None = None  # (key, the TLI layers with autocast-dtype linears)
         self.register_buffer("vocab_ids", None if vocab_ids is None else vocab_ids.clone(), persistent=False)
         # Context ids (set_context_ids): ids of the committed text the list lacks, drafted as extra rows after
         # the list's. A prompt's identifiers are what a code answer copies, and no frequency list holds them all.
@@ -217,12 +219,55 @@ class TargetParts(nn.Module):
             if self._context_int8 is not None:
                 logits = torch.cat([logits, int8_logits(hidden, self._context_int8)], dim=-1)
             return logits.to(hidden.dtype)
-        h = hidden.to(self.head_weight.dtype)
+        weight = self._autocast_head(hidden)
+        weight = self.head_weight if weight is None else weight
+        h = hidden.to(weight.dtype)
         if self._context_weight is None:
-            logits = h @ self.head_weight.T
+            logits = h @ weight.T
         else:
-            logits = torch.cat([h @ self.head_weight.T, h @ self._context_weight.T], dim=-1)
+            logits = torch.cat([h @ weight.T, h @ self._context_weight.T.to(weight.dtype)], dim=-1)
         return logits if logits.dtype == hidden.dtype else logits.to(hidden.dtype)
+
+    def _autocast_head(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """The head's rows in the autocast dtype, cast once. Autocast caches its casts only for weights that
+        require grad, so a frozen float32 head (training's) was cast again on every call: [32,768, 1,536] rows
+        three times a window, a sixth of an EAGLE training step on a CPU. The product is the one autocast makes."""
+        device = hidden.device.type
+        if not torch.is_autocast_enabled(device) or not self.head_weight.is_floating_point():
+            return None
+        dtype = torch.get_autocast_dtype(device)
+        if self.head_weight.dtype == dtype:
+            return None
+        key = (dtype, self.head_weight.data_ptr())
+        cached = self._autocast_cache
+        if cached is None or cached[0] != key:
+            cached = (key, self.head_weight.to(dtype))
+            self._autocast_cache = cached
+        return cached[1]
+
+    def _autocast_layers(self, h: torch.Tensor) -> nn.ModuleList | None:
+        """The TLI layers with their linear weights in the autocast dtype, made once (as ``_autocast_head``:
+        autocast would cast the frozen float32 weights on every call). Norms stay as they are: autocast
+        does not cast them either, so the layers compute what they compute under autocast."""
+        device = h.device.type
+        if not self.tli or not torch.is_autocast_enabled(device):
+            return None
+        dtype = torch.get_autocast_dtype(device)
+        first = next((m.weight for m in self.layers.modules() if isinstance(m, nn.Linear)), None)
+        if first is None or first.dtype == dtype:
+            return None
+        key = (dtype, first.data_ptr())
+        cached = self._autocast_layer_cache
+        if cached is None or cached[0] != key:
+            layers = copy.deepcopy(self.layers)
+            for m in layers.modules():
+                if isinstance(m, nn.Linear):
+                    m.weight.data = m.weight.data.to(dtype)
+                    if m.bias is not None:
+                        m.bias.data = m.bias.data.to(dtype)
+            cached = (key, layers)
+            self._autocast_layer_cache = cached
+        return cached[1]
 
     def check_tokens(self, tokens) -> torch.Tensor:
         """Target ids as a tensor, refused with a clear error when outside the vocabulary."""
@@ -254,7 +299,7 @@ class TargetParts(nn.Module):
         cos_sin = self.rotary(h, pos)
         attn_mask = additive(mask, h.dtype)[None, None]
         new = []
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self._autocast_layers(h) or self.layers):
             cache = _GivenKV(None if past is None else past[i])
             out = layer(h, attention_mask=attn_mask, position_embeddings=cos_sin, position_ids=pos,
                         use_cache=True, **with_cache(layer, cache))
