@@ -23,8 +23,9 @@ RECIPES = (("eagle", {}), ("eagle unroll=k", {}), ("beagle early", {"stage": "ea
            ("beagle late", {"stage": "late"}))
 
 
-def tiny_store(where: Path):
-    """A 4-layer tiny target and a feature store of its own greedy responses (as the tests make)."""
+def tiny_store(where: Path, tli_depths: tuple[int, ...] = (0,)):
+    """A 4-layer tiny target and a feature store of its own greedy responses (as the tests make); ``tli_depths``:
+    the TLI activations kept (MoA TLI N needs N)."""
     from edgespec.server import FeatureStore, extract_features, generate_batch
     from edgespec.shared.models import load_model
     from edgespec.shared.models.tiny import TinyConfig, save_tiny_model
@@ -38,7 +39,7 @@ def tiny_store(where: Path):
     rows = [{"id": f"w{i}", "kind": "write", "split": "val" if i == 7 else "train", "prompt": p, "response": r}
             for i, (p, r) in enumerate(zip(prompts, responses))]
     (data / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    extract_features(str(target_dir), data, where / "features", max_len=200, tli_depths=(0,), device="cpu",
+    extract_features(str(target_dir), data, where / "features", max_len=200, tli_depths=tli_depths, device="cpu",
                      dtype="float32")
     return str(target_dir), FeatureStore(where / "features")
 

@@ -47,6 +47,7 @@ MICRO_BENCHMARKS: dict[str, tuple[str, str]] = {
     "drafter-curve": ("drafter_curve", "learned drafters' chain acceptance on the target's own answers, per training snapshot"),
     "router": ("router", "a learned drafter with and without its LM-head router"),
     "beagle": ("beagle", "Beagle's training stages and drafting against EAGLE's, per step"),
+    "fit-speed": ("fit_speed", "training tokens/s of each recipe on a feature store, the frozen weights cast once or per call"),
     "activation-codec": ("activation_codec", "the activation codec on a target's real activations: bytes, error, time"),
     "near-ties": ("near_ties", "where a disconnect run's uncut answers part from the target's own (bf16 near ties)"),
     "multi-turn": ("multi_turn", "turn-2 time to first token with and without the server's prefix cache"),

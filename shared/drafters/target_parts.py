@@ -160,6 +160,7 @@ class TargetParts(nn.Module):
         self._channels = kept_channels(base.norm.weight) if int8 else None
         self._int8 = quantize_head(head, self._channels) if int8 else None
         self._context_int8: Int8Head | None = None
+        self.cast_once = True  # under autocast, keep the frozen weights' casts (False: autocast's own, per call)
         self._autocast_cache: tuple | None = None  # (key, the head's rows in the autocast dtype)
         self._autocast_layer_cache: tuple | None = None  # (key, the TLI layers with autocast-dtype linears)
         self.register_buffer("vocab_ids", None if vocab_ids is None else vocab_ids.clone(), persistent=False)
@@ -233,7 +234,7 @@ class TargetParts(nn.Module):
         require grad, so a frozen float32 head (training's) was cast again on every call: [32,768, 1,536] rows
         three times a window, a sixth of an EAGLE training step on a CPU. The product is the one autocast makes."""
         device = hidden.device.type
-        if not torch.is_autocast_enabled(device) or not self.head_weight.is_floating_point():
+        if not (self.cast_once and torch.is_autocast_enabled(device)) or not self.head_weight.is_floating_point():
             return None
         dtype = torch.get_autocast_dtype(device)
         if self.head_weight.dtype == dtype:
@@ -250,7 +251,7 @@ class TargetParts(nn.Module):
         autocast would cast the frozen float32 weights on every call). Norms stay as they are: autocast
         does not cast them either, so the layers compute what they compute under autocast."""
         device = h.device.type
-        if not self.tli or not torch.is_autocast_enabled(device):
+        if not (self.tli and self.cast_once and torch.is_autocast_enabled(device)):
             return None
         dtype = torch.get_autocast_dtype(device)
         first = next((m.weight for m in self.layers.modules() if isinstance(m, nn.Linear)), None)

@@ -20,7 +20,7 @@ SNAPSHOT = Path(__file__).parent / "data" / "cli_flags.json"
 # come from their configs (BenchConfig, TrainConfig).
 COMMANDS = ("server", "client", "demo",
             "bench speed", "bench link", "bench disconnect", "bench codec", "bench specbench", "bench report",
-            "bench server", "bench drafting", "bench tree-sweep", "bench independent", "bench router", "bench beagle",
+            "bench server", "bench drafting", "bench tree-sweep", "bench independent", "bench router", "bench beagle", "bench fit-speed",
             "bench activation-codec", "bench near-ties", "bench multi-turn", "bench constrained",
             "train data", "train features", "train fit", "train ship",
             "netem apply", "netem clear", "netem lab up", "netem lab down", "netem relay", "netem measure")

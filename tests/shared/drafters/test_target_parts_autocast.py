@@ -15,8 +15,7 @@ BF16 = dict(device_type="cpu", dtype=torch.bfloat16)
 
 def _uncached(parts: TargetParts) -> TargetParts:
     """The same parts with the casts left to autocast on every call (what training did before)."""
-    parts._autocast_head = lambda hidden: None
-    parts._autocast_layers = lambda h: None
+    parts.cast_once = False
     return parts
 
 
