@@ -123,7 +123,7 @@ def _open_learned(options: DrafterOptions, server_info) -> Drafter:
 
 # A learned drafter drafts over the same list as the independent drafter by default: the 65,536 most frequent
 # ids cover ~97-99 % of the target's answers on HumanEval and MT-Bench, where the 8,192 ids counted on the
-# shipped drafters' own training tokens covered 90 % and 71 % (server/training/README.md), and every id a
+# first (width-384) drafters' 71k training tokens covered 90 % and 71 % (server/training/README.md), and every id a
 # list lacks ends a chain. The committed text's ids come on top.
 LEARNED_DRAFT_VOCAB = 65536
 LEARNED_CONTEXT_VOCAB = True

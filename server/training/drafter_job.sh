@@ -16,6 +16,8 @@
 #                                            a cooldown: branch that fit's run as it stands now into its own
 #                                            folder (fit/RUN-coolSTEPS-fromSTEP) and bring the learning rate
 #                                            linearly to 0 over STEPS more steps; the steady run is left as it is
+#                                            (COOL_KIND=eagle+hass, or moa+hass: cool the run under another recipe
+#                                            of the same drafter, to fit/RUN-coolSTEPS-fromSTEP-eagle-hass)
 #
 # Each step runs on one thread: on a 2-core machine two steps side by side go faster than one on both
 # cores (a 2-thread forward waits on the busier core). Settings come from the environment:
@@ -49,7 +51,7 @@ text_args=()
 for t in $TEXT; do text_args+=(--text "$t"); done
 
 # A cooldown runs the named fit's own step with these arguments added and its run folder replaced.
-fit_extra=() fit_out=""
+fit_extra=() fit_out="" recipe=""
 if [ "${1:-}" = cool ]; then
   cool_steps=${2:?cool needs the cooldown steps and a fit: cool STEPS eagle|eagle-hass|moa N}
   shift 2
@@ -57,8 +59,9 @@ if [ "${1:-}" = cool ]; then
   src="$OUT/fit/$src_name"
   from=$(python -c 'import sys, torch; print(torch.load(sys.argv[1], weights_only=False, mmap=True)["step"])' \
          "$src/checkpoint.pt")
-  fit_out="$OUT/fit/$src_name-cool$cool_steps-from$from"
+  fit_out="$OUT/fit/$src_name-cool$cool_steps-from$from${COOL_KIND:+-${COOL_KIND/+/-}}"
   fit_extra=(--branch-from "$src" --cooldown "$cool_steps")
+  recipe=${COOL_KIND:-}  # another recipe of the same drafter for the branch (its folder says which)
   SNAPSHOT_TOKENS=0  # a cooled branch is not a point of the steady run's scaling curve
 fi
 
@@ -89,13 +92,13 @@ case "${1:-}" in
     # glibc raises its mmap threshold as large blocks are freed, so a step's freed activations (tens of MB) stay
     # in the heap and fragment it: MoA's resident memory crept from ~10 GB to 15 GB over 100 steps until the
     # kernel killed it. A fixed 4 MiB threshold hands them back: its peaks stay at ~10 GB (~20 % fewer tokens/s).
-    MALLOC_MMAP_THRESHOLD_=${MALLOC_MMAP_THRESHOLD_:-4194304} edgespec train fit "${common[@]}" --kind moa --tli "$tli" "${stores[@]}" \
+    MALLOC_MMAP_THRESHOLD_=${MALLOC_MMAP_THRESHOLD_:-4194304} edgespec train fit "${common[@]}" --kind "${recipe:-moa}" --tli "$tli" "${stores[@]}" \
         --out "${fit_out:-$OUT/fit/moa-tli$tli-w$WIDTH}" "${fit_extra[@]}" --width "$WIDTH" --heads "$HEADS" --vocab "$VOCAB" \
         --batch-tokens "$BATCH_TOKENS" --lr "$LR" --steps "$STEPS" --max-minutes "$MINUTES" \
         --eval-every "$EVAL_EVERY" --eval-sequences "$EVAL_SEQUENCES" --save-every "$SAVE_EVERY" --amp "$AMP" \
         --snapshot-tokens "$SNAPSHOT_TOKENS" --cache-mb "$CACHE_MB" ;;
   eagle|eagle-hass)
-    kind=${1/-/+}  # eagle, eagle+hass: the recipe; its run folder keeps the dash
+    kind=${recipe:-${1/-/+}}  # eagle, eagle+hass: the recipe; its run folder keeps the dash
     stores=()
     for s in "$OUT/store-answers-hidden" "$LIVE" "$OUT/store-text-hidden"; do
       [ -f "$s/store.json" ] && stores+=(--features "$s")

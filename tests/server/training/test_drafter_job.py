@@ -65,6 +65,9 @@ def test_every_step_runs_and_resumes(target_dir, tmp_path):
     card = json.loads((tmp_path / "out" / "fit" / "eagle-w32-cool2-from5" / "card.json").read_text())
     assert card["training"]["steps"] == 7 and card["training"]["config"]["cooldown"] == 2
     assert (tmp_path / "out" / "fit" / "eagle-w32" / "checkpoint.pt").read_bytes() == steady
+    run("cool", "1", "eagle", COOL_KIND="eagle+hass")  # the same head cooled under HASS's unrolled steps
+    card = json.loads((tmp_path / "out" / "fit" / "eagle-w32-cool1-from5-eagle-hass" / "card.json").read_text())
+    assert card["recipe"] == "eagle+hass" and card["training"]["steps"] == 6
     run("cool", "1", "moa", "1")
     assert (tmp_path / "out" / "fit" / "moa-tli1-w32-cool1-from3" / "card.json").is_file()
     bad = subprocess.run(["bash", str(JOB), "nonsense"], env=env, capture_output=True, text=True)
