@@ -50,7 +50,8 @@ _FACE = {  # name -> the module (under edgespec.server) that defines it
     "VerifierSession": "session", "decode_step": "decoder",
     # training: feature extraction and the recipes' acceptance, which the drafter benchmarks run
     "ExtractConfig": "training.train_config", "extract_sharded": "training.extraction",
-    "FeatureStore": "training.features", "extract_features": "training.features", "generate_batch": "training.data",
+    "FeatureStore": "training.features", "extract_features": "training.features", "open_stores": "training.features",
+    "generate_batch": "training.data",
     "TrainConfig": "training.trainer", "Trainer": "training.trainer", "build_recipe": "training.fit",
     "Acceptance": "training.losses", "eagle_acceptance": "training.eagle_recipe",
     "moa_acceptance": "training.moa_recipe", "WIRE_CODECS": "training.moa_recipe",

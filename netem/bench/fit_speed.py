@@ -55,8 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from edgespec.server import build_recipe
-    from edgespec.server.training.features import open_stores
+    from edgespec.server import build_recipe, open_stores
 
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     if not kinds:

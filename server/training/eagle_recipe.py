@@ -53,6 +53,7 @@ def unrolled_steps(head: EagleHead, parts: TargetParts, tokens: torch.Tensor, fe
     target generated greedily) instead of step s-1's argmax; rows past the window keep the argmax.
     """
     n = tokens.shape[0] - 1
+
     def step(pred: torch.Tensor) -> DraftStep:
         logits = parts.logits(pred)
         return DraftStep(pred, logits.detach().argmax(-1), logits if keep_logits else None)
