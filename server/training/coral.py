@@ -33,11 +33,11 @@ from edgespec.shared.drafters.blocks import step_bounds
 from .alignment_losses import cross_step_alignment
 from .eagle_recipe import EagleRecipe, EagleRecipeConfig
 from .features import StoredSequence
-from .hass import HASS_EAGLE_DEFAULTS, load_init
+from .hass import HASS_EAGLE_DEFAULTS
 from .losses import Term
 from .moa_recipe import MoARecipe, MoARecipeConfig
 from .recipe import LossTerm, Outputs
-from .recipes import RecipeContext, RecipeOptionError, calibrate_moa, eagle_head, moa_model
+from .recipes import RecipeContext, RecipeOptionError, calibrate_moa, eagle_head, load_init, moa_model
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ TEXT=${TEXT:-"$(python -c 'import sysconfig; print(sysconfig.get_paths()["pureli
 TEXT_TOKENS=${TEXT_TOKENS:-3000000}
 N_COMPLETE=${N_COMPLETE:-3000} N_CHAT=${N_CHAT:-3000} N_WRITE=${N_WRITE:-400} N_EXPLAIN=${N_EXPLAIN:-200}
 MAX_NEW=${MAX_NEW:-256} BATCH=${BATCH:-32}
+SEED=${SEED:-0}                   # chooses the requests: another seed, requests the drafters have not trained on
 MAX_LEN=${MAX_LEN:-1024}
 WIDTH=${WIDTH:-768} HEADS=${HEADS:-12} VOCAB=${VOCAB:-32768}
 STEPS=${STEPS:-20000} BATCH_TOKENS=${BATCH_TOKENS:-4096} LR=${LR:-1e-3} MINUTES=${MINUTES:-0}
@@ -38,6 +39,8 @@ EVAL_EVERY=${EVAL_EVERY:-100} EVAL_SEQUENCES=${EVAL_SEQUENCES:-8} SAVE_EVERY=${S
 SNAPSHOT_TOKENS=${SNAPSHOT_TOKENS:-131072}  # a drafter kept at 131k, 262k, 524k, ... tokens seen: the scaling curve
 AMP=${AMP:-bf16}                  # bf16 autocast: 1.7x float32's training tokens/s on a CPU with AVX512-BF16
 CACHE_MB=${CACHE_MB:-4096}        # MiB of decoded sequences the fits keep in memory (1024 for MoA beside other jobs)
+INIT=${INIT:-}                    # a fit's warm start: a run folder or a drafter (shared/drafters/checkpoints/eagle);
+                                  # read at the run's first start only, a resume goes on from its checkpoint
 common=(--target "$TARGET" --threads "$THREADS" ${DTYPE:+--dtype "$DTYPE"})
 
 LIVE="$OUT/store-answers-live"  # the answers' features, kept as the target writes them
@@ -73,7 +76,7 @@ case "${1:-}" in
         --max-len "$MAX_LEN" --batch-tokens $((2 * MAX_LEN)) --shard-tokens 16384 ;;
   answers)
     edgespec train data "${common[@]}" --out "$OUT/data-answers" --n-write "$N_WRITE" --n-explain "$N_EXPLAIN" \
-        --n-code 0 --n-complete "$N_COMPLETE" --n-chat "$N_CHAT" --max-new-tokens "$MAX_NEW" --batch-size "$BATCH" \
+        --n-code 0 --seed "$SEED" --n-complete "$N_COMPLETE" --n-chat "$N_CHAT" --max-new-tokens "$MAX_NEW" --batch-size "$BATCH" \
         --val-fraction 0.02 --features-out "$LIVE" --features-contents full --features-tli 0,1 ;;
   answers-features|answers-full)
     # Only the rows answered before the live store began. With no live store the answers may still be
@@ -96,7 +99,7 @@ case "${1:-}" in
         --out "${fit_out:-$OUT/fit/moa-tli$tli-w$WIDTH}" "${fit_extra[@]}" --width "$WIDTH" --heads "$HEADS" --vocab "$VOCAB" \
         --batch-tokens "$BATCH_TOKENS" --lr "$LR" --steps "$STEPS" --max-minutes "$MINUTES" \
         --eval-every "$EVAL_EVERY" --eval-sequences "$EVAL_SEQUENCES" --save-every "$SAVE_EVERY" --amp "$AMP" \
-        --snapshot-tokens "$SNAPSHOT_TOKENS" --cache-mb "$CACHE_MB" ;;
+        --snapshot-tokens "$SNAPSHOT_TOKENS" --cache-mb "$CACHE_MB" ${INIT:+--init "$INIT"} ;;
   eagle|eagle-hass)
     kind=${recipe:-${1/-/+}}  # eagle, eagle+hass: the recipe; its run folder keeps the dash
     stores=()
@@ -106,7 +109,7 @@ case "${1:-}" in
     edgespec train fit "${common[@]}" --kind "$kind" "${stores[@]}" --out "${fit_out:-$OUT/fit/$1-w$WIDTH}" "${fit_extra[@]}" \
         --width "$WIDTH" --heads "$HEADS" --vocab "$VOCAB" --batch-tokens "$BATCH_TOKENS" --lr "$LR" \
         --steps "$STEPS" --max-minutes "$MINUTES" --eval-every "$EVAL_EVERY" --eval-sequences "$EVAL_SEQUENCES" \
-        --save-every "$SAVE_EVERY" --amp "$AMP" --snapshot-tokens "$SNAPSHOT_TOKENS" --cache-mb "$CACHE_MB" ;;
+        --save-every "$SAVE_EVERY" --amp "$AMP" --snapshot-tokens "$SNAPSHOT_TOKENS" --cache-mb "$CACHE_MB" ${INIT:+--init "$INIT"} ;;
   *)
     sed -n '2,15p' "$0"; exit 2 ;;
 esac

@@ -42,17 +42,13 @@ is MoA with the top-K stage.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-
-import torch
-from torch import nn
 
 from .alignment_losses import topk_distillation
 from .eagle_recipe import EagleRecipe, EagleRecipeConfig
 from .losses import Term
 from .moa_recipe import MoARecipe, MoARecipeConfig
 from .recipe import LossTerm, Outputs
-from .recipes import (RecipeContext, RecipeOptionError, apply_options, calibrate_moa, eagle_head,
+from .recipes import (RecipeContext, RecipeOptionError, apply_options, calibrate_moa, eagle_head, load_init,
                       moa_model)
 
 STAGE_TOPK_WEIGHT = {1: 0.0, 2: 1.0}  # default topk_weight of each stage
@@ -77,49 +73,6 @@ def hass_config(ctx: RecipeContext) -> HassConfig:
         raise RecipeOptionError("HASS stage 2 fine-tunes a stage-1 run: give --init RUN_FOLDER "
                                 "(the stage-1 --out, holding checkpoint.pt) or a saved drafter")
     return cfg
-
-
-def init_states(path: Path, kind: str) -> dict[str, dict[str, torch.Tensor]]:
-    """Module states (as ``Recipe.trainable()`` names them) of a run folder's ``checkpoint.pt``,
-    a ``.pt`` checkpoint, or a saved drafter of ``kind`` (``eagle.safetensors`` / MoA folder)."""
-    path = Path(path)
-    ckpt = path / "checkpoint.pt" if path.is_dir() else path
-    if ckpt.suffix == ".pt" and ckpt.is_file():
-        return torch.load(ckpt, map_location="cpu", weights_only=False)["modules"]
-    if not path.exists():
-        raise RecipeOptionError(f"--init {path}: no such run folder or drafter file")
-    from edgespec.shared.drafters.checkpoint import DrafterCheckpointError, find_checkpoint
-    from edgespec.shared.drafters.eagle.model import load_eagle
-    from edgespec.shared.drafters.moa.model import load_moa
-
-    try:
-        found = find_checkpoint(path)
-        if kind == "eagle":
-            return {"head": load_eagle(found)[0].state_dict()}
-        moa = load_moa(found)
-    except DrafterCheckpointError as exc:
-        raise RecipeOptionError(f"--init {path}: no checkpoint.pt and no {kind} drafter there ({exc})") from None
-    return {"lsa": moa.lsa.state_dict(), "client": moa.client.state_dict()}
-
-
-def load_init(ctx: RecipeContext, recipe):
-    """The recipe, ``ctx.init``'s weights loaded into its trainable modules (nothing when no --init)."""
-    if ctx.init is None:
-        return recipe
-    states = init_states(ctx.init, recipe.kind)
-    modules: dict[str, nn.Module] = recipe.trainable()
-    missing = sorted(set(modules) - set(states))
-    if missing:
-        raise RecipeOptionError(f"--init {ctx.init} holds {sorted(states)}, this {recipe.kind} recipe trains "
-                                f"{sorted(modules)}: it is a run of another kind")
-    for name, module in modules.items():
-        try:
-            module.load_state_dict(states[name])
-        except RuntimeError as exc:
-            first = str(exc).splitlines()[1:2] or [str(exc)]
-            raise RecipeOptionError(f"--init {ctx.init}: its {name} has other sizes than this run's (give the "
-                                    f"same --width/--heads/--vocab/--tli as stage 1): {first[0].strip()}") from None
-    return recipe
 
 
 class _WithTopK:

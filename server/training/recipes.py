@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from edgespec.shared.errors import EdgespecError
 from edgespec.shared.drafters.eagle.model import EagleConfig, EagleHead
@@ -104,7 +105,7 @@ def eagle_head(ctx: RecipeContext) -> EagleHead:
 def build_eagle(ctx: RecipeContext) -> EagleRecipe:
     cfg = ctx.config(EagleRecipeConfig)
     ctx.check_all_used()
-    return EagleRecipe(eagle_head(ctx), ctx.parts(), cfg)
+    return load_init(ctx, EagleRecipe(eagle_head(ctx), ctx.parts(), cfg))
 
 
 def moa_model(ctx: RecipeContext):
@@ -121,7 +122,52 @@ def calibrate_moa(recipe: MoARecipe, ctx: RecipeContext) -> MoARecipe:
 def build_moa(ctx: RecipeContext) -> MoARecipe:
     cfg = ctx.config(MoARecipeConfig)
     ctx.check_all_used()
-    return calibrate_moa(MoARecipe(moa_model(ctx), ctx.parts(ctx.tli), cfg), ctx)
+    return load_init(ctx, calibrate_moa(MoARecipe(moa_model(ctx), ctx.parts(ctx.tli), cfg), ctx))
+
+
+def init_states(path: Path, kind: str) -> dict[str, dict[str, torch.Tensor]]:
+    """Module states (as ``Recipe.trainable()`` names them) of a run folder's ``checkpoint.pt``,
+    a ``.pt`` checkpoint, or a saved drafter of ``kind`` (``eagle.safetensors`` / MoA folder)."""
+    path = Path(path)
+    ckpt = path / "checkpoint.pt" if path.is_dir() else path
+    if ckpt.suffix == ".pt" and ckpt.is_file():
+        return torch.load(ckpt, map_location="cpu", weights_only=False)["modules"]
+    if not path.exists():
+        raise RecipeOptionError(f"--init {path}: no such run folder or drafter file")
+    from edgespec.shared.drafters.checkpoint import DrafterCheckpointError, find_checkpoint
+    from edgespec.shared.drafters.eagle.model import load_eagle
+    from edgespec.shared.drafters.moa.model import load_moa
+
+    try:
+        found = find_checkpoint(path)
+        if kind == "eagle":
+            return {"head": load_eagle(found)[0].state_dict()}
+        moa = load_moa(found)
+    except DrafterCheckpointError as exc:
+        raise RecipeOptionError(f"--init {path}: no checkpoint.pt and no {kind} drafter there ({exc})") from None
+    return {"lsa": moa.lsa.state_dict(), "client": moa.client.state_dict()}
+
+
+def load_init(ctx: RecipeContext, recipe):
+    """The recipe, ``ctx.init``'s weights loaded into its trainable modules (nothing when no --init). Every
+    recipe that trains the drafter's own modules goes through here, so that --init is never silently ignored:
+    a first stage may start from a shipped drafter or another run (warm start), a second stage must."""
+    if ctx.init is None:
+        return recipe
+    states = init_states(ctx.init, recipe.kind)
+    modules: dict[str, nn.Module] = recipe.trainable()
+    missing = sorted(set(modules) - set(states))
+    if missing:
+        raise RecipeOptionError(f"--init {ctx.init} holds {sorted(states)}, this {recipe.kind} recipe trains "
+                                f"{sorted(modules)}: it is a run of another kind")
+    for name, module in modules.items():
+        try:
+            module.load_state_dict(states[name])
+        except RuntimeError as exc:
+            first = str(exc).splitlines()[1:2] or [str(exc)]
+            raise RecipeOptionError(f"--init {ctx.init}: its {name} has other sizes than this run's (give the "
+                                    f"same --width/--heads/--vocab/--tli as stage 1): {first[0].strip()}") from None
+    return recipe
 
 
 Builder = Callable[[RecipeContext], object]

@@ -24,7 +24,7 @@ def test_every_step_runs_and_resumes(target_dir, tmp_path):
     env = {**os.environ, "TARGET": str(target_dir), "OUT": str(tmp_path / "out"), "TEXT": str(src),
            "TEXT_TOKENS": "4000", "MAX_LEN": "64", "N_COMPLETE": "2", "N_CHAT": "3", "N_WRITE": "1", "N_EXPLAIN": "1",
            "MAX_NEW": "8", "BATCH": "4", "WIDTH": "32", "HEADS": "4", "VOCAB": "0", "STEPS": "3", "BATCH_TOKENS": "128",
-           "EVAL_EVERY": "2", "EVAL_SEQUENCES": "1", "SAVE_EVERY": "1", "DTYPE": "float32", "AMP": "off"}
+           "EVAL_EVERY": "2", "EVAL_SEQUENCES": "1", "SAVE_EVERY": "1", "DTYPE": "float32", "AMP": "off", "SEED": "3"}
 
     def run(*step, **more):
         done = subprocess.run(["bash", str(JOB), *step], env={**env, **more}, capture_output=True, text=True,
@@ -40,6 +40,7 @@ def test_every_step_runs_and_resumes(target_dir, tmp_path):
     run("answers")
     rows = [json.loads(line) for line in (tmp_path / "out" / "data-answers" / "samples.jsonl").read_text().splitlines()]
     assert sorted({r["kind"] for r in rows}) == ["chat", "complete", "explain", "write"] and len(rows) > len(early)
+    assert json.loads((tmp_path / "out" / "data-answers" / "data_config.json").read_text())["seed"] == 3
     live = FeatureStore(tmp_path / "out" / "store-answers-live")
     assert live.meta["capture"] == {"first_row": len(early)}
     assert sorted(FeatureStore.load(f, ()).id for f in live.files) == sorted(r["id"] for r in rows[len(early):])
@@ -51,9 +52,10 @@ def test_every_step_runs_and_resumes(target_dir, tmp_path):
     stores = card["data"]["feature_store"].split(",")
     assert card["training"]["steps"] == 3 and [Path(s).name for s in stores] == [
         "store-answers-hidden", "store-answers-live", "store-text-hidden"]
-    run("eagle-hass", STEPS="2")
+    run("eagle-hass", STEPS="2", INIT=str(tmp_path / "out" / "fit" / "eagle-w32"))  # a warm start from EAGLE's run
     card = json.loads((tmp_path / "out" / "fit" / "eagle-hass-w32" / "card.json").read_text())
     assert card["recipe"] == "eagle+hass" and card["training"]["steps"] == 2
+    assert card["init"] == str(tmp_path / "out" / "fit" / "eagle-w32")
     run("answers-full")
     run("moa", "1")
     assert (tmp_path / "out" / "fit" / "moa-tli1-w32" / "card.json").is_file()
