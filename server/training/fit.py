@@ -179,6 +179,11 @@ def fit_from_args(args, cfg: TrainConfig) -> int:
                           vocab=args.vocab, special_ids=specials, seed=args.seed, unroll=args.unroll,
                           run_dir=Path(args.out), options=parse_opts(getattr(args, "opt", None) or []),
                           init=getattr(args, "init", None))
+    if getattr(args, "branch_from", None):  # a branch's card names where it came from, and that run's warm start
+        recipe.card_extra["branch_from"] = str(args.branch_from)
+        source_card = Path(args.branch_from) / "card.json"
+        if recipe.card_extra.get("init") is None and source_card.is_file():
+            recipe.card_extra["init"] = json.loads(source_card.read_text(encoding="utf-8")).get("init")
     run_dir = Path(args.out)
     trainer = Trainer(recipe, store, run_dir, cfg, device=device)
     t0 = time.perf_counter()

@@ -67,6 +67,10 @@ def test_every_step_runs_and_resumes(target_dir, tmp_path):
     card = json.loads((tmp_path / "out" / "fit" / "eagle-w32-cool2-from5" / "card.json").read_text())
     assert card["training"]["steps"] == 7 and card["training"]["config"]["cooldown"] == 2
     assert (tmp_path / "out" / "fit" / "eagle-w32" / "checkpoint.pt").read_bytes() == steady
+    assert card["branch_from"] == str(tmp_path / "out" / "fit" / "eagle-w32") and card["init"] is None
+    run("cool", "1", "eagle-hass")  # a branch of a warm-started run keeps that run's --init in its card
+    card = json.loads((tmp_path / "out" / "fit" / "eagle-hass-w32-cool1-from2" / "card.json").read_text())
+    assert card["recipe"] == "eagle+hass" and card["init"] == str(tmp_path / "out" / "fit" / "eagle-w32")
     run("cool", "1", "eagle", COOL_KIND="eagle+hass")  # the same head cooled under HASS's unrolled steps
     card = json.loads((tmp_path / "out" / "fit" / "eagle-w32-cool1-from5-eagle-hass" / "card.json").read_text())
     assert card["recipe"] == "eagle+hass" and card["training"]["steps"] == 6
