@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from edgespec.shared.errors import EdgespecError
 from .corpus import DEFAULT_TEXT_GLOBS, Conversation, read_chat_file, text_chunks, text_files
 from .prompts import Sample, derive_samples, split_of
 from .train_config import DataConfig, FileDataConfig
@@ -123,14 +124,35 @@ def _append(f, sample: Sample, response: str, config: DataConfig) -> dict:
     return row
 
 
+# Settings a resume may change: how the work is batched and how many rows of each kind are asked for (a larger
+# count asks for more; the rows already written are kept). Any other change (the target, the seed, the answers'
+# length cap, the split, the sources) would put rows of two different data sets under one data_config.json.
+RESUME_MAY_CHANGE = ("batch_size", "max_tokens", "n_write", "n_explain", "n_code", "n_complete", "n_chat")
+
+
+class DataResumeError(EdgespecError, ValueError, grpc_code="FAILED_PRECONDITION"):
+    """A resume whose settings would choose other rows than the data folder already holds."""
+
+
 def _open_samples(out_dir: str | Path, target: str, config) -> tuple[Path, set]:
     """Record the run's settings beside ``samples.jsonl`` and make that file resumable: the ids it already
-    holds (a partly written last line dropped)."""
+    holds (a partly written last line dropped). A resume whose settings would choose other rows is refused."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "data_config.json").write_text(json.dumps({"target": target, **asdict(config)}, indent=1))
     path = out / "samples.jsonl"
     rows = read_samples(path)
+    settings = json.loads(json.dumps({"target": target, **asdict(config)}))  # tuples as JSON lists, to compare
+    recorded = out / "data_config.json"
+    if rows and recorded.is_file():
+        before = json.loads(recorded.read_text(encoding="utf-8"))
+        changed = sorted(k for k in set(before) | set(settings)
+                         if k not in RESUME_MAY_CHANGE and before.get(k) != settings.get(k))
+        if changed:
+            was = ", ".join(f"{k}={before.get(k)!r}" for k in changed)
+            now = ", ".join(f"{k}={settings.get(k)!r}" for k in changed)
+            raise DataResumeError(f"{out} holds {len(rows)} rows made with {was}; this run asks {now}, which would "
+                             f"mix two data sets: give the same settings to resume, or another --out")
+    recorded.write_text(json.dumps(settings, indent=1))
     # rewritten without a half-written last line an interruption left, so appends start on a fresh line
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path, {row["id"] for row in rows}

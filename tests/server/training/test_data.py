@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from edgespec.server.training.data import read_samples
+from edgespec.server.training.data import DataResumeError, read_samples
 from edgespec.server.training.features import CODEC, target_features, tokenize_sample
 from edgespec.server.training.prompts import derive_samples, source_files, split_of
 
@@ -105,6 +105,14 @@ def test_build_dataset_resumes_without_duplicates(tmp_path, tiny_model_dir):
     path.write_text(text[:text.rindex("{") + 30])
     rows = read_samples(build_dataset(str(tiny_model_dir), tmp_path / "data", small))
     assert [r["id"] for r in rows] == [r["id"] for r in first] and rows[:2] == first[:2]
+    # A resume may batch differently, but another seed would choose other requests: refused, nothing written.
+    import dataclasses
+    rows = read_samples(build_dataset(str(tiny_model_dir), tmp_path / "data", dataclasses.replace(small, batch_size=3)))
+    assert [r["id"] for r in rows] == [r["id"] for r in first]
+    before = path.read_text()
+    with pytest.raises(DataResumeError, match=r"made with seed=0; this run asks seed=1"):
+        build_dataset(str(tiny_model_dir), tmp_path / "data", dataclasses.replace(small, seed=1))
+    assert path.read_text() == before and json.loads((tmp_path / "data" / "data_config.json").read_text())["seed"] == 0
 
 
 @pytest.mark.slow
