@@ -150,8 +150,8 @@ def _open_samples(out_dir: str | Path, target: str, config) -> tuple[Path, set]:
         if changed:
             was = ", ".join(f"{k}={before.get(k)!r}" for k in changed)
             now = ", ".join(f"{k}={settings.get(k)!r}" for k in changed)
-            raise DataResumeError(f"{out} holds {len(rows)} rows made with {was}; this run asks {now}, which would "
-                             f"mix two data sets: give the same settings to resume, or another --out")
+            raise DataResumeError(f"{out} holds {len(rows)} rows made with {was}; this run asks {now}, which "
+                                  f"would mix two data sets: give the same settings to resume, or another --out")
     recorded.write_text(json.dumps(settings, indent=1))
     # rewritten without a half-written last line an interruption left, so appends start on a fresh line
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
