@@ -56,6 +56,21 @@ def completion_snippet(source: str, node: ast.FunctionDef | ast.AsyncFunctionDef
     return "\n".join(line[indent:] for line in head) + "\n"
 
 
+# What reading and parsing an arbitrary installed file can raise. Besides bad syntax and encodings, CPython's
+# parser gives up on very deep nesting with MemoryError or RecursionError, and CPython 3.11 before 3.11.8 can raise
+# SystemError ("AST constructor recursion depth mismatch") on a file it parses fine elsewhere: a file is skipped.
+PARSE_ERRORS = (SyntaxError, UnicodeDecodeError, ValueError, OSError, MemoryError, RecursionError, SystemError)
+
+
+def parse_file(path: Path) -> tuple[str, ast.Module | None]:
+    """A Python file's text and syntax tree; the tree is None when the file cannot be read or parsed."""
+    try:
+        source = path.read_text(encoding="utf-8")
+        return source, ast.parse(source)
+    except PARSE_ERRORS:
+        return "", None
+
+
 def completion_prompts(files: list[Path], n: int, rng: random.Random, per_file: int = 2) -> list[tuple[str, str]]:
     """(id, prompt) of up to n "complete this function" requests, a few per file, files in rng's order."""
     order = files[:]
@@ -64,10 +79,8 @@ def completion_prompts(files: list[Path], n: int, rng: random.Random, per_file: 
     for path in order:
         if len(out) >= n:
             break
-        try:
-            source = path.read_text(encoding="utf-8")
-            tree = ast.parse(source)
-        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
+        source, tree = parse_file(path)
+        if tree is None:
             continue
         # Module-level functions only: a HumanEval problem is a free function, not a method.
         funcs = [f for f in tree.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
@@ -108,10 +121,8 @@ def docstring_topics(files: list[Path]) -> list[Topic]:
     """Modules with a docstring whose first paragraph says something (stdlib and installed packages)."""
     topics = []
     for path in files:
-        try:
-            doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
-        except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
-            continue
+        tree = parse_file(path)[1]
+        doc = ast.get_docstring(tree) if tree is not None else None
         if not doc:
             continue
         para = " ".join(doc.strip().split("\n\n")[0].split())

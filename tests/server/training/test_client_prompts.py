@@ -84,3 +84,17 @@ def test_topics_from_package_descriptions_and_module_docstrings(tmp_path):
     mod = tmp_path / "widgets.py"
     mod.write_text('"""Widgets: small reusable pieces of a user interface, laid out in rows and columns."""\n')
     assert [t.name for t in docstring_topics([mod])] == ["widgets"]
+
+
+def test_a_file_the_parser_gives_up_on_is_skipped(tmp_path):
+    """Installed packages hold files CPython will not parse (nesting deep enough for MemoryError or RecursionError,
+    and on 3.11 before 3.11.8 a SystemError): they are skipped like bad syntax, and the others still count."""
+    deep = tmp_path / "deep.py"
+    deep.write_text('"""A module whose one expression is nested far too deep for the parser."""\nx = ' + "-" * 300_000
+                    + "1\n")
+    (tmp_path / "geo.py").write_text(SOURCE)
+    mod = tmp_path / "widgets.py"
+    mod.write_text('"""Widgets: small reusable pieces of a user interface, laid out in rows and columns."""\n')
+    files = sorted(tmp_path.glob("*.py"))
+    assert len(completion_prompts(files, 10, random.Random(0))) == 1
+    assert [t.name for t in docstring_topics(files)] == ["widgets"]
