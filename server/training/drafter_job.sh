@@ -32,6 +32,9 @@ TEXT_TOKENS=${TEXT_TOKENS:-3000000}
 N_COMPLETE=${N_COMPLETE:-3000} N_CHAT=${N_CHAT:-3000} N_WRITE=${N_WRITE:-400} N_EXPLAIN=${N_EXPLAIN:-200}
 MAX_NEW=${MAX_NEW:-256} BATCH=${BATCH:-32}
 SEED=${SEED:-0}                   # chooses the requests: another seed, requests the drafters have not trained on
+ANSWERS=${ANSWERS:-answers}       # names an answers set: data-$ANSWERS and store-$ANSWERS-live; a second set (say
+                                  # ANSWERS=answers-s2 SEED=2) answers beside the first on the other core
+STORES=${STORES:-}                # the fits' stores, space-separated; empty: every answers store (and, for EAGLE, the text's)
 MAX_LEN=${MAX_LEN:-1024}
 WIDTH=${WIDTH:-768} HEADS=${HEADS:-12} VOCAB=${VOCAB:-32768}
 STEPS=${STEPS:-20000} BATCH_TOKENS=${BATCH_TOKENS:-4096} LR=${LR:-1e-3} MINUTES=${MINUTES:-0}
@@ -43,7 +46,7 @@ INIT=${INIT:-}                    # a fit's warm start: a run folder or a drafte
                                   # read at the run's first start only, a resume goes on from its checkpoint
 common=(--target "$TARGET" --threads "$THREADS" ${DTYPE:+--dtype "$DTYPE"})
 
-LIVE="$OUT/store-answers-live"  # the answers' features, kept as the target writes them
+LIVE="$OUT/store-$ANSWERS-live"  # the answers' features, kept as the target writes them
 # Rows answered before the live store began: the only ones `train features` still needs (empty: no live store).
 before_live() {
   [ -f "$LIVE/store.json" ] || return 0
@@ -75,7 +78,7 @@ case "${1:-}" in
     edgespec train features "${common[@]}" --data "$OUT/data-text" --out "$OUT/store-text-hidden" --contents hidden \
         --max-len "$MAX_LEN" --batch-tokens $((2 * MAX_LEN)) --shard-tokens 16384 ;;
   answers)
-    edgespec train data "${common[@]}" --out "$OUT/data-answers" --n-write "$N_WRITE" --n-explain "$N_EXPLAIN" \
+    edgespec train data "${common[@]}" --out "$OUT/data-$ANSWERS" --n-write "$N_WRITE" --n-explain "$N_EXPLAIN" \
         --n-code 0 --seed "$SEED" --n-complete "$N_COMPLETE" --n-chat "$N_CHAT" --max-new-tokens "$MAX_NEW" --batch-size "$BATCH" \
         --val-fraction 0.02 --features-out "$LIVE" --features-contents full --features-tli 0,1 ;;
   answers-features|answers-full)
@@ -85,13 +88,15 @@ case "${1:-}" in
     if [ "$first" = 0 ]; then echo "every answer has its features in $LIVE: nothing to extract"; exit 0; fi
     if [ "$1" = answers-full ]; then store=(--out "$OUT/store-answers-full" --contents full --tli 0,1)
     else store=(--out "$OUT/store-answers-hidden" --contents hidden); fi
-    edgespec train features "${common[@]}" --data "$OUT/data-answers" "${store[@]}" --max-len $((2 * MAX_LEN)) \
+    edgespec train features "${common[@]}" --data "$OUT/data-$ANSWERS" "${store[@]}" --max-len $((2 * MAX_LEN)) \
         --batch-tokens $((2 * MAX_LEN)) --shard-tokens 16384 \
         $([ -n "$first" ] && echo --limit "$first" || echo "${GROWING---growing}") ;;
   moa)
     tli=${2:?moa needs the TLI depth: 0 or 1}
     stores=()
-    for s in "$OUT/store-answers-full" "$LIVE"; do [ -f "$s/store.json" ] && stores+=(--features "$s"); done
+    for s in ${STORES:-"$OUT/store-answers-full" "$OUT"/store-*-live}; do
+      [ -f "$s/store.json" ] && stores+=(--features "$s")
+    done
     # glibc raises its mmap threshold as large blocks are freed, so a step's freed activations (tens of MB) stay
     # in the heap and fragment it: MoA's resident memory crept from ~10 GB to 15 GB over 100 steps until the
     # kernel killed it. A fixed 4 MiB threshold hands them back: its peaks stay at ~10 GB (~20 % fewer tokens/s).
@@ -103,7 +108,7 @@ case "${1:-}" in
   eagle|eagle-hass)
     kind=${recipe:-${1/-/+}}  # eagle, eagle+hass: the recipe; its run folder keeps the dash
     stores=()
-    for s in "$OUT/store-answers-hidden" "$LIVE" "$OUT/store-text-hidden"; do
+    for s in ${STORES:-"$OUT/store-answers-hidden" "$OUT"/store-*-live "$OUT/store-text-hidden"}; do
       [ -f "$s/store.json" ] && stores+=(--features "$s")
     done
     edgespec train fit "${common[@]}" --kind "$kind" "${stores[@]}" --out "${fit_out:-$OUT/fit/$1-w$WIDTH}" "${fit_extra[@]}" \

@@ -44,6 +44,9 @@ def test_every_step_runs_and_resumes(target_dir, tmp_path):
     live = FeatureStore(tmp_path / "out" / "store-answers-live")
     assert live.meta["capture"] == {"first_row": len(early)}
     assert sorted(FeatureStore.load(f, ()).id for f in live.files) == sorted(r["id"] for r in rows[len(early):])
+    run("answers", ANSWERS="answers-b", SEED="4", N_CHAT="1", N_COMPLETE="1")  # a second set, beside the first
+    second = json.loads((tmp_path / "out" / "data-answers-b" / "data_config.json").read_text())
+    assert second["seed"] == 4 and FeatureStore(tmp_path / "out" / "store-answers-b-live").files
     run("answers-features")
     hidden = FeatureStore(tmp_path / "out" / "store-answers-hidden")
     assert sorted(FeatureStore.load(f, ()).id for f in hidden.files) == sorted(early)
@@ -51,14 +54,19 @@ def test_every_step_runs_and_resumes(target_dir, tmp_path):
     card = json.loads((tmp_path / "out" / "fit" / "eagle-w32" / "card.json").read_text())
     stores = card["data"]["feature_store"].split(",")
     assert card["training"]["steps"] == 3 and [Path(s).name for s in stores] == [
-        "store-answers-hidden", "store-answers-live", "store-text-hidden"]
-    run("eagle-hass", STEPS="2", INIT=str(tmp_path / "out" / "fit" / "eagle-w32"))  # a warm start from EAGLE's run
+        "store-answers-hidden", "store-answers-b-live", "store-answers-live", "store-text-hidden"]
+    # a warm start from EAGLE's run, on the stores named
+    live = f"{tmp_path}/out/store-answers-live {tmp_path}/out/store-answers-b-live"
+    run("eagle-hass", STEPS="2", INIT=str(tmp_path / "out" / "fit" / "eagle-w32"), STORES=live)
     card = json.loads((tmp_path / "out" / "fit" / "eagle-hass-w32" / "card.json").read_text())
     assert card["recipe"] == "eagle+hass" and card["training"]["steps"] == 2
+    assert card["data"]["feature_store"].split(",") == live.split()
     assert card["init"] == str(tmp_path / "out" / "fit" / "eagle-w32")
     run("answers-full")
     run("moa", "1")
-    assert (tmp_path / "out" / "fit" / "moa-tli1-w32" / "card.json").is_file()
+    card = json.loads((tmp_path / "out" / "fit" / "moa-tli1-w32" / "card.json").read_text())
+    assert [Path(s).name for s in card["data"]["feature_store"].split(",")] == [
+        "store-answers-full", "store-answers-b-live", "store-answers-live"]
     run("eagle", STEPS="5")  # resumes: two more steps on the schedule the first run planned
     card = json.loads((tmp_path / "out" / "fit" / "eagle-w32" / "card.json").read_text())
     assert card["training"]["steps"] == 5
