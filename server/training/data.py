@@ -69,14 +69,13 @@ def build_dataset(target: str, out_dir: str | Path, config: DataConfig = DataCon
     with path.open("a", encoding="utf-8") as f:
         for s in [s for s in todo if s.kind == "code"]:
             _append(f, s, "", config)
-        chats = batched_by_length([s for s in todo if s.kind != "code"], config.batch_size)
-        if not chats:
+        batches = batched_by_length([s for s in todo if s.kind != "code"], config.batch_size, config.seed)
+        if not batches:
             return path
         loaded = load_model(target, device=device, dtype=dtype)
         store = capture(target, loaded, len(done)) if capture is not None else None
-        bar = tqdm(total=len(chats), desc="target responses", mininterval=10)
-        for i in range(0, len(chats), config.batch_size):
-            batch = chats[i:i + config.batch_size]
+        bar = tqdm(total=sum(map(len, batches)), desc="target responses", mininterval=10)
+        for i, batch in enumerate(batches):
             t0 = time.perf_counter()
             answer = generate_batch if store is None else store.answer
             responses = answer(loaded.model, loaded.tokenizer, [s.prompt for s in batch], config.max_new_tokens)
@@ -84,8 +83,7 @@ def build_dataset(target: str, out_dir: str | Path, config: DataConfig = DataCon
             if store is not None:
                 store.write(rows)
             bar.update(len(batch))
-            log.info("batch %d/%d in %.0fs", i // config.batch_size + 1, -(-len(chats) // config.batch_size),
-                     time.perf_counter() - t0)
+            log.info("batch %d/%d in %.0fs", i + 1, len(batches), time.perf_counter() - t0)
     return path
 
 
@@ -110,11 +108,23 @@ def client_samples(config: DataConfig, root: Path | None = None) -> list[Sample]
     return [Sample(pid, pid.split(":")[0], prompt) for pid, prompt in found]
 
 
-def batched_by_length(samples: list[Sample], batch_size: int, window: int = 8) -> list[Sample]:
-    """Samples reordered so that each batch holds prompts of similar length (less left padding), sorting
-    within runs of ``window`` batches only, so the kinds stay spread over the run."""
-    span = max(1, batch_size * window)
-    return [s for i in range(0, len(samples), span) for s in sorted(samples[i:i + span], key=lambda s: len(s.prompt))]
+def batched_by_length(samples: list[Sample], batch_size: int, seed: int = 0, window: int = 8) -> list[list[Sample]]:
+    """The samples cut into batches of prompts of similar length: a left-padded prompt token costs a CPU's
+    prefill as much as a real one. Each run of ``window`` batches is sorted by length, then its batches go in
+    a seeded random order: the kinds differ in length (a "complete this function" request is several times a
+    math question), so in sorted order a run stopped early (at 256 a batch, within its first window) would
+    hold the short kinds alone. A last, short batch stays last."""
+    import random
+
+    rng, span = random.Random(seed), max(1, batch_size * window)
+    batches = []
+    for i in range(0, len(samples), span):
+        ordered = sorted(samples[i:i + span], key=lambda s: len(s.prompt))
+        run = [ordered[j:j + batch_size] for j in range(0, len(ordered), batch_size)]
+        full = [b for b in run if len(b) == batch_size]
+        rng.shuffle(full)
+        batches += full + [b for b in run if len(b) < batch_size]
+    return batches
 
 
 def _append(f, sample: Sample, response: str, config: DataConfig) -> dict:

@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from edgespec.server.training.data import DataResumeError, read_samples
+from edgespec.server.training.data import DataResumeError, batched_by_length, read_samples
 from edgespec.server.training.features import CODEC, target_features, tokenize_sample
-from edgespec.server.training.prompts import derive_samples, source_files, split_of
+from edgespec.server.training.prompts import Sample, derive_samples, source_files, split_of
 
 MODULE = '''
 def area(width, height):
@@ -135,3 +135,21 @@ def test_real_target_features_and_tli_layers_agree():
         torch.testing.assert_close(out, feats["act0"], atol=1e-2, rtol=1e-3)
         torch.testing.assert_close(parts.norm(out), feats["hidden"], atol=1e-2, rtol=1e-3)
     assert feats["kv"].shape == (n, 24, 256)
+
+
+def test_batches_are_length_bands_whose_order_spreads_the_kinds():
+    # Two kinds of different lengths, interleaved as client_samples interleaves them: 8 windows' worth of
+    # batches of 8 (window = 8 batches), and 4 samples more for a short last batch.
+    samples = [Sample(f"{k}:{i}", k, ("word " * (4 if k == "chat" else 60)) + str(i))
+               for i in range(260) for k in ("chat", "complete")][:516]
+    firsts = set()
+    for seed in range(12):
+        batches = batched_by_length(samples, 8, seed)
+        assert sorted(s.id for b in batches for s in b) == sorted(s.id for s in samples)  # each once
+        assert [len(b) for b in batches] == [8] * 64 + [4]
+        for w in range(0, 64, 8):  # a window's batches are its length bands: one kind each, 4 of each kind
+            kinds = [{s.kind for s in b} for b in batches[w:w + 8]]
+            assert all(len(k) == 1 for k in kinds) and sum(k == {"chat"} for k in kinds) == 4
+        firsts.add(batches[0][0].kind)
+        assert batched_by_length(samples, 8, seed) == batches  # the seed decides: a resume sees the same order
+    assert firsts == {"chat", "complete"}  # not always the shortest band first
