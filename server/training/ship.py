@@ -34,13 +34,21 @@ def ship(run_dir: str | Path, name: str, command: str = "", measured: dict | Non
         raise DrafterCheckpointError(f"{ckpt} is {size / 1e6:.1f} MB; shipped drafters stay under "
                                      f"{MAX_BYTES / 1e6:.0f} MB: train a narrower one")
     card = run_card(run_dir)
+    init = card.get("init")
+    if init and (Path(init) / "card.json").is_file():
+        # Read before the copy below: a warm start from a shipped drafter is replaced by its successor.
+        card["init_card"] = lineage(json.loads((Path(init) / "card.json").read_text()))
     dest = dest_root / name
     dest.mkdir(parents=True, exist_ok=True)
     for f in files:
         shutil.copy2(f, dest / f.name)
+    # The card is read on other machines: paths by their place in the repository or under the home folder.
     data = card.get("data", {})
-    if "feature_store" in data:  # the card is read elsewhere: the stores by their place under the home folder
-        data["feature_store"] = data["feature_store"].replace(str(Path.home()), "~")
+    if "feature_store" in data:
+        data["feature_store"] = ",".join(portable(p) for p in data["feature_store"].split(","))
+    for key in ("init", "branch_from"):
+        if card.get(key):
+            card[key] = portable(card[key])
     card["files"] = {f.name: f.stat().st_size for f in files}
     card["name"] = name
     if command:
@@ -50,6 +58,24 @@ def ship(run_dir: str | Path, name: str, command: str = "", measured: dict | Non
     (dest / "card.json").write_text(json.dumps(card, indent=1) + "\n")
     (dest / "CARD.md").write_text(card_markdown(card))
     return dest
+
+
+def portable(path: str) -> str:
+    """A path as a shipped card names it: a shipped drafter as ``shared/drafters/checkpoints/NAME``,
+    anything under the home folder from ``~``, the rest as it is."""
+    resolved = Path(path).expanduser().resolve()
+    if resolved.is_relative_to(CHECKPOINT_DIR):
+        return str(Path("shared/drafters/checkpoints") / resolved.relative_to(CHECKPOINT_DIR))
+    home = str(Path.home())
+    return "~" + path[len(home):] if path == home or path.startswith(home + "/") else path
+
+
+def lineage(card: dict) -> dict:
+    """What a warm-started drafter's card keeps of the drafter it started from."""
+    t, d = card.get("training", {}), card.get("data", {})
+    return {"name": card.get("name"), "steps": t.get("steps"), "tokens_seen": t.get("tokens_seen"),
+            "train_tokens": d.get("train_tokens"), "feature_store": d.get("feature_store"),
+            "init": card.get("init")}
 
 
 def run_card(run_dir: Path) -> dict:
@@ -90,6 +116,13 @@ def card_markdown(card: dict) -> str:
               f"threads, CUDA {h.get('cuda') or 'none'}"]
     if card.get("command"):
         lines += [f"- command: `{card['command']}`"]
+    if card.get("branch_from"):
+        lines += [f"- a branch of the run `{card['branch_from']}` (its cooldown)"]
+    if card.get("init"):
+        before = card.get("init_card") or {}
+        was = (f" (`{before['name']}`: {before.get('steps')} steps, {before.get('tokens_seen')} tokens seen, "
+               f"{before.get('train_tokens')} training tokens)" if before.get("name") else "")
+        lines += [f"- warm start from `{card['init']}`{was}: the steps and tokens above are this run's own"]
     if v:
         lines += ["", "## Validation (held-out split, chains drafted from each position)", ""]
         lines += [f"- {k}: {val:.3f}" if isinstance(val, float) else f"- {k}: {val}"

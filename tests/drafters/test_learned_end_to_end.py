@@ -241,6 +241,24 @@ def test_ship_copies_parts_apart_writes_the_card_and_enforces_the_size_limit(che
     dest = shipping.ship(run, "moa-tli1", dest_root=tmp_path)
     assert read_card(dest)["data"]["feature_store"] == "~/stores/a,~/stores/b"
     assert str(Path.home()) not in (dest / "CARD.md").read_text()
+    # A warm start from a shipped drafter names it from the repository, and keeps what the drafter it replaces
+    # was trained on, read before its files are overwritten; a branch's source run is named from the home folder.
+    from edgespec.shared.drafters.checkpoint import CHECKPOINT_DIR
+
+    card.update(init=str(CHECKPOINT_DIR / "moa-tli1"), branch_from=f"{Path.home()}/runs/moa")
+    card_file.write_text(json.dumps(card))
+    dest = shipping.ship(run, "moa-tli1", dest_root=tmp_path)
+    shipped = read_card(dest)
+    assert (shipped["init"], shipped["branch_from"]) == ("shared/drafters/checkpoints/moa-tli1", "~/runs/moa")
+    assert shipped["init_card"]["name"] == "moa-tli1" == read_card(CHECKPOINT_DIR / "moa-tli1")["name"]
+    assert "warm start from `shared/drafters/checkpoints/moa-tli1` (`moa-tli1`" in (dest / "CARD.md").read_text()
+    card["training"] = {"steps": 3}
+    card_file.write_text(json.dumps(card))
+    dest = shipping.ship(run, "moa-tli1", dest_root=tmp_path)  # the drafter the next one replaces, 3 steps
+    card.update(init=str(dest), training={"steps": 10})
+    card_file.write_text(json.dumps(card))
+    shipped = read_card(shipping.ship(run, "moa-tli1", dest_root=tmp_path))
+    assert (shipped["init_card"]["steps"], shipped["training"]["steps"]) == (3, 10)
     small = shipping.MAX_BYTES
     try:
         shipping.MAX_BYTES = 10
