@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from edgespec.shared.kv import output_cache
 from edgespec.shared.models.loading import model_eos_ids
+from .batched_greedy import greedy_batch
 from .extraction import Sequence, shard_path, write_shard
 from .features import store_meta
 from .train_config import CaptureConfig
@@ -36,15 +36,6 @@ class CapturedAnswer:
     feats: dict[str, torch.Tensor]  # hidden, act{N}, kv (when asked): float32 [len(ids), ...] on the CPU
 
 
-def answer_length(generated: list[int], eos_ids: set[int]) -> int:
-    """Tokens of one row's generated part that belong to its answer: up to and including the first
-    end-of-sequence token (what follows is padding of a row that finished early), else all of them."""
-    for i, t in enumerate(generated):
-        if t in eos_ids:
-            return i + 1
-    return len(generated)
-
-
 @torch.inference_mode()
 def generate_captured(model, tokenizer, histories: list[list[dict]], max_new_tokens: int,
                       tli_depths: tuple[int, ...] = (), with_kv: bool = False) -> list[CapturedAnswer]:
@@ -56,6 +47,9 @@ def generate_captured(model, tokenizer, histories: list[list[dict]], max_new_tok
     enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
     base, n_layers = model.model, model.config.num_hidden_layers
     norm_in, norm_out, layer_in = [], [], {n: [] for n in tli_depths if n > 0}
+    prompt_len = enc["input_ids"].shape[1]
+    pads = (enc["attention_mask"] == 0).sum(1).tolist()
+    kv: dict[int, torch.Tensor] = {}
 
     def on_norm(module, args, output) -> None:  # a hook that returns something replaces the output
         norm_in.append(args[0])
@@ -64,38 +58,41 @@ def generate_captured(model, tokenizer, histories: list[list[dict]], max_new_tok
     def before_layer(module, args, kwargs, store) -> None:
         store.append(args[0] if args else kwargs["hidden_states"])
 
+    def on_leave(cache, positions, rows, seen) -> None:  # each layer's K | V row, [T, L, 2 * kv_heads * D]
+        flat = lambda t, j, r, n: t[j, :, pads[r]:n].transpose(0, 1).flatten(1)  # noqa: E731
+        for j, r, n in zip(positions, rows, seen):
+            kv[r] = torch.stack([torch.cat([flat(layer.keys, j, r, n), flat(layer.values, j, r, n)], -1)
+                                 for layer in cache.layers], dim=1).float().cpu()
+
     hooks = [base.norm.register_forward_hook(on_norm)]
     for n, store in layer_in.items():
         hooks.append(base.layers[n_layers - n].register_forward_pre_hook(
             lambda m, a, kw, store=store: before_layer(m, a, kw, store), with_kwargs=True))
     try:
-        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None,
-                             top_k=None, pad_token_id=tokenizer.pad_token_id, return_dict_in_generate=True)
+        run = greedy_batch(model, enc["input_ids"], enc["attention_mask"], max_new_tokens,
+                           model_eos_ids(model, tokenizer), tokenizer.pad_token_id,
+                           on_leave=on_leave if with_kv else None)
     finally:
         for h in hooks:
             h.remove()
-    timeline = lambda parts: torch.cat(parts, dim=1)  # noqa: E731  prefill [B, P, E] then one [B, 1, E] a step
-    per_name = {"hidden": timeline(norm_out), **({"act0": timeline(norm_in)} if 0 in tli_depths else {}),
-                **{f"act{n}": timeline(parts) for n, parts in layer_in.items()}}
-    prompt_len = enc["input_ids"].shape[1]
-    seen = per_name["hidden"].shape[1]  # tokens the model read: the prompt and all but the last step's token
-    if with_kv:
-        cache = output_cache(out)
-        # [B, kv_heads, T, D] per layer -> [B, T, L, 2 * kv_heads * D], the store's K | V row per layer
-        flat = lambda t: t[:, :, :seen].transpose(1, 2).flatten(2)  # noqa: E731
-        per_name["kv"] = torch.stack([torch.cat([flat(cache.layers[i].keys), flat(cache.layers[i].values)], -1)
-                                      for i in range(n_layers)], dim=2)
-    eos = model_eos_ids(model, tokenizer)
-    pads = (enc["attention_mask"] == 0).sum(1).tolist()
+    # each forward's rows, in batch order: the prefill [b, P, E], then one [b', 1, E] a step for the rows left
+    per_name = {"hidden": norm_out, **({"act0": norm_in} if 0 in tli_depths else {}),
+                **{f"act{n}": parts for n, parts in layer_in.items()}}
+    places: list[list[tuple[int, int]]] = [[] for _ in histories]
+    for s, rows in enumerate(run.steps):
+        for j, r in enumerate(rows):
+            places[r].append((s, j))
     answers = []
-    for r, row in enumerate(out.sequences.tolist()):
-        generated = row[prompt_len:]
-        length = answer_length(generated, eos)
-        start, end = pads[r], prompt_len + length - 1  # the last answer token was never read
+    for r, generated in enumerate(run.generated):
+        start, end = pads[r], prompt_len + len(generated) - 1  # the last answer token was never read
+        feats = {name: torch.cat([parts[s][j] for s, j in places[r]])[start:end].float().cpu()
+                 for name, parts in per_name.items()}
+        if with_kv:
+            feats["kv"] = kv.pop(r)
+        row = enc["input_ids"][r].tolist() + generated
         answers.append(CapturedAnswer(
-            response=tokenizer.decode(generated[:length], skip_special_tokens=True), ids=row[start:end],
-            mask=[0] * (prompt_len - start) + [1] * (length - 1),
-            feats={name: t[r, start:end].float().cpu() for name, t in per_name.items()}))
+            response=tokenizer.decode(generated, skip_special_tokens=True), ids=row[start:end],
+            mask=[0] * (prompt_len - start) + [1] * (len(generated) - 1), feats=feats))
     return answers
 
 

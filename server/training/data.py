@@ -255,13 +255,17 @@ def regenerate(model, tokenizer, convs: list[Conversation], max_new_tokens: int)
 
 @torch.inference_mode()
 def generate_chat(model, tokenizer, histories: list[list[dict]], max_new_tokens: int) -> list[str]:
-    """Greedy answers of the target to chat histories, batched with left padding."""
+    """Greedy answers of the target to chat histories, batched with left padding (`batched_greedy`)."""
+    from edgespec.shared.models.loading import model_eos_ids
+
+    from .batched_greedy import greedy_batch
+
     texts = [tokenizer.apply_chat_template(h, tokenize=False, add_generation_prompt=True) for h in histories]
     tokenizer.padding_side = "left"
     enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None,
-                         top_k=None, pad_token_id=tokenizer.pad_token_id)
-    return [tokenizer.decode(row, skip_special_tokens=True) for row in out[:, enc["input_ids"].shape[1]:]]
+    run = greedy_batch(model, enc["input_ids"], enc["attention_mask"], max_new_tokens,
+                       model_eos_ids(model, tokenizer), tokenizer.pad_token_id)
+    return [tokenizer.decode(ids, skip_special_tokens=True) for ids in run.generated]
 
 
 def chat_ids_and_mask(tokenizer, messages: list[dict] | tuple[dict, ...]) -> tuple[list[int], list[int]]:

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from edgespec.server.training.answer_capture import answer_length, generate_captured
+from edgespec.server.training.answer_capture import generate_captured
 from edgespec.server.training.data import generate_chat, read_samples
 from edgespec.server.training.features import FeatureStore, target_features
 
@@ -22,18 +22,19 @@ def loaded(tiny_model_dir):
     return load_model(str(tiny_model_dir), device="cpu", dtype="float32")
 
 
-def test_answer_length_stops_at_the_first_end_of_sequence():
-    assert answer_length([5, 6, 7], {9}) == 3  # cut by max_new_tokens: all of it
-    assert answer_length([5, 9, 0, 0], {9}) == 2  # the end token belongs to the answer, the padding does not
-    assert answer_length([9, 9], {9, 8}) == 1
-    assert answer_length([], {9}) == 0
-
-
 def test_captured_features_equal_a_second_pass_over_the_same_tokens(loaded):
     model, tok = loaded.model, loaded.tokenizer
     answers = generate_captured(model, tok, HISTORIES, max_new_tokens=6, tli_depths=(0, 1), with_kv=True)
-    # The answers are generate_chat's, word for word: capturing changes nothing the data set records.
+    # The answers are generate_chat's, word for word: capturing changes nothing the data set records; and
+    # both are transformers' own batched greedy `generate`'s.
     assert [a.response for a in answers] == generate_chat(model, tok, HISTORIES, 6)
+    texts = [tok.apply_chat_template(h, tokenize=False, add_generation_prompt=True) for h in HISTORIES]
+    tok.padding_side = "left"
+    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    out = model.generate(**enc, max_new_tokens=6, do_sample=False, temperature=None, top_p=None, top_k=None,
+                         pad_token_id=tok.pad_token_id)
+    assert [a.response for a in answers] == tok.batch_decode(out[:, enc["input_ids"].shape[1]:],
+                                                             skip_special_tokens=True)
     for history, a in zip(HISTORIES, answers):
         prompt = tok.apply_chat_template(history, tokenize=False, add_generation_prompt=True)
         prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
