@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from edgespec.shared.models.loading import model_eos_ids
-from .batched_greedy import greedy_batch
+from .batched_greedy import chat_batch, greedy_batch
 from .extraction import Sequence, shard_path, write_shard
 from .features import store_meta
 from .train_config import CaptureConfig
@@ -42,9 +42,7 @@ def generate_captured(model, tokenizer, histories: list[list[dict]], max_new_tok
     """Greedy answers to chat histories (batched, left padding, as `data.generate_chat`) with the features
     of every token the model read. A row's features are read from the one batched generation: its left
     padding is masked out, so they are the target's features of that row alone (up to the batch's rounding)."""
-    texts = [tokenizer.apply_chat_template(h, tokenize=False, add_generation_prompt=True) for h in histories]
-    tokenizer.padding_side = "left"
-    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    enc = chat_batch(tokenizer, histories, model.device)
     base, n_layers = model.model, model.config.num_hidden_layers
     norm_in, norm_out, layer_in = [], [], {n: [] for n in tli_depths if n > 0}
     prompt_len = enc["input_ids"].shape[1]

@@ -138,3 +138,11 @@ def greedy_batch(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, m
     if on_leave is not None:
         on_leave(cache, list(range(len(rows))), rows, [p + len(generated[r]) - 1 for r in rows])
     return run
+
+
+def chat_batch(tokenizer, histories: list[list[dict]], device) -> dict:
+    """Chat histories in the chat template, ready for an answer: one left-padded batch (``input_ids``,
+    ``attention_mask``) on ``device``."""
+    texts = [tokenizer.apply_chat_template(h, tokenize=False, add_generation_prompt=True) for h in histories]
+    tokenizer.padding_side = "left"
+    return tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)

@@ -258,11 +258,9 @@ def generate_chat(model, tokenizer, histories: list[list[dict]], max_new_tokens:
     """Greedy answers of the target to chat histories, batched with left padding (`batched_greedy`)."""
     from edgespec.shared.models.loading import model_eos_ids
 
-    from .batched_greedy import greedy_batch
+    from .batched_greedy import chat_batch, greedy_batch
 
-    texts = [tokenizer.apply_chat_template(h, tokenize=False, add_generation_prompt=True) for h in histories]
-    tokenizer.padding_side = "left"
-    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    enc = chat_batch(tokenizer, histories, model.device)
     run = greedy_batch(model, enc["input_ids"], enc["attention_mask"], max_new_tokens,
                        model_eos_ids(model, tokenizer), tokenizer.pad_token_id)
     return [tokenizer.decode(ids, skip_special_tokens=True) for ids in run.generated]
