@@ -58,6 +58,30 @@ def test_hidden_only_capture_keeps_no_cache_features(loaded):
     assert all(set(a.feats) == {"hidden"} for a in answers)
 
 
+def test_a_bf16_capture_waits_in_bf16_and_is_stored_as_float32(tmp_path, tiny_model_dir):
+    """The features of a batch wait for their shard in the model's dtype (half float32's bytes in bf16), and
+    the shard is the one float32 copies of them would make: every frame says float32."""
+    import numpy as np
+
+    from edgespec.server.training.extraction import Sequence, write_shard
+    from edgespec.shared.codec import decode_frame
+    from edgespec.shared.models import load_model
+
+    bf16 = load_model(str(tiny_model_dir), device="cpu", dtype="bfloat16")
+    answers = generate_captured(bf16.model, bf16.tokenizer, HISTORIES[:2], max_new_tokens=4, tli_depths=(0, 1),
+                                with_kv=True)
+    assert {t.dtype for a in answers for t in a.feats.values()} == {torch.bfloat16}
+    seqs = [Sequence(f"r{i}", "train", a.ids, a.mask) for i, a in enumerate(answers)]
+    write_shard(tmp_path / "kept.npz", seqs, [a.feats for a in answers])
+    write_shard(tmp_path / "float.npz", seqs, [{k: v.float() for k, v in a.feats.items()} for a in answers])
+    kept, upcast = np.load(tmp_path / "kept.npz"), np.load(tmp_path / "float.npz")
+    assert sorted(kept.files) == sorted(upcast.files)
+    for name in kept.files:
+        np.testing.assert_array_equal(kept[name], upcast[name], err_msg=name)
+    frame = decode_frame(kept["s0_kv"].tobytes())
+    assert frame.dtype == torch.float32 and frame.shape[0] == len(answers[0].ids)
+
+
 def test_build_dataset_fills_a_store_as_it_answers_and_resumes(tmp_path, tiny_model_dir):
     from edgespec.server.training.answer_capture import capture_into
     from edgespec.server.training.data import DataConfig, build_dataset
