@@ -1,6 +1,6 @@
 """``python -m edgespec``: the `edgespec` command."""
 import sys
 
-from edgespec.cli import main
+from edgespec.cli import entry
 
-sys.exit(main())
+sys.exit(entry())
