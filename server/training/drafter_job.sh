@@ -111,7 +111,9 @@ case "${1:-}" in
     for s in ${STORES:-"$OUT/store-answers-hidden" "$OUT"/store-*-live "$OUT/store-text-hidden"}; do
       [ -f "$s/store.json" ] && stores+=(--features "$s")
     done
-    edgespec train fit "${common[@]}" --kind "$kind" "${stores[@]}" --out "${fit_out:-$OUT/fit/$1-w$WIDTH}" "${fit_extra[@]}" \
+    # the same fixed mmap threshold as MoA's (above): EAGLE beside MoA crept from 9.9 to 13.1 GB in 33 minutes;
+    # resumed with it and CACHE_MB=1024 it held at about 7 GB (EAGLE+HASS still crept past 10 GB with both)
+    MALLOC_MMAP_THRESHOLD_=${MALLOC_MMAP_THRESHOLD_:-4194304} edgespec train fit "${common[@]}" --kind "$kind" "${stores[@]}" --out "${fit_out:-$OUT/fit/$1-w$WIDTH}" "${fit_extra[@]}" \
         --width "$WIDTH" --heads "$HEADS" --vocab "$VOCAB" --batch-tokens "$BATCH_TOKENS" --lr "$LR" \
         --steps "$STEPS" --max-minutes "$MINUTES" --eval-every "$EVAL_EVERY" --eval-sequences "$EVAL_SEQUENCES" \
         --save-every "$SAVE_EVERY" --amp "$AMP" --snapshot-tokens "$SNAPSHOT_TOKENS" --cache-mb "$CACHE_MB" ${INIT:+--init "$INIT"} ;;
