@@ -12,7 +12,8 @@
 #   server/training/drafter_job.sh eagle     fit the EAGLE head on the answers' and the text's stores
 #   server/training/drafter_job.sh eagle-hass    the same head and stores with HASS's unrolled, detached steps
 #   server/training/drafter_job.sh moa N     fit MoA with TLI N (0 or 1) on the full store
-#   server/training/drafter_job.sh cool STEPS eagle|eagle-hass|moa N
+#   server/training/drafter_job.sh moa-hass N    the same drafter and stores with HASS's unrolled steps
+#   server/training/drafter_job.sh cool STEPS eagle|eagle-hass|moa N|moa-hass N
 #                                            a cooldown: branch that fit's run as it stands now into its own
 #                                            folder (fit/RUN-coolSTEPS-fromSTEP) and bring the learning rate
 #                                            linearly to 0 over STEPS more steps; the steady run is left as it is
@@ -59,9 +60,12 @@ for t in $TEXT; do text_args+=(--text "$t"); done
 # A cooldown runs the named fit's own step with these arguments added and its run folder replaced.
 fit_extra=() fit_out="" recipe=""
 if [ "${1:-}" = cool ]; then
-  cool_steps=${2:?cool needs the cooldown steps and a fit: cool STEPS eagle|eagle-hass|moa N}
+  cool_steps=${2:?cool needs the cooldown steps and a fit: cool STEPS eagle|eagle-hass|moa N|moa-hass N}
   shift 2
-  src_name=$([ "${1:-}" = moa ] && echo "moa-tli${2:?moa needs the TLI depth}" || echo "${1:?cool needs a fit}")-w$WIDTH
+  case "${1:-}" in
+    moa|moa-hass) src_name=$1-tli${2:?$1 needs the TLI depth}-w$WIDTH ;;
+    *) src_name=${1:?cool needs a fit}-w$WIDTH ;;
+  esac
   src="$OUT/fit/$src_name"
   from=$(python -c 'import sys, torch; print(torch.load(sys.argv[1], weights_only=False, mmap=True)["step"])' \
          "$src/checkpoint.pt")
@@ -91,8 +95,8 @@ case "${1:-}" in
     edgespec train features "${common[@]}" --data "$OUT/data-$ANSWERS" "${store[@]}" --max-len $((2 * MAX_LEN)) \
         --batch-tokens $((2 * MAX_LEN)) --shard-tokens 16384 \
         $([ -n "$first" ] && echo --limit "$first" || echo "${GROWING---growing}") ;;
-  moa)
-    tli=${2:?moa needs the TLI depth: 0 or 1}
+  moa|moa-hass)
+    tli=${2:?$1 needs the TLI depth: 0 or 1}
     stores=()
     for s in ${STORES:-"$OUT/store-answers-full" "$OUT"/store-*-live}; do
       [ -f "$s/store.json" ] && stores+=(--features "$s")
@@ -100,8 +104,8 @@ case "${1:-}" in
     # glibc raises its mmap threshold as large blocks are freed, so a step's freed activations (tens of MB) stay
     # in the heap and fragment it: MoA's resident memory crept from ~10 GB to 15 GB over 100 steps until the
     # kernel killed it. A fixed 4 MiB threshold hands them back: its peaks stay at ~10 GB (~20 % fewer tokens/s).
-    MALLOC_MMAP_THRESHOLD_=${MALLOC_MMAP_THRESHOLD_:-4194304} edgespec train fit "${common[@]}" --kind "${recipe:-moa}" --tli "$tli" "${stores[@]}" \
-        --out "${fit_out:-$OUT/fit/moa-tli$tli-w$WIDTH}" "${fit_extra[@]}" --width "$WIDTH" --heads "$HEADS" --vocab "$VOCAB" \
+    MALLOC_MMAP_THRESHOLD_=${MALLOC_MMAP_THRESHOLD_:-4194304} edgespec train fit "${common[@]}" --kind "${recipe:-${1/-/+}}" --tli "$tli" "${stores[@]}" \
+        --out "${fit_out:-$OUT/fit/$1-tli$tli-w$WIDTH}" "${fit_extra[@]}" --width "$WIDTH" --heads "$HEADS" --vocab "$VOCAB" \
         --batch-tokens "$BATCH_TOKENS" --lr "$LR" --steps "$STEPS" --max-minutes "$MINUTES" \
         --eval-every "$EVAL_EVERY" --eval-sequences "$EVAL_SEQUENCES" --save-every "$SAVE_EVERY" --amp "$AMP" \
         --snapshot-tokens "$SNAPSHOT_TOKENS" --cache-mb "$CACHE_MB" ${INIT:+--init "$INIT"} ;;
@@ -118,5 +122,5 @@ case "${1:-}" in
         --steps "$STEPS" --max-minutes "$MINUTES" --eval-every "$EVAL_EVERY" --eval-sequences "$EVAL_SEQUENCES" \
         --save-every "$SAVE_EVERY" --amp "$AMP" --snapshot-tokens "$SNAPSHOT_TOKENS" --cache-mb "$CACHE_MB" ${INIT:+--init "$INIT"} ;;
   *)
-    sed -n '2,15p' "$0"; exit 2 ;;
+    sed -n '2,21p' "$0"; exit 2 ;;
 esac

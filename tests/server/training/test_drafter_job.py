@@ -84,5 +84,12 @@ def test_every_step_runs_and_resumes(target_dir, tmp_path):
     assert card["recipe"] == "eagle+hass" and card["training"]["steps"] == 6
     run("cool", "1", "moa", "1")
     assert (tmp_path / "out" / "fit" / "moa-tli1-w32-cool1-from3" / "card.json").is_file()
+    run("moa-hass", "1", STEPS="2", INIT=str(tmp_path / "out" / "fit" / "moa-tli1-w32"))  # MoA's A/B under HASS
+    card = json.loads((tmp_path / "out" / "fit" / "moa-hass-tli1-w32" / "card.json").read_text())
+    assert card["recipe"] == "moa+hass" and card["training"]["steps"] == 2
+    assert card["init"] == str(tmp_path / "out" / "fit" / "moa-tli1-w32")
+    run("cool", "1", "moa-hass", "1")
+    card = json.loads((tmp_path / "out" / "fit" / "moa-hass-tli1-w32-cool1-from2" / "card.json").read_text())
+    assert card["recipe"] == "moa+hass" and card["training"]["steps"] == 3
     bad = subprocess.run(["bash", str(JOB), "nonsense"], env=env, capture_output=True, text=True)
-    assert bad.returncode == 2 and "answers-features" in bad.stdout
+    assert bad.returncode == 2 and "answers-features" in bad.stdout and "COOL_KIND" in bad.stdout
