@@ -45,7 +45,11 @@ AMP=${AMP:-bf16}                  # bf16 autocast: 1.7x float32's training token
 CACHE_MB=${CACHE_MB:-4096}        # MiB of decoded sequences the fits keep in memory (1024 for MoA beside other jobs)
 INIT=${INIT:-}                    # a fit's warm start: a run folder or a drafter (shared/drafters/checkpoints/eagle);
                                   # read at the run's first start only, a resume goes on from its checkpoint
+OPTS=${OPTS:-}                    # the recipe's settings, space-separated KEY=VALUE (--opt each): OPTS=stage=2 is
+                                  # HASS's second stage (with INIT a stage-1 run or drafter)
+RUN=${RUN:-}                      # the fit's folder under fit/ (default: the recipe and width, e.g. eagle-hass-w768)
 common=(--target "$TARGET" --threads "$THREADS" ${DTYPE:+--dtype "$DTYPE"})
+opts=(); for o in $OPTS; do opts+=(--opt "$o"); done
 
 LIVE="$OUT/store-$ANSWERS-live"  # the answers' features, kept as the target writes them
 # Rows answered before the live store began: the only ones `train features` still needs (empty: no live store).
@@ -63,8 +67,8 @@ if [ "${1:-}" = cool ]; then
   cool_steps=${2:?cool needs the cooldown steps and a fit: cool STEPS eagle|eagle-hass|moa N|moa-hass N}
   shift 2
   case "${1:-}" in
-    moa|moa-hass) src_name=$1-tli${2:?$1 needs the TLI depth}-w$WIDTH ;;
-    *) src_name=${1:?cool needs a fit}-w$WIDTH ;;
+    moa|moa-hass) src_name=${RUN:-$1-tli${2:?$1 needs the TLI depth}-w$WIDTH} ;;
+    *) src_name=${RUN:-${1:?cool needs a fit}-w$WIDTH} ;;
   esac
   src="$OUT/fit/$src_name"
   from=$(python -c 'import sys, torch; print(torch.load(sys.argv[1], weights_only=False, mmap=True)["step"])' \
@@ -104,8 +108,8 @@ case "${1:-}" in
     # glibc raises its mmap threshold as large blocks are freed, so a step's freed activations (tens of MB) stay
     # in the heap and fragment it: MoA's resident memory crept from ~10 GB to 15 GB over 100 steps until the
     # kernel killed it. A fixed 4 MiB threshold hands them back: its peaks stay at ~10 GB (~20 % fewer tokens/s).
-    MALLOC_MMAP_THRESHOLD_=${MALLOC_MMAP_THRESHOLD_:-4194304} edgespec train fit "${common[@]}" --kind "${recipe:-${1/-/+}}" --tli "$tli" "${stores[@]}" \
-        --out "${fit_out:-$OUT/fit/$1-tli$tli-w$WIDTH}" "${fit_extra[@]}" --width "$WIDTH" --heads "$HEADS" --vocab "$VOCAB" \
+    MALLOC_MMAP_THRESHOLD_=${MALLOC_MMAP_THRESHOLD_:-4194304} edgespec train fit "${common[@]}" --kind "${recipe:-${1/-/+}}" "${opts[@]}" --tli "$tli" "${stores[@]}" \
+        --out "${fit_out:-$OUT/fit/${RUN:-$1-tli$tli-w$WIDTH}}" "${fit_extra[@]}" --width "$WIDTH" --heads "$HEADS" --vocab "$VOCAB" \
         --batch-tokens "$BATCH_TOKENS" --lr "$LR" --steps "$STEPS" --max-minutes "$MINUTES" \
         --eval-every "$EVAL_EVERY" --eval-sequences "$EVAL_SEQUENCES" --save-every "$SAVE_EVERY" --amp "$AMP" \
         --snapshot-tokens "$SNAPSHOT_TOKENS" --cache-mb "$CACHE_MB" ${INIT:+--init "$INIT"} ;;
@@ -117,7 +121,7 @@ case "${1:-}" in
     done
     # the same fixed mmap threshold as MoA's (above): EAGLE beside MoA crept from 9.9 to 13.1 GB in 33 minutes;
     # resumed with it and CACHE_MB=1024 it held at about 7 GB (EAGLE+HASS still crept past 10 GB with both)
-    MALLOC_MMAP_THRESHOLD_=${MALLOC_MMAP_THRESHOLD_:-4194304} edgespec train fit "${common[@]}" --kind "$kind" "${stores[@]}" --out "${fit_out:-$OUT/fit/$1-w$WIDTH}" "${fit_extra[@]}" \
+    MALLOC_MMAP_THRESHOLD_=${MALLOC_MMAP_THRESHOLD_:-4194304} edgespec train fit "${common[@]}" --kind "$kind" "${opts[@]}" "${stores[@]}" --out "${fit_out:-$OUT/fit/${RUN:-$1-w$WIDTH}}" "${fit_extra[@]}" \
         --width "$WIDTH" --heads "$HEADS" --vocab "$VOCAB" --batch-tokens "$BATCH_TOKENS" --lr "$LR" \
         --steps "$STEPS" --max-minutes "$MINUTES" --eval-every "$EVAL_EVERY" --eval-sequences "$EVAL_SEQUENCES" \
         --save-every "$SAVE_EVERY" --amp "$AMP" --snapshot-tokens "$SNAPSHOT_TOKENS" --cache-mb "$CACHE_MB" ${INIT:+--init "$INIT"} ;;

@@ -62,6 +62,11 @@ def test_every_step_runs_and_resumes(target_dir, tmp_path):
     assert card["recipe"] == "eagle+hass" and card["training"]["steps"] == 2
     assert card["data"]["feature_store"].split(",") == live.split()
     assert card["init"] == str(tmp_path / "out" / "fit" / "eagle-w32")
+    # HASS's second stage from that run, in a folder of its own: the recipe's settings pass through OPTS
+    run("eagle-hass", STEPS="1", INIT=str(tmp_path / "out" / "fit" / "eagle-hass-w32"), STORES=live, OPTS="stage=2",
+        RUN="eagle-hass-s2-w32")
+    card = json.loads((tmp_path / "out" / "fit" / "eagle-hass-s2-w32" / "card.json").read_text())
+    assert card["recipe"] == "eagle+hass" and card["options"] == {"stage": "2"} and card["training"]["steps"] == 1
     run("answers-full")
     run("moa", "1")
     card = json.loads((tmp_path / "out" / "fit" / "moa-tli1-w32" / "card.json").read_text())
