@@ -126,5 +126,5 @@ case "${1:-}" in
         --steps "$STEPS" --max-minutes "$MINUTES" --eval-every "$EVAL_EVERY" --eval-sequences "$EVAL_SEQUENCES" \
         --save-every "$SAVE_EVERY" --amp "$AMP" --snapshot-tokens "$SNAPSHOT_TOKENS" --cache-mb "$CACHE_MB" ${INIT:+--init "$INIT"} ;;
   *)
-    sed -n '2,21p' "$0"; exit 2 ;;
+    awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0"; exit 2 ;;  # the header comment above
 esac
