@@ -15,6 +15,7 @@ import logging
 import sys
 import threading
 import time
+from dataclasses import replace
 
 from edgespec.shared import defaults
 from edgespec.shared.config import add_on_first_use, comma_list, enable_layers
@@ -70,7 +71,8 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
     # Tree and ngram defaults stay None here and come from TreeShape / NgramConfig when the client is built.
     p.add_argument("--drafter", default=defaults.DRAFTER,
                    help="ngram | independent | eagle | moa | beagle | a shipped learned drafter: eagle, moa-tli0, "
-                        "moa-tli1")
+                        "moa-tli1 | NAME+ngram (e.g. eagle+ngram) merges prompt lookup's continuations into NAME's "
+                        "trees")
     p.add_argument("--drafter-model", default=None,
                    help="small LM of the independent drafter (registry name or directory; "
                         "default qwen2.5-coder-0.5b-instruct)")
@@ -98,7 +100,8 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
                                                       "default: the drafter's model or the server's model name")
     add_tree_arguments(p)
     add_loop_arguments(p)
-    p.add_argument("--ngram-nodes", type=int, default=None, help="nodes in an ngram tree")
+    p.add_argument("--ngram-nodes", type=int, default=None,
+                   help="nodes in an ngram tree (default: 24), and the most a NAME+ngram lookup adds (default: 8)")
     add_flags(p, GenerationConfig, LOOP_GENERATION_FLAGS)
     add_flags(p, LinkConfig, LINK_FLAGS)
 
@@ -169,10 +172,13 @@ def drafter_options_from_args(args):
     from .drafters.ngram import NgramConfig
     from edgespec.shared.models.registry import DEFAULT_DRAFTER
 
+    from .drafters.with_lookup import MERGED_LOOKUP
+
     ngram = NgramConfig() if args.ngram_nodes is None else NgramConfig(max_nodes=args.ngram_nodes)
+    lookup = MERGED_LOOKUP if args.ngram_nodes is None else replace(MERGED_LOOKUP, max_nodes=args.ngram_nodes)
     return DrafterOptions(name=args.drafter, model=args.drafter_model or DEFAULT_DRAFTER,
                           checkpoint=args.checkpoint, target=args.target_model,
-                          moa_server_part=args.moa_server_part, tree=tree_shape(args), ngram=ngram,
+                          moa_server_part=args.moa_server_part, tree=tree_shape(args), ngram=ngram, lookup=lookup,
                           router=not args.no_router, weights=args.drafter_weights,
                           draft_vocab=args.draft_vocab, context_vocab=args.context_vocab)
 

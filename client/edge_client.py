@@ -17,7 +17,7 @@ from edgespec.shared.grammar import grammar_tokenizer
 from edgespec.shared.wire import MAX_NODES
 
 from .drafters.base import Drafter
-from .drafters.factory import DrafterOptions, make_drafter
+from .drafters.factory import DrafterOptions, make_drafter, split_lookup
 from .link.grpc_transport import GrpcTransport, Link, LinkConfig
 from .link.verifier import FeatureWidths, Verifier
 from .loop.generation import Event, Generation, GenerationConfig, GenerationResult, TokenizerInfo
@@ -101,7 +101,7 @@ class EdgespecClient:
     def _tokenizer_source(self) -> str:
         if self.config.tokenizer:
             return self.config.tokenizer
-        if self.config.drafter.name == "independent":
+        if split_lookup(self.config.drafter.name)[0] == "independent":
             return self.config.drafter.model
         name = self.info.registry_name or self.info.model_name  # model_name may be a served alias
         from edgespec.shared.models.registry import REGISTRY

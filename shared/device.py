@@ -44,6 +44,21 @@ def cpu_has_native_bf16() -> bool:
         return torch.backends.cpu.get_cpu_capability() in ("AVX512_BF16", "AMX")
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo; empty where it cannot be read)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def cpu_has_int8_dot() -> bool:
+    """True when the CPU multiplies int8 by int8 into int32 sums in one instruction (VNNI, AVX-VNNI, AMX), the
+    products ``torch._int_mm`` needs to be fast."""
+    return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
 def default_dtype(device: torch.device | str | None = None) -> torch.dtype:
     """bfloat16 on GPUs and CPUs that compute it natively, float32 on other CPUs (see the module note)."""
     dev = torch.device(device) if device is not None else pick_device()

@@ -21,12 +21,19 @@ from edgespec.shared.models.registry import DEFAULT_DRAFTER
 
 from .ngram import NgramConfig
 from .tree_builder import TreeShape
+from .with_lookup import MERGED_LOOKUP
 
 if TYPE_CHECKING:
     from .base import Drafter
 
 BUILTIN = ("ngram", "independent")
 LEARNED = {"eagle": "eagle", "moa": "moa-tli0", "beagle": "beagle"}  # kind -> shipped checkpoint it opens by default
+LOOKUP_SUFFIX = "+ngram"  # NAME+ngram: drafter NAME's trees with prompt lookup's continuations merged in
+
+
+def split_lookup(name: str) -> tuple[str, bool]:
+    """A drafter's name without ``+ngram``, and whether it had it."""
+    return (name[: -len(LOOKUP_SUFFIX)], True) if name.endswith(LOOKUP_SUFFIX) else (name, False)
 
 
 class UnknownDrafterError(EdgespecError, ValueError, grpc_code="INVALID_ARGUMENT"):
@@ -50,10 +57,12 @@ class DrafterOptions:
     draft_vocab: int | None = None  # independent and learned: draft over the N most frequent ids, 0 = all (None: the default)
     context_vocab: bool | None = None  # independent and learned: the committed text's ids as well (None: the default)
     ngram: NgramConfig = NgramConfig()  # prompt lookup settings
+    lookup: NgramConfig = MERGED_LOOKUP  # NAME+ngram: the lookup merged into a model drafter's trees
 
 
 def available_drafters() -> list[str]:
-    """Every name make_drafter takes: the built-in drafters, the learned kinds, the shipped checkpoints."""
+    """Every name make_drafter takes: the built-in drafters, the learned kinds, the shipped checkpoints (each of
+    them but ngram also as NAME+ngram)."""
     out = [*BUILTIN, *LEARNED]
     return out + [n for n in shipped_names() if n not in out]
 
@@ -62,7 +71,15 @@ def make_drafter(options: DrafterOptions, server_info=None, small_model=None, to
     """Build the drafter ``options.name``. ``server_info`` (an InfoResponse) checks that a learned drafter fits
     the server; ``small_model``: the independent drafter's LM already loaded (a benchmark shares one across
     drafters and with its baselines), else ``options.model`` is loaded; ``tokenizer``: the one that picks its draft
-    vocabulary's list (a loaded model's own otherwise)."""
+    vocabulary's list (a loaded model's own otherwise). NAME+ngram: drafter NAME with prompt lookup merged in."""
+    base, lookup = split_lookup(options.name)
+    if lookup:
+        if base == "ngram":
+            raise UnknownDrafterError("ngram+ngram is ngram: the +ngram suffix merges prompt lookup into a model "
+                                      "drafter's trees")
+        from .with_lookup import WithLookup
+
+        return WithLookup(make_drafter(replace(options, name=base), server_info, small_model, tokenizer), options.lookup)
     if options.name == "ngram":
         from .ngram import NgramDrafter
 
@@ -88,7 +105,8 @@ def _learned_kind(options: DrafterOptions) -> DrafterOptions:
     if options.name in shipped_names():
         kind = checkpoint_kind(resolve_checkpoint(options.name))
         return replace(options, name=kind, checkpoint=options.checkpoint or options.name)
-    raise UnknownDrafterError(f"unknown drafter {options.name!r}; choose one of {', '.join(available_drafters())}")
+    raise UnknownDrafterError(f"unknown drafter {options.name!r}; choose one of {', '.join(available_drafters())} "
+                              f"(any but ngram also as NAME{LOOKUP_SUFFIX}: prompt lookup merged into its trees)")
 
 
 def _open_learned(options: DrafterOptions, server_info) -> Drafter:

@@ -1,8 +1,9 @@
 """What one tree level costs a learned drafter on one core, against the independent drafter's small LM.
 
 A level feeds k new nodes: the EAGLE head (width W, one decoder layer) over k rows attending to a context
-of C cached rows, then the target's LM head over a draft vocabulary of V rows, in float32 or bf16. The
-small LM's forward over the same k tokens after a C-token cache is the baseline, timed in the same run.
+of C cached rows, then the target's LM head over a draft vocabulary of V rows, in float32, bf16 or int8 (by
+either kernel; ``--heads``). The small LM's forward over the same k tokens after a C-token cache is the
+baseline, timed in the same run.
 
     python -m edgespec.netem.bench.drafter_cost --widths 384,768,1024 --vocabs 32768,65536 --rows 1,4,8
 
@@ -54,18 +55,23 @@ def small_lm_ms(name: str, rows: list[int], context: int, dtype: str, repeats: i
     return out
 
 
+HEADS = ("float32", "bfloat16", "int_mm", "int8pack")  # the LM head: float, or int8 by either kernel
+
+
 @torch.inference_mode()
-def eagle_level_ms(hidden: int, width: int, vocab: int, k: int, context: int, head_dtype: torch.dtype,
+def eagle_level_ms(hidden: int, width: int, vocab: int, k: int, context: int, head_kind: str,
                    repeats: int) -> tuple[float, float]:
-    """(the whole level, the head's body alone) in ms for one EAGLE level of k nodes; ``head_dtype``
-    torch.int8: the client's int8 LM head (shared/drafters/target_parts.py, ``Int8Head``)."""
+    """(the whole level, the head's body alone) in ms for one EAGLE level of k nodes; ``head_kind`` one of HEADS:
+    "int_mm" and "int8pack" are the client's int8 LM head (shared/drafters/target_parts.py, ``Int8Head``) with
+    int8 x int8 products, or with bf16 inputs and the best ids again in float32."""
     heads = max(1, width // 64)
     head = EagleHead(EagleConfig(hidden, width=width, heads=heads, mlp_hidden=2 * width)).eval()
     weight = torch.randn(vocab, hidden)
-    if head_dtype == torch.int8:
+    if head_kind in ("int_mm", "int8pack"):
         q = quantize_head(weight, kept_channels(torch.rand(hidden)))
-        logits = lambda h: int8_logits(h, q)  # noqa: E731
+        logits = lambda h: int8_logits(h, q, head_kind)  # noqa: E731
     else:
+        head_dtype = getattr(torch, head_kind)
         lm = weight.to(head_dtype)
         logits = lambda h: (h.to(head_dtype) @ lm.T).float()  # noqa: E731
     emb, feat = torch.randn(k, hidden), torch.randn(k, hidden)
@@ -94,7 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=500)
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--heads", type=lambda t: [h for h in t.split(",") if h], default=list(HEADS),
+                   help=f"LM heads to time, comma-separated subset of {','.join(HEADS)}")
     args = p.parse_args(argv)
+    if set(args.heads) - set(HEADS):
+        p.error(f"unknown heads {sorted(set(args.heads) - set(HEADS))}; choose from {','.join(HEADS)}")
     torch.set_num_threads(args.threads)
     if args.small:
         for k, ms in small_lm_ms(args.small, args.rows, args.context, args.small_dtype, args.repeats).items():
@@ -103,9 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         for vocab in args.vocabs:
             for k in args.rows:
                 cells = []
-                for dtype in (torch.float32, torch.bfloat16, torch.int8):
-                    total, body = eagle_level_ms(args.hidden, width, vocab, k, args.context, dtype, args.repeats)
-                    cells.append(f"{str(dtype).removeprefix('torch.')} head {total:.1f} ms")
+                for kind in args.heads:
+                    total, body = eagle_level_ms(args.hidden, width, vocab, k, args.context, kind, args.repeats)
+                    cells.append(f"{kind} head {total:.1f} ms")
                 print(f"eagle W={width} V={vocab} k={k}: {' | '.join(cells)} (body {body:.1f} ms)", flush=True)
     return 0
 

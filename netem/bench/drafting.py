@@ -11,7 +11,8 @@ same end-of-text tokens:
 - hf-lookup: transformers' prompt lookup decoding (``prompt_lookup_num_tokens=``)
 - ngram, independent, eagle, moa-tli0, moa-tli1: the edgespec client against an edgespec server
   on loopback (an ideal link); learned drafters by shipped checkpoint name (``--checkpoints``
-  points elsewhere), the server holding their MoA server parts
+  points elsewhere), the server holding their MoA server parts; any of them but ngram (and any
+  ``--learned`` NAME) also as NAME+ngram, prompt lookup merged into its trees
 
 Reported per method: tokens/s (new tokens over wall time, prefill included),
 speed-up over the target, and tau = tokens committed per target forward pass
@@ -162,9 +163,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         p.error(str(exc))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] + list(learned)
-    unknown = set(methods) - set(METHODS) - set(learned)
+    unknown = {m for m in methods if m not in METHODS and m not in learned and not with_lookup(m, learned)}
     if unknown:
-        p.error(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)}")
+        p.error(f"unknown methods {sorted(unknown)}; choose from {', '.join(METHODS)} (an edgespec drafter but ngram "
+                f"also as NAME+ngram)")
     tree = tree_shape(args)
     # every prompt's runs as they finish: an interrupted hour-long run keeps what it measured
     with open(args.out + ".partial.jsonl", "w") if args.out else contextlib.nullcontext() as partial:
@@ -206,13 +208,29 @@ def parse_learned(pairs: list[str]) -> dict[str, tuple[str, bool, str | None]]:
     return out
 
 
+def with_lookup(method: str, learned: dict) -> bool:
+    """Whether ``method`` is an edgespec drafter (not ngram) or a ``--learned`` one, with +ngram."""
+    from edgespec.client.drafters.factory import split_lookup
+
+    base, lookup = split_lookup(method)
+    return lookup and base != "ngram" and (base in EDGESPEC or base in learned)
+
+
 def method_options(method: str, target: str, drafter_model: str, tree, checkpoints: str | None,
                    learned: dict[str, tuple[str, bool]]):
     """The DrafterOptions of an edgespec method: a drafter's name (a learned one from ``--checkpoints`` when
-    given) or a ``--learned`` NAME=PATH of its kind; a MoA drafter's server part is named after the method."""
+    given) or a ``--learned`` NAME=PATH of its kind; a MoA drafter's server part is named after the method;
+    METHOD+ngram: METHOD's options with prompt lookup merged into its trees."""
+    from dataclasses import replace
+
     from edgespec.client import BUILTIN, DrafterOptions
+    from edgespec.client.drafters.factory import LOOKUP_SUFFIX, split_lookup
     from edgespec.shared.drafters.checkpoint import checkpoint_kind, resolve_checkpoint
 
+    base, lookup = split_lookup(method)
+    if lookup:
+        options = method_options(base, target, drafter_model, tree, checkpoints, learned)
+        return replace(options, name=options.name + LOOKUP_SUFFIX)
     if method in BUILTIN:
         return DrafterOptions(method, model=drafter_model, tree=tree)
     path, router, dtype = learned.get(method, (method if checkpoints is None else str(Path(checkpoints, method)),
@@ -250,7 +268,8 @@ def run_benchmark(target_name: str, drafter_name: str, prompts: list, max_new: i
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     learned = learned or {}
     options = {m: method_options(m, target_name, drafter_name, tree, checkpoints, learned)
-               for m in [m for m in EDGESPEC if m in methods] + list(learned)}
+               for m in [m for m in EDGESPEC if m in methods] + [m for m in methods if with_lookup(m, learned)]
+               + list(learned)}
     log(f"loading {target_name} and {drafter_name} ...")
     target = load_model(target_name, device="cpu")
     small = load_model(drafter_name, device="cpu")

@@ -17,10 +17,17 @@ time. The final norm's output has a few channels far above the rest (the 1.5B's 
 would set every row's scale: the channels with the norm's largest weights are kept out of the int8 product and
 added in float32 (8 of 1,536 channels: [V', 8] floats). On the 1.5B's own answers the top-1 id then agrees with
 float32's on 99.55 % of positions (bf16: 99.65 %; int8 without the kept channels: 98.25 %).
+
+Without int8 dot products in hardware (VNNI, AVX-VNNI, AMX: many AVX2 laptops) ``torch._int_mm`` is slow: on an
+AVX2 EPYC core a drafting level of 4 rows over 65,536 ids took 278 ms with it, 93 in float32 and 35 with
+``torch._weight_int8pack_mm`` (the same int8 rows, bf16 inputs, one scale per row; ``bench drafter_cost``). That kernel is the ``"int8pack"`` path: its logits come out in bf16, whose
+steps (0.125 at 16-32) would tie the candidates a tree ranks, so each row's best ``REFINE`` ids are computed again
+in float32 from the same int8 rows and the float32 inputs.
 """
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +47,18 @@ from .checkpoint import DrafterCheckpointError
 KEPT_CHANNELS = 8
 
 
+REFINE = 32  # "int8pack": ids per row whose logits are computed again in float32 (a tree takes a few per node)
+
+
+@functools.cache  # the CPU's flags do not change while a process runs
+def int8_head_kernel() -> str:
+    """The int8 head's kernel on this CPU: "int_mm" (int8 x int8, ``torch._int_mm``) where int8 dot products are
+    in hardware, else "int8pack" (bf16 inputs, ``torch._weight_int8pack_mm``); see the module's note."""
+    from edgespec.shared.device import cpu_has_int8_dot
+
+    return "int_mm" if cpu_has_int8_dot() else "int8pack"
+
+
 @dataclass(frozen=True)
 class Int8Head:
     """LM-head rows in int8 with the kept channels apart."""
@@ -48,6 +67,7 @@ class Int8Head:
     scale: torch.Tensor  # float32 [V]: row v's weights are weight[v] * scale[v]
     kept: torch.Tensor  # float32 [V, K]: the weights of the kept channels
     channels: torch.Tensor  # long [K]: input channels kept in float
+    scale_bf16: torch.Tensor | None = None  # bf16 [V]: ``scale`` as the "int8pack" kernel takes it (None: made per call)
 
     @property
     def rows(self) -> int:
@@ -65,7 +85,7 @@ def quantize_head(weight: torch.Tensor, channels: torch.Tensor, chunk: int = 163
     parts = [_quantize_rows(weight[i:i + chunk].detach().float(), channels)
              for i in range(0, max(1, weight.shape[0]), chunk)]
     q, scale, kept = (torch.cat(x) for x in zip(*parts))
-    return Int8Head(q, scale, kept, channels)
+    return Int8Head(q, scale, kept, channels, scale.to(torch.bfloat16))
 
 
 def _quantize_rows(w: torch.Tensor, channels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -75,18 +95,34 @@ def _quantize_rows(w: torch.Tensor, channels: torch.Tensor) -> tuple[torch.Tenso
     return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8), scale, kept
 
 
-def int8_logits(hidden: torch.Tensor, head: Int8Head) -> torch.Tensor:
-    """Logits [T, V] (float32) of LM-head inputs [T, E] through an int8 head."""
+def int8_logits(hidden: torch.Tensor, head: Int8Head, kernel: str | None = None) -> torch.Tensor:
+    """Logits [T, V] (float32) of LM-head inputs [T, E] through an int8 head; ``kernel`` "int_mm" or "int8pack"
+    (None: ``int8_head_kernel()``, this CPU's faster one)."""
+    kernel = kernel or int8_head_kernel()
     h = hidden.float()
     rest = h.index_fill(1, head.channels, 0.0)
+    if kernel == "int8pack":
+        return _int8pack_logits(h, rest, head)
+    if kernel != "int_mm":
+        raise ValueError(f"unknown int8 head kernel {kernel!r}; choose int_mm or int8pack")
     step = (rest.abs().amax(1, keepdim=True) / 127).clamp_min(1e-12)
     q = torch.round(rest / step).clamp_(-127, 127).to(torch.int8)
     # _int_mm takes [T, E] x [E, V]; the transposed view of the row-major head is the layout it reads fastest.
     return torch._int_mm(q, head.weight.t()).float() * step * head.scale + h[:, head.channels] @ head.kept.T
 
 
+def _int8pack_logits(h: torch.Tensor, rest: torch.Tensor, head: Int8Head) -> torch.Tensor:
+    kept = h[:, head.channels] @ head.kept.T
+    scale = head.scale_bf16 if head.scale_bf16 is not None else head.scale.to(torch.bfloat16)
+    logits = torch._weight_int8pack_mm(rest.to(torch.bfloat16), head.weight, scale).float() + kept
+    top = logits.topk(min(REFINE, head.rows), -1).indices  # [T, R]: the ids a tree may take, in float32 again
+    exact = torch.einsum("te,tre->tr", rest, head.weight[top].float()) * head.scale[top] + kept.gather(1, top)
+    return logits.scatter_(1, top, exact)
+
+
 def select_rows(head: Int8Head, ids: torch.Tensor) -> Int8Head:
-    return Int8Head(head.weight[ids].contiguous(), head.scale[ids], head.kept[ids].contiguous(), head.channels)
+    return Int8Head(head.weight[ids].contiguous(), head.scale[ids], head.kept[ids].contiguous(), head.channels,
+                    None if head.scale_bf16 is None else head.scale_bf16[ids])
 
 
 # -- the target's parts -------------------------------------------------------------------------

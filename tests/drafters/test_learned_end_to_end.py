@@ -62,6 +62,29 @@ def test_drafted_generation_equals_the_targets_greedy_output(target_greedy, kind
 
 
 @pytest.mark.parametrize("kind,tli", [("eagle", 0), ("moa", 1)])
+def test_with_prompt_lookup_merged_the_output_is_still_the_targets(target_greedy, kind, tli, server, target, target_dir,
+                                                                   checkpoints):
+    """NAME+ngram: the lookup's paths hang onto the learned drafter's trees, whose runtime still follows the
+    committed text whichever drafter's nodes the target accepted."""
+    import dataclasses
+
+    from edgespec.client.loop.generation import GenerationConfig
+
+    options = learned_options(kind, checkpoints[f"{kind}-tli{tli}"], target_dir)
+    client = edge_client(server.address, dataclasses.replace(options, name=f"{kind}+ngram"), target_dir,
+                         min_deadline_s=0.5)
+    try:
+        assert client.drafter.name == (f"moa-tli{tli}+ngram" if kind == "moa" else "eagle+ngram")
+        prompt = "Repeat: one two three four, one two three four, one two three four, one two"
+        ids = client.encode(prompt)
+        result = client.generate(ids, GenerationConfig(max_new_tokens=48, ignore_eos=True))
+        assert result.token_ids == target_greedy(target.model, ids, 48)
+        assert client.drafter.base.rt.tokens == [*ids, *result.token_ids]
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("kind,tli", [("eagle", 0), ("moa", 1)])
 def test_with_no_dtype_asked_a_learned_drafter_runs_in_the_cpus_fast_precision(target_greedy, kind, tli, server,
                                                                              target, target_dir, checkpoints):
     """The client's default: the drafter's own layers and MoA's TLI layer in bf16 where the CPU computes it
