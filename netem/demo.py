@@ -113,9 +113,12 @@ def _generate(args, address: str) -> None:
 def moa_server_parts(args) -> dict[str, str]:
     """A MoA drafter's Layer Self-Attention runs on the server: the part of the same name (the kind "moa"
     stands for its default shipped checkpoint); nothing for other drafters."""
-    if not args.drafter.startswith("moa"):
+    from edgespec.client.drafters.factory import split_lookup
+
+    drafter = split_lookup(args.drafter)[0]  # moa-tli1+ngram: moa-tli1's part
+    if not drafter.startswith("moa"):
         return {}
     from edgespec.client import LEARNED
 
-    moa = args.checkpoint or LEARNED.get(args.drafter, args.drafter)
+    moa = args.checkpoint or LEARNED.get(drafter, drafter)
     return {args.moa_server_part or Path(moa).name: moa}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import torch
 
@@ -83,10 +84,7 @@ class WithLookup(Drafter):
             request.committed, self.lookup, min(self.lookup.max_continuation, request.max_depth))
         # the lookup's trie first, so the model knows how many nodes are left to it
         reserve = len(trie_tree(found, min(self.lookup.max_nodes, request.max_nodes // 2))) if found else 0
-        own = request if not reserve else DraftRequest(
-            request.committed, request.max_nodes - reserve, request.max_depth, request.constraint, request.ahead,
-            request.stop, request.path_floors)
-        tree = self.base.propose(own)
+        tree = self.base.propose(replace(request, max_nodes=request.max_nodes - reserve) if reserve else request)
         scores = self.base.tree_scores()
         if not found:
             self._scores, self.lookup_nodes = (None if scores is None else list(scores)), 0

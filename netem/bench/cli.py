@@ -104,8 +104,8 @@ PROMPT_SET_FLAGS = {
     "drafters": Flag(type=_csv, action="store",
                      help="comma-separated; NAME@serial, @pipelined, @auto-serial, @auto-1 or @auto (the default) "
                           "picks the client's loop, NAME:BxDxM[@min_prob] the tree shape and NAME+int8 (or +int4-mlp, "
-                          "+float) the independent drafter's weights, so loops, shapes and weights compare in one "
-                          "run"),
+                          "+float) the independent drafter's weights, NAME+ngram prompt lookup merged into its trees, so "
+                          "loops, shapes and weights compare in one run"),
     "profiles": Flag(type=_csv, action="store", help="comma-separated network profiles"),
     "prompt_sets": Flag("--sets", type=_csv, action="store", help="prompt sets, comma-separated"),
     # --limit N,SET=N is limit and set_limits (which _run_experiment gives from_args itself)

@@ -123,9 +123,11 @@ def _serve_and_run(config: BenchConfig, split: CpuSplit, sink: JsonLines, remote
         _run_against(config, remote, prompts, sink)
         return
     log = start_server_log(config.out / f"{config.experiment}-server.log", len(sink.done), config.command)
-    # MoA drafters (shipped names such as moa-tli0) need their server part on the server
-    moa_parts = [a for d in {d.partition("@")[0].partition(":")[0] for d in config.drafters} if d.startswith("moa")
-                 for a in ("--moa-server-part", d)]
+    # MoA drafters (shipped names such as moa-tli0, also as moa-tli0+ngram) need their server part on the server
+    from edgespec.client.drafters.factory import split_lookup
+
+    names = {split_lookup(d.partition("@")[0].partition(":")[0])[0] for d in config.drafters}
+    moa_parts = [a for d in sorted(names) if d.startswith("moa") for a in ("--moa-server-part", d)]
     threads = config.server_threads or (len(split.server) if split.server else None)
     # No prefix cache: the systems answer each prompt one after another, so with it every system after the
     # first (the plain API) would find the prompt's KV cached and skip its prefill, and the speed-ups would

@@ -40,7 +40,8 @@ def drafter_client(address: str, drafter: str, config, tokenizer=None, instance=
 
 
 def drafter_shape(drafter: str) -> dict:
-    """ "independent+int8~64k:2x6x8@0.1" -> the drafter's DrafterOptions fields: its name, its weights after "+"
+    """ "independent+int8~64k:2x6x8@0.1" -> the drafter's DrafterOptions fields: its name (with "+ngram" when one of
+    the "+" parts is ngram: prompt lookup merged in), its weights after "+"
     (IndependentConfig.weights: int4-mlp, int8 or float), its draft vocabulary after "~" (a count, "64k" or
     "full", then "+ctx" or "+noctx" for IndependentConfig.context_vocab) and its EAGLE-2 tree shape after ":"
     (BxDxM[@min_prob], as tree-sweep's --shapes), so weights, vocabularies, fixed shapes and --tree auto compare
@@ -49,11 +50,15 @@ def drafter_shape(drafter: str) -> dict:
 
     named, _, shape = drafter.partition(":")
     named, tilde, vocab = named.partition("~")
-    name, plus, weights = named.partition("+")
-    if plus and weights not in WEIGHTS:
-        raise argparse.ArgumentTypeError(f"unknown weights {weights!r} in {drafter!r}; choose one of "
-                                         f"{', '.join(WEIGHTS)}")
-    out = {"name": name, **({"weights": weights} if plus else {}), **({"tree": parse_shape(shape)} if shape else {})}
+    name, *extras = named.split("+")
+    lookup = "ngram" in extras  # NAME+ngram: prompt lookup merged into its trees (client/drafters/with_lookup.py)
+    extras = [e for e in extras if e != "ngram"]
+    if len(extras) > 1 or (extras and extras[0] not in WEIGHTS):
+        raise argparse.ArgumentTypeError(f"unknown weights {'+'.join(extras)!r} in {drafter!r}; choose one of "
+                                         f"{', '.join(WEIGHTS)} (and +ngram for prompt lookup merged in)")
+    weights = extras[0] if extras else None
+    out = {"name": name + ("+ngram" if lookup else ""), **({"weights": weights} if weights else {}),
+           **({"tree": parse_shape(shape)} if shape else {})}
     if tilde:
         vocab, plus, context = vocab.partition("+")
         if plus and context not in ("ctx", "noctx"):

@@ -30,6 +30,7 @@ def test_a_moa_demo_loads_the_matching_server_part():
 
     assert moa_server_parts(args("moa")) == {"moa-tli0": "moa-tli0"}
     assert moa_server_parts(args("moa-tli1")) == {"moa-tli1": "moa-tli1"}
+    assert moa_server_parts(args("moa-tli1+ngram")) == {"moa-tli1": "moa-tli1"}  # the lookup needs no part of its own
     assert moa_server_parts(args("moa", "/runs/x/moa-run")) == {"moa-run": "/runs/x/moa-run"}
     assert moa_server_parts(args("independent")) == {}
 

@@ -107,6 +107,19 @@ def test_a_systems_drafter_weights_ride_in_its_name():
         drafter_shape("independent+int3")
 
 
+def test_prompt_lookup_merged_in_rides_in_a_systems_name_beside_its_weights():
+    """`--drafters eagle+ngram,independent+int8+ngram`: NAME+ngram is the factory's name; weights stay apart."""
+    import argparse
+
+    from edgespec.netem.bench.systems import drafter_shape
+
+    assert drafter_shape("eagle+ngram") == {"name": "eagle+ngram"}
+    assert drafter_shape("independent+int8+ngram") == drafter_shape("independent+ngram+int8") == {
+        "name": "independent+ngram", "weights": "int8"}
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown weights 'int8\\+float'"):
+        drafter_shape("independent+int8+float")
+
+
 def test_a_systems_draft_vocabulary_rides_in_its_name():
     """`--drafters independent,independent~64k`: the drafter over the 65,536 most frequent ids beside the default."""
     import argparse
