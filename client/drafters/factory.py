@@ -79,7 +79,8 @@ def make_drafter(options: DrafterOptions, server_info=None, small_model=None, to
                                       "drafter's trees")
         from .with_lookup import WithLookup
 
-        return WithLookup(make_drafter(replace(options, name=base), server_info, small_model, tokenizer), options.lookup)
+        base_drafter = make_drafter(replace(options, name=base), server_info, small_model, tokenizer)
+        return WithLookup(base_drafter, options.lookup)
     if options.name == "ngram":
         from .ngram import NgramDrafter
 

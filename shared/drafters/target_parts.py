@@ -20,9 +20,10 @@ float32's on 99.55 % of positions (bf16: 99.65 %; int8 without the kept channels
 
 Without int8 dot products in hardware (VNNI, AVX-VNNI, AMX: many AVX2 laptops) ``torch._int_mm`` is slow: on an
 AVX2 EPYC core a drafting level of 4 rows over 65,536 ids took 278 ms with it, 93 in float32 and 35 with
-``torch._weight_int8pack_mm`` (the same int8 rows, bf16 inputs, one scale per row; ``bench drafter_cost``). That kernel is the ``"int8pack"`` path: its logits come out in bf16, whose
-steps (0.125 at 16-32) would tie the candidates a tree ranks, so each row's best ``REFINE`` ids are computed again
-in float32 from the same int8 rows and the float32 inputs.
+``torch._weight_int8pack_mm`` (the same int8 rows, bf16 inputs, one scale per row; ``bench drafter_cost``). That
+kernel is the ``"int8pack"`` path: its logits come out in bf16, whose steps (0.125 at 16-32) would tie the
+candidates a tree ranks, so each row's best ``REFINE`` ids are computed again in float32 from the same int8 rows
+and the float32 inputs.
 """
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ class Int8Head:
     scale: torch.Tensor  # float32 [V]: row v's weights are weight[v] * scale[v]
     kept: torch.Tensor  # float32 [V, K]: the weights of the kept channels
     channels: torch.Tensor  # long [K]: input channels kept in float
-    scale_bf16: torch.Tensor | None = None  # bf16 [V]: ``scale`` as the "int8pack" kernel takes it (None: made per call)
+    scale_bf16: torch.Tensor | None = None  # bf16 [V]: ``scale`` as "int8pack" takes it (None: made per call)
 
     @property
     def rows(self) -> int:
