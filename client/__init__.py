@@ -29,6 +29,7 @@ _FACE = {  # name -> the module (under edgespec.client) that defines it
     # a drafter by name, or one's own
     "DrafterOptions": "drafters.factory", "make_drafter": "drafters.factory", "BUILTIN": "drafters.factory",
     "LEARNED": "drafters.factory", "Drafter": "drafters.base", "DraftRequest": "drafters.base",
+    "LOOKUP_SUFFIX": "drafters.factory", "split_lookup": "drafters.factory",  # NAME+ngram
     "TreeShape": "drafters.tree_builder", "open_runtime": "drafters.learned.loading",
     # the independent drafter's parts its micro-benchmark measures (weights, reduced vocabulary and head)
     "IndependentConfig": "drafters.independent", "IndependentDrafter": "drafters.independent",

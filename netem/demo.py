@@ -113,7 +113,7 @@ def _generate(args, address: str) -> None:
 def moa_server_parts(args) -> dict[str, str]:
     """A MoA drafter's Layer Self-Attention runs on the server: the part of the same name (the kind "moa"
     stands for its default shipped checkpoint); nothing for other drafters."""
-    from edgespec.client.drafters.factory import split_lookup
+    from edgespec.client import split_lookup
 
     drafter = split_lookup(args.drafter)[0]  # moa-tli1+ngram: moa-tli1's part
     if not drafter.startswith("moa"):

@@ -210,7 +210,7 @@ def parse_learned(pairs: list[str]) -> dict[str, tuple[str, bool, str | None]]:
 
 def with_lookup(method: str, learned: dict) -> bool:
     """Whether ``method`` is an edgespec drafter (not ngram) or a ``--learned`` one, with +ngram."""
-    from edgespec.client.drafters.factory import split_lookup
+    from edgespec.client import split_lookup
 
     base, lookup = split_lookup(method)
     return lookup and base != "ngram" and (base in EDGESPEC or base in learned)
@@ -224,7 +224,7 @@ def method_options(method: str, target: str, drafter_model: str, tree, checkpoin
     from dataclasses import replace
 
     from edgespec.client import BUILTIN, DrafterOptions
-    from edgespec.client.drafters.factory import LOOKUP_SUFFIX, split_lookup
+    from edgespec.client import LOOKUP_SUFFIX, split_lookup
     from edgespec.shared.drafters.checkpoint import checkpoint_kind, resolve_checkpoint
 
     base, lookup = split_lookup(method)

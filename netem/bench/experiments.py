@@ -124,7 +124,7 @@ def _serve_and_run(config: BenchConfig, split: CpuSplit, sink: JsonLines, remote
         return
     log = start_server_log(config.out / f"{config.experiment}-server.log", len(sink.done), config.command)
     # MoA drafters (shipped names such as moa-tli0, also as moa-tli0+ngram) need their server part on the server
-    from edgespec.client.drafters.factory import split_lookup
+    from edgespec.client import split_lookup
 
     names = {split_lookup(d.partition("@")[0].partition(":")[0])[0] for d in config.drafters}
     moa_parts = [a for d in sorted(names) if d.startswith("moa") for a in ("--moa-server-part", d)]
