@@ -170,9 +170,8 @@ def drafter_options_from_args(args):
     """The DrafterOptions the drafter and tree flags give."""
     from .drafters.factory import DrafterOptions
     from .drafters.ngram import NgramConfig
-    from edgespec.shared.models.registry import DEFAULT_DRAFTER
-
     from .drafters.with_lookup import MERGED_LOOKUP
+    from edgespec.shared.models.registry import DEFAULT_DRAFTER
 
     ngram = NgramConfig() if args.ngram_nodes is None else NgramConfig(max_nodes=args.ngram_nodes)
     lookup = MERGED_LOOKUP if args.ngram_nodes is None else replace(MERGED_LOOKUP, max_nodes=args.ngram_nodes)

@@ -27,13 +27,18 @@ def pick_device(requested: str | None = None) -> torch.device:
     return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
 
 
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
+def _cpuinfo(field: str) -> str | None:
+    """The first /proc/cpuinfo line's value for ``field`` (None where there is none, or no /proc/cpuinfo)."""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(field):
                 return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform knows."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
 def cpu_has_native_bf16() -> bool:
@@ -46,11 +51,7 @@ def cpu_has_native_bf16() -> bool:
 
 def cpu_flags() -> set[str]:
     """The CPU's feature flags (/proc/cpuinfo; empty where it cannot be read)."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    return set()
+    return set((_cpuinfo("flags") or "").split())
 
 
 def cpu_has_int8_dot() -> bool:

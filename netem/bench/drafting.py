@@ -223,8 +223,7 @@ def method_options(method: str, target: str, drafter_model: str, tree, checkpoin
     METHOD+ngram: METHOD's options with prompt lookup merged into its trees."""
     from dataclasses import replace
 
-    from edgespec.client import BUILTIN, DrafterOptions
-    from edgespec.client import LOOKUP_SUFFIX, split_lookup
+    from edgespec.client import BUILTIN, LOOKUP_SUFFIX, DrafterOptions, split_lookup
     from edgespec.shared.drafters.checkpoint import checkpoint_kind, resolve_checkpoint
 
     base, lookup = split_lookup(method)
