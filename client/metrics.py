@@ -52,6 +52,7 @@ class ClientMetrics(VllmMetrics):
                             "Time the client waited for a verdict with nothing to draft, in seconds.")
         self.plain_steps = counter("plain_steps", "Drafts sent without a tree (plain decode steps).")
         self.queued_steps = counter("queued_steps", "Plain steps sent before the answer to the one before them came.")
+        self.copy_steps = counter("copy_steps", "Drafts whose tree was a lookup's copy sent in place of a plain step.")
         # the link: what edgespec is for (calls to the server, bytes, offline tokens, disconnections)
         self.server_calls = counter("server_calls", "Requests the server answered: prefills (Open), verifications "
                                                     "and resumes.")
@@ -96,6 +97,7 @@ class ClientMetrics(VllmMetrics):
         self.idle.inc(m.idle_s)
         self.plain_steps.inc(m.plain_steps)
         self.queued_steps.inc(m.queued_steps)
+        self.copy_steps.inc(m.copy_steps)
         self.server_calls.inc(m.calls)
         self.sent_bytes.inc(m.bytes_up)
         self.received_bytes.inc(m.bytes_down)

@@ -127,6 +127,7 @@ class GenerationMetrics(SpecDecodeStats, LinkTraffic):
     idle_s: float = 0.0  # the client waiting for a verdict with nothing left to draft
     plain_steps: int = 0  # Drafts sent without a tree (plain decode steps: the planner found trees lose)
     queued_steps: int = 0  # of them, those sent before the answer to the one before came (Draft.queued)
+    copy_steps: int = 0  # Drafts whose tree was a lookup's copy sent in place of a plain step (+ngram drafters)
 
     def add(self, other: SpecDecodeStats | LinkTraffic) -> None:
         """Sum other's counters into these: a session's traffic into its generation, or generations into a
@@ -190,6 +191,8 @@ class GenerationMetrics(SpecDecodeStats, LinkTraffic):
                      f"a step, {self.idle_s:.2f}s idle")
         if self.plain_steps:
             line += f", {self.plain_steps} plain steps ({self.queued_steps} queued)"
+        if self.copy_steps:
+            line += f", {self.copy_steps} copies"
         if self.offline_tokens or self.disconnects:
             line += (f", {self.offline_tokens} offline, {self.disconnects} disconnects, {self.resumes} resumes, "
                      f"{self.rolled_back_tokens} rolled back")

@@ -56,6 +56,8 @@ class DraftRequest:
     path_floors: tuple[float, ...] = ()  # where to stop deepening, from the loop's costs (tree_size.path_floors):
     # [i] is the least probability the best path of depth i + 1 must have to be drafted a level deeper, in place
     # of a drafter's own min_prob; (): the drafter's own
+    free_depth: int = 0  # how deep paths that cost no drafting (a lookup's copies) may go: the tokens the step may
+    # still commit less its bonus token, past the planner's max_depth; 0: max_depth
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,12 @@ class Drafter(abc.ABC):
         ``committed[:kept]`` is unchanged from what the drafter saw before; anything
         it derived from later tokens is stale. ``features`` are Resumed's.
         """
+
+    def copy_tree(self, committed: Sequence[int], max_nodes: int, max_depth: int) -> DraftTree:
+        """A tree that costs no drafting, for a step the loop would otherwise make plain: what the text is copying
+        from itself, found by lookup (``+ngram`` drafters). The loop sends it in place of the plain step when its
+        measured acceptance pays for the verification (``TreePlanner.copy_pays``). Empty (the default): none."""
+        return DraftTree((), ())
 
     def tree_scores(self) -> Sequence[float] | None:
         """Log-probability, per node of the tree ``propose`` returned last, that the target accepts the path

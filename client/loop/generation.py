@@ -337,7 +337,8 @@ class Generation:
         prepared = pipe.draft_ahead(flight, wanted)
         if pipe.can_queue(flight) and wanted > flight.record.ahead:
             self._planned = pipe.planner.size(wanted - flight.record.ahead)
-            if self._planned.plain or pipe.queue_anyway(flight):
+            if ((self._planned.plain and not pipe.copy_coming(s.committed, wanted - flight.record.ahead))
+                    or pipe.queue_anyway(flight)):
                 self._step += 1
                 self._flight = pipe.queue_plain(self._step, flight, self._planned.ahead if self._planned.plain else 1)
                 self._planned = None

@@ -130,14 +130,37 @@ class DraftPipeline:
         empty tree, a plain step of that many tokens)."""
         size = self.planner.size(remaining) if size is None else size
         if size.plain:
+            copy = self._copy(committed, remaining, record=True)
+            if copy is not None:
+                return copy, None, 1
             return DraftTree((), ()), None, size.ahead
-        tree = self.steps.draft(lambda: self._propose(committed, size))
+        tree = self.steps.draft(lambda: self._propose(committed, size, remaining - 1))
         return tree, self.drafter.tree_scores() if self.grammar is None else None, 1
 
-    def _propose(self, committed: Sequence[int], size: TreeSize) -> DraftTree:
+    def copy_coming(self, committed: Sequence[int], remaining: int) -> bool:
+        """Would a copy replace the next plain step? Then no plain step is queued behind this one: the text
+        after it is likely still copying, and the copy goes out once its answer is in (a round trip the server
+        idles, against a decode step per copied token)."""
+        return self._copy(committed, remaining, record=False) is not None
+
+    def _copy(self, committed: Sequence[int], remaining: int, record: bool) -> DraftTree | None:
+        """The drafter's copy (``Drafter.copy_tree``) for a step the planner made plain, where sending it pays
+        (``TreePlanner.copy_pays``); `record`: it is to be sent next (``StepLog.copy``). Not under a grammar
+        (a copy is not drafted inside it) nor with the drafter's fixed shape."""
+        if not self.loop.copies or self.grammar is not None or self.loop.tree == "fixed" or remaining < 2:
+            return None
+        began = self.steps.clock()
+        tree = self.drafter.copy_tree(tuple(committed), self.max_tree_nodes, remaining - 1)
+        if not len(tree) or not self.planner.copy_pays(tree, remaining):
+            return None
+        if record:
+            self.steps.copy(began)
+        return tree
+
+    def _propose(self, committed: Sequence[int], size: TreeSize, free_depth: int = 0) -> DraftTree:
         if self.grammar is None:
             return self.drafter.propose(DraftRequest(tuple(committed), size.nodes, size.depth,
-                                                     path_floors=size.floors))
+                                                     path_floors=size.floors, free_depth=free_depth))
         output = tuple(committed[self.prompt_len:])
         tree = self.drafter.propose(DraftRequest(tuple(committed), size.nodes, size.depth,
                                                  self.grammar.after(output), path_floors=size.floors))
@@ -282,7 +305,8 @@ class DraftPipeline:
         more than `size` (the bonus token's) and room for the other bonus tokens beside the likeliest. `stop`:
         ``_stop_when_missed``; `during`: the record of the step out meanwhile (None: a record of its own)."""
         request = DraftRequest(context, min(self.max_tree_nodes, size.nodes + max(2, size.nodes // 2)),
-                               min(size.depth + 1, left), ahead=True, stop=stop, path_floors=size.floors)
+                               min(size.depth + 1, left), ahead=True, stop=stop, path_floors=size.floors,
+                               free_depth=left)
         tree, took = self.steps.draft_ahead(StepRecord() if during is None else during,
                                             lambda: self.drafter.propose(request),
                                             lambda: stop is not None and stop.fired)

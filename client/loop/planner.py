@@ -72,6 +72,9 @@ class LoopConfig:
     # the first plain step's round trip, or the first tree's drafting ahead) over explore_every steps, so
     # estimates that swing around the break-even do not swing the loop (on prose at satellite delays the loop
     # switched kinds every few steps, at 0.84x the plain API where either kind alone came level with it)
+    copies: bool = True  # where the planner makes a step plain, a drafter's copy (Drafter.copy_tree: the lookup
+    # of an ``+ngram`` drafter) goes in its place when its measured acceptance pays for it (TreePlanner.copy_pays),
+    # and no plain step is queued while the text is copying (DraftPipeline.copy_coming)
     warmup_trees: int = 3  # trees of the drafter's own shape verified before the planner sizes any: a plain
     # step measures no acceptance, so a planner that starts from its prior alone can settle on plain steps
     # with a drafter whose trees would win (seen on a one-core server: the 0.5B drafter at 1.9 tokens a step
@@ -109,6 +112,10 @@ class LoopEstimates:
     # a drop in acceptance moves the plan within a few trees (at 0.05 a chat answer after code took ~20)
     CALIBRATION_RANGE = (0.25, 4.0)  # a few verdicts of a text the drafter gets all wrong (or right) must not
     # stop every tree at its root (or never)
+    COPY_PRIOR = 0.8  # per-token acceptance a copy (a lookup's tree sent in place of a plain step) is taken to
+    # have before one was verified: a 3-4 token match continues as before most of the time on code
+    COPY_PRIOR_WEIGHT = 2.0  # tokens' worth of evidence behind COPY_PRIOR: two copies refused at their first
+    # token take it to ~0.4
     CARRY = 2.0  # verdicts' worth of acceptance counts a new generation starts with (new_generation)
 
     def __init__(self, curve_nodes: Sequence[int] = (), curve_s: Sequence[float] = ()):
@@ -135,6 +142,8 @@ class LoopEstimates:
         self.largest_tree = 0  # the most nodes a tree drafted had: the drafter's own cap, where it has one
         self.node_price_s = 0.0  # what a node costs the other sessions of the server's forwards (the server's load
         # price: row cost x (sharing - 1)); 0 alone, so a lone session plans as before
+        self._copy_tried = 0.0  # running sums over copies' verdicts: the tokens tried (accepted, and the first one
+        self._copy_accepted = 0.0  # rejected, where the path went on) and the tokens accepted
         self._promised = 0.0  # running sums over verdicts: the tokens the drafter's probabilities promised ...
         self._delivered = 0.0  # ... and the tokens the target accepted (calibration)
 
@@ -150,10 +159,12 @@ class LoopEstimates:
             self.nodes_per_depth = _ema(self.nodes_per_depth, len(tree) / depth, self.WEIGHT)
 
     def observe_verdict(self, tree: DraftTree, accepted: int, round_trip_s: float | None, server_s: float,
-                        decoded: int = 1, scores: Sequence[float] | None = None) -> None:
+                        decoded: int = 1, scores: Sequence[float] | None = None, copy: bool = False) -> None:
         """A Draft of `tree` came back with `accepted` nodes after `round_trip_s` (None: not timed, a queued
         step), `server_s` of it the server's; a plain step that decoded ahead made `decoded` tokens (the curve
-        keeps one decode step's time). `scores`: the drafter's log-probability per node, where it gave them."""
+        keeps one decode step's time). `scores`: the drafter's log-probability per node, where it gave them.
+        `copy`: the tree was a lookup's copy sent in place of a plain step; its acceptance is the copies' own
+        (``copy_acceptance``), not the drafter's, whose trees the planner sizes from theirs."""
         with self._lock:
             if scores is not None and len(scores) == len(tree) and len(tree):
                 # the nodes' path probabilities add up to the tokens the drafter expected accepted
@@ -172,6 +183,11 @@ class LoopEstimates:
                     if base > 0:
                         self._scale = _ema(self._scale, server_s / base, self.WEIGHT)
             if not n:
+                return
+            if copy:
+                keep = 1.0 - self.FORGET
+                self._copy_tried = self._copy_tried * keep + min(max(tree.depths()), accepted + 1)
+                self._copy_accepted = self._copy_accepted * keep + accepted
                 return
             self.trees_verified += 1
             self.last_whole = accepted >= max(tree.depths())
@@ -243,6 +259,13 @@ class LoopEstimates:
                 return 1.0
             low, high = self.CALIBRATION_RANGE
             return min(high, max(low, self._delivered / self._promised))
+
+    def copy_acceptance(self) -> float:
+        """The chance that a copy's next token is accepted once the ones before it were (a lookup that has
+        matched tends to go on matching, so one rate for every depth)."""
+        with self._lock:
+            return ((self._copy_accepted + self.COPY_PRIOR_WEIGHT * self.COPY_PRIOR)
+                    / (self._copy_tried + self.COPY_PRIOR_WEIGHT))
 
     def acceptance(self) -> tuple[float, ...]:
         """Per-depth acceptance, each depth's prior the depth before it (the first: PRIOR_ACCEPTANCE)."""
@@ -346,6 +369,24 @@ class TreePlanner:
             self._plain_in_a_row, self._plain_s = 0, 0.0
         self.last_plain = size.plain
         return size
+
+    def copy_pays(self, tree: DraftTree, remaining: int) -> bool:
+        """Does sending `tree`, a copy that cost no drafting (``Drafter.copy_tree``), commit tokens faster than
+        the plain step it replaces? Its expected tokens (the bonus and each depth at the copies' measured
+        acceptance) over a round trip and its verification, against the plain step's tokens per second; where
+        plain steps are queued, a copy also stops the stream, a round trip more. Unknown costs: no."""
+        depth = max(tree.depths()) if len(tree) else 0
+        if not depth:
+            return False
+        inputs = self.estimates.inputs(self.max_nodes, depth, self.pipelined, min(self.config.decode_ahead, remaining),
+                                       self.config.ahead_overhead, self.config.pipeline and self.config.queue_plain)
+        if inputs is None:
+            return False
+        plain = plain_step(inputs)
+        copy_s = inputs.round_trip_s * (2 if inputs.queue_plain else 1) + verify_time(
+            len(tree), inputs.verify_nodes, inputs.verify_s)
+        tokens = expected_tokens((self.estimates.copy_acceptance(),), depth)
+        return tokens * step_time(inputs, plain) > plain.ahead * copy_s
 
     def _settled(self, inputs: PlanInputs, planned: TreeSize, in_trees: bool) -> TreeSize:
         """The planned step, unless it switches kinds (plain steps and trees) and the switch does not pay for

@@ -37,6 +37,7 @@ class StepRecord:
     ahead: int = 1  # a plain step: the tokens the target was asked to decode on its own (Draft.decode_ahead)
     queued: bool = False  # sent before the answer to the step before it (Draft.queued): its wait is no round trip
     emptied: bool = False  # a tree was drafted for it and the drafter left it empty
+    copied: bool = False  # its tree is a copy (Drafter.copy_tree) sent in place of a plain step
     began: float | None = None  # when its work began: its tree's drafting, or its sending if none was drafted then
     draft_s: float = 0.0  # drafting its tree before it went (0: a plain step, or a tree drafted ahead)
     prompt_draft_s: float = 0.0  # the Open: from its start until the first tree from the prompt was drafted
@@ -110,6 +111,14 @@ class StepLog:
         self.estimates.observe_proposal(record.emptied)
         return tree
 
+    def copy(self, began: float) -> None:
+        """A copy, looked up since `began`, goes out next in place of a plain step (``DraftPipeline._copy``)."""
+        record = StepRecord(began=began, copied=True)
+        record.draft_s = self.clock() - began
+        self._drafted = record
+        self.metrics.draft_s += record.draft_s
+        self.metrics.copy_steps += 1
+
     def send(self, step: int, nodes: int, ahead: int = 1, queued: bool = False) -> StepRecord:
         """A Draft goes out now: its record (the tree ``draft`` made, unless it was drafted ahead or queued)."""
         record = StepRecord()
@@ -172,7 +181,7 @@ class StepLog:
         if not record.skipped:
             self.metrics.verify_s += record.server_s
             self.estimates.observe_verdict(tree, record.accepted, record.round_trip_s, record.server_s,
-                                           record.decoded + 1, scores)
+                                           record.decoded + 1, scores, copy=record.copied)
             self.estimates.observe_load(record.row_cost_s, record.sharing)
         return verdict
 

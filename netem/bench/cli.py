@@ -145,6 +145,8 @@ REMOTE_FLAGS = {
 }
 RUN_FLAGS = {
     "server_threads": Flag(help="torch threads of the server (default: one per server core when pinned)"),
+    "server_dtype": Flag(metavar="DTYPE", choices=("bfloat16", "float16", "float32"),
+                         help="the server's dtype (default: its own, bf16 where the CPU computes it natively)"),
     "progress": Flag("--no-progress", default=False, convert=operator.not_, help="no progress bar"),
 }
 

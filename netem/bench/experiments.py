@@ -61,6 +61,8 @@ class BenchConfig:
     per_category: int | None = None  # `specbench`: the first N questions of each category (None: all)
     categories: tuple[str, ...] = ()  # `specbench`: only these categories (mt_bench: MT-Bench's eight; (): all 13)
     server_args: tuple[str, ...] = ()  # extra `edgespec server` flags
+    server_dtype: str = ""  # the server's weights and activations (`edgespec server --dtype`; "": its default, bf16
+    # where the CPU computes it natively): float32 measures a CPU without native bf16 on one that has it
     server: str = ""  # HOST:PORT (gRPC) of a server started elsewhere to measure ("": start one here); the
     # link is then the real network as tc shaped it (remote.py), recorded in every line
     server_http: str = ""  # that server's HTTP side, for the plain API ("": the same host, port 8080)
@@ -133,7 +135,8 @@ def _serve_and_run(config: BenchConfig, split: CpuSplit, sink: JsonLines, remote
     # first (the plain API) would find the prompt's KV cached and skip its prefill, and the speed-ups would
     # count the saved prefill. (Before this, Spec-Bench's long-prompt categories and the link runs did.)
     no_cache = ["--prefix-cache-gb", "0"]
-    with ServerProcess(config.model, [*no_cache, *config.server_args, *moa_parts], threads, log_path=log,
+    dtype = ("--dtype", config.server_dtype) if config.server_dtype else ()
+    with ServerProcess(config.model, [*no_cache, *config.server_args, *dtype, *moa_parts], threads, log_path=log,
                        cpus=split.server) as server:
         _run_against(config, server, prompts, sink)
 

@@ -21,6 +21,8 @@ LOOP_MODES = {
     # cost: the steady rates alone picked each step's kind
     "auto-no-overlap": LoopConfig(overlap_open=False),  # before Open overlapped the drafter's prefill: the tree
     # from the prompt went with Open
+    "auto-no-copies": LoopConfig(copies=False),  # before an +ngram drafter's lookup replaced a plain step with its
+    # copy where that paid (DraftPipeline._copy)
 }
 
 

@@ -16,17 +16,19 @@ import time
 import pytest
 import torch
 
-from support.estimates import DraftingOutlastsFlights, TreesNeverPay
+from support.estimates import CopiesPay, DraftingOutlastsFlights, TreesNeverPay
 from support.relays import relay_to
 from support.stats import chi_square_critical
 
 from edgespec.client.drafters.factory import DrafterOptions, make_drafter
+from edgespec.client.drafters.with_lookup import WithLookup
 from edgespec.client.link.in_process import InProcessTransport
 from edgespec.client.link.verifier import Verifier
 from edgespec.client.loop.generation import Generation, GenerationConfig, TokenEvent, TokenizerInfo, TokenOrigin
 from edgespec.client.loop.planner import LoopConfig, LoopEstimates
 from edgespec.shared.session_contract import SamplingSettings
 from edgespec.shared.verification import target_probs
+from edgespec.shared.tree import DraftTree
 from edgespec.shared.wire import ResumePolicy
 
 PROMPT = "def add(a, b):\n    return a + b\n"
@@ -45,14 +47,15 @@ def drafters(tiny_model_dir, tiny_drafter_dir):
 
 @pytest.fixture
 def start(core, drafters):
-    """start(drafter, loop, estimates=None, round_trip_s=0.005, eos=(), **config) -> (Generation, transport, prompt
-    ids); eos: the client's end-of-output ids."""
+    """start(drafter, loop, estimates=None, round_trip_s=0.005, eos=(), prompt=PROMPT, **config) -> (Generation,
+    transport, prompt ids); eos: the client's end-of-output ids."""
     from edgespec.server.rpc.service import VerifierServicer
 
     tok = core.target.tokenizer
-    ids = tok(PROMPT, add_special_tokens=False)["input_ids"]
 
-    def make(drafter: str, loop: LoopConfig, estimates=None, round_trip_s: float = 0.005, eos=frozenset(), **config):
+    def make(drafter: str, loop: LoopConfig, estimates=None, round_trip_s: float = 0.005, eos=frozenset(),
+             prompt: str = PROMPT, **config):
+        ids = tok(prompt, add_special_tokens=False)["input_ids"]
         info = TokenizerInfo(core.target.fingerprint, set(eos), lambda t: tok.decode(list(t), skip_special_tokens=True))
         transport = InProcessTransport(VerifierServicer(core), round_trip_s=round_trip_s)
         config.setdefault("ignore_eos", True)
@@ -259,6 +262,52 @@ def test_auto_sends_plain_steps_when_trees_lose(start, tiny_target_f32, greedy, 
     else:
         assert target_tokens > 2 * (trees + r.metrics.plain_steps)
         assert r.metrics.calls < 40 / 3
+
+
+class CopiesFrom(WithLookup):
+    """An +ngram drafter whose copies come from a text the test knows, the target's own greedy output (the tiny
+    target's text rarely repeats itself, so a real lookup would find no copy to send): each copy is the next
+    `length` tokens of it, the last one made wrong where `wrong` says so (the target then takes the rest)."""
+
+    def __init__(self, base, prompt_len: int, answer: list[int], length: int = 6, wrong=lambda step: False):
+        super().__init__(base)
+        self.prompt_len, self.answer, self.length, self.wrong, self.copies = prompt_len, answer, length, wrong, 0
+
+    def copy_tree(self, committed, max_nodes, max_depth):
+        done = len(committed) - self.prompt_len
+        path = list(self.answer[done: done + min(self.length, max_depth, max_nodes)])
+        if not path:
+            return DraftTree((), ())
+        self.copies += 1
+        if self.wrong(self.copies):
+            path[-1] = (path[-1] + 1) % 64
+        return DraftTree.chain(path)
+
+
+def test_a_copy_goes_in_place_of_a_plain_step(start, drafters, tiny_target_f32, greedy):
+    """An +ngram drafter whose model's trees miss, on a server where they lose to plain steps but a copy 3 or
+    more deep would not (CopiesPay): the copy goes out in place of the plain step (a tree, never queued), its
+    acceptance counted apart from the model's; the output is the target's greedy text whether the copies are
+    right or every other one ends wrong, and the loop without copies sends none."""
+    results, rates = {}, {}
+    for name, loop, wrong in (("right", AUTO, False), ("wrong", AUTO, True), ("none", LoopConfig(copies=False), False)):
+        ids = start("missing", loop)[2]
+        want = greedy(tiny_target_f32, ids, 48, set())
+        drafters["copies"] = CopiesFrom(drafters["missing"], len(ids), want,
+                                        wrong=lambda step, wrong=wrong: wrong and step % 2 == 0)
+        gen, transport, _ = start("copies", loop, CopiesPay(), max_new_tokens=48)
+        sent = recorded(transport)
+        r = results[name] = gen.run()
+        assert r.token_ids == want, name
+        rates[name] = gen.estimates.copy_acceptance()
+        if not loop.copies:
+            assert r.metrics.copy_steps == 0
+            continue
+        assert r.metrics.copy_steps >= 3
+        assert not any(m.draft.queued for m in sent if m.HasField("draft") and m.draft.tree)
+        assert max(gen.estimates.acceptance()) < 0.5  # the model's acceptance: its own trees only
+    assert rates["right"] > LoopEstimates.COPY_PRIOR and rates["wrong"] < rates["right"]
+    assert results["right"].metrics.calls < results["none"].metrics.calls
 
 
 def recorded(transport: InProcessTransport, answers: list | None = None) -> list:

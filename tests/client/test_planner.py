@@ -414,3 +414,38 @@ def test_the_servers_load_price_shrinks_trees_and_alone_changes_nothing():
     busy, full = planned(0.002, 8.0), planned(0.002, 64.0)
     assert 0 < busy.nodes < alone.nodes and full.nodes < busy.nodes  # the fuller the server, the smaller the trees
     assert full == PLAIN or full.nodes <= 2
+
+
+def _measured(curve_nodes, curve_s, round_trip_s: float) -> LoopEstimates:
+    """Estimates of a drafter whose trees were all rejected, on a server of this curve and link."""
+    est = LoopEstimates(curve_nodes, curve_s)
+    chain = DraftTree.chain([1, 2, 3, 4])
+    for _ in range(10):
+        est.observe_draft(chain, 0.05)
+        est.observe_verdict(chain, 0, round_trip_s=round_trip_s + curve_s[-1], server_s=curve_s[-1])
+    return est
+
+
+def test_a_copy_replaces_a_plain_step_where_its_tokens_pay_for_its_verification():
+    """A one-core CPU server (a decode step 0.45 s, a 12-node tree ~1.4 s, 5g): a 12-token copy at the copies'
+    prior acceptance commits ~4.7 tokens for about three decode steps' time; a copy of one token does not pay,
+    nor does any copy against a GPU server that decodes 8 tokens in a round trip. Copies that the target
+    refuses lower the copies' rate, not the drafter's, until they no longer pay."""
+    cpu = _measured((0, 1, 16), (0.45, 0.9, 1.5), round_trip_s=0.05)
+    planner = TreePlanner(LoopConfig(), cpu, 16, can_pipeline=True)
+    long_copy, short_copy = DraftTree.chain(list(range(12))), DraftTree.chain([7])
+    assert cpu.copy_acceptance() == pytest.approx(LoopEstimates.COPY_PRIOR)
+    assert planner.copy_pays(long_copy, remaining=64) and not planner.copy_pays(short_copy, remaining=64)
+    gpu = _measured((0, 1, 16), (0.006, 0.006, 0.007), round_trip_s=0.04)
+    assert not TreePlanner(LoopConfig(), gpu, 16, can_pipeline=True).copy_pays(long_copy, remaining=64)
+    assert not TreePlanner(LoopConfig(), LoopEstimates(), 16, True).copy_pays(long_copy, 64)  # nothing measured
+
+    before, verified = cpu.acceptance(), cpu.trees_verified
+    for _ in range(3):
+        cpu.observe_verdict(long_copy, 0, round_trip_s=1.45, server_s=1.4, copy=True)
+    assert cpu.copy_acceptance() < 0.4
+    assert cpu.acceptance() == before and cpu.trees_verified == verified
+    assert not planner.copy_pays(long_copy, remaining=64)
+    for _ in range(10):
+        cpu.observe_verdict(long_copy, 12, round_trip_s=1.45, server_s=1.4, copy=True)
+    assert cpu.copy_acceptance() > 0.9 and planner.copy_pays(long_copy, remaining=64)

@@ -39,9 +39,9 @@ class Witness(LoopEstimates):
         self.drafts.append(seconds)
         super().observe_draft(tree, seconds)
 
-    def observe_verdict(self, tree, accepted, round_trip_s, server_s, decoded=1, scores=None):
+    def observe_verdict(self, tree, accepted, round_trip_s, server_s, decoded=1, scores=None, copy=False):
         self.verdicts.append((len(tree), accepted, round_trip_s, server_s, decoded))
-        super().observe_verdict(tree, accepted, round_trip_s, server_s, decoded, scores)
+        super().observe_verdict(tree, accepted, round_trip_s, server_s, decoded, scores, copy)
 
     def observe_load(self, row_cost_s, sharing):
         self.loads.append((row_cost_s, sharing))

@@ -10,8 +10,8 @@ import pytest
 
 from edgespec.client.drafters.base import DraftRequest
 from edgespec.client.drafters.factory import DrafterOptions, UnknownDrafterError, make_drafter
-from edgespec.client.drafters.ngram import continuations
-from edgespec.client.drafters.with_lookup import LOOKUP_TOKEN_PROB, MERGED_LOOKUP, WithLookup, merge_paths
+from edgespec.client.drafters.ngram import continuations, trie_tree
+from edgespec.client.drafters.with_lookup import COPY_LOOKUP, LOOKUP_TOKEN_PROB, MERGED_LOOKUP, WithLookup, merge_paths
 from edgespec.client.loop.generation import GenerationConfig
 from edgespec.shared.tree import ROOT, DraftTree
 
@@ -121,3 +121,47 @@ def test_through_a_server_the_output_is_the_targets_greedy_output(tiny_server, m
     result = client.generate(ids, GenerationConfig(max_new_tokens=48, ignore_eos=True))
     assert result.token_ids == greedy(tiny_target_f32, ids, 48, set())
     assert result.metrics.num_verifications > 0
+
+
+def lookup_paths(ids, depth):
+    """What a WithLookup merges where the text copies itself: the copy's path, then the shorter matches'."""
+    return (continuations(ids, COPY_LOOKUP, min(depth, COPY_LOOKUP.max_continuation))[:1]
+            + continuations(ids, MERGED_LOOKUP, min(depth, MERGED_LOOKUP.max_continuation)))
+
+
+def test_a_copy_is_the_lookups_tree_alone_from_matches_of_three_tokens_or_more(drafter, tiny_tokenizer):
+    ids = tiny_tokenizer(REPEATS)["input_ids"]
+    want = trie_tree(lookup_paths(ids, 16), COPY_LOOKUP.max_nodes)
+    assert len(want) and drafter.copy == COPY_LOOKUP
+    assert drafter.copy_tree(ids, 64, 16) == want and max(want.depths()) == COPY_LOOKUP.max_continuation
+    shallow = drafter.copy_tree(ids, 64, 2)
+    assert len(shallow) and max(shallow.depths()) == 2
+    assert len(drafter.copy_tree(ids, 3, 16)) == 3 and not len(drafter.copy_tree(ids, 64, 0))
+    # a text whose only repeats are two tokens long: a merged tree would take them, a copy does not
+    assert not len(drafter.copy_tree([1, 2, 9, 8, 7, 1, 2], 64, 16))
+    assert continuations([1, 2, 9, 8, 7, 1, 2], MERGED_LOOKUP, 8)
+
+
+def test_where_the_text_copies_the_proposal_is_the_lookups_tree_alone(drafter, tiny_tokenizer):
+    """A 3-4 token match: the copy's path whole and first, then the shorter matches', in all the step's nodes,
+    scored by the lookup; the model is not asked (its drafting would be a pass a level for no token more)."""
+    ids = tiny_tokenizer(REPEATS)["input_ids"]
+    paths = lookup_paths(ids, 12)
+    assert len(paths[0]) == 12 > 16 // 2
+    tree = drafter.propose(DraftRequest(ids, max_nodes=16, max_depth=3, free_depth=12))
+    assert tree == trie_tree(paths, 16) and drafter.lookup_nodes == len(tree)
+    assert [p for p in tree.paths() if len(p) == 12]  # the copy whole, past the planner's depth of 3
+    assert drafter.tree_scores() == pytest.approx([d * STEP for d in tree.depths()])
+    plain = drafter.propose(DraftRequest(ids[:3], max_nodes=16, max_depth=3))  # no match at all: the model's tree
+    assert len(plain) and drafter.lookup_nodes == 0
+
+
+def test_lookup_paths_go_past_the_planners_depth_to_the_free_depth(drafter):
+    """The planner's depth comes from the model's acceptance; the lookup's paths cost no drafting and go as deep
+    as the step may commit (DraftRequest.free_depth). Here the text's matches are of 2 tokens, no copy."""
+    ids = [10, 11, 20, 21, 22, 23, 24, 25, 26, 27, 10, 11]
+    assert not len(drafter.copy_tree(ids, 64, 16)) and continuations(ids, MERGED_LOOKUP, 8)
+    capped = drafter.propose(DraftRequest(ids, max_nodes=16, max_depth=1))
+    assert max(capped.depths()) == 1
+    free = drafter.propose(DraftRequest(ids, max_nodes=16, max_depth=1, free_depth=6))
+    assert max(free.depths()) > 1 and drafter.lookup_nodes > 0

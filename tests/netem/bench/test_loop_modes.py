@@ -12,7 +12,8 @@ def test_loops_by_name():
     assert loop_mode("independent") == ("independent", LoopConfig())
     assert loop_mode("ngram@serial") == ("ngram", LoopConfig(pipeline=False, tree="fixed"))
     assert set(LOOP_MODES) == {"serial", "pipelined", "auto-serial", "auto", "auto-1", "auto-unqueued",
-                               "auto-finish-missed", "auto-by-path", "auto-no-overlap", "auto-unsettled"}
+                               "auto-finish-missed", "auto-by-path", "auto-no-overlap", "auto-unsettled",
+                               "auto-no-copies"}
     assert loop_mode("independent@auto-finish-missed") == ("independent", LoopConfig(stop_missed=False))
     assert loop_mode("independent@auto-by-path") == ("independent", LoopConfig(depth_by_path=True))
     assert loop_mode("ngram@auto-1") == ("ngram", LoopConfig(decode_ahead=1, queue_plain=False))
