@@ -119,6 +119,10 @@ class DraftPipeline:
         # pruning re-indexes nodes, so the drafter's scores no longer fit the tree and nothing is drafted ahead.
         self.grammar, self.prompt_len = grammar, prompt_len
         can_guess = type(drafter).tree_scores is not Drafter.tree_scores
+        # Copies in place of plain steps: only drafters that have any (Drafter.copy_tree), never under a grammar (a
+        # copy is not drafted inside it) nor with the drafter's fixed shape
+        self._copies = (loop.copies and grammar is None and loop.tree != "fixed"
+                        and type(drafter).copy_tree is not Drafter.copy_tree)
         estimates.new_generation()  # the previous prompts' acceptance is a starting point, not the answer
         self.planner = TreePlanner(loop, estimates, max_tree_nodes, can_guess, by_path=drafter.stops_by_path)
         self._pool: ThreadPoolExecutor | None = None  # the worker a Draft waits for its answer on
@@ -145,9 +149,8 @@ class DraftPipeline:
 
     def _copy(self, committed: Sequence[int], remaining: int, record: bool) -> DraftTree | None:
         """The drafter's copy (``Drafter.copy_tree``) for a step the planner made plain, where sending it pays
-        (``TreePlanner.copy_pays``); `record`: it is to be sent next (``StepLog.copy``). Not under a grammar
-        (a copy is not drafted inside it) nor with the drafter's fixed shape."""
-        if not self.loop.copies or self.grammar is not None or self.loop.tree == "fixed" or remaining < 2:
+        (``TreePlanner.copy_pays``); `record`: it is to be sent next (``StepLog.copy``)."""
+        if not self._copies or remaining < 2:
             return None
         began = self.steps.clock()
         tree = self.drafter.copy_tree(tuple(committed), self.max_tree_nodes, remaining - 1)
