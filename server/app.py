@@ -92,6 +92,7 @@ def start_server(config: ServerConfig) -> ServerHandle:
                  target.num_layers, target.hidden_size, target.vocab_size, target.device,
                  str(target.dtype).removeprefix("torch."), time.monotonic() - t0)
         engine = _engine(config, target, context)
+        _pack_weights(config, target)  # after the engine: its fusions (if any) read the model's own modules
         core = VerifierCore(target, _limits(config, context, engine),
                             _load_lsa_parts(config, target), engine=engine)
         core.cost_curve = measure_cost_curve(core)  # Info reports it: clients size their trees from it
@@ -110,6 +111,15 @@ def start_server(config: ServerConfig) -> ServerHandle:
     log.info("listening grpc=%s%s%s", handle.address,
              f" http={config.host}:{handle.http_port}" if http else "", " (TLS)" if config.tls else "")
     return handle
+
+
+def _pack_weights(config: ServerConfig, target) -> None:
+    from .packed_weights import pack_linears, packed_bytes, packed_weights_wanted
+
+    if packed_weights_wanted(target.device, target.dtype, config.packed_weights):
+        count = pack_linears(target.model)
+        log.info("packed weights: %d linears reordered for oneDNN's multi-row products (%.2f GB more; "
+                 "--no-packed-weights holds them once)", count, packed_bytes(target.model) / 1e9)
 
 
 def _limits(config: ServerConfig, context: int, engine) -> CoreLimits:

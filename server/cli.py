@@ -59,7 +59,7 @@ FLAGS = {
     "device": Flag(), "dtype": Flag(), "trust_remote_code": Flag(), "max_sessions": Flag(), "session_ttl_s": Flag(),
     "max_kv_bytes": Flag(unit="GiB"), "gpu_memory_utilization": Flag(), "prefix_cache_bytes": Flag(unit="GiB"),
     "engine": Flag(),
-    "shape_buckets": Flag(), "enforce_eager": Flag(),
+    "shape_buckets": Flag(), "enforce_eager": Flag(), "packed_weights": Flag(),
     "max_context_tokens": Flag("--max-context", "--max-model-len"),
     "tls_cert": Flag("--tls-cert", "--ssl-certfile"), "tls_key": Flag("--tls-key", "--ssl-keyfile"),
     "api_key": Flag(help="require this key in gRPC metadata and HTTP Authorization (EDGESPEC_API_KEY keeps it out "

@@ -147,6 +147,9 @@ RUN_FLAGS = {
     "server_threads": Flag(help="torch threads of the server (default: one per server core when pinned)"),
     "server_dtype": Flag(metavar="DTYPE", choices=("bfloat16", "float16", "float32"),
                          help="the server's dtype (default: its own, bf16 where the CPU computes it natively)"),
+    "server_args": Flag("--server-arg", metavar="FLAG",
+                        help="one more `edgespec server` flag for the server the run starts, as --server-arg=FLAG "
+                             "(--server-arg=--no-packed-weights)"),
     "progress": Flag("--no-progress", default=False, convert=operator.not_, help="no progress bar"),
 }
 

@@ -32,6 +32,11 @@ pool with shape buckets forced on, graphs as for batched):
 Each session's context is held at --context tokens (what a verification
 commits is dropped again), so every measurement runs at the same length.
 Ratios to the generic engine are measured in the same run.
+
+--packed-weights: a float32 target on a CPU holds each linear's weight twice,
+once packed for oneDNN's multi-row products, as the server does
+(``server/packed_weights.py``); ``compare`` runs every engine with them and
+without (``NAME-unpacked``) on the one loaded model, taking turns call by call.
 """
 from __future__ import annotations
 
@@ -91,10 +96,12 @@ class ThroughputRow:
 class Bench:
     """One target, one engine, its scheduler, and sessions held at a fixed context."""
 
-    def __init__(self, target, engine, context: int, seed: int = 0, name: str | None = None):
+    def __init__(self, target, engine, context: int, seed: int = 0, name: str | None = None,
+                 packed: bool | None = None):
         from edgespec.server import ModelScheduler
 
         self.target, self.engine, self.context = target, engine, context
+        self.packed = packed  # None: the model's packed weights as they are; else on or off for this bench's calls
         self.name = name or engine.name  # the row label: two benches may share an engine class
         self.scheduler = ModelScheduler(engine)
         self.rng = random.Random(seed)
@@ -114,9 +121,16 @@ class Bench:
         session.kv.crop(rewind_to - 1)
         return result
 
+    def _use_packed(self) -> None:
+        if self.packed is not None:
+            from edgespec.server import set_packed
+
+            set_packed(self.target.model, self.packed)
+
     def decode_once(self) -> tuple[float, float]:
         """Seconds of one plain decode step (one token) on the latency session, its context held; and of its
         forward alone."""
+        self._use_packed()
         s = self._latency_session()
         before = self.engine.times.copy()
         t0 = time.perf_counter()
@@ -128,6 +142,7 @@ class Bench:
     def verify_once(self, nodes: int) -> tuple[float, float]:
         """Server seconds of one verification of a random tree of `nodes` nodes (forward, acceptance, KV); and
         of its forward alone."""
+        self._use_packed()
         s = self._latency_session()
         tree = random_tree(self.rng, nodes, self.target.vocab_size)
         before = self.engine.times.copy()
@@ -140,6 +155,7 @@ class Bench:
         return self._latency
 
     def throughput(self, sessions: int, tree_nodes: int, seconds: float) -> ThroughputRow:
+        self._use_packed()
         with ThreadPoolExecutor(sessions) as pool:
             opened = list(pool.map(self.session, [f"tp-{i}" for i in range(sessions)]))
         vocab = self.target.vocab_size
@@ -285,16 +301,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds of unmeasured work per engine first")
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default=None)
+    parser.add_argument("--packed-weights", choices=["auto", "on", "off", "compare"], default="auto",
+                        help="oneDNN-packed weights for multi-row products (the server's --packed-weights; auto: "
+                             "float32 on a CPU); compare: every engine with them and without (NAME-unpacked)")
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from edgespec.server import PoolConfig, TargetModel, build_engine
+    from edgespec.server import PoolConfig, TargetModel, build_engine, pack_linears, packed_weights_wanted
     from edgespec.shared.models.loading import load_model
 
     for name in args.models:
         target = TargetModel(load_model(name, device=args.device, dtype=args.dtype))
+        asked = {"auto": None, "on": True, "off": False, "compare": True}[args.packed_weights]
+        packed = packed_weights_wanted(target.device, target.dtype, asked)
+        variants = [(True, ""), (False, "-unpacked")] if packed and args.packed_weights == "compare" else [(None, "")]
         cuda = target.device.type == "cuda"
         pool = PoolConfig(max_kv_bytes=1 << 50, max_seqs=max(args.sessions) + 2,
                           max_context_tokens=args.context + 8, max_tree_nodes=max(args.tree_sizes + [args.tree_nodes]))
@@ -304,7 +326,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"# {target.name} on {target.device} ({str(target.dtype).removeprefix('torch.')}), "
               f"torch threads {torch.get_num_threads()}", flush=True)
         benches = [Bench(target, build_engine(target, "generic" if kind == "generic" else "batched", pools[kind]),
-                         args.context, name=kind) for kind in args.engines]
+                         args.context, name=kind + suffix, packed=on) for kind in args.engines for on, suffix in variants]
+        if packed:  # after the engines: their fusions read the model's own modules
+            print(f"packed weights: {pack_linears(target.model)} linears", flush=True)
         try:
             for b in benches:
                 print(f"engine {b.name}: {b.engine.describe()}", flush=True)
