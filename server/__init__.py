@@ -4,8 +4,6 @@ Modules, from the model outwards (a sub-package is a subsystem; the rest are fla
 - ``architectures``: which causal LMs tree verification runs (sliding windows switched off within them;
   other state refused at start).
 - ``target``: TargetModel, the model's decoder and LM head, nothing per session.
-- ``packed_weights``: a float32 CPU target's linears held a second time, packed for oneDNN's multi-row
-  products (``--packed-weights``).
 - ``engine/``: how the target runs forwards. ``engine.base`` (Work, ForwardOutput, the Engine interface),
   ``engine.generic`` (a DynamicCache per session) and ``engine.batched`` (one pre-allocated KV pool, one forward
   for every session's ready work, masks built on the device), ``engine.choice`` (which of the two:
@@ -50,8 +48,6 @@ _FACE = {  # name -> the module (under edgespec.server) that defines it
     # an engine, the one thread its forwards run on, one session, and one step of the plain decoder
     "build_engine": "engine.choice", "PoolConfig": "engine.batched", "ModelScheduler": "scheduler",
     "VerifierSession": "session", "decode_step": "decoder",
-    # a float32 CPU target's second copy of its weights, packed for multi-row products
-    "pack_linears": "packed_weights", "packed_weights_wanted": "packed_weights", "set_packed": "packed_weights",
     # training: feature extraction and the recipes' acceptance, which the drafter benchmarks run
     "ExtractConfig": "training.train_config", "extract_sharded": "training.extraction",
     "FeatureStore": "training.features", "extract_features": "training.features", "open_stores": "training.features",

@@ -114,7 +114,7 @@ def start_server(config: ServerConfig) -> ServerHandle:
 
 
 def _pack_weights(config: ServerConfig, target) -> None:
-    from .packed_weights import pack_linears, packed_bytes, packed_weights_wanted
+    from edgespec.shared.packed_weights import pack_linears, packed_bytes, packed_weights_wanted
 
     if packed_weights_wanted(target.device, target.dtype, config.packed_weights):
         count = pack_linears(target.model)

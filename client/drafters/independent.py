@@ -27,6 +27,7 @@ from typing import Sequence
 import torch
 
 from edgespec.shared import kv
+from edgespec.shared.packed_weights import PackedLinear, is_packed
 from edgespec.shared.tree import ROOT, DraftTree
 
 from .base import Drafter, DraftRequest, common_prefix
@@ -97,6 +98,9 @@ class IndependentConfig:
     # prompt's prefill), where the int8 kernel is ~2x slower than a 16-bit matrix product; costs 2x the memory
     int4_mlp: bool = True  # with int8 weights, the MLP's (87 % of a layer's weights) as int4 in groups of 64
     # instead (int4_linear; where the torch build has the kernel)
+    packed_weights: bool | None = None  # a float32 model on a CPU (one without native bf16, where int8 weights do
+    # not apply) also holds each linear's weight packed for oneDNN, so a tree level's rows cost nearly one row's
+    # (shared/packed_weights.py; the weights are held twice); unset: on there
 
     @property
     def weights(self) -> str:
@@ -167,6 +171,8 @@ class IndependentDrafter(Drafter):
                 raise ValueError(f"vocab_ids must be non-empty target ids in 0..{size - 1}")
             self._vocab_list = self.vocab_ids.tolist()  # draft id -> target id, for building trees in Python
         self._draft_head = head_rows(self._head, self.vocab_ids)
+        if is_packed(model) and type(self._draft_head) is torch.nn.Linear:  # a tree level's rows, as the layers'
+            self._draft_head = PackedLinear(self._draft_head)
         # context_vocab: the committed text's ids the list lacks (draft ids len(list) + i), the head rows that
         # score them, and which target ids the list holds
         self._listed: torch.Tensor | None = None
@@ -181,11 +187,16 @@ class IndependentDrafter(Drafter):
     def from_pretrained(cls, name_or_path: str, config: IndependentConfig = IndependentConfig(),
                         device: str | None = "cpu", dtype: str | torch.dtype | None = None) -> "IndependentDrafter":
         from edgespec.shared.models import load_model
+        from edgespec.shared.packed_weights import pack_linears, packed_weights_wanted
 
         loaded = load_model(name_or_path, device=device, dtype=dtype)
         ids = config_vocab_ids(config, loaded.model, loaded.tokenizer, loaded.fingerprint)
         if wants_int8(config, loaded.model):
             quantize(loaded.model, config)  # this model is ours alone: quantize in place
+        elif packed_weights_wanted(loaded.device, loaded.dtype, config.packed_weights):
+            # ours alone too (from_model's may be shared, so it is left as it is); the full LM head only scores
+            # one row at a time (offline generation): the draft head is packed from its rows below
+            pack_linears(loaded.model, exclude=(loaded.model.get_output_embeddings(),))
         return cls(loaded.model, config, ids)
 
     @classmethod

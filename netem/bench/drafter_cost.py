@@ -36,12 +36,17 @@ def median_ms(fn: Callable[[], object], repeats: int) -> float:
 
 
 @torch.inference_mode()
-def small_lm_ms(name: str, rows: list[int], context: int, dtype: str, repeats: int) -> dict[int, float]:
-    """The small LM's forward over k new tokens after a cache of ``context`` tokens, per k."""
-    from edgespec.shared.models import load_model
+def small_lm_ms(name: str, rows: list[int], context: int, dtype: str, repeats: int,
+                packed: bool = False) -> dict[int, float]:
+    """The small LM's forward over k new tokens after a cache of ``context`` tokens, per k; `packed`: with its
+    linears packed for oneDNN (``shared/packed_weights.py``, float32 only), as the client's float32 drafter."""
     from edgespec.shared.kv import output_cache, with_cache
+    from edgespec.shared.models import load_model
+    from edgespec.shared.packed_weights import pack_linears
 
     model = load_model(name, device="cpu", dtype=dtype).model
+    if packed:
+        pack_linears(model)
     vocab = model.config.vocab_size
     cache = output_cache(model(torch.randint(0, vocab, (1, context)), use_cache=True))
     out = {}
@@ -100,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=500)
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--small-packed", action="store_true",
+                   help="also time the small LM with its weights packed for oneDNN, in the same run (float32: the "
+                        "independent drafter on a CPU without native bf16)")
     p.add_argument("--heads", type=lambda t: [h for h in t.split(",") if h], default=list(HEADS),
                    help=f"LM heads to time, comma-separated subset of {','.join(HEADS)}")
     args = p.parse_args(argv)
@@ -107,8 +115,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown heads {sorted(set(args.heads) - set(HEADS))}; choose from {','.join(HEADS)}")
     torch.set_num_threads(args.threads)
     if args.small:
-        for k, ms in small_lm_ms(args.small, args.rows, args.context, args.small_dtype, args.repeats).items():
-            print(f"small LM {args.small} ({args.small_dtype}) k={k}: {ms:.1f} ms", flush=True)
+        plain = small_lm_ms(args.small, args.rows, args.context, args.small_dtype, args.repeats)
+        packed = (small_lm_ms(args.small, args.rows, args.context, args.small_dtype, args.repeats, packed=True)
+                  if args.small_packed else {})
+        for k, ms in plain.items():
+            also = f"; packed {packed[k]:.1f} ms ({ms / packed[k]:.2f}x)" if k in packed else ""
+            print(f"small LM {args.small} ({args.small_dtype}) k={k}: {ms:.1f} ms{also}", flush=True)
     for width in args.widths:
         for vocab in args.vocabs:
             for k in args.rows:

@@ -35,7 +35,7 @@ Ratios to the generic engine are measured in the same run.
 
 --packed-weights: a float32 target on a CPU holds each linear's weight twice,
 once packed for oneDNN's multi-row products, as the server does
-(``server/packed_weights.py``); ``compare`` runs every engine with them and
+(``shared/packed_weights.py``); ``compare`` runs every engine with them and
 without (``NAME-unpacked``) on the one loaded model, taking turns call by call.
 """
 from __future__ import annotations
@@ -123,7 +123,7 @@ class Bench:
 
     def _use_packed(self) -> None:
         if self.packed is not None:
-            from edgespec.server import set_packed
+            from edgespec.shared.packed_weights import set_packed
 
             set_packed(self.target.model, self.packed)
 
@@ -309,7 +309,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from edgespec.server import PoolConfig, TargetModel, build_engine, pack_linears, packed_weights_wanted
+    from edgespec.server import PoolConfig, TargetModel, build_engine
+    from edgespec.shared.packed_weights import pack_linears, packed_weights_wanted
     from edgespec.shared.models.loading import load_model
 
     for name in args.models:

@@ -18,3 +18,10 @@ def test_a_level_is_timed_for_every_size_and_dtype(tiny_model_dir, capsys):
         main(["--small", "", "--heads", "int4"])
     assert "unknown heads ['int4']; choose from float32,bfloat16,int_mm,int8pack" in capsys.readouterr().err
 
+
+
+def test_the_small_lm_is_timed_packed_beside_plain_when_asked(tiny_model_dir, capsys):
+    assert main(["--small", str(tiny_model_dir), "--small-dtype", "float32", "--small-packed", "--widths", "",
+                 "--rows", "1,4", "--context", "16", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and all("; packed " in line and "x)" in line for line in out)

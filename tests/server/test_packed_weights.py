@@ -1,4 +1,4 @@
-"""A float32 CPU target's packed weights (server/packed_weights.py): the same products, row by row; the same
+"""A float32 CPU target's packed weights (shared/packed_weights.py): the same products, row by row; the same
 parameters; on by default where they were measured, and the server's greedy output unchanged through them."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from edgespec.server.packed_weights import (
+from edgespec.shared.packed_weights import (
     PackedLinear,
     pack_linears,
     packed_bytes,
@@ -96,7 +96,7 @@ def test_packed_weights_are_wanted_for_float32_on_a_cpu_unless_asked_otherwise()
     assert packed_weights_wanted(cpu, torch.bfloat16, True)
     assert not packed_weights_wanted(cpu, torch.float32, False)
     assert not packed_weights_wanted(torch.device("cuda", 0), torch.float32, None)
-    with pytest.raises(ValueError, match="needs a CPU"):
+    with pytest.raises(ValueError, match="need a CPU"):
         packed_weights_wanted(torch.device("cuda", 0), torch.bfloat16, True)
 
 

@@ -1,13 +1,17 @@
-"""Prepacked weights for a float32 target on a CPU: a tree's rows at nearly the price of one row.
+"""Prepacked weights for a float32 model on a CPU: a tree's rows at nearly the price of one row.
 
 On a CPU, torch's float32 linear runs one row as a matrix-vector product that streams the weight once, but a few
 rows as a GEMM that reorders the whole weight into its blocked layout on every call. Measured on an AMD EPYC with
 AVX2 only (one thread, a 8,960 x 1,536 projection of Qwen2.5-1.5B): 5.1 ms for one row, 11.7 for two, 25 for
-seventeen, so a 16-node tree cost four decode steps and verification rarely paid. oneDNN's linear over a weight
-reordered once ahead of time (what inductor's freezing does for CPUs) took 6.0 / 6.0 / 13.8 ms, and the
-151,936 x 1,536 LM head 98 / 102 / 194 ms against torch's 74 / 164 / 378. One row stays on torch's kernel, which
-is the faster there, so each weight is held twice: the model's own (one-row decoding, the tied embedding) and
+seventeen, so a 16-node tree cost nearly five decode steps and verification rarely paid. oneDNN's linear over a
+weight reordered once ahead of time (what inductor's freezing does for CPUs; there in oneDNN's layout for 17
+rows) took 5.9 / 6.0 / 13.8 ms, and on the
+151,936 x 1,536 LM head 98 / 110 / 194 ms against torch's 74 / 164 / 378. One row stays on torch's kernel, which
+is the faster there, so each weight is held twice: the model's own (one-row decoding, a tied embedding) and
 oneDNN's packed copy (trees, prefill). ``packed_bytes`` says what that costs.
+
+Both sides use it: the server's float32 target (``--packed-weights``, ``server/app.py``) and the client's
+float32 independent drafter, whose tree levels are products of several rows too.
 
 The packed kernel computes each row alone: a row gives the same bits in a batch of any size, so a tree's rows do
 not depend on its size. Its sums are ordered unlike torch's, as a GEMM's already are unlike a matrix-vector
@@ -29,7 +33,7 @@ def packed_weights_wanted(device: torch.device, dtype: torch.dtype, asked: bool 
     CPU, where it was measured. Asking for them where oneDNN cannot serve them is refused."""
     possible = device.type == "cpu" and torch.backends.mkldnn.is_available()
     if asked and not possible:
-        raise ValueError(f"--packed-weights needs a CPU with oneDNN (mkldnn) in torch; the target is on "
+        raise ValueError(f"packed weights need a CPU with oneDNN (mkldnn) in torch; the model is on "
                          f"{device.type}" + ("" if torch.backends.mkldnn.is_available() else
                                              " and this torch has no oneDNN"))
     if asked is None:
@@ -62,16 +66,22 @@ class PackedLinear(nn.Module):
                 f"bias={self.bias is not None}, packed from {self.min_rows} rows")
 
 
-def pack_linears(model: nn.Module, min_rows: int = MIN_ROWS) -> int:
-    """Replace every float32 ``nn.Linear`` of `model` (its LM head included) by a ``PackedLinear``; how many.
-    Only plain ``nn.Linear`` modules: a subclass may compute something else."""
+def pack_linears(model: nn.Module, min_rows: int = MIN_ROWS, exclude: tuple[nn.Module, ...] = ()) -> int:
+    """Replace every float32 ``nn.Linear`` of `model` (its LM head included) but those in `exclude` by a
+    ``PackedLinear``; how many. Only plain ``nn.Linear`` modules: a subclass may compute something else."""
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu":
+            if (type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu"
+                    and not any(child is e for e in exclude)):
                 setattr(parent, name, PackedLinear(child, min_rows))
                 count += 1
     return count
+
+
+def is_packed(model: nn.Module) -> bool:
+    """Whether `model` holds packed weights (``pack_linears`` ran on it)."""
+    return any(isinstance(m, PackedLinear) for m in model.modules())
 
 
 def set_packed(model: nn.Module, active: bool) -> int:
