@@ -116,10 +116,13 @@ def start_server(config: ServerConfig) -> ServerHandle:
 def _pack_weights(config: ServerConfig, target) -> None:
     from edgespec.shared.packed_weights import pack_linears, packed_bytes, packed_weights_wanted
 
-    if packed_weights_wanted(target.device, target.dtype, config.packed_weights):
+    if packed_weights_wanted(target.device, target.dtype, config.packed_weights, target.model):
         count = pack_linears(target.model)
         log.info("packed weights: %d linears reordered for oneDNN's multi-row products (%.2f GB more; "
                  "--no-packed-weights holds them once)", count, packed_bytes(target.model) / 1e9)
+    elif config.packed_weights is None and packed_weights_wanted(target.device, target.dtype, None):
+        log.warning("packed weights: off, as a second copy of the weights would leave less than a quarter of this "
+                    "machine's memory free (trees then cost 1.5x more; --packed-weights asks for them anyway)")
 
 
 def _limits(config: ServerConfig, context: int, engine) -> CoreLimits:

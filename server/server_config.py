@@ -45,7 +45,7 @@ class ServerConfig:
     enforce_eager: bool = False  # batched engine: capture no CUDA graphs; run every step eagerly (as vLLM's flag)
     packed_weights: bool | None = None  # CPU: also hold each linear's weight reordered once for oneDNN, so a
     # tree's or a prompt's rows cost nearly what one row does (one-row decoding keeps torch's kernel; the weights
-    # are held twice); unset: on for float32 on a CPU
+    # are held twice); unset: on for float32 on a CPU where the copy leaves a quarter of the memory free
     max_tree_nodes: int = MAX_NODES  # most nodes per draft tree
     max_context_tokens: int = 0  # tokens per session (0 = the model's limit, at most 32768)
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # gRPC message size limit, both directions

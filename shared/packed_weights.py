@@ -28,17 +28,36 @@ from torch import nn
 MIN_ROWS = 2  # products of fewer rows run on torch's own kernel
 
 
-def packed_weights_wanted(device: torch.device, dtype: torch.dtype, asked: bool | None) -> bool:
-    """Whether a target on `device` in `dtype` gets packed weights: as asked, else (unset) on for float32 on a
-    CPU, where it was measured. Asking for them where oneDNN cannot serve them is refused."""
+def packed_weights_wanted(device: torch.device, dtype: torch.dtype, asked: bool | None,
+                          model: nn.Module | None = None) -> bool:
+    """Whether a model on `device` in `dtype` gets packed weights: as asked, else (unset) on for float32 on a
+    CPU, where it was measured, if `model`'s copy leaves a quarter of the machine's memory free
+    (``memory_allows``). Asking for them where oneDNN cannot serve them is refused."""
     possible = device.type == "cpu" and torch.backends.mkldnn.is_available()
     if asked and not possible:
         raise ValueError(f"packed weights need a CPU with oneDNN (mkldnn) in torch; the model is on "
                          f"{device.type}" + ("" if torch.backends.mkldnn.is_available() else
                                              " and this torch has no oneDNN"))
     if asked is None:
-        return possible and dtype == torch.float32
+        return possible and dtype == torch.float32 and (model is None or memory_allows(linear_bytes(model)))
     return asked
+
+
+def memory_allows(extra: int, meminfo: str = "/proc/meminfo") -> bool:
+    """Whether `extra` bytes more still leave a quarter of the machine's memory available (MemAvailable: free
+    memory plus what the page cache would give back). True where the figures cannot be read (not Linux)."""
+    try:
+        fields = dict(line.split(":", 1) for line in open(meminfo, encoding="ascii"))
+        total, available = (int(fields[k].split()[0]) * 1024 for k in ("MemTotal", "MemAvailable"))
+    except (OSError, KeyError, ValueError):
+        return True
+    return available - extra >= total // 4
+
+
+def linear_bytes(model: nn.Module) -> int:
+    """Bytes of the weights ``pack_linears`` would copy: every float32 CPU ``nn.Linear``'s."""
+    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
+               if type(m) is nn.Linear and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu")
 
 
 class PackedLinear(nn.Module):

@@ -193,7 +193,7 @@ class IndependentDrafter(Drafter):
         ids = config_vocab_ids(config, loaded.model, loaded.tokenizer, loaded.fingerprint)
         if wants_int8(config, loaded.model):
             quantize(loaded.model, config)  # this model is ours alone: quantize in place
-        elif packed_weights_wanted(loaded.device, loaded.dtype, config.packed_weights):
+        elif packed_weights_wanted(loaded.device, loaded.dtype, config.packed_weights, loaded.model):
             # ours alone too (from_model's may be shared, so it is left as it is); the full LM head only scores
             # one row at a time (offline generation): the draft head is packed from its rows below
             pack_linears(loaded.model, exclude=(loaded.model.get_output_embeddings(),))

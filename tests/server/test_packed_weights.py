@@ -114,3 +114,17 @@ def test_a_server_asked_for_none_holds_its_weights_once(tiny_model_dir):
 
     with running_server(tiny_model_dir, packed_weights=False) as handle:
         assert not any(isinstance(m, PackedLinear) for m in handle.core.target.model.modules())
+
+
+def test_auto_packs_only_where_the_copy_leaves_a_quarter_of_the_memory(tmp_path):
+    from edgespec.shared.packed_weights import linear_bytes, memory_allows
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       16000000 kB\nMemFree:         1000000 kB\nMemAvailable:    9000000 kB\n")
+    gb = 1024 * 1000 * 1000  # the file's kB are KiB
+    assert memory_allows(int(4.9 * gb), str(meminfo))  # 9 - 4.9 >= 16 / 4
+    assert not memory_allows(int(5.1 * gb), str(meminfo))
+    assert memory_allows(1 << 60, str(tmp_path / "absent"))  # unreadable: no guess against it
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2, bias=False))
+    assert linear_bytes(model) == (8 * 4 + 4 * 2) * 4
+    assert packed_weights_wanted(torch.device("cpu"), torch.float32, None, model)  # 160 bytes fit anywhere
