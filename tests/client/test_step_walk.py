@@ -10,7 +10,8 @@ from support.step_walk import StepWalk
 from edgespec.client.loop.generation import GenerationConfig
 
 STEP = ("edgespec.client.loop.generation", "_online_step")  # Generation._online_step
-CEILING = 32  # 30 measured on all threads (14 on the client's): 2 of slack for paths that hang on timing
+CEILING = 33  # 31 measured on all threads (15 on the client's; the float32 linears' shared.packed_weights one of
+# them): 2 of slack for paths that hang on timing
 
 
 def test_one_step_walks_both_sides_within_the_ceiling(tiny_model_dir, make_client, capsys):
