@@ -47,17 +47,22 @@ def memory_allows(extra: int, meminfo: str = "/proc/meminfo") -> bool:
     """Whether `extra` bytes more still leave a quarter of the machine's memory available (MemAvailable: free
     memory plus what the page cache would give back). True where the figures cannot be read (not Linux)."""
     try:
-        fields = dict(line.split(":", 1) for line in open(meminfo, encoding="ascii"))
+        with open(meminfo, encoding="ascii") as f:
+            fields = dict(line.split(":", 1) for line in f)
         total, available = (int(fields[k].split()[0]) * 1024 for k in ("MemTotal", "MemAvailable"))
     except (OSError, KeyError, ValueError):
         return True
     return available - extra >= total // 4
 
 
+def _packable(module: nn.Module) -> bool:
+    """A plain float32 ``nn.Linear`` on the CPU (a subclass may compute something else)."""
+    return type(module) is nn.Linear and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"
+
+
 def linear_bytes(model: nn.Module) -> int:
     """Bytes of the weights ``pack_linears`` would copy: every float32 CPU ``nn.Linear``'s."""
-    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
-               if type(m) is nn.Linear and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu")
+    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if _packable(m))
 
 
 class PackedLinear(nn.Module):
@@ -87,12 +92,11 @@ class PackedLinear(nn.Module):
 
 def pack_linears(model: nn.Module, min_rows: int = MIN_ROWS, exclude: tuple[nn.Module, ...] = ()) -> int:
     """Replace every float32 ``nn.Linear`` of `model` (its LM head included) but those in `exclude` by a
-    ``PackedLinear``; how many. Only plain ``nn.Linear`` modules: a subclass may compute something else."""
+    ``PackedLinear``; how many (``_packable``: plain float32 CPU ``nn.Linear`` modules only)."""
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if (type(child) is nn.Linear and child.weight.dtype == torch.float32 and child.weight.device.type == "cpu"
-                    and not any(child is e for e in exclude)):
+            if _packable(child) and not any(child is e for e in exclude):
                 setattr(parent, name, PackedLinear(child, min_rows))
                 count += 1
     return count

@@ -27,7 +27,7 @@ from typing import Sequence
 import torch
 
 from edgespec.shared import kv
-from edgespec.shared.packed_weights import PackedLinear, is_packed
+from edgespec.shared.packed_weights import PackedLinear, is_packed, pack_linears, packed_weights_wanted
 from edgespec.shared.tree import ROOT, DraftTree
 
 from .base import Drafter, DraftRequest, common_prefix
@@ -187,7 +187,6 @@ class IndependentDrafter(Drafter):
     def from_pretrained(cls, name_or_path: str, config: IndependentConfig = IndependentConfig(),
                         device: str | None = "cpu", dtype: str | torch.dtype | None = None) -> "IndependentDrafter":
         from edgespec.shared.models import load_model
-        from edgespec.shared.packed_weights import pack_linears, packed_weights_wanted
 
         loaded = load_model(name_or_path, device=device, dtype=dtype)
         ids = config_vocab_ids(config, loaded.model, loaded.tokenizer, loaded.fingerprint)
